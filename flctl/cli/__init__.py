@@ -1,0 +1,26 @@
+"""flctl's command line. Each command parses, calls one function, prints; heavy imports stay inside commands
+so that `flctl --help` starts fast."""
+
+from __future__ import annotations
+
+import typer
+
+from flctl.cli import info, run, runs
+
+app = typer.Typer(
+    name="flctl",
+    help="Feasible Learning experiment orchestrator: train ERM, CSERM, FL and RFL, keep every sample's loss "
+    "and multiplier, and turn runs into the paper's tables and figures.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command(rich_help_panel="Train")(run.run)
+app.command(rich_help_panel="Inspect")(runs.runs)
+app.command(rich_help_panel="Inspect")(runs.show)
+app.command(rich_help_panel="Catalogue")(info.tasks)
+app.command(rich_help_panel="Catalogue")(info.methods)
+
+
+def main() -> None:
+    app()

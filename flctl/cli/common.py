@@ -1,0 +1,59 @@
+"""Shared CLI plumbing: one-line errors with exit code 2, results directory and database resolution."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_RESULTS = "results"
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print a one-line error and exit (2 = bad input: nothing was written)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def results_root(path: Path | None) -> Path:
+    return Path(path if path is not None else os.environ.get("FLCTL_RESULTS", DEFAULT_RESULTS))
+
+
+def ensure_writable(root: Path) -> Path:
+    """Create the results directory if needed and prove it is writable (as root, os.access always says yes)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        fail(f"results directory {str(root)!r} is not writable ({exc.strerror or exc}); pass --results-dir")
+    return root
+
+
+def db_url(db: str | None, root: Path) -> str:
+    return db or os.environ.get("FLCTL_DB") or f"sqlite:///{root / 'flctl.db'}"
+
+
+def open_store(db: str | None, root: Path):
+    from flctl.store import Store, StoreError
+
+    try:
+        return Store.open(db_url(db, root))
+    except StoreError as exc:
+        fail(str(exc))
+
+
+def existing_store(db: str | None, root: Path):
+    """Open the database for reading without creating one where none exists."""
+    url = db_url(db, root)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        fail(f"no run database at {url[len('sqlite:///'):]}; run `flctl run TASK` first or pass --db")
+    return open_store(db, root)

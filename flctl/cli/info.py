@@ -1,0 +1,48 @@
+"""`flctl tasks` and `flctl methods`: what can be run, with the paper defaults."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from flctl.cli.common import console
+
+JSON_OPT = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def tasks(as_json: JSON_OPT = False) -> None:
+    """List the tasks with their paper defaults and options."""
+    from flctl.tasks import all_tasks
+
+    rows = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.methods),
+             "defaults": dict(t.defaults), "options": dict(t.options)} for t in all_tasks().values()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("task", "kind", "description", "defaults", "options (-o KEY=VALUE)")
+    for r in rows:
+        table.add_row(r["name"], r["kind"], r["description"],
+                      ", ".join(f"{k}={v}" for k, v in r["defaults"].items()),
+                      ", ".join(f"{k}={v}" for k, v in r["options"].items()))
+    console.print(table)
+
+
+def methods(as_json: JSON_OPT = False) -> None:
+    """List the methods and the update rule each one applies."""
+    from flctl.methods import METHODS
+
+    rows = [{"name": m.name, "rule": m.summary, "uses_eps": m.uses_eps, "uses_alpha": m.uses_alpha,
+             "uses_dual_lr": m.uses_dual_lr} for m in METHODS.values()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("method", "update", "ε", "α", "dual lr")
+    for r in rows:
+        table.add_row(r["name"], r["rule"], *("✓" if r[k] else "" for k in ("uses_eps", "uses_alpha", "uses_dual_lr")))
+    console.print(table)

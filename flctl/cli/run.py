@@ -1,0 +1,182 @@
+"""`flctl run TASK --method M ...`: train one configuration, record it, print its summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flctl.cli.common import console, ensure_writable, fail, open_store, results_root
+
+METHOD_PANEL = "Method"
+OPTIM_PANEL = "Optimization (defaults: the task's paper values)"
+WHERE_PANEL = "Where"
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--option expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
+    """Task defaults + overrides -> validated RunConfig; bad input exits 2 before anything is written."""
+    from flctl.config import ConfigError, resolve
+    from flctl.tasks import get_task
+
+    try:
+        spec = get_task(task)
+        return resolve(task, method, spec.defaults, spec.options, spec.kind, spec.methods, overrides, p_min)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def check_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        fail(f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto")
+    return device
+
+
+def run(
+    task: Annotated[str, typer.Argument(help="Task name (see `flctl tasks`).")],
+    method: Annotated[str, typer.Option("--method", "-m", help="erm, cserm, fl or rfl.",
+                                        rich_help_panel=METHOD_PANEL)] = "fl",
+    eps: Annotated[Optional[float], typer.Option(help="Constraint level ε on each sample's loss.",
+                                                 rich_help_panel=METHOD_PANEL)] = None,
+    p_min: Annotated[Optional[float], typer.Option("--p-min", help="Classification: ε = log(1/p_min).",
+                                                   rich_help_panel=METHOD_PANEL)] = None,
+    alpha: Annotated[Optional[float], typer.Option(help="RFL/CSERM relaxation cost α > 0.",
+                                                   rich_help_panel=METHOD_PANEL)] = None,
+    dual_lr: Annotated[Optional[float], typer.Option("--dual-lr", help="Multiplier step size η_λ.",
+                                                     rich_help_panel=METHOD_PANEL)] = None,
+    seed: Annotated[int, typer.Option(help="Seed of initialization and batch order.",
+                                      rich_help_panel=OPTIM_PANEL)] = 0,
+    epochs: Annotated[Optional[int], typer.Option(rich_help_panel=OPTIM_PANEL)] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", rich_help_panel=OPTIM_PANEL)] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Primal learning rate.", rich_help_panel=OPTIM_PANEL)] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="sgd or adamw.", rich_help_panel=OPTIM_PANEL)] = None,
+    momentum: Annotated[Optional[float], typer.Option(rich_help_panel=OPTIM_PANEL)] = None,
+    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", rich_help_panel=OPTIM_PANEL)] = None,
+    scheduler: Annotated[Optional[str], typer.Option(help="constant or cosine.", rich_help_panel=OPTIM_PANEL)] = None,
+    eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Write per-sample records every k epochs.",
+                                                      rich_help_panel=OPTIM_PANEL)] = None,
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=VALUE (repeatable).",
+                                                        rich_help_panel=OPTIM_PANEL)] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.", rich_help_panel=WHERE_PANEL)] = "cpu",
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Existing copy of the dataset.",
+                                                     rich_help_panel=WHERE_PANEL)] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help="Records and files [env FLCTL_RESULTS].",
+                                                        rich_help_panel=WHERE_PANEL)] = None,
+    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB; default sqlite in results dir].",
+                                              rich_help_panel=WHERE_PANEL)] = None,
+    rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
+                                        rich_help_panel=WHERE_PANEL)] = False,
+) -> None:
+    """Train TASK with one method and record per-sample losses and multipliers.
+
+    The same configuration is the same run: re-running a completed one shows it; an interrupted one resumes
+    from its last epoch checkpoint.
+    """
+    overrides = dict(seed=seed, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
+                     weight_decay=weight_decay, scheduler=scheduler, eval_every=eval_every, eps=eps, alpha=alpha,
+                     dual_lr=dual_lr, options=parse_options(option),
+                     data_dir=str(data_dir) if data_dir is not None else None)
+    cfg = resolve_config(task, method, overrides, p_min)
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, device=check_device(device))
+    root = ensure_writable(results_root(results_dir))
+    store = open_store(db, root)
+
+    from flctl.runner import Layout, execute
+
+    layout = Layout(root)
+    previous = store.get_run(cfg.run_id)
+    if previous is not None and previous["status"] == "completed" and not rerun:
+        console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
+        print_summary(previous)
+        return
+    if rerun or (previous is not None and previous["status"] == "diverged"):
+        layout.clear(cfg.run_id)   # a diverged run restarts from scratch; its checkpoint was removed
+
+    summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
+        f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
+    with _progress(cfg.epochs, summary_line) as on_epoch:
+        try:
+            result = execute(cfg, store, layout, on_epoch=on_epoch)
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id}")
+            raise typer.Exit(130)
+        except Exception as exc:
+            fail(f"run {cfg.run_id} failed: {type(exc).__name__}: {exc} (see `flctl show {cfg.run_id}`)", code=1)
+    if result.resumed_from:
+        console.print(f"resumed from epoch {result.resumed_from}")
+    print_summary(store.get_run(cfg.run_id))
+
+
+class _progress:
+    """A rich progress bar over epochs showing the latest avg/max loss and max λ."""
+
+    def __init__(self, epochs: int, title: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=console,
+                                 transient=False)
+        self.task = self.progress.add_task(title, total=epochs, stats="")
+
+    def __enter__(self):
+        self.progress.start()
+
+        def on_epoch(stats) -> None:
+            lam = "" if stats.max_multiplier is None else f" max λ {stats.max_multiplier:.3g}"
+            self.progress.update(self.task, completed=stats.epoch,
+                                 stats=f"avg {stats.train_avg_loss:.4f} max {stats.train_max_loss:.4f}{lam}")
+        return on_epoch
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+def print_summary(run: dict) -> None:
+    from rich.table import Table
+
+    status_style = {"completed": "green", "diverged": "yellow", "failed": "red"}.get(run["status"], "white")
+    console.print(f"run [bold]{run['id']}[/] [{status_style}]{run['status']}[/] after {run['epochs_done']} epochs"
+                  + (f" in {run['duration_s']:.1f}s" if run.get("duration_s") else ""))
+    if run.get("diverged_at"):
+        d = run["diverged_at"]
+        console.print(f"[yellow]non-finite loss at epoch {d['epoch']}, step {d['step']}[/]")
+    if run.get("lambda_capped"):
+        console.print(f"[yellow]{run['lambda_capped']} multipliers reached the cap (infeasible at this ε?)[/]")
+    metrics = run.get("metrics") or {}
+    if metrics:
+        names = sorted({k.split(".", 1)[1] for k in metrics}, key=_metric_order)
+        table = Table("metric", "train", "test", title=None)
+        for name in names:
+            table.add_row(name, *(_fmt(metrics.get(f"{split}.{name}")) for split in ("train", "test")))
+        console.print(table)
+    records = (run.get("artifacts") or {}).get("records")
+    if records:
+        console.print(f"records: {records}")
+
+
+def _metric_order(name: str) -> tuple[int, str]:
+    order = ["avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
+             "max_multiplier"]
+    return (order.index(name) if name in order else len(order), name)
+
+
+def _fmt(v) -> str:
+    return "" if v is None else f"{v:.4g}"

@@ -1,0 +1,95 @@
+"""`flctl runs` and `flctl show RUN`: what the database holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flctl.cli.common import console, existing_store, fail, results_root
+from flctl.cli.info import JSON_OPT
+
+DB_OPT = Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")]
+RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help="Results directory [env FLCTL_RESULTS].")]
+
+
+def runs(
+    task: Annotated[Optional[str], typer.Option(help="Only this task.")] = None,
+    method: Annotated[Optional[str], typer.Option(help="Only this method.")] = None,
+    status: Annotated[Optional[str], typer.Option(help="queued, running, completed, failed or diverged.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Only this seed.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 50,
+    as_json: JSON_OPT = False,
+    db: DB_OPT = None,
+    results_dir: RESULTS_OPT = None,
+) -> None:
+    """List recorded runs, newest first."""
+    from flctl.store import STATUSES
+
+    if status is not None and status not in STATUSES:
+        fail(f"unknown status {status!r}; choose one of: {', '.join(STATUSES)}")
+    store = existing_store(db, results_root(results_dir))
+    rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit)
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    table = Table("id", "task", "method", "ε", "α", "seed", "status", "epochs", "train avg", "train max",
+                  "test avg", "test acc", "time")
+    for r in rows:
+        m, c = r.get("metrics") or {}, r["config"]
+        table.add_row(r["id"], r["task"], r["method"], _num(c.get("eps")), _num(c.get("alpha")), str(r["seed"]),
+                      r["status"], str(r["epochs_done"]), _num(m.get("train.avg_loss")), _num(m.get("train.max_loss")),
+                      _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
+                      f"{r['duration_s']:.1f}s" if r.get("duration_s") else "")
+    console.print(table)
+    console.print(f"{len(rows)} run(s)")
+
+
+def show(
+    run_id: Annotated[str, typer.Argument(help="Run id or a unique prefix of it.")],
+    as_json: JSON_OPT = False,
+    db: DB_OPT = None,
+    results_dir: RESULTS_OPT = None,
+) -> None:
+    """Show one run: configuration, status, metrics and artifact paths."""
+    from flctl.store import StoreError
+
+    store = existing_store(db, results_root(results_dir))
+    try:
+        run = store.get_run(run_id)
+    except StoreError as exc:
+        fail(str(exc))
+    if run is None:
+        fail(f"no run {run_id!r} in the database; list them with `flctl runs`")
+    if as_json:
+        print(json.dumps(run, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    from flctl.cli.run import print_summary
+
+    cfg = Table("config", "value", show_header=False)
+    for k, v in sorted(run["config"].items()):
+        if isinstance(v, list) and len(v) > 8:
+            v = f"[{len(v)} values]"
+        cfg.add_row(k, str(v))
+    console.print(cfg)
+    console.print(f"host {run['host']} · git {run['git_sha'] or '-'} · attempts {run['attempts']} · "
+                  f"started {run['started_at']} · finished {run['finished_at'] or '-'}")
+    if run.get("error"):
+        console.print(f"[red]{run['error']}[/]")
+    print_summary(run)
+    for kind, path in sorted((run.get("artifacts") or {}).items()):
+        console.print(f"{kind}: {path}")
+
+
+def _num(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, list):
+        return f"[{len(v)}]"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,188 @@
+"""Run configuration: a fully resolved, frozen description of one training run and its identity hash.
+
+Kept free of torch so the CLI, the database layer and the reports can use it without the heavy imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# Which fields each method reads. A field a method ignores is stored as None, so that e.g. ERM runs that
+# differ only in eps are the same run (same hash) and a sweep does not multiply them by that axis.
+METHOD_FIELDS: dict[str, frozenset[str]] = {
+    "erm": frozenset(),
+    "cserm": frozenset({"eps", "alpha"}),
+    "fl": frozenset({"eps", "dual_lr"}),
+    "rfl": frozenset({"eps", "alpha", "dual_lr"}),
+}
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULERS = ("constant", "cosine")
+# Fields that describe where a run executes rather than what it computes: not part of its identity.
+NOT_IDENTITY = frozenset({"device", "data_dir"})
+
+
+class ConfigError(ValueError):
+    """Bad user input in a run configuration; the message is one line and names the fix."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    method: str
+    seed: int = 0
+    epochs: int = 1
+    batch_size: int = 128
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    scheduler: str = "constant"
+    eval_every: int = 1
+    eps: float | tuple[float, ...] | None = None
+    alpha: float | None = None
+    dual_lr: float | None = None
+    options: tuple[tuple[str, Any], ...] = ()   # task-specific options, sorted (key, value) pairs
+    device: str = "cpu"
+    data_dir: str | None = None
+
+    @property
+    def opts(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define what the run computes, as plain JSON-able values."""
+        d = dataclasses.asdict(self)
+        for k in NOT_IDENTITY:
+            d.pop(k)
+        d["options"] = dict(self.options)
+        if isinstance(self.eps, tuple):
+            d["eps"] = list(self.eps)
+        return d
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["options"] = dict(self.options)
+        if isinstance(self.eps, tuple):
+            d["eps"] = list(self.eps)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> "RunConfig":
+        d = dict(json.loads(text) if isinstance(text, str) else text)
+        d["options"] = tuple(sorted(d.get("options", {}).items()))
+        if isinstance(d.get("eps"), list):
+            d["eps"] = tuple(d["eps"])
+        return cls(**d)
+
+    @property
+    def config_hash(self) -> str:
+        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def run_id(self) -> str:
+        """Short, stable id: the same config is the same run (16 hex digits of the hash)."""
+        return self.config_hash[:16]
+
+
+def resolve(
+    task_name: str,
+    method: str,
+    task_defaults: Mapping[str, Any],
+    task_options: Mapping[str, Any],
+    task_kind: str,
+    supported_methods: tuple[str, ...],
+    overrides: Mapping[str, Any] | None = None,
+    p_min: float | None = None,
+) -> RunConfig:
+    """Fill a config from the task's paper defaults and the user's overrides, then validate it.
+
+    ``overrides`` holds RunConfig fields (None means "not given"); an ``options`` entry holds task options.
+    Raises ConfigError with a one-line message for any bad value.
+    """
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if method not in METHOD_FIELDS:
+        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHOD_FIELDS)}")
+    if method not in supported_methods:
+        raise ConfigError(f"task {task_name!r} supports methods {', '.join(supported_methods)}, not {method!r}")
+
+    if p_min is not None:
+        if "eps" in overrides:
+            raise ConfigError("give either --eps or --p-min, not both")
+        if task_kind != "classification":
+            raise ConfigError(f"--p-min applies to classification tasks; {task_name!r} is {task_kind}: use --eps")
+        if not (0.0 < p_min <= 1.0) or math.isnan(p_min):
+            raise ConfigError(f"--p-min must be in (0, 1], got {p_min}")
+        overrides["eps"] = math.log(1.0 / p_min)
+
+    user_opts = dict(overrides.pop("options", {}) or {})
+    unknown = set(user_opts) - set(task_options)
+    if unknown:
+        valid = ", ".join(sorted(task_options)) or "none"
+        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))} for task {task_name!r}; valid: {valid}")
+    opts = {**task_options, **{k: _coerce_like(task_options[k], v, k) for k, v in user_opts.items()}}
+
+    unknown_fields = set(overrides) - {f.name for f in dataclasses.fields(RunConfig)}
+    if unknown_fields:
+        raise ConfigError(f"unknown run field(s): {', '.join(sorted(unknown_fields))}")
+
+    values: dict[str, Any] = {**task_defaults, **overrides}
+    used = METHOD_FIELDS[method]
+    for k in ("eps", "alpha", "dual_lr"):
+        if k not in used:
+            values[k] = None
+    if isinstance(values.get("eps"), (list, tuple)):
+        values["eps"] = tuple(float(e) for e in values["eps"])
+    cfg = RunConfig(task=task_name, method=method, options=tuple(sorted(opts.items())), **values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    def bad(msg: str) -> None:
+        raise ConfigError(msg)
+
+    if cfg.epochs < 1:
+        bad(f"--epochs must be at least 1, got {cfg.epochs}")
+    if cfg.batch_size < 1:
+        bad(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.eval_every < 1:
+        bad(f"--eval-every must be at least 1, got {cfg.eval_every}")
+    for name in ("lr", "weight_decay", "momentum"):
+        v = getattr(cfg, name)
+        if not math.isfinite(v) or v < 0:
+            bad(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+    if cfg.optimizer not in OPTIMIZERS:
+        bad(f"unknown optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    if cfg.scheduler not in SCHEDULERS:
+        bad(f"unknown scheduler {cfg.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
+    used = METHOD_FIELDS[cfg.method]
+    if "eps" in used:
+        eps = cfg.eps if isinstance(cfg.eps, tuple) else (cfg.eps,)
+        if cfg.eps is None:
+            bad(f"method {cfg.method!r} needs a constraint level: pass --eps (or --p-min)")
+        if any(not math.isfinite(e) or e < 0 for e in eps):
+            bad(f"--eps must be a finite number >= 0, got {cfg.eps}")
+    if "alpha" in used and (cfg.alpha is None or not math.isfinite(cfg.alpha) or cfg.alpha <= 0):
+        bad(f"--alpha must be a finite number > 0 for {cfg.method}, got {cfg.alpha}")
+    if "dual_lr" in used and (cfg.dual_lr is None or not math.isfinite(cfg.dual_lr) or cfg.dual_lr < 0):
+        bad(f"--dual-lr must be a finite number >= 0, got {cfg.dual_lr}")
+
+
+def _coerce_like(default: Any, value: Any, key: str) -> Any:
+    """Parse a task option given as text (``-o degree=20``) to the type of its default."""
+    if not isinstance(value, str) or isinstance(default, str):
+        return value
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return value.lower() in ("true", "1")
+        return type(default)(value)
+    except ValueError:
+        raise ConfigError(f"option {key}={value!r} is not a valid {type(default).__name__}") from None

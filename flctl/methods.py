@@ -1,0 +1,185 @@
+"""The four learning methods of the paper: ERM, CSERM, FL and RFL.
+
+A method turns a batch of per-sample losses into the scalar the primal optimizer minimizes and, for the
+primal-dual methods, first moves the batch's Lagrange multipliers. The training loop calls, per step::
+
+    losses = loss_fn(model(x), y)          # [B], one loss per sample, still attached to the graph
+    method.dual_step_(losses, ids)         # FL/RFL: lambda[ids] <- projected ascent (done FIRST)
+    method.primal_loss(losses, ids).backward()
+
+Adding a method is one subclass decorated with ``@register``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+# FL on an infeasible problem grows lambda without bound (paper §2.1, "Infeasible problems"). We stop the
+# growth at a finite cap so that sum(lambda * g) stays representable in float32 for any batch size, and the
+# training loop reports how many multipliers sit at the cap.
+LAMBDA_CAP = 1e12
+
+
+class Method:
+    """Base class. ``eps`` is a float or a tensor with one level per training sample (indexed by id)."""
+
+    name: ClassVar[str]
+    uses_eps: ClassVar[bool] = False
+    uses_alpha: ClassVar[bool] = False
+    uses_dual_lr: ClassVar[bool] = False
+    summary: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        n_samples: int,
+        eps: float | Tensor = 0.0,
+        alpha: float | None = None,
+        dual_lr: float | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.n_samples = n_samples
+        self.eps = eps.to(device) if isinstance(eps, Tensor) else float(eps)
+        self.alpha = alpha
+        self.dual_lr = dual_lr
+        # One multiplier per training sample, lambda_0 = 0; None for methods without a dual.
+        self.multipliers: Tensor | None = None
+
+    def eps_of(self, ids: Tensor) -> float | Tensor:
+        """The constraint level of each sample in the batch: a scalar, or eps[ids] when per-sample."""
+        return self.eps[ids] if isinstance(self.eps, Tensor) else self.eps
+
+    @torch.no_grad()
+    def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
+        """Update the multipliers of the batch in place. No-op for primal-only methods."""
+
+    def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {"multipliers": None if self.multipliers is None else self.multipliers.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.multipliers is not None:
+            self.multipliers.copy_(state["multipliers"])
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    METHODS[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> type[Method]:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}") from None
+
+
+@register
+class ERM(Method):
+    r"""Empirical risk minimization: :math:`\frac{1}{|B|}\sum_{i\in B} g_i(\theta)`."""
+
+    name = "erm"
+    summary = "mean loss"
+
+    def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
+        return losses.mean()
+
+
+@register
+class CSERM(Method):
+    r"""Clamped-squared ERM (paper Prop. 2, Eq. 7): :math:`\frac{\alpha}{2}\,\mathrm{mean}_{i\in B}[g_i-\epsilon_i]_+^2`.
+
+    Shares its minimizers with RFL(ε, α) but not its dynamics (§3.1).
+    """
+
+    name = "cserm"
+    uses_eps = True
+    uses_alpha = True
+    summary = "(α/2)·mean([g−ε]₊²)"
+
+    def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
+        excess = (losses - self.eps_of(ids)).clamp(min=0)
+        return 0.5 * self.alpha * excess.square().mean()
+
+
+class _PrimalDual(Method):
+    """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first."""
+
+    uses_eps = True
+    uses_dual_lr = True
+
+    def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
+                 dual_lr: float | None = None, device: torch.device | str = "cpu") -> None:
+        super().__init__(n_samples, eps, alpha, dual_lr, device)
+        self.multipliers = torch.zeros(n_samples, device=device)
+        # lambda_{t+1} of the current batch, kept for primal_loss so it does not gather twice.
+        self._batch_multipliers: Tensor | None = None
+
+    def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
+        """In-place ascent step on the gathered batch multipliers ``lam`` (before projection)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
+        # Only the batch's entries move; ids are unique within a batch (sampling without replacement),
+        # so the indexed write below is unambiguous. Cost: one gather, three pointwise ops, one scatter.
+        lam = self.multipliers[ids]                                   # [B]
+        violation = losses.detach() - self.eps_of(ids)                # [B]  g_i - eps_i
+        lam = self._ascent(lam, violation).clamp_(0.0, LAMBDA_CAP)    # projection onto [0, cap]
+        self.multipliers[ids] = lam
+        self._batch_multipliers = lam
+
+    def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
+        # Lagrangian's primal part with lambda_{t+1} detached: sum_{i in B} lambda_i * g_i (Eq. 3).
+        lam = self._batch_multipliers
+        if lam is None or lam.shape != losses.shape:  # called without a preceding dual step
+            lam = self.multipliers[ids]
+        return torch.dot(lam, losses)
+
+
+@register
+class FL(_PrimalDual):
+    r"""Feasible Learning by alternating GDA (paper Eq. 3).
+
+    .. math::
+        \lambda_i \leftarrow [\lambda_i + \eta_\lambda (g_i(\theta_t) - \epsilon_i)]_+ ,\qquad
+        \theta \leftarrow \theta - \eta_\theta \textstyle\sum_{i\in B} \lambda_i \nabla g_i(\theta_t)
+    """
+
+    name = "fl"
+    summary = "λ ← [λ + η(g−ε)]₊ ; min Σ λ·g"
+
+    def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
+        return lam.add_(violation, alpha=self.dual_lr)
+
+
+@register
+class RFL(_PrimalDual):
+    r"""Resilient Feasible Learning: GDA on the quadratically regularized Lagrangian (paper Eq. 6).
+
+    .. math::
+        \lambda_i \leftarrow [\lambda_i + \eta_\lambda (g_i(\theta_t) - \epsilon_i - \lambda_i/\alpha)]_+
+
+    The ``-lambda/alpha`` term is a dual weight decay; at a fixed point lambda* = alpha [g - eps]_+ (Prop. 2).
+    """
+
+    name = "rfl"
+    uses_alpha = True
+    summary = "λ ← [λ + η(g−ε−λ/α)]₊ ; min Σ λ·g"
+
+    def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
+        # lam + eta*(v - lam/alpha) = (1 - eta/alpha)*lam + eta*v, written as two in-place ops.
+        return lam.mul_(1.0 - self.dual_lr / self.alpha).add_(violation, alpha=self.dual_lr)
+
+
+def eps_from_p_min(p_min: float) -> float:
+    """Cross-entropy level that asks the true class for probability at least ``p_min``: log(1/p)."""
+    return math.log(1.0 / p_min)

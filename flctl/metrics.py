@@ -1,0 +1,43 @@
+"""Summary statistics of per-sample losses. numpy only: shared by training and reports (no torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+CVAR_Q = 0.9
+
+
+def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
+    """Conditional value at risk: the mean loss of the samples at or above the q-quantile."""
+    losses = np.asarray(losses, dtype=np.float64)
+    threshold = np.quantile(losses, q)
+    return float(losses[losses >= threshold].mean())
+
+
+def split_summary(
+    losses: np.ndarray,
+    *,
+    correct: np.ndarray | None = None,
+    eps: float | np.ndarray | None = None,
+    multipliers: np.ndarray | None = None,
+) -> dict[str, float]:
+    """avg/max loss, CVaR at 0.9, and where they apply: accuracy, violation rate, share of zero multipliers."""
+    losses = np.asarray(losses, dtype=np.float64)
+    out = {
+        "avg_loss": float(losses.mean()),
+        "max_loss": float(losses.max()),
+        f"cvar_{CVAR_Q}": cvar(losses, CVAR_Q),
+    }
+    if correct is not None:
+        out["accuracy"] = float(np.mean(correct))
+    if eps is not None:
+        out["violation_rate"] = float(np.mean(losses > eps))
+    if multipliers is not None:
+        out["zero_multiplier_share"] = float(np.mean(multipliers == 0))
+        out["max_multiplier"] = float(multipliers.max())
+    return out
+
+
+def flatten(per_split: dict[str, dict[str, float]]) -> dict[str, float]:
+    """{'train': {'avg_loss': ..}} -> {'train.avg_loss': ..}: the names sweeps and reports refer to."""
+    return {f"{split}.{k}": v for split, d in per_split.items() for k, v in d.items()}

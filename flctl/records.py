@@ -1,0 +1,108 @@
+"""Per-sample records: one Parquet dataset under ``<results>/records``, one folder per run (hive layout).
+
+Each eval epoch of a run is one file ``run_id=<id>/epoch=<e>.parquet`` holding both splits. A file is written
+to a temporary name and renamed into place, so readers never see half a file, and a resumed run that redoes
+an epoch replaces that epoch's file instead of appending duplicate rows.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("split", pa.string()),          # "train" | "test"
+        ("epoch", pa.int32()),           # epochs completed when evaluated
+        ("sample_id", pa.int64()),       # position in the task's split; train ids index the multipliers
+        ("loss", pa.float64()),
+        ("multiplier", pa.float64()),    # train rows of FL/RFL; null otherwise
+        ("prediction", pa.float64()),    # predicted class (classification) or value (regression)
+        ("target", pa.float64()),
+        ("correct", pa.bool_()),         # classification only; null for regression
+    ]
+)
+
+
+def run_dir(root: Path, run_id: str) -> Path:
+    return Path(root) / f"run_id={run_id}"
+
+
+def split_table(
+    run_id: str,
+    split: str,
+    epoch: int,
+    loss: np.ndarray,
+    prediction: np.ndarray,
+    target: np.ndarray,
+    correct: np.ndarray | None = None,
+    multiplier: np.ndarray | None = None,
+) -> pa.Table:
+    n = len(loss)
+    return pa.table(
+        {
+            "run_id": pa.array([run_id] * n, pa.string()),
+            "split": pa.array([split] * n, pa.string()),
+            "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
+            "sample_id": pa.array(np.arange(n, dtype=np.int64)),
+            "loss": pa.array(np.asarray(loss, dtype=np.float64)),
+            "multiplier": pa.array(np.asarray(multiplier, dtype=np.float64))
+            if multiplier is not None
+            else pa.nulls(n, pa.float64()),
+            "prediction": pa.array(np.asarray(prediction, dtype=np.float64)),
+            "target": pa.array(np.asarray(target, dtype=np.float64)),
+            "correct": pa.array(np.asarray(correct, dtype=bool)) if correct is not None else pa.nulls(n, pa.bool_()),
+        },
+        schema=SCHEMA,
+    )
+
+
+def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table]) -> Path:
+    """Atomically write one eval epoch's records (all splits) for a run; returns the file path."""
+    folder = run_dir(root, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"epoch={epoch:05d}.parquet"
+    tmp = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        pq.write_table(pa.concat_tables(tables), tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def dataset(root: Path) -> ds.Dataset:
+    """All records under ``root`` as one pyarrow dataset (hidden temp files are ignored by pyarrow)."""
+    return ds.dataset(root, format="parquet", schema=SCHEMA, partitioning=None)
+
+
+def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = None,
+         epoch: int | None = None) -> pa.Table:
+    """Records of the given runs (all when None), optionally one split and one epoch."""
+    root = Path(root)
+    if run_ids is not None:
+        files = [str(p) for r in run_ids for p in sorted(run_dir(root, r).glob("epoch=*.parquet"))]
+        if not files:
+            return SCHEMA.empty_table()
+        data = ds.dataset(files, format="parquet", schema=SCHEMA)
+    else:
+        data = dataset(root)
+    flt = None
+    for col, val in (("split", split), ("epoch", epoch)):
+        if val is not None:
+            cond = ds.field(col) == val
+            flt = cond if flt is None else flt & cond
+    return data.to_table(filter=flt)
+
+
+def final_epoch(root: Path, run_id: str) -> int | None:
+    files = sorted(run_dir(root, run_id).glob("epoch=*.parquet"))
+    return int(files[-1].stem.split("=")[1]) if files else None

@@ -1,0 +1,254 @@
+"""The run database (SQLAlchemy 2): SQLite under ``results/`` by default, PostgreSQL by URL.
+
+One row per run, keyed by the run id (a prefix of the canonical config hash), with the resolved config,
+status, timings, host, git revision, summary metrics and artifact paths. The schema is versioned in the
+``flctl_meta`` table; opening a database written by another schema version fails with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, TypeVar
+
+from sqlalchemy import (JSON, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect,
+                        select)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+
+SCHEMA_VERSION = 1
+STATUSES = ("queued", "running", "completed", "failed", "diverged")
+T = TypeVar("T")
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    __tablename__ = "flctl_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    config_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    task: Mapped[str] = mapped_column(String(64), index=True)
+    method: Mapped[str] = mapped_column(String(16), index=True)
+    seed: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    epochs_done: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    host: Mapped[str | None] = mapped_column(String(255))
+    git_sha: Mapped[str | None] = mapped_column(String(64))
+    device: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict | None] = mapped_column(JSON)
+    diverged_at: Mapped[dict | None] = mapped_column(JSON)
+    lambda_capped: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    artifacts: Mapped[list["Artifact"]] = relationship(back_populates="run", cascade="all, delete-orphan",
+                                                       lazy="selectin")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {c.key: getattr(self, c.key) for c in inspect(Run).column_attrs}
+        for k in ("created_at", "started_at", "finished_at", "heartbeat_at"):
+            d[k] = d[k].isoformat() if d[k] else None
+        d["artifacts"] = {a.kind: a.path for a in self.artifacts}
+        return d
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))      # records | model | extras | ...
+    path: Mapped[str] = mapped_column(Text)
+    run: Mapped[Run] = relationship(back_populates="artifacts")
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def normalize_url(url: str) -> str:
+    # psycopg 3 is the driver we ship; plain postgresql:// would ask SQLAlchemy for psycopg2.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    # WAL lets readers run beside one writer; busy_timeout makes a locked writer wait instead of failing.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+
+
+class Store:
+    """A handle on the run database. ``Store.open(url)`` checks it is reachable and of our schema."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> "Store":
+        url = normalize_url(url)
+        try:
+            parsed = make_url(url)
+        except Exception:
+            raise StoreError(f"not a database URL: {url!r} (e.g. sqlite:///results/flctl.db, "
+                             "postgresql://user@host/db)") from None
+        shown = parsed.render_as_string(hide_password=True)
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        if parsed.get_backend_name() == "sqlite":
+            kwargs["connect_args"] = {"timeout": 30}
+        elif parsed.get_backend_name() == "postgresql":
+            kwargs["connect_args"] = {"connect_timeout": 10}
+        try:
+            engine = create_engine(url, **kwargs)
+        except Exception as exc:  # unknown dialect or driver
+            raise StoreError(f"cannot use database {shown}: {_one_line(exc)}") from None
+        if parsed.get_backend_name() == "sqlite":
+            event.listen(engine, "connect", _sqlite_pragmas)
+        store = cls(engine)
+        try:
+            store._check_schema()
+        except StoreError:
+            engine.dispose()
+            raise
+        except (SQLAlchemyError, DBAPIError) as exc:
+            engine.dispose()
+            raise StoreError(f"cannot open database {shown}: {_one_line(exc)} "
+                             "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
+        return store
+
+    def _check_schema(self) -> None:
+        with self.engine.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+            if "flctl_meta" in tables:
+                row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
+                version = int(row) if row is not None else None
+                if version != SCHEMA_VERSION:
+                    raise StoreError(
+                        f"database schema v{version} but this flctl expects v{SCHEMA_VERSION}: "
+                        + ("upgrade flctl to read it" if version and version > SCHEMA_VERSION
+                           else "point --db at a new database"))
+                return
+            if tables:
+                raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
+                                 "database; point --db at an empty or flctl database")
+        Base.metadata.create_all(self.engine)
+        with self.session() as s:
+            s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions() as s, s.begin():
+            yield s
+
+    def write(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
+        """Run ``fn`` in a transaction, retrying lock/serialization conflicts with jittered backoff."""
+        for attempt in range(attempts):
+            try:
+                with self.session() as s:
+                    return fn(s)
+            except OperationalError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    # ---- runs ----
+
+    def begin_run(self, config: dict[str, Any], run_id: str, config_hash: str, *, device: str,
+                  git_sha: str | None) -> Run:
+        """Insert the run (or take over an existing unfinished one) and mark it running."""
+        def fn(s: Session) -> Run:
+            run = s.get(Run, run_id)
+            if run is None:
+                run = Run(id=run_id, config_hash=config_hash, task=config["task"], method=config["method"],
+                          seed=config["seed"], config=config, created_at=now(), attempts=0)
+                s.add(run)
+            run.status, run.attempts, run.error = "running", run.attempts + 1, None
+            run.host, run.git_sha, run.device = socket.gethostname(), git_sha, device
+            run.started_at = run.heartbeat_at = now()
+            return run
+        return self.write(fn)
+
+    def heartbeat(self, run_id: str, epochs_done: int) -> None:
+        def fn(s: Session) -> None:
+            run = s.get(Run, run_id)
+            run.heartbeat_at, run.epochs_done = now(), epochs_done
+        self.write(fn)
+
+    def finish_run(self, run_id: str, *, status: str, epochs_done: int, metrics: dict[str, float],
+                   diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],
+                   duration_s: float) -> None:
+        def fn(s: Session) -> None:
+            run = s.get(Run, run_id)
+            run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
+            run.diverged_at, run.lambda_capped = diverged_at, lambda_capped
+            run.finished_at = run.heartbeat_at = now()
+            run.duration_s = (run.duration_s or 0.0) + duration_s
+            run.artifacts = [Artifact(kind=k, path=p) for k, p in sorted(artifacts.items())]
+        self.write(fn)
+
+    def fail_run(self, run_id: str, error: str, duration_s: float) -> None:
+        def fn(s: Session) -> None:
+            run = s.get(Run, run_id)
+            run.status, run.error, run.finished_at = "failed", error, now()
+            run.duration_s = (run.duration_s or 0.0) + duration_s
+        self.write(fn)
+
+    def get_run(self, run_id_or_prefix: str) -> dict[str, Any] | None:
+        with self.session() as s:
+            run = s.get(Run, run_id_or_prefix)
+            if run is None:
+                matches = s.scalars(select(Run).where(Run.id.startswith(run_id_or_prefix)).limit(2)).all()
+                if len(matches) > 1:
+                    raise StoreError(f"run id prefix {run_id_or_prefix!r} is ambiguous; give more characters")
+                run = matches[0] if matches else None
+            return None if run is None else run.as_dict()
+
+    def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
+                  seed: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        q = select(Run).order_by(Run.created_at.desc())
+        for col, val in ((Run.task, task), (Run.method, method), (Run.status, status), (Run.seed, seed)):
+            if val is not None:
+                q = q.where(col == val)
+        if limit:
+            q = q.limit(limit)
+        with self.session() as s:
+            return [r.as_dict() for r in s.scalars(q).all()]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)

@@ -1,0 +1,69 @@
+"""Task registry. A task is one file under the top-level ``tasks/`` folder, installed as ``flctl_tasks``.
+
+Each file defines ``TASK = Task(...)``: its data, model and the paper's defaults. Adding a task is adding a
+file there; it is discovered by name and tested by the parametrized registry tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+Kind = Literal["classification", "regression"]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: Kind
+    description: str
+    # RunConfig fields with the paper's values (epochs, batch_size, optimizer, lr, ..., eps, alpha, dual_lr).
+    defaults: Mapping[str, Any]
+    # load(options, data_dir) -> flctl.data.Dataset
+    load: Callable[..., Any]
+    # build_model(options, dataset) -> torch.nn.Module; None for tasks solved without gradient training.
+    build_model: Callable[..., Any] | None = None
+    # Task-specific options with defaults (``-o KEY=VALUE`` on the command line); part of the run identity.
+    options: Mapping[str, Any] = field(default_factory=dict)
+    methods: tuple[str, ...] = ("erm", "cserm", "fl", "rfl")
+    # augment(x_batch, generator) -> x_batch, applied to training batches only, on the device.
+    augment: Callable[..., Any] | None = None
+    # extras(model, dataset, options) -> {name: ndarray}, saved next to the records after training
+    # (e.g. two-moons class probabilities on a grid, so reports can draw contours without torch).
+    extras: Callable[..., dict] | None = None
+    # solve(config, dataset) -> flctl.train.Solution for tasks with their own solver (polyfit: CVXPY).
+    solve: Callable[..., Any] | None = None
+
+
+def _discover() -> dict[str, Task]:
+    import flctl_tasks
+
+    found: dict[str, Task] = {}
+    for mod in pkgutil.iter_modules(flctl_tasks.__path__):
+        if mod.name.startswith("_"):
+            continue
+        task = getattr(importlib.import_module(f"flctl_tasks.{mod.name}"), "TASK", None)
+        if isinstance(task, Task):
+            found[task.name] = task
+    return dict(sorted(found.items()))
+
+
+_REGISTRY: dict[str, Task] | None = None
+
+
+def all_tasks() -> dict[str, Task]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _discover()
+    return _REGISTRY
+
+
+def get_task(name: str) -> Task:
+    tasks = all_tasks()
+    if name not in tasks:
+        from flctl.config import ConfigError
+
+        raise ConfigError(f"unknown task {name!r}; choose one of: {', '.join(tasks)} (see `flctl tasks`)")
+    return tasks[name]

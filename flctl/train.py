@@ -1,0 +1,282 @@
+"""One training run: ``train(cfg, records_root, run_dir) -> RunResult``.
+
+Reads top to bottom: data -> model -> optimizers -> (resume) -> epochs of [dual step, primal step] ->
+eval, records, checkpoint. No database, no submitit, no typer here: callers record what this returns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from flctl import records
+from flctl.config import RunConfig
+from flctl.data import Split, batches, epoch_order
+from flctl.methods import LAMBDA_CAP, get_method
+from flctl.metrics import flatten, split_summary
+from flctl.tasks import Task, get_task
+
+EVAL_CHUNK = 4096  # samples per forward pass when computing per-sample eval losses
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What the training loop reports after each epoch (for progress bars and heartbeats)."""
+
+    epoch: int                      # epochs completed
+    epochs: int
+    train_avg_loss: float           # over the epoch's training batches (train mode, with augmentation)
+    train_max_loss: float
+    max_multiplier: float | None
+    metrics: dict[str, float] | None = None  # flattened eval summary when this epoch was evaluated
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str                                  # "completed" | "diverged"
+    epochs_done: int
+    metrics: dict[str, float]                    # flattened final summary: "train.avg_loss", ...
+    history: list[dict[str, Any]] = field(default_factory=list)
+    diverged_at: dict[str, int] | None = None    # {"epoch": e, "step": global step} of the first non-finite loss
+    lambda_capped: int = 0                       # multipliers held at LAMBDA_CAP at the end (infeasible FL)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    resumed_from: int = 0                        # epoch the run resumed from (0 = fresh start)
+
+
+@dataclass
+class Solution:
+    """What a task with its own solver (no gradient loop) returns; see tasks/polyfit.py.
+
+    ``train`` and ``test`` map "loss", "prediction", "target" (and "correct" if it applies) to per-sample
+    arrays ordered by sample id, as ``evaluate`` does for trained models.
+    """
+
+    train: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    multipliers: np.ndarray | None = None
+
+
+def per_sample_loss(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """g_i for each sample of the batch: cross-entropy or squared error. [B, ...] -> [B]."""
+    if task.kind == "classification":
+        return F.cross_entropy(out, y, reduction="none")
+    return (out.squeeze(-1) - y).square()
+
+
+@torch.no_grad()
+def evaluate(task: Task, model: torch.nn.Module, split: Split) -> dict[str, np.ndarray]:
+    """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
+    model.eval()
+    losses, preds = [], []
+    for start in range(0, len(split), EVAL_CHUNK):
+        x, y = split.x[start:start + EVAL_CHUNK], split.y[start:start + EVAL_CHUNK]
+        out = model(x).float()
+        losses.append(per_sample_loss(task, out, y))
+        preds.append(out.argmax(-1) if task.kind == "classification" else out.squeeze(-1))
+    result = {
+        "loss": torch.cat(losses).cpu().numpy(),
+        "prediction": torch.cat(preds).cpu().numpy(),
+        "target": split.y.cpu().numpy(),
+    }
+    if task.kind == "classification":
+        result["correct"] = result["prediction"] == result["target"]
+    return result
+
+
+def _summarize_and_record(
+    cfg: RunConfig, task: Task, records_root: Path, epoch: int,
+    train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
+) -> dict[str, float]:
+    """Write one eval epoch's per-sample records and return its flattened summary metrics."""
+    eps = None if cfg.eps is None else (np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
+    tables = [
+        records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, **train_eval),
+        records.split_table(cfg.run_id, "test", epoch, **test_eval),
+    ]
+    records.write_epoch(records_root, cfg.run_id, epoch, tables)
+    # Per-sample eps is defined on the training samples only; test violations use its mean as the level.
+    test_eps = None if eps is None else float(np.mean(eps))
+    summary = {
+        "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=eps,
+                               multipliers=multipliers),
+        "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps),
+    }
+    return flatten(summary)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:
+    if not extras:
+        return {}
+    path = run_dir / "extras.npz"
+    tmp = run_dir / f".extras.{uuid.uuid4().hex}.npz"
+    np.savez(tmp, **extras)
+    os.replace(tmp, path)
+    return {"extras": str(path)}
+
+
+def _build_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train(
+    cfg: RunConfig,
+    records_root: Path,
+    run_dir: Path,
+    on_epoch: Callable[[EpochStats], None] | None = None,
+) -> RunResult:
+    """Train ``cfg`` to completion (or divergence), resuming from ``run_dir/checkpoint.pt`` if present."""
+    records_root, run_dir = Path(records_root), Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    task = get_task(cfg.task)
+    device = torch.device(cfg.device)
+
+    # ---- data: whole splits as tensors on the device; row i is sample id i ----
+    data = task.load(cfg.opts, cfg.data_dir)
+    if task.solve is not None:
+        return _run_solver(cfg, task, data, records_root, run_dir)
+    data = data.to(device)
+    n_train = len(data.train)
+    eps: float | torch.Tensor | None = cfg.eps
+    if isinstance(cfg.eps, tuple):
+        if len(cfg.eps) != n_train:
+            raise ValueError(f"per-sample eps has {len(cfg.eps)} entries; task {cfg.task} has {n_train} samples")
+        eps = torch.tensor(cfg.eps, dtype=torch.float32)
+
+    # ---- model, primal optimizer + schedule, method (holds the multipliers) ----
+    _seed_everything(cfg.seed)
+    model = task.build_model(cfg.opts, data).to(device)
+    optimizer = _build_optimizer(cfg, model.parameters())
+    scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
+                 if cfg.scheduler == "cosine" else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+    method = get_method(cfg.method)(n_train, eps=eps if eps is not None else 0.0, alpha=cfg.alpha,
+                                    dual_lr=cfg.dual_lr, device=device)
+
+    # ---- resume: everything the remaining epochs depend on comes back from the checkpoint ----
+    checkpoint = run_dir / "checkpoint.pt"
+    start_epoch, history = 0, []
+    if checkpoint.exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        method.load_state_dict(state["method"])
+        torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], device)
+        random.setstate(state["py_rng"])
+        np.random.set_state(state["np_rng"])
+        start_epoch, history = state["epoch"], state["history"]
+
+    x_train, y_train = data.train.x, data.train.y
+    epoch_losses = torch.empty(n_train, device=device)   # this epoch's training loss per sample id
+    result = RunResult(cfg.run_id, "completed", start_epoch, {}, history, resumed_from=start_epoch)
+
+    for epoch in range(start_epoch, cfg.epochs):
+        # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
+        model.train()
+        order = epoch_order(n_train, cfg.seed, epoch).to(device)
+        aug_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + epoch) if task.augment else None
+        steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+        for ids in batches(order, cfg.batch_size):
+            x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
+            if task.augment is not None:
+                x = task.augment(x, aug_gen)
+            losses = per_sample_loss(task, model(x), y)          # [B]
+            method.dual_step_(losses, ids)                       # lambda[ids] moves; no-op for ERM/CSERM
+            objective = method.primal_loss(losses, ids)          # scalar
+            optimizer.zero_grad(set_to_none=True)
+            objective.backward()
+            optimizer.step()
+            epoch_losses[ids] = losses.detach()                  # no host sync inside the loop
+        scheduler.step()
+
+        # ---- end of epoch: one host sync; stop on a non-finite loss instead of crashing ----
+        finite = torch.isfinite(epoch_losses)
+        if not bool(finite.all()):
+            first_bad_position = int((~finite[order]).nonzero()[0, 0])
+            result.status = "diverged"
+            result.diverged_at = {"epoch": epoch + 1,
+                                  "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
+            result.epochs_done = epoch + 1
+            break
+
+        lam = method.multipliers
+        stats = {"epoch": epoch + 1, "train_avg_loss": float(epoch_losses.mean()),
+                 "train_max_loss": float(epoch_losses.max()),
+                 "max_multiplier": None if lam is None else float(lam.max())}
+        # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
+        metrics = None
+        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+            metrics = _summarize_and_record(
+                cfg, task, records_root, epoch + 1, evaluate(task, model, data.train),
+                evaluate(task, model, data.test), None if lam is None else lam.cpu().numpy())
+            if not all(math.isfinite(v) for v in metrics.values()):
+                result.status = "diverged"
+                result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
+                result.epochs_done = epoch + 1
+                break
+            stats["metrics"] = metrics
+            result.metrics = metrics
+        history.append(stats)
+        result.epochs_done = epoch + 1
+
+        # ---- checkpoint after the records, so a resumed run redoes at most this epoch ----
+        _atomic_save({
+            "epoch": epoch + 1, "history": history, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "py_rng": random.getstate(), "np_rng": np.random.get_state(),
+        }, checkpoint)
+        if on_epoch is not None:
+            on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
+                                stats["max_multiplier"], metrics))
+
+    # ---- finish: final metrics, task extras, model weights; the checkpoint is no longer needed ----
+    if result.status == "completed" and not result.metrics:
+        result.metrics = next((h["metrics"] for h in reversed(history) if h.get("metrics")), {})
+    if method.multipliers is not None:
+        result.lambda_capped = int((method.multipliers >= LAMBDA_CAP).sum())
+    if result.status == "completed":
+        if task.extras is not None:
+            result.artifacts.update(_save_extras(run_dir, task.extras(model, data, cfg.opts)))
+        _atomic_save(model.state_dict(), run_dir / "model.pt")
+        result.artifacts["model"] = str(run_dir / "model.pt")
+    result.artifacts["records"] = str(records.run_dir(records_root, cfg.run_id))
+    checkpoint.unlink(missing_ok=True)
+    return result
+
+
+def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path) -> RunResult:
+    """Tasks solved in closed form or by a convex solver: one 'epoch', same records and summary."""
+    sol: Solution = task.solve(cfg, data)
+    metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
+    result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])
+    result.artifacts.update(_save_extras(run_dir, sol.extras))
+    result.artifacts["records"] = str(records.run_dir(records_root, cfg.run_id))
+    return result

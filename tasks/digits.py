@@ -1,0 +1,41 @@
+"""scikit-learn's handwritten digits (1797 real 8x8 images, 10 classes) with a small CNN."""
+
+from __future__ import annotations
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from flctl.data import Dataset, Split
+from flctl.models import small_cnn
+from flctl.tasks import Task
+
+
+def load(options: dict, data_dir: str | None) -> Dataset:
+    digits = load_digits()
+    x = digits.images.astype("float32") / 16.0          # pixel values 0..16 -> [0, 1]
+    y = digits.target
+    # Stratified, seeded split: the same data_seed gives the same samples (and sample ids) in every run.
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=options["test_size"], stratify=y,
+                                              random_state=options["data_seed"])
+
+    def split(a, b) -> Split:
+        return Split(torch.from_numpy(a).unsqueeze(1), torch.from_numpy(b).long())   # [N, 1, 8, 8]
+
+    return Dataset(split(x_tr, y_tr), split(x_te, y_te))
+
+
+def build_model(options: dict, data: Dataset) -> torch.nn.Module:
+    return small_cnn(1, 10, width=options["width"])
+
+
+TASK = Task(
+    name="digits",
+    kind="classification",
+    description="scikit-learn digits (8x8 images, 10 classes, stratified 75/25 split), small CNN",
+    defaults=dict(epochs=30, batch_size=64, optimizer="adamw", lr=1e-3, weight_decay=0.0,
+                  scheduler="cosine", eval_every=5, eps=0.51, alpha=1.0, dual_lr=1e-2),
+    options=dict(test_size=0.25, data_seed=0, width=32),
+    load=load,
+    build_model=build_model,
+)
