@@ -74,6 +74,18 @@ def per_sample_loss(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return (out.squeeze(-1) - y).square()
 
 
+def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.optim.Optimizer,
+               x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """One alternating GDA step: dual step first, then the primal step with lambda_{t+1}. Returns g [B]."""
+    losses = per_sample_loss(task, model(x), y)          # [B]
+    method.dual_step_(losses, ids)                       # lambda[ids] moves; no-op for ERM/CSERM
+    objective = method.primal_loss(losses, ids)          # scalar: mean g, CSERM, or sum lambda*g
+    optimizer.zero_grad(set_to_none=True)
+    objective.backward()
+    optimizer.step()
+    return losses.detach()
+
+
 @torch.no_grad()
 def evaluate(task: Task, model: torch.nn.Module, split: Split) -> dict[str, np.ndarray]:
     """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
@@ -206,13 +218,7 @@ def train(
             x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
             if task.augment is not None:
                 x = task.augment(x, aug_gen)
-            losses = per_sample_loss(task, model(x), y)          # [B]
-            method.dual_step_(losses, ids)                       # lambda[ids] moves; no-op for ERM/CSERM
-            objective = method.primal_loss(losses, ids)          # scalar
-            optimizer.zero_grad(set_to_none=True)
-            objective.backward()
-            optimizer.step()
-            epoch_losses[ids] = losses.detach()                  # no host sync inside the loop
+            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids)   # no host sync here
         scheduler.step()
 
         # ---- end of epoch: one host sync; stop on a non-finite loss instead of crashing ----
