@@ -1,0 +1,216 @@
+"""Training-step throughput of FL, RFL and CSERM relative to ERM, measured side by side in one process.
+
+For each model, one model + AdamW optimizer + method object is built per method from the same seed, and
+every method walks the same epoch orders (``flctl.data.epoch_order``) through the real
+``flctl.train.train_step``, exactly like the loop in ``flctl/train.py``::
+
+    x, y = x_train[ids], y_train[ids]
+    epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids)
+
+Timing is done in blocks of K consecutive steps. A round times one block per method, in a round-robin
+order rotated every round (ERM, FL, RFL, CSERM / FL, RFL, CSERM, ERM / ...) so that slow drift of the
+machine (thermal, other processes) hits every method alike. The per-round ratio steps/s(method) /
+steps/s(ERM) uses the ERM block of the same round; the table reports its median and interquartile range
+over rounds, plus each method's median steps/s and the per-step time it adds over ERM.
+
+Run from the repository root with the project's virtualenv::
+
+    python benchmarks/bench_methods.py                    # both models, 1 thread, ~1-2 min
+    python benchmarks/bench_methods.py --threads 2
+    python benchmarks/bench_methods.py --models two-moons --rounds 200 --steps-per-block 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from flctl.data import batches, epoch_order
+from flctl.methods import get_method
+from flctl.tasks import get_task
+from flctl.train import train_step
+
+METHODS = ("erm", "fl", "rfl", "cserm")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    task: str
+    batch_size: int
+    steps_per_block: int     # default K: a block of roughly 50-100 ms on one CPU thread
+    label: str
+
+
+MODELS = {
+    "two-moons": ModelSpec("two-moons", 512, 100, "two-moons MLP 2-70-70-2, batch 512, AdamW"),
+    "digits": ModelSpec("digits", 64, 16, "digits small CNN, batch 64, AdamW"),
+}
+
+
+class Runner:
+    """One method's full training state; ``run(k)`` takes k steps through consecutive epochs."""
+
+    def __init__(self, spec: ModelSpec, method_name: str, data, seed: int) -> None:
+        self.task = get_task(spec.task)
+        options, defaults = dict(self.task.options), self.task.defaults
+        self.batch_size = spec.batch_size
+        self.seed = seed
+        self.x_train, self.y_train = data.train.x, data.train.y
+        self.n = len(data.train)
+        torch.manual_seed(seed)                              # same initial weights for every method
+        self.model = self.task.build_model(options, data)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=defaults["lr"],
+                                           weight_decay=defaults["weight_decay"])
+        self.method = get_method(method_name)(self.n, eps=defaults["eps"], alpha=defaults["alpha"],
+                                              dual_lr=defaults["dual_lr"], device="cpu")
+        self.epoch_losses = torch.empty(self.n)
+        self.epoch = 0
+        self._batches = iter(batches(epoch_order(self.n, seed, 0), self.batch_size))
+
+    def _next_ids(self) -> torch.Tensor:
+        ids = next(self._batches, None)
+        if ids is None:                                      # epoch boundary: next seeded permutation
+            self.epoch += 1
+            self._batches = iter(batches(epoch_order(self.n, self.seed, self.epoch), self.batch_size))
+            ids = next(self._batches)
+        return ids
+
+    def run(self, k: int) -> float:
+        """Take k training steps; return elapsed wall seconds."""
+        task, model, method, optimizer = self.task, self.model, self.method, self.optimizer
+        x_train, y_train, epoch_losses = self.x_train, self.y_train, self.epoch_losses
+        t0 = time.perf_counter()
+        for _ in range(k):
+            ids = self._next_ids()
+            x, y = x_train[ids], y_train[ids]
+            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids)
+        return time.perf_counter() - t0
+
+
+@dataclass
+class ModelResult:
+    spec: ModelSpec
+    steps_per_block: int
+    rounds: int
+    rates: dict[str, list[float]] = field(default_factory=dict)    # steps/s per round
+    seconds: float = 0.0
+
+    def ratios(self, method: str) -> list[float]:
+        return [m / e for m, e in zip(self.rates[method], self.rates["erm"])]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def bench_model(spec: ModelSpec, rounds: int, steps_per_block: int, warmup_rounds: int, seed: int,
+                methods: tuple[str, ...]) -> ModelResult:
+    task = get_task(spec.task)
+    data = task.load(dict(task.options), None)
+    runners = {m: Runner(spec, m, data, seed) for m in methods}
+    result = ModelResult(spec, steps_per_block, rounds, {m: [] for m in methods})
+    t_start = time.perf_counter()
+    for r in range(warmup_rounds):                          # allocator, autograd, AdamW state warm-up
+        for m in methods:
+            runners[m].run(steps_per_block)
+    gc.collect()
+    gc.disable()                                             # no collector pauses inside timed blocks
+    try:
+        for r in range(rounds):
+            shift = r % len(methods)
+            for m in methods[shift:] + methods[:shift]:      # rotated round robin cancels drift
+                result.rates[m].append(steps_per_block / runners[m].run(steps_per_block))
+    finally:
+        gc.enable()
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def summarize(result: ModelResult) -> list[dict]:
+    rows = []
+    erm_rate = statistics.median(result.rates["erm"])
+    for m, rates in result.rates.items():
+        rate = statistics.median(rates)
+        q1, med, q3 = quartiles(result.ratios(m))
+        # per-round extra time per step over ERM (us), from the same rounds as the ratio
+        extra = [1e6 * (1 / a - 1 / b) for a, b in zip(rates, result.rates["erm"])]
+        rows.append({"method": m, "steps_per_s": rate, "ms_per_step": 1e3 / rate,
+                     "ratio_median": med, "ratio_q1": q1, "ratio_q3": q3,
+                     "extra_us_per_step": statistics.median(extra),
+                     "erm_steps_per_s": erm_rate})
+    return rows
+
+
+def print_table(result: ModelResult, rows: list[dict], threads: int, target: float) -> None:
+    title = (f"{result.spec.label} — torch threads {threads}, {result.rounds} rounds × "
+             f"{result.steps_per_block} steps/block ({result.seconds:.0f} s)")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:                                      # plain fallback
+        print(title)
+        print(f"{'method':8} {'steps/s':>9} {'ms/step':>8} {'ratio':>7} {'IQR':>15} {'+us/step':>9}")
+        for row in rows:
+            print(f"{row['method']:8} {row['steps_per_s']:9.1f} {row['ms_per_step']:8.3f} "
+                  f"{row['ratio_median']:7.3f} {row['ratio_q1']:7.3f}-{row['ratio_q3']:<7.3f} "
+                  f"{row['extra_us_per_step']:9.1f}")
+        print()
+        return
+    table = Table(title=title, title_justify="left")
+    for col in ("method", "steps/s (median)", "ms/step", "ratio vs ERM (median)", "ratio IQR",
+                "+µs/step vs ERM"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for row in rows:
+        ratio = f"{row['ratio_median']:.3f}"
+        if row["method"] != "erm":
+            ratio = f"[{'green' if row['ratio_median'] >= target else 'red'}]{ratio}[/]"
+        table.add_row(row["method"].upper(), f"{row['steps_per_s']:.1f}", f"{row['ms_per_step']:.3f}",
+                      ratio, f"{row['ratio_q1']:.3f} – {row['ratio_q3']:.3f}",
+                      f"{row['extra_us_per_step']:+.1f}")
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS),
+                   help="models to benchmark (default: all)")
+    p.add_argument("--rounds", type=int, default=80, help="timed rounds per model (default 80)")
+    p.add_argument("--steps-per-block", type=int, default=None,
+                   help="steps per timed block (default per model: two-moons 100, digits 16)")
+    p.add_argument("--warmup-rounds", type=int, default=3, help="untimed rounds first (default 3)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads value (default 1: least noisy; try 2 too)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", type=float, default=0.95, help="ratio colored green at or above (0.95)")
+    p.add_argument("--json", metavar="PATH", help="also write the summary rows and raw rates as JSON")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, num_threads={torch.get_num_threads()}, python {sys.version.split()[0]}")
+    out = {"threads": args.threads, "torch": torch.__version__, "models": {}}
+    for name in args.models:
+        spec = MODELS[name]
+        k = args.steps_per_block or spec.steps_per_block
+        result = bench_model(spec, args.rounds, k, args.warmup_rounds, args.seed, METHODS)
+        rows = summarize(result)
+        print_table(result, rows, args.threads, args.target)
+        out["models"][name] = {"steps_per_block": k, "rounds": args.rounds, "rows": rows,
+                               "rates": result.rates}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """A fresh results directory; its SQLite database is results/flctl.db."""
+    root = tmp_path / "results"
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Tests never touch the checkout's results/ or a database named in the developer's environment.
+    monkeypatch.delenv("FLCTL_DB", raising=False)
+    monkeypatch.setenv("FLCTL_RESULTS", str(tmp_path / "results"))

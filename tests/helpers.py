@@ -1,0 +1,19 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flctl.config import RunConfig, resolve
+from flctl.tasks import get_task
+
+
+def config(task: str, method: str, **overrides) -> RunConfig:
+    """A validated RunConfig from the task's defaults, as `flctl run` builds it."""
+    spec = get_task(task)
+    p_min = overrides.pop("p_min", None)
+    return resolve(task, method, spec.defaults, spec.options, spec.kind, spec.methods, overrides, p_min)
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).rglob("*") if p.is_file()) if Path(root).exists() else []

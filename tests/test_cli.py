@@ -1,0 +1,155 @@
+"""The command line: the main job end to end, listings, and one test per kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from tests.helpers import files_under
+
+runner = CliRunner()
+
+
+def flctl(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_run_two_moons_fl_records_parquet_and_database(results: Path) -> None:
+    res = flctl("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "30")
+    assert res.exit_code == 0, res.output
+    assert "completed after 30 epochs" in res.output
+    rows = json.loads(flctl("runs", "--json").stdout)
+    assert len(rows) == 1
+    run = rows[0]
+    assert run["status"] == "completed" and run["task"] == "two-moons" and run["method"] == "fl"
+    assert run["config"]["eps"] == 0.1 and run["config"]["alpha"] is None    # FL ignores alpha
+    assert len(run["config_hash"]) == 64 and run["id"] == run["config_hash"][:16]
+    for key in ("train.avg_loss", "train.max_loss", "train.accuracy", "train.cvar_0.9", "train.violation_rate",
+                "train.zero_multiplier_share", "test.avg_loss", "test.accuracy"):
+        assert key in run["metrics"]
+    assert Path(run["artifacts"]["records"]).is_dir() and Path(run["artifacts"]["model"]).is_file()
+    assert run["host"] and run["duration_s"] > 0 and run["attempts"] == 1
+    assert (results / "flctl.db").is_file()
+
+    # The same configuration is the same run: shown, not trained again.
+    again = flctl("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "30")
+    assert again.exit_code == 0 and "already completed" in again.output
+    assert len(json.loads(flctl("runs", "--json").stdout)) == 1
+
+    shown = json.loads(flctl("show", run["id"][:6], "--json").stdout)
+    assert shown["id"] == run["id"]
+    human = flctl("show", run["id"])
+    assert human.exit_code == 0 and "violation_rate" in human.output
+
+
+def test_p_min_sets_eps_and_listing_filters(results: Path) -> None:
+    assert flctl("run", "digits", "-m", "rfl", "--p-min", "0.6", "--alpha", "0.5", "--epochs", "1").exit_code == 0
+    assert flctl("run", "digits", "-m", "erm", "--epochs", "1").exit_code == 0
+    rfl = json.loads(flctl("runs", "--method", "rfl", "--json").stdout)
+    assert len(rfl) == 1 and rfl[0]["config"]["eps"] == pytest.approx(0.5108, abs=1e-4)
+    assert len(json.loads(flctl("runs", "--task", "digits", "--json").stdout)) == 2
+    assert json.loads(flctl("runs", "--status", "failed", "--json").stdout) == []
+    assert "2 run(s)" in flctl("runs").output
+
+
+def test_tasks_and_methods_listings() -> None:
+    tasks = {t["name"]: t for t in json.loads(flctl("tasks", "--json").stdout)}
+    assert set(tasks) >= {"two-moons", "polyfit", "digits", "diabetes"}
+    moons = tasks["two-moons"]["defaults"]
+    assert (moons["epochs"], moons["batch_size"], moons["lr"], moons["dual_lr"]) == (250, 512, 5e-4, 1e-2)
+    methods = {m["name"]: m for m in json.loads(flctl("methods", "--json").stdout)}
+    assert list(methods) == ["erm", "cserm", "fl", "rfl"]
+    assert methods["rfl"]["uses_alpha"] and not methods["fl"]["uses_alpha"]
+    assert flctl("tasks").exit_code == 0 and flctl("methods").exit_code == 0
+
+
+# ---- bad input: one line on stderr, exit code 2, nothing written ----
+
+def assert_rejected(res, *needles: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["run", "mnist"], ["unknown task 'mnist'", "two-moons"]),
+    (["run", "two-moons", "-m", "sgd"], ["unknown method 'sgd'", "erm, cserm, fl, rfl"]),
+    (["run", "two-moons", "--eps", "-0.1"], ["--eps must be", ">= 0"]),
+    (["run", "two-moons", "-m", "rfl", "--alpha", "0"], ["--alpha must be", "> 0"]),
+    (["run", "two-moons", "-m", "cserm", "--alpha", "-1"], ["--alpha must be"]),
+    (["run", "two-moons", "--p-min", "0"], ["--p-min must be in (0, 1]"]),
+    (["run", "two-moons", "--p-min", "1.5"], ["--p-min must be in (0, 1]"]),
+    (["run", "diabetes", "--p-min", "0.6"], ["--p-min applies to classification", "--eps"]),
+    (["run", "two-moons", "--lr", "-1e-3"], ["--lr must be"]),
+    (["run", "two-moons", "--dual-lr", "-1"], ["--dual-lr must be"]),
+    (["run", "two-moons", "--epochs", "0"], ["--epochs must be at least 1"]),
+    (["run", "two-moons", "--optimizer", "lbfgs"], ["unknown optimizer", "sgd, adamw"]),
+    (["run", "two-moons", "-o", "width=3"], ["unknown option(s) width", "hidden"]),
+    (["run", "polyfit", "-m", "rfl"], ["supports methods erm, fl"]),
+    (["run", "two-moons", "--eps", "0.1", "--p-min", "0.6"], ["either --eps or --p-min"]),
+])
+def test_bad_run_options_are_rejected_before_anything_is_written(results: Path, args, needles) -> None:
+    assert_rejected(flctl(*args, "--epochs", "1") if "--epochs" not in args else flctl(*args), *needles)
+    assert not results.exists()
+
+
+def test_unwritable_results_directory(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    res = flctl("run", "two-moons", "--epochs", "1", "--results-dir", str(blocker / "results"))
+    assert_rejected(res, "is not writable", "--results-dir")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_corrupt_database(results: Path) -> None:
+    results.mkdir(parents=True)
+    db = results / "flctl.db"
+    db.write_bytes(b"this is not sqlite" * 100)
+    before = db.read_bytes()
+    assert_rejected(flctl("run", "two-moons", "--epochs", "1"), "cannot open database", "file is not a database")
+    assert db.read_bytes() == before
+    assert [p.name for p in files_under(results)] == ["flctl.db"]
+
+
+def test_unreachable_database(results: Path) -> None:
+    with socket.socket() as s:            # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://flctl:secret@127.0.0.1:{port}/flctl"
+    res = flctl("run", "two-moons", "--epochs", "1", "--db", url)
+    assert_rejected(res, "cannot open database", f"127.0.0.1:{port}")
+    assert "secret" not in res.stderr
+    assert files_under(results) == []
+
+
+def test_foreign_database_is_not_touched(results: Path) -> None:
+    results.mkdir(parents=True)
+    db = results / "other.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE notes (x TEXT)")
+    assert_rejected(flctl("run", "two-moons", "--epochs", "1", "--db", f"sqlite:///{db}"), "not an flctl database")
+    with sqlite3.connect(db) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert tables == ["notes"]
+
+
+def test_schema_version_mismatch_is_reported(results: Path) -> None:
+    assert flctl("run", "polyfit", "-m", "erm").exit_code == 0
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE flctl_meta SET value = '99' WHERE key = 'schema_version'")
+    assert_rejected(flctl("runs"), "schema v99", "expects v1")
+
+
+def test_show_unknown_run_and_listing_without_database(results: Path) -> None:
+    assert_rejected(flctl("runs"), "no run database")
+    assert flctl("run", "polyfit", "-m", "erm").exit_code == 0
+    assert_rejected(flctl("show", "ffffffff"), "no run 'ffffffff'")
+    assert_rejected(flctl("runs", "--status", "done"), "unknown status")
