@@ -165,16 +165,17 @@ def print_table(result: ModelResult, rows: list[dict], threads: int, target: flo
                   f"{row['extra_us_per_step']:9.1f}")
         print()
         return
-    table = Table(title=title, title_justify="left")
-    for col in ("method", "steps/s (median)", "ms/step", "ratio vs ERM (median)", "ratio IQR",
-                "+µs/step vs ERM"):
-        table.add_column(col, justify="left" if col == "method" else "right")
+    table = Table(title=title, title_justify="left",
+                  caption="ratio = per-round steps/s(method) / steps/s(ERM), median and IQR over rounds; "
+                          "+µs = median extra time per step over ERM", caption_justify="left")
+    for col in ("method", "steps/s", "ms/step", "ratio", "ratio IQR", "+µs/step"):
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
     for row in rows:
         ratio = f"{row['ratio_median']:.3f}"
         if row["method"] != "erm":
             ratio = f"[{'green' if row['ratio_median'] >= target else 'red'}]{ratio}[/]"
         table.add_row(row["method"].upper(), f"{row['steps_per_s']:.1f}", f"{row['ms_per_step']:.3f}",
-                      ratio, f"{row['ratio_q1']:.3f} – {row['ratio_q3']:.3f}",
+                      ratio, f"{row['ratio_q1']:.3f}–{row['ratio_q3']:.3f}",
                       f"{row['extra_us_per_step']:+.1f}")
     Console().print(table)
 

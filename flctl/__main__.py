@@ -1,0 +1,3 @@
+from flctl.cli import main
+
+main()
