@@ -1,0 +1,55 @@
+"""Every registered task runs with every method it supports (a new task file is tested by these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+import torch
+
+from flctl import records
+from flctl.tasks import all_tasks
+from flctl.train import train
+from tests.helpers import config
+
+CASES = [(name, method) for name, task in all_tasks().items() for method in task.methods]
+
+
+@pytest.mark.parametrize("name,method", CASES)
+def test_task_trains_with_method(tmp_path: Path, name: str, method: str) -> None:
+    task = all_tasks()[name]
+    cfg = config(name, method, epochs=1, eval_every=1)
+    result = train(cfg, tmp_path / "records", tmp_path / "runs" / cfg.run_id)
+    assert result.status == "completed"
+    data = task.load(cfg.opts, None)
+    table = records.read(tmp_path / "records", [cfg.run_id])
+    assert len(table) == len(data.train) + len(data.test)
+    assert np.isfinite(table["loss"].to_numpy()).all()
+    lam = table.filter(pc.equal(table["split"], "train"))["multiplier"]
+    assert (lam.null_count == 0) == (method in ("fl", "rfl"))      # multipliers exactly for FL/RFL
+
+
+@pytest.mark.parametrize("name", list(all_tasks()))
+def test_task_data_is_deterministic_and_typed(name: str) -> None:
+    task = all_tasks()[name]
+    a, b = task.load(dict(task.options), None), task.load(dict(task.options), None)
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+    assert len(a.train) == len(a.train.y) and len(a.test) > 0
+    if task.kind == "classification":
+        assert a.train.y.dtype == torch.long
+    if task.build_model is not None:
+        out = task.build_model(dict(task.options), a)(a.train.x[:4])
+        assert out.shape[0] == 4
+
+
+def test_paper_defaults_of_two_moons() -> None:
+    t = all_tasks()["two-moons"]
+    assert t.options["n_train"] == 1000 and t.options["noise"] == 0.1 and t.options["hidden"] == 70
+    d = t.defaults
+    assert (d["optimizer"], d["lr"], d["batch_size"], d["epochs"], d["dual_lr"]) == ("adamw", 5e-4, 512, 250, 1e-2)
+    data = t.load(dict(t.options), None)
+    assert len(data.train) == 1000 and not torch.equal(data.train.x, data.test.x)
+    model = t.build_model(dict(t.options), data)
+    assert [m.out_features for m in model if isinstance(m, torch.nn.Linear)] == [70, 70, 2]
