@@ -7,22 +7,25 @@ status, timings, host, git revision, summary metrics and artifact paths. The sch
 
 from __future__ import annotations
 
-import json
+import os
 import random
 import socket
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from sqlalchemy import (JSON, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, inspect,
-                        select)
+from sqlalchemy import (JSON, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, func,
+                        inspect, select, update)
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 SCHEMA_VERSION = 1
 STATUSES = ("queued", "running", "completed", "failed", "diverged")
+# A running run whose heartbeat is older than this is presumed lost (killed, node gone) and may be re-claimed.
+STALE_AFTER_S = float(os.environ.get("FLCTL_STALE_AFTER", "300"))
+HEARTBEAT_S = float(os.environ.get("FLCTL_HEARTBEAT", "30"))
 T = TypeVar("T")
 
 
@@ -52,6 +55,8 @@ class Run(Base):
     epochs_done: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(String(64))   # submitit/Slurm job running it, if any
     git_sha: Mapped[str | None] = mapped_column(String(64))
     device: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -83,6 +88,24 @@ class Artifact(Base):
     run: Mapped[Run] = relationship(back_populates="artifacts")
 
 
+class Sweep(Base):
+    __tablename__ = "sweeps"
+    id: Mapped[str] = mapped_column(String(12), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(128), index=True)
+    task: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    submissions: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class SweepCell(Base):
+    """Membership of a run in a sweep; a run may belong to several sweeps (dedup by config hash)."""
+
+    __tablename__ = "sweep_cells"
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True, index=True)
+
+
 def now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -101,6 +124,33 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) still answers kill(0); it is dead for us.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _is_stale(run: "Run", stale_after: float) -> bool:
+    """A running run's worker is gone: its heartbeat is old, or it ran here and its process has exited."""
+    if run.host == socket.gethostname() and run.pid is not None and not _pid_alive(run.pid):
+        return True
+    beat = run.heartbeat_at
+    if beat is None:
+        return True
+    if beat.tzinfo is None:  # SQLite returns naive datetimes; we store UTC
+        beat = beat.replace(tzinfo=timezone.utc)
+    return (now() - beat).total_seconds() > stale_after
 
 
 def _one_line(exc: BaseException) -> str:
@@ -188,26 +238,90 @@ class Store:
 
     # ---- runs ----
 
-    def begin_run(self, config: dict[str, Any], run_id: str, config_hash: str, *, device: str,
-                  git_sha: str | None) -> Run:
-        """Insert the run (or take over an existing unfinished one) and mark it running."""
-        def fn(s: Session) -> Run:
-            run = s.get(Run, run_id)
-            if run is None:
-                run = Run(id=run_id, config_hash=config_hash, task=config["task"], method=config["method"],
-                          seed=config["seed"], config=config, created_at=now(), attempts=0)
-                s.add(run)
-            run.status, run.attempts, run.error = "running", run.attempts + 1, None
-            run.host, run.git_sha, run.device = socket.gethostname(), git_sha, device
-            run.started_at = run.heartbeat_at = now()
-            return run
+    def add_runs(self, configs: Iterable[Any]) -> int:
+        """Insert the configs (RunConfig objects) not yet in the database as queued runs; returns how many."""
+        configs = list(configs)
+
+        def fn(s: Session) -> int:
+            have: set[str] = set()
+            ids = [c.run_id for c in configs]
+            for chunk in range(0, len(ids), 500):
+                have.update(s.scalars(select(Run.id).where(Run.id.in_(ids[chunk:chunk + 500]))).all())
+            new = [c for c in configs if c.run_id not in have]
+            stamp = now()
+            s.add_all(Run(id=c.run_id, config_hash=c.config_hash, task=c.task, method=c.method, seed=c.seed,
+                          config=c.identity() | {"device": c.device, "data_dir": c.data_dir}, status="queued",
+                          created_at=stamp, attempts=0) for c in new)
+            return len(new)
         return self.write(fn)
 
-    def heartbeat(self, run_id: str, epochs_done: int) -> None:
-        def fn(s: Session) -> None:
+    def claim_run(self, run_id: str, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
+                  allow: Iterable[str] = ("queued", "failed"), job_id: str | None = None,
+                  git_sha: str | None = None, device: str | None = None) -> bool:
+        """Atomically take a run for this process; False if someone else holds it or it is not claimable.
+
+        Claimable: status in ``allow``, or running with a stale heartbeat (or a dead pid on this host).
+        The update is a compare-and-swap on (status, attempts), so two workers never both win.
+        """
+        allow = set(allow)
+
+        def fn(s: Session) -> bool:
             run = s.get(Run, run_id)
-            run.heartbeat_at, run.epochs_done = now(), epochs_done
+            if run is None:
+                return False
+            if not (run.status in allow or (run.status == "running" and _is_stale(run, stale_after))):
+                return False
+            if max_attempts is not None and run.attempts >= max_attempts:
+                return False
+            stamp = now()
+            res = s.execute(
+                update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts)
+                .values(status="running", attempts=run.attempts + 1, error=None, host=socket.gethostname(),
+                        pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
+                        heartbeat_at=stamp, finished_at=None)
+                .execution_options(synchronize_session=False))
+            return res.rowcount == 1
+        return self.write(fn)
+
+    def reap(self, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
+             run_ids: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+        """Re-queue running runs whose worker is gone (stale heartbeat, or dead pid on this host).
+
+        Runs that already used ``max_attempts`` are marked failed instead. Returns (requeued, failed).
+        """
+        def fn(s: Session) -> tuple[list[str], list[str]]:
+            q = select(Run).where(Run.status == "running")
+            if run_ids is not None:
+                q = q.where(Run.id.in_(list(run_ids)))
+            requeued, failed = [], []
+            for run in s.scalars(q).all():
+                if not _is_stale(run, stale_after):
+                    continue
+                give_up = max_attempts is not None and run.attempts >= max_attempts
+                res = s.execute(
+                    update(Run).where(Run.id == run.id, Run.status == "running", Run.attempts == run.attempts)
+                    .values(status="failed" if give_up else "queued",
+                            error=(f"worker lost (heartbeat stale); gave up after {run.attempts} attempts"
+                                   if give_up else "worker lost (heartbeat stale); re-queued"))
+                    .execution_options(synchronize_session=False))
+                if res.rowcount == 1:
+                    (failed if give_up else requeued).append(run.id)
+            return requeued, failed
+        return self.write(fn)
+
+    def requeue(self, run_id: str, reason: str) -> None:
+        """Hand a running run back (preemption/timeout): the next claim resumes it from its checkpoint."""
+        def fn(s: Session) -> None:
+            s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+                      .values(status="queued", error=reason).execution_options(synchronize_session=False))
         self.write(fn)
+
+    def heartbeat(self, run_id: str, epochs_done: int | None = None) -> None:
+        values: dict[str, Any] = {"heartbeat_at": now()}
+        if epochs_done is not None:
+            values["epochs_done"] = epochs_done
+        self.write(lambda s: s.execute(update(Run).where(Run.id == run_id).values(**values)
+                                       .execution_options(synchronize_session=False)))
 
     def finish_run(self, run_id: str, *, status: str, epochs_done: int, metrics: dict[str, float],
                    diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],
@@ -222,11 +336,12 @@ class Store:
         self.write(fn)
 
     def fail_run(self, run_id: str, error: str, duration_s: float) -> None:
-        def fn(s: Session) -> None:
-            run = s.get(Run, run_id)
-            run.status, run.error, run.finished_at = "failed", error, now()
-            run.duration_s = (run.duration_s or 0.0) + duration_s
-        self.write(fn)
+        # Only a run still marked running fails: one handed back by a preempted job stays queued.
+        self.write(lambda s: s.execute(
+            update(Run).where(Run.id == run_id, Run.status == "running")
+            .values(status="failed", error=error, finished_at=now(),
+                    duration_s=func.coalesce(Run.duration_s, 0.0) + duration_s)
+            .execution_options(synchronize_session=False)))
 
     def get_run(self, run_id_or_prefix: str) -> dict[str, Any] | None:
         with self.session() as s:
@@ -249,6 +364,3 @@ class Store:
         with self.session() as s:
             return [r.as_dict() for r in s.scalars(q).all()]
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)

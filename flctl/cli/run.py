@@ -112,14 +112,19 @@ def run(
 
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
+    allow = ("queued", "failed", "diverged", "completed") if rerun else ("queued", "failed", "diverged")
     with _progress(cfg.epochs, summary_line) as on_epoch:
         try:
-            result = execute(cfg, store, layout, on_epoch=on_epoch)
+            result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow)
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id}")
             raise typer.Exit(130)
         except Exception as exc:
             fail(f"run {cfg.run_id} failed: {type(exc).__name__}: {exc} (see `flctl show {cfg.run_id}`)", code=1)
+    if result is None:
+        held = store.get_run(cfg.run_id)
+        fail(f"run {cfg.run_id} is being trained by {held['host']} pid {held['pid']} (last heartbeat "
+             f"{held['heartbeat_at']}); wait for it, or see `flctl show {cfg.run_id}`", code=1)
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
     print_summary(store.get_run(cfg.run_id))

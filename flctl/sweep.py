@@ -1,0 +1,199 @@
+"""Sweep planning: axes (``1e-4..1``, ``1e-4..1:9``, ``0,0.51``), spec files, the grid of resolved runs.
+
+A sweep is the Cartesian product of its axes, resolved through the task defaults into RunConfigs and
+deduplicated by run id: a method that ignores an axis (ERM ignores eps and alpha) is not multiplied by it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from flctl.config import ConfigError, RunConfig, resolve
+
+FLOAT_AXES = ("eps", "p_min", "alpha", "lr", "dual_lr", "weight_decay", "momentum")
+INT_AXES = ("seed", "epochs", "batch_size", "eval_every")
+STR_AXES = ("method", "optimizer", "scheduler")
+AXES = FLOAT_AXES + INT_AXES + STR_AXES
+# Keys a spec file may hold besides the axes.
+SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
+             "device"}
+
+
+def parse_float_axis(name: str, text: str) -> list[float]:
+    """``a..b`` one log-spaced point per decade, ``a..b:n`` n log-spaced points, ``x,y,z`` a list."""
+    text = str(text).strip()
+    if ".." in text:
+        lo_text, _, rest = text.partition("..")
+        hi_text, colon, n_text = rest.partition(":")
+        try:
+            lo, hi = float(lo_text), float(hi_text)
+        except ValueError:
+            raise ConfigError(f"--{_flag(name)} {text!r}: a range is LOW..HIGH[:N] with numbers, "
+                              "e.g. 1e-4..1 or 1e-4..1:9") from None
+        if not (lo > 0 and hi > 0 and math.isfinite(lo) and math.isfinite(hi)):
+            raise ConfigError(f"--{_flag(name)} {text!r}: a log range needs positive finite ends")
+        decades = abs(math.log10(hi / lo))
+        if colon:
+            try:
+                n = int(n_text)
+            except ValueError:
+                raise ConfigError(f"--{_flag(name)} {text!r}: the point count after ':' must be an integer") from None
+            if n < 1 or (n == 1 and lo != hi):
+                raise ConfigError(f"--{_flag(name)} {text!r}: needs at least 2 points between different ends")
+        else:
+            n = max(1, round(decades) + 1) if lo != hi else 1
+        if n == 1:
+            return [lo]
+        step = math.log10(hi / lo) / (n - 1)
+        return [_round_sig(lo * 10 ** (k * step)) for k in range(n)]
+    try:
+        values = [float(v) for v in text.split(",") if v.strip() != ""]
+    except ValueError:
+        raise ConfigError(f"--{_flag(name)} {text!r}: expected numbers like 0,0.51 or a range 1e-4..1") from None
+    if not values:
+        raise ConfigError(f"--{_flag(name)} is empty")
+    return values
+
+
+def parse_int_axis(name: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise ConfigError(f"--{_flag(name)} {text!r}: expected integers like 0,1,2") from None
+    if not values:
+        raise ConfigError(f"--{_flag(name)} is empty")
+    return values
+
+
+def parse_str_axis(name: str, text: str) -> list[str]:
+    values = [v.strip() for v in str(text).split(",") if v.strip()]
+    if not values:
+        raise ConfigError(f"--{_flag(name)} is empty")
+    return values
+
+
+def parse_axis(name: str, value: Any) -> list[Any]:
+    """One axis from CLI text or a spec value (a TOML list, number or string)."""
+    if name not in AXES:
+        raise ConfigError(f"unknown axis {name!r}; axes: {', '.join(AXES)}, seeds, options")
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"axis {name!r} is an empty list")
+        return [v for item in value for v in parse_axis(name, item)]
+    text = str(value)
+    if name in FLOAT_AXES:
+        return parse_float_axis(name, text)
+    if name in INT_AXES:
+        return parse_int_axis(name, text)
+    return parse_str_axis(name, text)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What to sweep: a task, fixed values and axes. ``axes`` maps a RunConfig field (or 'p_min') to values."""
+
+    task: str
+    axes: Mapping[str, tuple[Any, ...]]
+    options: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    name: str | None = None
+    description: str = ""
+    device: str = "cpu"
+    data_dir: str | None = None
+    launch: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tune: int | None = None
+    objective: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": self.task, "axes": {k: list(v) for k, v in self.axes.items()},
+                "options": {k: list(v) for k, v in self.options.items()}, "name": self.name,
+                "description": self.description, "device": self.device, "data_dir": self.data_dir,
+                "launch": dict(self.launch), "tune": self.tune, "objective": self.objective}
+
+
+def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None = None,
+                     options: Mapping[str, Any] | None = None, **fields: Any) -> SweepSpec:
+    """Build a spec from CLI/TOML values; raises ConfigError on malformed axes."""
+    axes: dict[str, tuple[Any, ...]] = {}
+    for name, value in raw_axes.items():
+        if value is None:
+            continue
+        axes[name] = tuple(parse_axis(name, value))
+    if seeds is not None:
+        if "seed" in axes:
+            raise ConfigError("give either --seeds N or --seed LIST, not both")
+        if int(seeds) < 1:
+            raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+        axes["seed"] = tuple(range(int(seeds)))
+    if "eps" in axes and "p_min" in axes:
+        raise ConfigError("sweep either eps or p_min, not both")
+    opts = {k: tuple(v if isinstance(v, list) else str(v).split(",")) for k, v in (options or {}).items()}
+    return SweepSpec(task=task, axes=axes, options=opts, **fields)
+
+
+def load_spec(path: Path) -> SweepSpec:
+    """A TOML spec: ``task``, axes as keys (lists or range strings), ``seeds``, ``[options]``, ``[launch]``."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no spec file {str(path)!r}; specs live in sweeps/ (e.g. sweeps/two-moons.toml)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"spec {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = set(data) - SPEC_KEYS - set(AXES)
+    if unknown:
+        raise ConfigError(f"spec {str(path)!r}: unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"valid: {', '.join(sorted(SPEC_KEYS | set(AXES)))}")
+    if "task" not in data:
+        raise ConfigError(f"spec {str(path)!r} names no task")
+    axes = {k: data[k] for k in AXES if k in data}
+    fields = {k: data[k] for k in ("name", "description", "device", "data_dir", "launch", "tune", "objective")
+              if k in data}
+    fields.setdefault("name", Path(path).stem)
+    return spec_from_values(data["task"], axes, seeds=data.get("seeds"), options=data.get("options"), **fields)
+
+
+def plan(spec: SweepSpec) -> list[RunConfig]:
+    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid."""
+    from flctl.tasks import get_task
+
+    task = get_task(spec.task)
+    axes = dict(spec.axes)
+    axes.setdefault("method", ("fl",))
+    names = list(axes)
+    opt_names = list(spec.options)
+    seen: dict[str, RunConfig] = {}
+    for values in itertools.product(*(axes[n] for n in names), *(spec.options[n] for n in opt_names)):
+        cell = dict(zip(names, values[:len(names)]))
+        method = cell.pop("method")
+        p_min = cell.pop("p_min", None)
+        cell["options"] = dict(zip(opt_names, values[len(names):]))
+        cell["device"], cell["data_dir"] = spec.device, spec.data_dir
+        cfg = resolve(spec.task, method, task.defaults, task.options, task.kind, task.methods, cell, p_min)
+        seen.setdefault(cfg.run_id, cfg)
+    if not seen:
+        raise ConfigError("the sweep's grid is empty")
+    return list(seen.values())
+
+
+def sweep_id(spec: SweepSpec, configs: list[RunConfig]) -> str:
+    """Stable id: the same set of runs (under the same name) is the same sweep."""
+    h = hashlib.sha256()
+    h.update((spec.name or "").encode())
+    for run_id in sorted(c.run_id for c in configs):
+        h.update(run_id.encode())
+    return h.hexdigest()[:12]
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _round_sig(x: float, digits: int = 12) -> float:
+    """Round away float noise of 10**k so 1e-4..1 gives exactly 0.0001, 0.001, ... (stable run hashes)."""
+    return float(f"{x:.{digits}g}")
