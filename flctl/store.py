@@ -343,6 +343,54 @@ class Store:
                     duration_s=func.coalesce(Run.duration_s, 0.0) + duration_s)
             .execution_options(synchronize_session=False)))
 
+    # ---- sweeps ----
+
+    def create_sweep(self, sweep_id: str, name: str | None, task: str, spec: dict[str, Any],
+                     configs: list[Any]) -> int:
+        """Record the sweep and its cells (runs inserted as queued when new). Idempotent; returns new runs."""
+        added = self.add_runs(configs)
+
+        def fn(s: Session) -> None:
+            if s.get(Sweep, sweep_id) is None:
+                s.add(Sweep(id=sweep_id, name=name, task=task, spec=spec, created_at=now(), submissions=0))
+            have = set(s.scalars(select(SweepCell.run_id).where(SweepCell.sweep_id == sweep_id)).all())
+            s.add_all(SweepCell(sweep_id=sweep_id, run_id=c.run_id) for c in configs if c.run_id not in have)
+        self.write(fn)
+        return added
+
+    def count_submission(self, sweep_id: str) -> None:
+        self.write(lambda s: s.execute(update(Sweep).where(Sweep.id == sweep_id)
+                                       .values(submissions=Sweep.submissions + 1)))
+
+    def get_sweep(self, sweep_id_or_name: str) -> dict[str, Any] | None:
+        with self.session() as s:
+            sweep = s.get(Sweep, sweep_id_or_name) or s.scalars(
+                select(Sweep).where((Sweep.name == sweep_id_or_name) | Sweep.id.startswith(sweep_id_or_name))
+                .order_by(Sweep.created_at.desc())).first()
+            if sweep is None:
+                return None
+            return {"id": sweep.id, "name": sweep.name, "task": sweep.task, "spec": sweep.spec,
+                    "created_at": sweep.created_at.isoformat(), "submissions": sweep.submissions}
+
+    def list_sweeps(self) -> list[dict[str, Any]]:
+        with self.session() as s:
+            sweeps = s.scalars(select(Sweep).order_by(Sweep.created_at.desc())).all()
+            counts = dict(s.execute(select(SweepCell.sweep_id, func.count()).group_by(SweepCell.sweep_id)).all())
+            done = dict(s.execute(select(SweepCell.sweep_id, func.count()).join(Run, Run.id == SweepCell.run_id)
+                                  .where(Run.status == "completed").group_by(SweepCell.sweep_id)).all())
+            return [{"id": w.id, "name": w.name, "task": w.task, "created_at": w.created_at.isoformat(),
+                     "cells": counts.get(w.id, 0), "completed": done.get(w.id, 0), "submissions": w.submissions}
+                    for w in sweeps]
+
+    def sweep_runs(self, sweep_id: str) -> list[dict[str, Any]]:
+        """The runs of a sweep's cells (status, attempts, heartbeat, metrics), without their artifacts."""
+        cols = (Run.id, Run.method, Run.seed, Run.status, Run.attempts, Run.epochs_done, Run.heartbeat_at,
+                Run.host, Run.pid, Run.metrics, Run.config, Run.error)
+        with self.session() as s:
+            rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
+                             .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()
+            return [dict(r._mapping) for r in rows]
+
     def get_run(self, run_id_or_prefix: str) -> dict[str, Any] | None:
         with self.session() as s:
             run = s.get(Run, run_id_or_prefix)

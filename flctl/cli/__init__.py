@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from flctl.cli import info, run, runs
+from flctl.cli import info, run, runs, sweep
 
 app = typer.Typer(
     name="flctl",
@@ -16,6 +16,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command(rich_help_panel="Train")(run.run)
+app.command(rich_help_panel="Train")(sweep.sweep)
+app.command(rich_help_panel="Inspect")(sweep.status)
+app.command(rich_help_panel="Inspect")(sweep.sweeps)
 app.command(rich_help_panel="Inspect")(runs.runs)
 app.command(rich_help_panel="Inspect")(runs.show)
 app.command(rich_help_panel="Catalogue")(info.tasks)

@@ -1,0 +1,251 @@
+"""`flctl sweep`, `flctl status` and `flctl sweeps`: plan a grid, fill it idempotently, watch its ledger."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flctl.cli.common import console, ensure_writable, existing_store, fail, open_store, db_url, results_root
+from flctl.cli.info import JSON_OPT
+from flctl.cli.run import parse_options
+
+AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
+LAUNCH_PANEL = "Launch"
+SLURM_PANEL = "Slurm"
+WHERE_PANEL = "Where"
+LEDGER_COLUMNS = ("completed", "running", "stale", "queued", "failed", "diverged", "missing")
+
+
+def _axis(help_text: str = ""):
+    return typer.Option(help=help_text, rich_help_panel=AXES_PANEL)
+
+
+def sweep(
+    task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).")] = None,
+    spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=AXES_PANEL)] = None,
+    method: Annotated[Optional[str], _axis("e.g. erm,fl,rfl,cserm")] = None,
+    eps: Annotated[Optional[str], _axis()] = None,
+    p_min: Annotated[Optional[str], typer.Option("--p-min", rich_help_panel=AXES_PANEL)] = None,
+    alpha: Annotated[Optional[str], _axis()] = None,
+    lr: Annotated[Optional[str], _axis()] = None,
+    dual_lr: Annotated[Optional[str], typer.Option("--dual-lr", rich_help_panel=AXES_PANEL)] = None,
+    weight_decay: Annotated[Optional[str], typer.Option("--weight-decay", rich_help_panel=AXES_PANEL)] = None,
+    momentum: Annotated[Optional[str], _axis()] = None,
+    epochs: Annotated[Optional[str], _axis()] = None,
+    batch_size: Annotated[Optional[str], typer.Option("--batch-size", rich_help_panel=AXES_PANEL)] = None,
+    eval_every: Annotated[Optional[str], typer.Option("--eval-every", rich_help_panel=AXES_PANEL)] = None,
+    optimizer: Annotated[Optional[str], _axis()] = None,
+    scheduler: Annotated[Optional[str], _axis()] = None,
+    seeds: Annotated[Optional[int], _axis("Seeds 0..N-1.")] = None,
+    seed: Annotated[Optional[str], _axis("Explicit seeds, e.g. 0,1,2.")] = None,
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=V1,V2 (repeatable).",
+                                                        rich_help_panel=AXES_PANEL)] = None,
+    name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+    executor: Annotated[str, typer.Option(help="debug (in process), local (subprocesses) or slurm.",
+                                          rich_help_panel=LAUNCH_PANEL)] = "local",
+    pack: Annotated[int, typer.Option(help="Cells per job (skip interpreter start-up for cheap runs).",
+                                      rich_help_panel=LAUNCH_PANEL)] = 1,
+    max_attempts: Annotated[int, typer.Option("--max-attempts", help="Give up on a cell after this many tries.",
+                                              rich_help_panel=LAUNCH_PANEL)] = 3,
+    wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
+                                       rich_help_panel=LAUNCH_PANEL)] = False,
+    partition: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="GPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
+    cpus: Annotated[Optional[int], typer.Option(help="CPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
+    mem_gb: Annotated[Optional[float], typer.Option("--mem-gb", rich_help_panel=SLURM_PANEL)] = None,
+    time_min: Annotated[Optional[int], typer.Option("--time-min", help="Time limit per job.",
+                                                    rich_help_panel=SLURM_PANEL)] = None,
+    account: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
+    qos: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
+    array_parallelism: Annotated[Optional[int], typer.Option("--array-parallelism", rich_help_panel=SLURM_PANEL)] = None,
+    sbatch: Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
+                                                        rich_help_panel=SLURM_PANEL)] = None,
+    device: Annotated[str, typer.Option(rich_help_panel=WHERE_PANEL)] = "cpu",
+    data_dir: Annotated[Optional[str], typer.Option("--data-dir", rich_help_panel=WHERE_PANEL)] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", rich_help_panel=WHERE_PANEL)] = None,
+    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].", rich_help_panel=WHERE_PANEL)] = None,
+) -> None:
+    """Plan a grid of runs and launch the ones not done yet; re-running fills only what is missing.
+
+    Completed cells are never run again (dedup by config hash); failed, lost (stale heartbeat) and
+    interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
+    """
+    from flctl.config import ConfigError
+    from flctl.launch import SlurmOptions, check_executor
+    from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
+
+    raw_axes = dict(method=method, eps=eps, p_min=p_min, alpha=alpha, lr=lr, dual_lr=dual_lr,
+                    weight_decay=weight_decay, momentum=momentum, epochs=epochs, batch_size=batch_size,
+                    eval_every=eval_every, optimizer=optimizer, scheduler=scheduler, seed=seed)
+    try:
+        if spec is not None:
+            if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
+                raise ConfigError("give either --spec or a task with axes, not both")
+            sweep_spec = load_spec(spec)
+        elif task is None:
+            raise ConfigError("name a task (see `flctl tasks`) or pass --spec sweeps/NAME.toml")
+        else:
+            sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=parse_options(option), name=name,
+                                          device=device, data_dir=data_dir)
+        configs = plan(sweep_spec)
+        sid = sweep_id(sweep_spec, configs)
+        if not dry_run:
+            check_executor(executor)
+    except ConfigError as exc:
+        fail(str(exc))
+
+    if dry_run:
+        _print_plan(sid, sweep_spec, configs)
+        return
+
+    extra = parse_options(sbatch)
+    slurm = SlurmOptions(partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb, time_min=time_min,
+                         account=account, qos=qos, array_parallelism=array_parallelism, extra=extra)
+    root = ensure_writable(results_root(results_dir))
+    store = open_store(db, root)
+    launched = launch_sweep(store, db_url(db, root), root, sid, sweep_spec, configs, executor=executor, pack=pack,
+                            max_attempts=max_attempts, slurm=slurm)
+    if wait:
+        watch(store, sid, until_done=True)
+    elif launched:
+        console.print(f"follow it with `flctl status {sid} --watch`")
+
+
+def launch_sweep(store, url: str, root: Path, sid: str, spec, configs, *, executor: str, pack: int,
+                 max_attempts: int, slurm=None) -> int:
+    """Record the sweep, re-queue lost cells, submit the cells still to do. Returns how many were submitted."""
+    from flctl.launch import submit
+    from flctl.store import STALE_AFTER_S
+
+    added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), configs)
+    cells = {r["id"]: r for r in store.sweep_runs(sid)}
+    requeued, gave_up = store.reap(run_ids=list(cells), max_attempts=max_attempts, stale_after=STALE_AFTER_S)
+    cells = {r["id"]: r for r in store.sweep_runs(sid)}
+    todo = [c.run_id for c in configs
+            if cells[c.run_id]["status"] in ("queued", "failed") and cells[c.run_id]["attempts"] < max_attempts]
+    done = sum(r["status"] == "completed" for r in cells.values())
+    console.print(f"sweep [bold]{sid}[/]{f' ({spec.name})' if spec.name else ''}: {len(configs)} cells, "
+                  f"{added} new, {done} completed, {len(requeued)} re-queued after a lost worker"
+                  + (f", {len(gave_up)} given up" if gave_up else "") + f"; submitting {len(todo)}")
+    if not todo:
+        return 0
+    jobs = submit(todo, db_url=url, results_root=root, executor=executor, folder=root / "jobs" / sid,
+                  pack=pack, slurm=slurm, max_attempts=max_attempts)
+    store.count_submission(sid)
+    ids = sorted({j.job_id.split("_")[0] for j in jobs})
+    console.print(f"{len(jobs)} job(s) through {executor}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}")
+    return len(todo)
+
+
+def _print_plan(sid: str, spec, configs) -> None:
+    from rich.table import Table
+
+    varying = [k for k in ("method", "eps", "alpha", "lr", "dual_lr", "weight_decay", "momentum", "epochs",
+                           "batch_size", "seed", "optimizer", "scheduler")
+               if len({getattr(c, k) for c in configs}) > 1]
+    opts = sorted({k for c in configs for k, _ in c.options if len({c2.opts[k] for c2 in configs}) > 1})
+    table = Table("run id", *varying, *opts, title=f"sweep {sid}: {len(configs)} runs of {spec.task} (dry run)")
+    for c in configs:
+        table.add_row(c.run_id, *(_fmt(getattr(c, k)) for k in varying), *(_fmt(c.opts[k]) for k in opts))
+    console.print(table)
+    console.print(f"{len(configs)} runs; nothing was written")
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
+
+
+def ledger(store, sid: str) -> dict:
+    """Per-method counts of cell states; 'stale' = marked running but its worker is gone."""
+    from flctl.store import STALE_AFTER_S, Run, _is_stale
+
+    per_method: dict[str, Counter] = {}
+    for r in store.sweep_runs(sid):
+        state = r["status"]
+        if state == "running" and _is_stale(Run(host=r["host"], pid=r["pid"], heartbeat_at=r["heartbeat_at"]),
+                                            STALE_AFTER_S):
+            state = "stale"
+        per_method.setdefault(r["method"], Counter())[state] += 1
+    total = sum((c for c in per_method.values()), Counter())
+    return {"sweep": sid, "methods": {m: {k: c.get(k, 0) for k in LEDGER_COLUMNS} for m, c in per_method.items()},
+            "total": {k: total.get(k, 0) for k in LEDGER_COLUMNS}, "cells": sum(total.values())}
+
+
+def _ledger_table(data: dict):
+    from rich.table import Table
+
+    table = Table("method", *LEDGER_COLUMNS, "cells", title=f"sweep {data['sweep']}")
+    for method, counts in sorted(data["methods"].items()):
+        table.add_row(method, *(str(counts[k]) for k in LEDGER_COLUMNS), str(sum(counts.values())))
+    table.add_row("[bold]all", *(f"[bold]{data['total'][k]}" for k in LEDGER_COLUMNS), f"[bold]{data['cells']}")
+    return table
+
+
+def _settled(data: dict) -> bool:
+    t = data["total"]
+    return t["running"] == 0 and t["queued"] == 0 and t["stale"] == 0
+
+
+def watch(store, sid: str, until_done: bool, interval: float = 2.0) -> dict:
+    from rich.live import Live
+
+    data = ledger(store, sid)
+    with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
+        while not (until_done and _settled(data)):
+            time.sleep(interval)
+            data = ledger(store, sid)
+            live.update(_ledger_table(data))
+    return data
+
+
+def status(
+    sweep_ref: Annotated[Optional[str], typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name "
+                                                       "(default: the newest).")] = None,
+    watch_: Annotated[bool, typer.Option("--watch", help="Live-update until no cell is queued or running.")] = False,
+    as_json: JSON_OPT = False,
+    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+) -> None:
+    """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
+    store = existing_store(db, results_root(results_dir))
+    if sweep_ref is None:
+        sweeps = store.list_sweeps()
+        if not sweeps:
+            fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
+        sweep_ref = sweeps[0]["id"]
+    found = store.get_sweep(sweep_ref)
+    if found is None:
+        fail(f"no sweep {sweep_ref!r}; list them with `flctl sweeps`")
+    if as_json:
+        print(json.dumps(ledger(store, found["id"]), indent=2))
+        return
+    if watch_:
+        watch(store, found["id"], until_done=True)
+    else:
+        console.print(_ledger_table(ledger(store, found["id"])))
+
+
+def sweeps(
+    as_json: JSON_OPT = False,
+    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+) -> None:
+    """List sweeps with their cell counts."""
+    store = existing_store(db, results_root(results_dir))
+    rows = store.list_sweeps()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("id", "name", "task", "cells", "completed", "submissions", "created")
+    for r in rows:
+        table.add_row(r["id"], r["name"] or "", r["task"], str(r["cells"]), str(r["completed"]),
+                      str(r["submissions"]), r["created_at"][:19])
+    console.print(table)
