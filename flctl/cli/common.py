@@ -18,7 +18,9 @@ DEFAULT_RESULTS = "results"
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a one-line error and exit (2 = bad input: nothing was written)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

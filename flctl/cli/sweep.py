@@ -47,12 +47,13 @@ def sweep(
                                                         rich_help_panel=AXES_PANEL)] = None,
     name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
-    executor: Annotated[str, typer.Option(help="debug (in process), local (subprocesses) or slurm.",
-                                          rich_help_panel=LAUNCH_PANEL)] = "local",
-    pack: Annotated[int, typer.Option(help="Cells per job (skip interpreter start-up for cheap runs).",
-                                      rich_help_panel=LAUNCH_PANEL)] = 1,
-    max_attempts: Annotated[int, typer.Option("--max-attempts", help="Give up on a cell after this many tries.",
-                                              rich_help_panel=LAUNCH_PANEL)] = 3,
+    executor: Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
+                                                    "[default: the spec's, else local].",
+                                                    rich_help_panel=LAUNCH_PANEL)] = None,
+    pack: Annotated[Optional[int], typer.Option(help="Cells per job (skip interpreter start-up for cheap runs).",
+                                                rich_help_panel=LAUNCH_PANEL)] = None,
+    max_attempts: Annotated[Optional[int], typer.Option("--max-attempts", help="Give up on a cell after this many "
+                                                        "tries [3].", rich_help_panel=LAUNCH_PANEL)] = None,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
                                        rich_help_panel=LAUNCH_PANEL)] = False,
     partition: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
@@ -95,18 +96,32 @@ def sweep(
                                           device=device, data_dir=data_dir)
         configs = plan(sweep_spec)
         sid = sweep_id(sweep_spec, configs)
+        # Launch settings: the command line wins over the spec's [launch] table.
+        given = dict(executor=executor, pack=pack, max_attempts=max_attempts, partition=partition, gpus=gpus,
+                     cpus=cpus, mem_gb=mem_gb, time_min=time_min, account=account, qos=qos,
+                     array_parallelism=array_parallelism, sbatch=parse_options(sbatch) or None)
+        unknown = set(sweep_spec.launch) - set(given)
+        if unknown:
+            raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: {', '.join(given)}")
+        settings = {**sweep_spec.launch, **{k: v for k, v in given.items() if v is not None}}
+        executor = settings.pop("executor", "local")
+        pack = int(settings.pop("pack", 1))
+        max_attempts = int(settings.pop("max_attempts", 3))
+        extra = {str(k): str(v) for k, v in (settings.pop("sbatch", None) or {}).items()}
+        slurm = SlurmOptions(**settings, extra=extra)
+        if pack < 1:
+            raise ConfigError(f"--pack must be at least 1, got {pack}")
+        if max_attempts < 1:
+            raise ConfigError(f"--max-attempts must be at least 1, got {max_attempts}")
         if not dry_run:
             check_executor(executor)
-    except ConfigError as exc:
+    except (ConfigError, TypeError) as exc:
         fail(str(exc))
 
     if dry_run:
         _print_plan(sid, sweep_spec, configs)
         return
 
-    extra = parse_options(sbatch)
-    slurm = SlurmOptions(partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb, time_min=time_min,
-                         account=account, qos=qos, array_parallelism=array_parallelism, extra=extra)
     root = ensure_writable(results_root(results_dir))
     store = open_store(db, root)
     launched = launch_sweep(store, db_url(db, root), root, sid, sweep_spec, configs, executor=executor, pack=pack,
