@@ -140,4 +140,8 @@ def submit(run_ids: Sequence[str], *, db_url: str, results_root: Path, executor:
         params = {k: v for k, v in params.items() if k in ("name", "timeout_min", "cpus_per_task")}
     ex.update_parameters(**params)
     worker = Worker(db_url, str(results_root), max_attempts, stale_after)
-    return ex.map_array(worker, groups)
+    jobs = ex.map_array(worker, groups)
+    if executor == "debug":  # submitit's debug jobs run in this process when their result is asked for
+        for job in jobs:
+            job.result()
+    return jobs
