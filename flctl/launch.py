@@ -8,8 +8,10 @@ same pack; on restart, finished cells are skipped and the interrupted one resume
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -98,6 +100,29 @@ class Worker(submitit.helpers.Checkpointable):
                                                          self.stale_after), run_ids)
 
 
+@contextlib.contextmanager
+def _stdio_to(path: Path):
+    """Point fds 1 and 2 at a file while local job controllers are spawned.
+
+    submitit's local controllers inherit the submitting process's stdout/stderr; left attached, a pipe
+    reader (`flctl sweep | tee`, subprocess capture) would wait until every job has finished.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 def _job_id() -> str | None:
     try:
         return submitit.JobEnvironment().job_id
@@ -140,7 +165,11 @@ def submit(run_ids: Sequence[str], *, db_url: str, results_root: Path, executor:
         params = {k: v for k, v in params.items() if k in ("name", "timeout_min", "cpus_per_task")}
     ex.update_parameters(**params)
     worker = Worker(db_url, str(results_root), max_attempts, stale_after)
-    jobs = ex.map_array(worker, groups)
+    if executor == "local":
+        with _stdio_to(Path(folder) / "controllers.log"):
+            jobs = ex.map_array(worker, groups)
+    else:
+        jobs = ex.map_array(worker, groups)
     if executor == "debug":  # submitit's debug jobs run in this process when their result is asked for
         for job in jobs:
             job.result()
