@@ -119,11 +119,19 @@ def normalize_url(url: str) -> str:
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # WAL lets readers run beside one writer; busy_timeout makes a locked writer wait instead of failing.
+    # The driver's own transaction handling is turned off so that _sqlite_begin decides how to begin.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _sqlite_begin(conn) -> None:
+    # BEGIN IMMEDIATE takes the write lock up front (waiting up to busy_timeout). A deferred transaction that
+    # reads and then writes can instead fail at once with SQLITE_BUSY when another process wrote in between.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -185,6 +193,7 @@ class Store:
             raise StoreError(f"cannot use database {shown}: {_one_line(exc)}") from None
         if parsed.get_backend_name() == "sqlite":
             event.listen(engine, "connect", _sqlite_pragmas)
+            event.listen(engine, "begin", _sqlite_begin)
         store = cls(engine)
         try:
             store._check_schema()
