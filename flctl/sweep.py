@@ -109,22 +109,29 @@ class SweepSpec:
     launch: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     tune: int | None = None
     objective: str | None = None
+    # Axes given as log ranges (LOW..HIGH), kept as continuous intervals for --tune's TPE search.
+    ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"task": self.task, "axes": {k: list(v) for k, v in self.axes.items()},
                 "options": {k: list(v) for k, v in self.options.items()}, "name": self.name,
                 "description": self.description, "device": self.device, "data_dir": self.data_dir,
-                "launch": dict(self.launch), "tune": self.tune, "objective": self.objective}
+                "launch": dict(self.launch), "tune": self.tune, "objective": self.objective,
+                "ranges": {k: list(v) for k, v in self.ranges.items()}}
 
 
 def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None = None,
                      options: Mapping[str, Any] | None = None, **fields: Any) -> SweepSpec:
     """Build a spec from CLI/TOML values; raises ConfigError on malformed axes."""
     axes: dict[str, tuple[Any, ...]] = {}
+    ranges: dict[str, tuple[float, float]] = {}
     for name, value in raw_axes.items():
         if value is None:
             continue
         axes[name] = tuple(parse_axis(name, value))
+        if isinstance(value, str) and ".." in value and name in FLOAT_AXES:
+            ends = sorted(axes[name][::len(axes[name]) - 1 or 1])
+            ranges[name] = (ends[0], ends[-1])
     if seeds is not None:
         if "seed" in axes:
             raise ConfigError("give either --seeds N or --seed LIST, not both")
@@ -134,7 +141,7 @@ def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None =
     if "eps" in axes and "p_min" in axes:
         raise ConfigError("sweep either eps or p_min, not both")
     opts = {k: tuple(v if isinstance(v, list) else str(v).split(",")) for k, v in (options or {}).items()}
-    return SweepSpec(task=task, axes=axes, options=opts, **fields)
+    return SweepSpec(task=task, axes=axes, options=opts, ranges=ranges, **fields)
 
 
 def load_spec(path: Path) -> SweepSpec:
@@ -158,23 +165,31 @@ def load_spec(path: Path) -> SweepSpec:
     return spec_from_values(data["task"], axes, seeds=data.get("seeds"), options=data.get("options"), **fields)
 
 
-def plan(spec: SweepSpec) -> list[RunConfig]:
-    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid."""
+def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
+    """One cell: the spec's first value of each axis, overridden by ``values`` (axis or ``opt.KEY`` names)."""
     from flctl.tasks import get_task
 
     task = get_task(spec.task)
-    axes = dict(spec.axes)
-    axes.setdefault("method", ("fl",))
-    names = list(axes)
-    opt_names = list(spec.options)
+    cell: dict[str, Any] = {k: v[0] for k, v in spec.axes.items()}
+    opts: dict[str, Any] = {k: v[0] for k, v in spec.options.items()}
+    for k, v in values.items():
+        if k.startswith("opt."):
+            opts[k[4:]] = v
+        else:
+            cell[k] = v
+    method = cell.pop("method", "fl")
+    p_min = cell.pop("p_min", None)
+    cell.update(options=opts, device=spec.device, data_dir=spec.data_dir)
+    return resolve(spec.task, method, task.defaults, task.options, task.kind, task.methods, cell, p_min)
+
+
+def plan(spec: SweepSpec) -> list[RunConfig]:
+    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid."""
+    names = list(spec.axes) + [f"opt.{k}" for k in spec.options]
+    choices = list(spec.axes.values()) + list(spec.options.values())
     seen: dict[str, RunConfig] = {}
-    for values in itertools.product(*(axes[n] for n in names), *(spec.options[n] for n in opt_names)):
-        cell = dict(zip(names, values[:len(names)]))
-        method = cell.pop("method")
-        p_min = cell.pop("p_min", None)
-        cell["options"] = dict(zip(opt_names, values[len(names):]))
-        cell["device"], cell["data_dir"] = spec.device, spec.data_dir
-        cfg = resolve(spec.task, method, task.defaults, task.options, task.kind, task.methods, cell, p_min)
+    for values in itertools.product(*choices):
+        cfg = resolve_cell(spec, dict(zip(names, values)))
         seen.setdefault(cfg.run_id, cfg)
     if not seen:
         raise ConfigError("the sweep's grid is empty")

@@ -138,3 +138,36 @@ def test_debug_executor_fills_the_grid_and_a_rerun_adds_nothing(results: Path) -
     assert "0 new, 4 completed" in again.output and "submitting 0" in again.output
     sweeps = json.loads(runner.invoke(app, ["sweeps", "--json"]).stdout)
     assert [(s["cells"], s["completed"], s["submissions"]) for s in sweeps] == [(4, 4, 1)]
+
+
+def test_grid_sweep_is_mirrored_as_an_optuna_study(results: Path) -> None:
+    import optuna
+
+    res = runner.invoke(app, ["sweep", "polyfit", "-m", "erm,fl", "-o", "degree=10,30", "--executor", "debug",
+                              "--objective", "test.max_loss"])
+    assert res.exit_code == 0, res.output
+    [summary] = optuna.get_all_study_summaries(f"sqlite:///{results / 'flctl.db'}")
+    study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{results / 'flctl.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 4 and all({"method", "opt.degree"} <= set(t.params) for t in trials)
+    assert {(t.params["method"], t.params["opt.degree"]) for t in trials} == {("erm", 10), ("erm", 30), ("fl", 10),
+                                                                             ("fl", 30)}
+    runs = {r["id"]: r for r in json.loads(runner.invoke(app, ["runs", "--json"]).stdout)}
+    for t in trials:
+        assert t.value == runs[t.user_attrs["run_id"]]["metrics"]["test.max_loss"]
+    runner.invoke(app, ["status", "--json"])          # syncing again adds no duplicate trial
+    assert len(study.get_trials()) == 4
+
+
+def test_tune_runs_n_tpe_trials_over_a_log_range(results: Path) -> None:
+    import optuna
+
+    res = runner.invoke(app, ["sweep", "diabetes", "-m", "rfl", "--alpha", "1e-3..10", "--epochs", "2",
+                              "--tune", "3", "--objective", "test.max_loss", "--executor", "debug"])
+    assert res.exit_code == 0, res.output
+    assert "best test.max_loss" in res.output
+    study = optuna.load_study(study_name="flctl-tune-diabetes", storage=f"sqlite:///{results / 'flctl.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 3 and all(1e-3 <= t.params["alpha"] <= 10 for t in trials)
+    assert len(json.loads(runner.invoke(app, ["runs", "--json"]).stdout)) == 3
+    bad(["sweep", "diabetes", "--tune", "2", "--objective", "test.loss"], "unknown objective 'test.loss'")

@@ -28,7 +28,8 @@ def _axis(help_text: str = ""):
 def sweep(
     task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=AXES_PANEL)] = None,
-    method: Annotated[Optional[str], _axis("e.g. erm,fl,rfl,cserm")] = None,
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="e.g. erm,fl,rfl,cserm",
+                                                  rich_help_panel=AXES_PANEL)] = None,
     eps: Annotated[Optional[str], _axis()] = None,
     p_min: Annotated[Optional[str], typer.Option("--p-min", rich_help_panel=AXES_PANEL)] = None,
     alpha: Annotated[Optional[str], _axis()] = None,
@@ -56,6 +57,14 @@ def sweep(
                                                         "tries [3].", rich_help_panel=LAUNCH_PANEL)] = None,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
                                        rich_help_panel=LAUNCH_PANEL)] = False,
+    tune: Annotated[Optional[int], typer.Option(help="TPE search: N trials over the axes instead of the grid "
+                                                "(blocks until done).", rich_help_panel=LAUNCH_PANEL)] = None,
+    objective: Annotated[Optional[str], typer.Option(help="Summary metric the Optuna study records/optimizes, "
+                                                     "e.g. test.max_loss [train.avg_loss].",
+                                                     rich_help_panel=LAUNCH_PANEL)] = None,
+    direction: Annotated[str, typer.Option(help="min or max.", rich_help_panel=LAUNCH_PANEL)] = "min",
+    parallel: Annotated[int, typer.Option(help="Trials launched at once with --tune.",
+                                          rich_help_panel=LAUNCH_PANEL)] = 1,
     partition: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
     gpus: Annotated[Optional[int], typer.Option(help="GPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
     cpus: Annotated[Optional[int], typer.Option(help="CPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
@@ -79,6 +88,7 @@ def sweep(
     """
     from flctl.config import ConfigError
     from flctl.launch import SlurmOptions, check_executor
+    from flctl.study import check_objective
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
 
     raw_axes = dict(method=method, eps=eps, p_min=p_min, alpha=alpha, lr=lr, dual_lr=dual_lr,
@@ -109,6 +119,11 @@ def sweep(
         max_attempts = int(settings.pop("max_attempts", 3))
         extra = {str(k): str(v) for k, v in (settings.pop("sbatch", None) or {}).items()}
         slurm = SlurmOptions(**settings, extra=extra)
+        objective = objective or sweep_spec.objective or "train.avg_loss"
+        tune = tune if tune is not None else sweep_spec.tune
+        check_objective(objective, direction)
+        if tune is not None and (tune < 1 or parallel < 1):
+            raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
         if pack < 1:
             raise ConfigError(f"--pack must be at least 1, got {pack}")
         if max_attempts < 1:
@@ -124,12 +139,56 @@ def sweep(
 
     root = ensure_writable(results_root(results_dir))
     store = open_store(db, root)
-    launched = launch_sweep(store, db_url(db, root), root, sid, sweep_spec, configs, executor=executor, pack=pack,
+    url = db_url(db, root)
+    if tune is not None:
+        _tune(store, url, root, sweep_spec, tune, objective, direction, parallel, executor=executor, pack=pack,
+              max_attempts=max_attempts, slurm=slurm)
+        return
+    launched = launch_sweep(store, url, root, sid, sweep_spec, configs, executor=executor, pack=pack,
                             max_attempts=max_attempts, slurm=slurm)
     if wait:
         watch(store, sid, until_done=True)
     elif launched:
         console.print(f"follow it with `flctl status {sid} --watch`")
+    _sync_study(store, url, sid, objective, direction)
+
+
+def _sync_study(store, url: str, sid: str, objective: str | None = None, direction: str = "min") -> None:
+    """Mirror the sweep's finished cells into its Optuna study (optuna-dashboard reads the same database)."""
+    from flctl.config import RunConfig
+    from flctl.study import sync_grid
+
+    sweep_row = store.get_sweep(sid)
+    rows = store.sweep_runs(sid)
+    configs = [RunConfig.from_json(r["config"]) for r in rows]
+    if configs:
+        sync_grid(url, sid, configs, {r["id"]: r for r in rows},
+                  objective or sweep_row["spec"].get("objective") or "train.avg_loss", direction)
+
+
+def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
+          **launch) -> None:
+    import dataclasses
+    import hashlib
+
+    from flctl.study import tune
+    from flctl.sweep import resolve_cell
+
+    spec = dataclasses.replace(spec, tune=n_trials, objective=objective)
+    sid = "t" + hashlib.sha256(f"{spec.name}|{spec.task}|{sorted(spec.to_json().items())}".encode()).hexdigest()[:11]
+
+    def launch_configs(configs) -> None:
+        launch_sweep(store, url, root, sid, spec, configs, **launch)
+
+    def fetch(run_ids):
+        return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
+
+    study = tune(spec, n_trials, objective, direction, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
+                 launch=launch_configs, fetch=fetch, parallel=parallel)
+    best = study.best_trial
+    console.print(f"study [bold]{study.study_name}[/]: best {objective} = {best.value:.4g} with "
+                  + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.params.items())
+                  + f" (run {best.user_attrs.get('run_id')})")
 
 
 def launch_sweep(store, url: str, root: Path, sid: str, spec, configs, *, executor: str, pack: int,
@@ -237,6 +296,7 @@ def status(
     found = store.get_sweep(sweep_ref)
     if found is None:
         fail(f"no sweep {sweep_ref!r}; list them with `flctl sweeps`")
+    _sync_study(store, db_url(db, results_root(results_dir)), found["id"])
     if as_json:
         print(json.dumps(ledger(store, found["id"]), indent=2))
         return

@@ -1,0 +1,125 @@
+"""Optuna studies kept in the run database, so optuna-dashboard can open a sweep.
+
+- A grid sweep is mirrored as a study ``flctl-<sweep id>`` whose search space is the grid (GridSampler) and
+  whose trials are the sweep's finished cells (params = the varying axes, value = the objective metric).
+- ``flctl sweep --tune N`` runs a TPE search instead: log ranges (``1e-4..1``) become log-uniform intervals,
+  lists become categorical choices; each asked trial is one run, launched like any sweep cell.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from flctl.config import ConfigError, RunConfig
+from flctl.store import normalize_url
+
+SPLITS = ("train", "test")
+METRICS = ("avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
+           "max_multiplier")
+TERMINAL = ("completed", "diverged", "failed")
+PARAM_FIELDS = ("method", "eps", "alpha", "lr", "dual_lr", "weight_decay", "momentum", "epochs", "batch_size",
+                "seed", "optimizer", "scheduler", "eval_every")
+
+
+def check_objective(objective: str, direction: str) -> None:
+    valid = [f"{s}.{m}" for s in SPLITS for m in METRICS]
+    if objective not in valid:
+        raise ConfigError(f"unknown objective {objective!r}; choose one of: {', '.join(valid)}")
+    if direction not in ("min", "max"):
+        raise ConfigError(f"--direction must be min or max, got {direction!r}")
+
+
+def _direction(direction: str) -> str:
+    return "minimize" if direction == "min" else "maximize"
+
+
+def params_of(cfg: RunConfig, names: list[str]) -> dict[str, Any]:
+    return {n: (cfg.opts[n[4:]] if n.startswith("opt.") else getattr(cfg, n)) for n in names}
+
+
+def varying(configs: list[RunConfig]) -> dict[str, list[Any]]:
+    """The grid's axes: fields (and task options as ``opt.KEY``) that take more than one value."""
+    names = list(PARAM_FIELDS) + sorted({f"opt.{k}" for c in configs for k, _ in c.options})
+    space: dict[str, list[Any]] = {}
+    for n in names:
+        values = list(dict.fromkeys(params_of(c, [n])[n] for c in configs))
+        if len(values) > 1:
+            space[n] = values
+    return space
+
+
+def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str, dict], objective: str,
+              direction: str = "min") -> int:
+    """Add the sweep's newly finished cells to its study; returns how many trials were added."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = varying(configs) or {"seed": [configs[0].seed]}
+    study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-{sweep_id}", load_if_exists=True,
+                                direction=_direction(direction), sampler=optuna.samplers.GridSampler(space))
+    study.set_user_attr("objective", objective)
+    known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)}
+    dists = {k: CategoricalDistribution(v) for k, v in space.items()}
+    added = 0
+    for cfg in configs:
+        run = runs.get(cfg.run_id)
+        if run is None or cfg.run_id in known or run["status"] not in ("completed", "diverged"):
+            continue
+        value = (run.get("metrics") or {}).get(objective)
+        ok = run["status"] == "completed" and value is not None
+        study.add_trial(create_trial(params=params_of(cfg, list(space)), distributions=dists,
+                                     value=value if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL,
+                                     user_attrs={"run_id": cfg.run_id, "status": run["status"]}))
+        added += 1
+    return added
+
+
+def tune(spec, n_trials: int, objective: str, direction: str, *, url: str, resolve_cell: Callable,
+         launch: Callable[[list[RunConfig]], None], fetch: Callable[[list[str]], dict[str, dict]],
+         parallel: int = 1, poll_s: float = 2.0) -> Any:
+    """TPE search over the spec's axes: ask ``parallel`` trials, launch their runs, wait, tell; N trials in all.
+
+    ``resolve_cell(params) -> RunConfig``; ``launch(configs)`` submits runs; ``fetch(run_ids)`` reads their rows.
+    """
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists: dict[str, Any] = {}
+    for name, values in spec.axes.items():
+        if name in spec.ranges:
+            lo, hi = spec.ranges[name]
+            dists[name] = FloatDistribution(lo, hi, log=True)
+        elif len(values) > 1:
+            dists[name] = CategoricalDistribution(list(values))
+    for name, values in spec.options.items():
+        if len(values) > 1:
+            dists[f"opt.{name}"] = CategoricalDistribution(list(values))
+    if not dists:
+        raise ConfigError("--tune needs at least one axis with several values or a range")
+    study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-tune-{spec.name or spec.task}",
+                                load_if_exists=True, direction=_direction(direction),
+                                sampler=optuna.samplers.TPESampler(seed=0))
+    study.set_user_attr("objective", objective)
+    while (done := sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))) < n_trials:
+        trials = [study.ask(dists) for _ in range(min(parallel, n_trials - done))]
+        configs = [resolve_cell(t.params) for t in trials]
+        for t, cfg in zip(trials, configs):
+            t.set_user_attr("run_id", cfg.run_id)
+        launch(configs)
+        while True:
+            rows = fetch([c.run_id for c in configs])
+            if all(rows[c.run_id]["status"] in TERMINAL for c in configs):
+                break
+            time.sleep(poll_s)
+        for t, cfg in zip(trials, configs):
+            value = (rows[cfg.run_id].get("metrics") or {}).get(objective)
+            if rows[cfg.run_id]["status"] == "completed" and value is not None:
+                study.tell(t, value)
+            else:
+                study.tell(t, state=TrialState.FAIL)
+    return study
