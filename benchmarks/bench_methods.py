@@ -10,12 +10,14 @@ every method walks the same epoch orders (``flctl.data.epoch_order``) through th
 Timing is done in blocks of K consecutive steps. A round times one block per method, in a round-robin
 order rotated every round (ERM, FL, RFL, CSERM / FL, RFL, CSERM, ERM / ...) so that slow drift of the
 machine (thermal, other processes) hits every method alike. The per-round ratio steps/s(method) /
-steps/s(ERM) uses the ERM block of the same round; the table reports its median and interquartile range
-over rounds, plus each method's median steps/s and the per-step time it adds over ERM.
+steps/s(ERM) uses the ERM block of the same round; the table reports its median, interquartile range and
+a distribution-free 95% CI of the median over rounds, plus each method's median steps/s and the per-step
+time it adds over ERM. torch.set_num_threads is fixed (--threads, default 1); Python's garbage collector
+is paused during the timed rounds.
 
 Run from the repository root with the project's virtualenv::
 
-    python benchmarks/bench_methods.py                    # both models, 1 thread, ~1-2 min
+    python benchmarks/bench_methods.py                    # both models, 1 thread, ~75 s
     python benchmarks/bench_methods.py --threads 2
     python benchmarks/bench_methods.py --models two-moons --rounds 200 --steps-per-block 50
 """
@@ -35,7 +37,8 @@ import torch
 from flctl.data import batches, epoch_order
 from flctl.methods import get_method
 from flctl.tasks import get_task
-from flctl.train import train_step
+from flctl.config import resolve
+from flctl.train import build_optimizer, train_step
 
 METHODS = ("erm", "fl", "rfl", "cserm")
 
@@ -44,13 +47,13 @@ METHODS = ("erm", "fl", "rfl", "cserm")
 class ModelSpec:
     task: str
     batch_size: int
-    steps_per_block: int     # default K: a block of roughly 50-100 ms on one CPU thread
+    steps_per_block: int     # default K: a block of roughly 50 ms on one CPU thread
     label: str
 
 
 MODELS = {
-    "two-moons": ModelSpec("two-moons", 512, 100, "two-moons MLP 2-70-70-2, batch 512, AdamW"),
-    "digits": ModelSpec("digits", 64, 16, "digits small CNN, batch 64, AdamW"),
+    "two-moons": ModelSpec("two-moons", 512, 50, "two-moons MLP 2-70-70-2, batch 512, AdamW"),
+    "digits": ModelSpec("digits", 64, 8, "digits small CNN, batch 64, AdamW"),
 }
 
 
@@ -67,8 +70,10 @@ class Runner:
         torch.manual_seed(seed)                              # same initial weights for every method
         self.model = self.task.build_model(options, data)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=defaults["lr"],
-                                           weight_decay=defaults["weight_decay"])
+        # The optimizer exactly as flctl.train builds it for this task's paper defaults.
+        cfg = resolve(spec.task, method_name, defaults, options, self.task.kind, self.task.methods,
+                      {"batch_size": spec.batch_size})
+        self.optimizer = build_optimizer(cfg, self.model.parameters())
         self.method = get_method(method_name)(self.n, eps=defaults["eps"], alpha=defaults["alpha"],
                                               dual_lr=defaults["dual_lr"], device="cpu")
         self.epoch_losses = torch.empty(self.n)
@@ -112,6 +117,14 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
+def median_ci95(values: list[float]) -> tuple[float, float]:
+    """Distribution-free 95% confidence interval of the median (order statistics n/2 -+ 0.98 sqrt(n))."""
+    v, n = sorted(values), len(values)
+    half = 0.98 * n ** 0.5
+    lo, hi = max(0, int(n / 2 - half)), min(n - 1, int(n / 2 + half + 0.999))
+    return v[lo], v[hi]
+
+
 def bench_model(spec: ModelSpec, rounds: int, steps_per_block: int, warmup_rounds: int, seed: int,
                 methods: tuple[str, ...]) -> ModelResult:
     task = get_task(spec.task)
@@ -141,43 +154,50 @@ def summarize(result: ModelResult) -> list[dict]:
     for m, rates in result.rates.items():
         rate = statistics.median(rates)
         q1, med, q3 = quartiles(result.ratios(m))
+        lo, hi = median_ci95(result.ratios(m))
         # per-round extra time per step over ERM (us), from the same rounds as the ratio
         extra = [1e6 * (1 / a - 1 / b) for a, b in zip(rates, result.rates["erm"])]
         rows.append({"method": m, "steps_per_s": rate, "ms_per_step": 1e3 / rate,
-                     "ratio_median": med, "ratio_q1": q1, "ratio_q3": q3,
+                     "ratio_median": med, "ratio_q1": q1, "ratio_q3": q3, "ratio_ci95": (lo, hi),
                      "extra_us_per_step": statistics.median(extra),
                      "erm_steps_per_s": erm_rate})
     return rows
 
 
-def print_table(result: ModelResult, rows: list[dict], threads: int, target: float) -> None:
+def print_table(result: ModelResult, rows: list[dict], threads: int, target: float, plain: bool = False) -> None:
     title = (f"{result.spec.label} — torch threads {threads}, {result.rounds} rounds × "
              f"{result.steps_per_block} steps/block ({result.seconds:.0f} s)")
+    cells = [(row["method"].upper(), f"{row['steps_per_s']:.1f}", f"{row['ms_per_step']:.3f}",
+              f"{row['ratio_median']:.3f}", f"{row['ratio_q1']:.3f}–{row['ratio_q3']:.3f}",
+              f"{row['ratio_ci95'][0]:.3f}–{row['ratio_ci95'][1]:.3f}", f"{row['extra_us_per_step']:+.1f}")
+             for row in rows]
+    header = ("method", "steps/s", "ms/step", "ratio", "ratio IQR", "median 95% CI", "+µs/step")
+    caption = ("ratio = per-round steps/s(method) / steps/s(ERM of the same round): median, IQR and a 95% CI "
+               "of the median over rounds; +µs/step = median extra time per step over ERM")
     try:
+        if plain:
+            raise ImportError
         from rich.console import Console
         from rich.table import Table
-    except ImportError:                                      # plain fallback
+    except ImportError:
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
         print(title)
-        print(f"{'method':8} {'steps/s':>9} {'ms/step':>8} {'ratio':>7} {'IQR':>15} {'+us/step':>9}")
-        for row in rows:
-            print(f"{row['method']:8} {row['steps_per_s']:9.1f} {row['ms_per_step']:8.3f} "
-                  f"{row['ratio_median']:7.3f} {row['ratio_q1']:7.3f}-{row['ratio_q3']:<7.3f} "
-                  f"{row['extra_us_per_step']:9.1f}")
-        print()
+        print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
+        for c in cells:
+            print("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths))))
+        print(caption + "\n")
         return
-    table = Table(title=title, title_justify="left",
-                  caption="ratio = per-round steps/s(method) / steps/s(ERM), median and IQR over rounds; "
-                          "+µs = median extra time per step over ERM", caption_justify="left")
-    for col in ("method", "steps/s", "ms/step", "ratio", "ratio IQR", "+µs/step"):
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
-    for row in rows:
-        ratio = f"{row['ratio_median']:.3f}"
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for h in header:
+        table.add_column(h, justify="left" if h == "method" else "right", no_wrap=True)
+    for row, c in zip(rows, cells):
         if row["method"] != "erm":
-            ratio = f"[{'green' if row['ratio_median'] >= target else 'red'}]{ratio}[/]"
-        table.add_row(row["method"].upper(), f"{row['steps_per_s']:.1f}", f"{row['ms_per_step']:.3f}",
-                      ratio, f"{row['ratio_q1']:.3f}–{row['ratio_q3']:.3f}",
-                      f"{row['extra_us_per_step']:+.1f}")
-    Console().print(table)
+            c = (*c[:3], f"[{'green' if row['ratio_median'] >= target else 'red'}]{c[3]}[/]", *c[4:])
+        table.add_row(*c)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 100))
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,14 +205,15 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS),
                    help="models to benchmark (default: all)")
-    p.add_argument("--rounds", type=int, default=80, help="timed rounds per model (default 80)")
+    p.add_argument("--rounds", type=int, default=150, help="timed rounds per model (default 150)")
     p.add_argument("--steps-per-block", type=int, default=None,
-                   help="steps per timed block (default per model: two-moons 100, digits 16)")
+                   help="steps per timed block (default per model: two-moons 50, digits 8; ~50 ms each)")
     p.add_argument("--warmup-rounds", type=int, default=3, help="untimed rounds first (default 3)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads value (default 1: least noisy; try 2 too)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.95, help="ratio colored green at or above (0.95)")
+    p.add_argument("--plain", action="store_true", help="plain-text table instead of rich")
     p.add_argument("--json", metavar="PATH", help="also write the summary rows and raw rates as JSON")
     args = p.parse_args(argv)
 
@@ -204,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         k = args.steps_per_block or spec.steps_per_block
         result = bench_model(spec, args.rounds, k, args.warmup_rounds, args.seed, METHODS)
         rows = summarize(result)
-        print_table(result, rows, args.threads, args.target)
+        print_table(result, rows, args.threads, args.target, args.plain)
         out["models"][name] = {"steps_per_block": k, "rounds": args.rounds, "rows": rows,
                                "rates": result.rates}
     if args.json:

@@ -50,11 +50,14 @@ class Method:
 
     def eps_of(self, ids: Tensor) -> float | Tensor:
         """The constraint level of each sample in the batch: a scalar, or eps[ids] when per-sample."""
-        return self.eps[ids] if isinstance(self.eps, Tensor) else self.eps
+        return self.eps.index_select(0, ids) if isinstance(self.eps, Tensor) else self.eps
 
-    @torch.no_grad()
     def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
-        """Update the multipliers of the batch in place. No-op for primal-only methods."""
+        """Update the multipliers of the batch in place. No-op for primal-only methods.
+
+        Implementations must not record autograd history: work on ``losses.detach()``. (No
+        ``@torch.no_grad()`` here: entering and leaving it costs ~10 us per step on CPU.)
+        """
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         raise NotImplementedError
@@ -106,8 +109,10 @@ class CSERM(Method):
     summary = "(α/2)·mean([g−ε]₊²)"
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
-        excess = (losses - self.eps_of(ids)).clamp(min=0)
-        return 0.5 * self.alpha * excess.square().mean()
+        # relu == clamp(min=0) (same values; gradient differs only at excess == 0, where d/dx x^2 = 0),
+        # and x*x == square(); both give fewer backward kernels. Bitwise identical loss and gradients.
+        excess = torch.relu(losses - self.eps_of(ids))
+        return 0.5 * self.alpha * (excess * excess).mean()
 
 
 class _PrimalDual(Method):
@@ -127,21 +132,22 @@ class _PrimalDual(Method):
         """In-place ascent step on the gathered batch multipliers ``lam`` (before projection)."""
         raise NotImplementedError
 
-    @torch.no_grad()
     def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
         # Only the batch's entries move; ids are unique within a batch (sampling without replacement),
         # so the indexed write below is unambiguous. Cost: one gather, three pointwise ops, one scatter.
-        lam = self.multipliers[ids]                                   # [B]
+        # No @torch.no_grad(): losses is detached and the multipliers never require grad, so nothing
+        # here is recorded anyway. index_select/index_copy_ skip Python's advanced-indexing parser.
+        lam = self.multipliers.index_select(0, ids)                   # [B]
         violation = losses.detach() - self.eps_of(ids)                # [B]  g_i - eps_i
         lam = self._ascent(lam, violation).clamp_(0.0, LAMBDA_CAP)    # projection onto [0, cap]
-        self.multipliers[ids] = lam
+        self.multipliers.index_copy_(0, ids, lam)
         self._batch_multipliers = lam
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         # Lagrangian's primal part with lambda_{t+1} detached: sum_{i in B} lambda_i * g_i (Eq. 3).
         lam = self._batch_multipliers
         if lam is None or lam.shape != losses.shape:  # called without a preceding dual step
-            lam = self.multipliers[ids]
+            lam = self.multipliers.index_select(0, ids)
         return torch.dot(lam, losses)
 
 
