@@ -13,7 +13,7 @@ import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from flctl.config import ConfigError, RunConfig, resolve
 
@@ -53,27 +53,15 @@ def parse_float_axis(name: str, text: str) -> list[float]:
             return [lo]
         step = math.log10(hi / lo) / (n - 1)
         return [_round_sig(lo * 10 ** (k * step)) for k in range(n)]
+    return _parse_list(name, text, float, "numbers like 0,0.51 or a range 1e-4..1")
+
+
+def _parse_list(name: str, text: str, convert: Callable[[str], Any], expected: str) -> list[Any]:
+    """A comma-separated list of values of one type; empty items are ignored, an empty list is an error."""
     try:
-        values = [float(v) for v in text.split(",") if v.strip() != ""]
+        values = [convert(v.strip()) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"--{_flag(name)} {text!r}: expected numbers like 0,0.51 or a range 1e-4..1") from None
-    if not values:
-        raise ConfigError(f"--{_flag(name)} is empty")
-    return values
-
-
-def parse_int_axis(name: str, text: str) -> list[int]:
-    try:
-        values = [int(v) for v in str(text).split(",") if v.strip() != ""]
-    except ValueError:
-        raise ConfigError(f"--{_flag(name)} {text!r}: expected integers like 0,1,2") from None
-    if not values:
-        raise ConfigError(f"--{_flag(name)} is empty")
-    return values
-
-
-def parse_str_axis(name: str, text: str) -> list[str]:
-    values = [v.strip() for v in str(text).split(",") if v.strip()]
+        raise ConfigError(f"--{_flag(name)} {text!r}: expected {expected}") from None
     if not values:
         raise ConfigError(f"--{_flag(name)} is empty")
     return values
@@ -91,8 +79,8 @@ def parse_axis(name: str, value: Any) -> list[Any]:
     if name in FLOAT_AXES:
         return parse_float_axis(name, text)
     if name in INT_AXES:
-        return parse_int_axis(name, text)
-    return parse_str_axis(name, text)
+        return _parse_list(name, text, int, "integers like 0,1,2")
+    return _parse_list(name, text, str, "names like erm,fl")
 
 
 @dataclass(frozen=True)
