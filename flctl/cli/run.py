@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -93,8 +94,6 @@ def run(
                      dual_lr=dual_lr, options=parse_options(option),
                      data_dir=str(data_dir) if data_dir is not None else None)
     cfg = resolve_config(task, method, overrides, p_min)
-    import dataclasses
-
     cfg = dataclasses.replace(cfg, device=check_device(device))
     root = ensure_writable(results_root(results_dir))
     store = open_store(db, root)
