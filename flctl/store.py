@@ -319,10 +319,15 @@ class Store:
         return self.write(fn)
 
     def requeue(self, run_id: str, reason: str) -> None:
-        """Hand a running run back (preemption/timeout): the next claim resumes it from its checkpoint."""
+        """Hand a running run back (preemption/timeout): the next claim resumes it from its checkpoint.
+
+        A preempted attempt is not a failed one, so it is given back too; otherwise a cell preempted
+        ``max_attempts`` times would stay queued with no attempt left to claim it.
+        """
         def fn(s: Session) -> None:
             s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
-                      .values(status="queued", error=reason).execution_options(synchronize_session=False))
+                      .values(status="queued", error=reason, attempts=Run.attempts - 1)
+                      .execution_options(synchronize_session=False))
         self.write(fn)
 
     def heartbeat(self, run_id: str, epochs_done: int | None = None) -> None:

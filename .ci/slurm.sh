@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Start a throwaway single-node Slurm cluster (munge, MariaDB for accounting, slurmdbd, slurmctld, slurmd)
+# with every file under one state directory; writes $DIR/env.sh exporting SLURM_CONF for the tests.
+#   .ci/slurm.sh [DIR]        start it (default DIR /tmp/flctl-slurm); a re-run restarts it from scratch
+#                             unless it is already up and idle
+#   .ci/slurm.sh stop [DIR]   cancel its jobs and stop its daemons by the PIDs in their pid files
+# Needs root and Debian 12's packages: slurmctld slurmd slurm-client munge slurmdbd mariadb-server (the caller
+# installs them; nothing here runs apt-get). No systemd needed: the daemons are started directly.
+# Ports (override by env): SLURM_CI_CTLD_PORT 6817, SLURM_CI_SLURMD_PORT 6818, SLURM_CI_DBD_PORT 6819.
+# See /work/shared/notes/slurm-recipe.md for why the settings are what they are (fast scheduling, cred_expire).
+set -euo pipefail
+
+MODE=start
+if [ "${1:-}" = "stop" ]; then MODE=stop; shift; fi
+DIR=${1:-/tmp/flctl-slurm}
+case "$DIR" in /*) ;; *) DIR="$PWD/$DIR" ;; esac
+CTLD_PORT=${SLURM_CI_CTLD_PORT:-6817}
+SLURMD_PORT=${SLURM_CI_SLURMD_PORT:-6818}
+DBD_PORT=${SLURM_CI_DBD_PORT:-6819}
+TIMEOUT=${SLURM_CI_TIMEOUT:-60}
+CONF="$DIR/etc/slurm.conf"
+MUNGE_SOCKET="$DIR/munge/munge.socket"
+DB_SOCKET="$DIR/mysql/mysqld.sock"
+# Stop order: compute daemon first, munge last (the others need it to shut down cleanly).
+DAEMONS=(slurmd slurmctld slurmdbd mariadbd munged)
+T0=${EPOCHREALTIME/[.,]/}
+
+log() {
+  local us=$(( ${EPOCHREALTIME/[.,]/} - T0 ))
+  printf '[slurm.sh %d.%01ds] %s\n' $((us / 1000000)) $((us / 100000 % 10)) "$*"
+}
+die() {
+  echo "slurm.sh: ERROR: $*" >&2
+  for f in "$DIR"/log/*.log "$DIR"/log/*.out "$DIR"/munge/munged.log "$DIR"/mysql/mariadbd.log; do
+    [ -s "$f" ] || continue
+    echo "----- last lines of $f -----" >&2
+    tail -n 40 "$f" >&2
+  done
+  exit 1
+}
+
+pidfile() {
+  case "$1" in
+    munged) echo "$DIR/munge/munged.pid" ;;
+    mariadbd) echo "$DIR/mysql/mariadbd.pid" ;;
+    *) echo "$DIR/run/$1.pid" ;;
+  esac
+}
+
+# The PID in a daemon's pid file, if that process is alive and is that daemon (guards against reused PIDs).
+live_pid() {
+  local f pid
+  f=$(pidfile "$1")
+  [ -s "$f" ] || return 1
+  pid=$(head -n1 "$f" | tr -dc 0-9)
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] || return 1
+  echo "$pid"
+}
+
+# A daemon that wrote its pid file and is gone since (daemons write the file a moment after forking).
+exited() { [ -s "$(pidfile "$1")" ] && ! live_pid "$1" >/dev/null; }
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+stop_all() {
+  local name pid deadline i
+  if live_pid slurmctld >/dev/null && [ -f "$CONF" ]; then
+    # Jobs' processes (slurmstepd and below) outlive slurmd: cancel them while the controller can.
+    local jobs
+    jobs=$(SLURM_CONF="$CONF" timeout 10 squeue -h -o %A 2>/dev/null || true)
+    if [ -n "$jobs" ]; then
+      # shellcheck disable=SC2086
+      SLURM_CONF="$CONF" timeout 10 scancel $jobs 2>/dev/null || true
+      deadline=$((SECONDS + 15))
+      while [ -n "$(SLURM_CONF="$CONF" timeout 5 squeue -h -o %A 2>/dev/null || true)" ] \
+            && [ $SECONDS -lt $deadline ]; do
+        sleep 0.5
+      done
+    fi
+  fi
+  # In stages, each waited for: the Slurm daemons talk to the ones after them on the way out.
+  local stage
+  for stage in "slurmd slurmctld slurmdbd" "mariadbd munged"; do
+    local names=() pids=()
+    for name in $stage; do
+      if pid=$(live_pid "$name"); then
+        kill "$pid" 2>/dev/null || true
+        names+=("$name"); pids+=("$pid")
+      fi
+      rm -f "$(pidfile "$name")"
+    done
+    deadline=$((SECONDS + 15))
+    for i in "${!pids[@]}"; do
+      while kill -0 "${pids[$i]}" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
+      if kill -0 "${pids[$i]}" 2>/dev/null; then
+        kill -9 "${pids[$i]}" 2>/dev/null || true
+        echo "killed ${names[$i]} (pid ${pids[$i]}) with SIGKILL: it ignored SIGTERM for 15s"
+      else
+        echo "stopped ${names[$i]} (pid ${pids[$i]})"
+      fi
+    done
+  done
+}
+
+if [ "$MODE" = stop ]; then
+  stop_all
+  exit 0
+fi
+
+[ "$(id -u)" = 0 ] || die "run as root (the daemons are started directly, without systemd)"
+for cmd in munged mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd sinfo sbatch sacct; do
+  command -v "$cmd" >/dev/null \
+    || die "$cmd not found; install: slurmctld slurmd slurm-client munge slurmdbd mariadb-server"
+done
+id munge >/dev/null 2>&1 || die "no 'munge' user (is the munge package installed?)"
+id mysql >/dev/null 2>&1 || die "no 'mysql' user (is the mariadb-server package installed?)"
+mkdir -p "$DIR"
+for user in munge mysql; do
+  runuser -u "$user" -- test -x "$DIR" \
+    || die "user $user cannot reach $DIR: pick a DIR whose parents are world-searchable"
+done
+
+write_env() {
+  cat > "$DIR/env.sh" <<EOF
+# Generated by .ci/slurm.sh: point Slurm's commands (and submitit) at the cluster in $DIR.
+export SLURM_CONF=$CONF
+EOF
+  chmod 0644 "$DIR/env.sh"
+}
+
+# ---- already up? (all five daemons alive from our pid files and the node answering) ----
+all_up=1
+for name in "${DAEMONS[@]}"; do live_pid "$name" >/dev/null || all_up=0; done
+if [ $all_up = 1 ] && state=$(SLURM_CONF="$CONF" timeout 5 sinfo -h -o %t 2>/dev/null) \
+   && [[ "$state" =~ ^(idle|mix|alloc|comp)$ ]]; then
+  write_env
+  log "already running in $DIR (node $state); wrote $DIR/env.sh"
+  exit 0
+fi
+
+# ---- otherwise stop whatever we started before and start afresh ----
+stop_all >/dev/null
+for port in "$CTLD_PORT" "$SLURMD_PORT" "$DBD_PORT"; do
+  if port_busy "$port"; then
+    die "port $port is in use by a process not started from $DIR (another Slurm?); stop it or set SLURM_CI_*_PORT"
+  fi
+done
+# Only our own subfolders are removed, never DIR itself (it may be a path the caller cares about).
+rm -rf "$DIR/etc" "$DIR/state" "$DIR/run" "$DIR/log" "$DIR/munge" "$DIR/mysql" "$DIR/env.sh"
+mkdir -p "$DIR/etc" "$DIR/state/ctld" "$DIR/state/d" "$DIR/run" "$DIR/log" "$DIR/munge" "$DIR/mysql"
+chmod 0755 "$DIR" "$DIR/etc" "$DIR/run" "$DIR/log"
+
+# ---- munge: a key and a socket of our own (clients find it through AuthInfo=socket=...) ----
+dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
+chown -R munge:munge "$DIR/munge"
+chmod 0755 "$DIR/munge"
+chmod 0400 "$DIR/munge/munge.key"
+runuser -u munge -- /usr/sbin/munged --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
+  --pid-file="$(pidfile munged)" --seed-file="$DIR/munge/munged.seed" --log-file="$DIR/munge/munged.log" \
+  </dev/null >>"$DIR/log/munged.out" 2>&1 || die "munged did not start"
+munge -n -S "$MUNGE_SOCKET" | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 || die "munge round trip failed"
+log "munged up"
+
+# ---- MariaDB: a private data directory, no network, a socket in DIR ----
+chown mysql:mysql "$DIR/mysql"
+mariadb-install-db --user=mysql --datadir="$DIR/mysql/data" --skip-test-db --skip-name-resolve \
+  --auth-root-authentication-method=socket >"$DIR/log/mariadb-install.log" 2>&1 \
+  || die "mariadb-install-db failed (see $DIR/log/mariadb-install.log)"
+setsid mariadbd --no-defaults --user=mysql --datadir="$DIR/mysql/data" --socket="$DB_SOCKET" \
+  --pid-file="$(pidfile mariadbd)" --skip-networking --log-error="$DIR/mysql/mariadbd.log" \
+  --innodb-buffer-pool-size=64M --innodb-log-file-size=16M --innodb-flush-log-at-trx-commit=0 \
+  </dev/null >>"$DIR/log/mariadbd.out" 2>&1 &
+DB_PID=$!
+deadline=$((SECONDS + TIMEOUT))
+until mariadb --no-defaults --socket="$DB_SOCKET" -uroot -e 'SELECT 1' >/dev/null 2>&1; do
+  kill -0 "$DB_PID" 2>/dev/null || die "mariadbd exited"
+  [ $SECONDS -lt $deadline ] || die "MariaDB did not come up within ${TIMEOUT}s"
+  sleep 0.1
+done
+DB_PASS=$(head -c 18 /dev/urandom | base64 | tr -dc A-Za-z0-9)
+mariadb --no-defaults --socket="$DB_SOCKET" -uroot <<EOF || die "could not create the slurm database user"
+CREATE USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+FLUSH PRIVILEGES;
+EOF
+log "mariadbd up"
+
+# ---- slurm.conf (read by every client: sbatch, sacct, submitit) and slurmdbd.conf (0600, next to it) ----
+# The compute node as slurmd sees this machine; 90% of its memory so the node is never drained for it.
+HW=$(slurmd -C) || die "slurmd -C failed"
+HW=${HW%%$'\n'*}
+hw() { sed -n "s/.*[[:space:]]$1=\([0-9]*\).*/\1/p" <<<"$HW"; }
+CPUS=$(hw CPUs); BOARDS=$(hw Boards); SOCKETS=$(hw SocketsPerBoard); CORES=$(hw CoresPerSocket)
+THREADS=$(hw ThreadsPerCore); MEM=$(hw RealMemory)
+[ -n "$CPUS" ] && [ -n "$MEM" ] || die "cannot parse 'slurmd -C': $HW"
+MEM=$((MEM * 9 / 10))
+AUTHINFO="cred_expire=10,socket=$MUNGE_SOCKET"
+cat > "$CONF" <<EOF
+# Generated by .ci/slurm.sh for a throwaway single-node test cluster.
+ClusterName=ci
+SlurmctldHost=localhost
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=$AUTHINFO
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+# With munge, AccountingStoragePass names the munge socket for talking to slurmdbd (AuthInfo's is not used).
+AccountingStoragePass=$MUNGE_SOCKET
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1024
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+MinJobAge=300
+KillWait=5
+Waittime=0
+InactiveLimit=0
+StateSaveLocation=$DIR/state/ctld
+SlurmdSpoolDir=$DIR/state/d
+SlurmctldPidFile=$(pidfile slurmctld)
+SlurmdPidFile=$(pidfile slurmd)
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS Boards=${BOARDS:-1} SocketsPerBoard=${SOCKETS:-1} CoresPerSocket=${CORES:-$CPUS} ThreadsPerCore=${THREADS:-1} RealMemory=$MEM State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+EOF
+chmod 0644 "$CONF"
+cat > "$DIR/etc/slurmdbd.conf" <<EOF
+# Generated by .ci/slurm.sh. slurmdbd has no -f flag: it reads this file from \$SLURM_CONF's directory.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$(pidfile slurmdbd)
+LogFile=$DIR/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=$DB_PASS
+StorageLoc=slurm_acct_db
+EOF
+chmod 0600 "$DIR/etc/slurmdbd.conf"
+write_env
+export SLURM_CONF="$CONF"
+
+# ---- slurmdbd (MYSQL_UNIX_PORT points the MariaDB client library at our socket) ----
+MYSQL_UNIX_PORT="$DB_SOCKET" slurmdbd </dev/null >>"$DIR/log/slurmdbd.out" 2>&1 || die "slurmdbd did not start"
+deadline=$((SECONDS + TIMEOUT))
+until port_busy "$DBD_PORT"; do
+  if exited slurmdbd; then die "slurmdbd exited"; fi
+  [ $SECONDS -lt $deadline ] || die "slurmdbd did not listen on port $DBD_PORT within ${TIMEOUT}s"
+  sleep 0.1
+done
+log "slurmdbd up"
+
+# ---- slurmctld and slurmd (both daemonise); wait for an idle node ----
+slurmctld -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 || die "slurmctld did not start"
+slurmd -f "$CONF" </dev/null >>"$DIR/log/slurmd.out" 2>&1 || die "slurmd did not start"
+deadline=$((SECONDS + TIMEOUT))
+state=
+until [ "$state" = idle ]; do
+  [ $SECONDS -lt $deadline ] || die "node not idle within ${TIMEOUT}s (sinfo says: '${state:-nothing}')"
+  for name in slurmctld slurmd; do if exited "$name"; then die "$name exited"; fi; done
+  sleep 0.2
+  state=$(timeout 5 sinfo -h -o %t 2>/dev/null || true)
+done
+log "cluster up in $DIR: node localhost idle ($CPUS CPUs, ${MEM} MB); . $DIR/env.sh"

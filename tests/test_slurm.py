@@ -1,0 +1,282 @@
+"""Sweeps on a real Slurm cluster through submitit: job arrays, a cancelled job, preemption with requeue.
+
+Needs a running cluster and SLURM_CONF pointing at it, e.g. `sudo .ci/slurm.sh /tmp/flctl-slurm` and
+`. /tmp/flctl-slurm/env.sh`. Without one the module is skipped, except under CI (env CI set), where it fails:
+CI must not pass by skipping these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from flctl import records
+from flctl.store import Store
+
+FLCTL = [sys.executable, "-m", "flctl"]
+RECORD_ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
+ROWS_PER_EVAL = 2 * 1000                                  # two-moons: train + test split, 1000 samples each
+
+_MISSING = ("SLURM_CONF is not set" if not os.environ.get("SLURM_CONF")
+            else "sinfo is not on PATH" if shutil.which("sinfo") is None else None)
+_HOWTO = "start a cluster with `.ci/slurm.sh /tmp/flctl-slurm` (as root) and `. /tmp/flctl-slurm/env.sh`"
+if _MISSING and "CI" not in os.environ:
+    pytest.skip(f"no Slurm cluster ({_MISSING}); {_HOWTO}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_cluster() -> None:
+    if _MISSING:
+        pytest.fail(f"CI is set but there is no Slurm cluster to test against: {_MISSING}; {_HOWTO}",
+                    pytrace=False)
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sinfo did not answer within 20 s: is slurmctld running?", pytrace=False)
+    states = out.stdout.split()
+    unusable = ("down", "drain", "drng", "fail", "maint", "unk", "npc", "inval")
+    if out.returncode != 0 or not states or any(s.endswith("*") or s.startswith(unusable) for s in states):
+        pytest.fail(f"the Slurm cluster of SLURM_CONF={os.environ['SLURM_CONF']} is not usable: sinfo says "
+                    f"{out.stdout.strip() or out.stderr.strip()!r}", pytrace=False)
+
+
+# ---- helpers ----
+
+@pytest.fixture
+def leftovers():
+    """Jobs and processes a test started; whatever is still running at its end (a failed test) is stopped."""
+    started: dict[str, list] = {"jobs": [], "procs": []}
+    yield started
+    if started["jobs"]:
+        subprocess.run(["scancel", *started["jobs"]], capture_output=True, timeout=30)
+    for proc in started["procs"]:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def flctl(results: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+
+
+def ledger(results: Path) -> dict:
+    out = flctl(results, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def statuses(results: Path) -> Counter:
+    """Cell statuses straight from the database: cheap enough to poll (each `flctl status` is a Python start-up,
+    and polling with it would take CPU from the jobs on a small machine)."""
+    store = Store.open(f"sqlite:///{results / 'flctl.db'}")
+    try:
+        return Counter(r["status"] for r in store.list_runs())
+    finally:
+        store.close()
+
+
+def job_logs(folder: Path) -> str:
+    """The tail of every submitit job log under ``folder``: the evidence when a wait times out."""
+    parts = []
+    for log in sorted(Path(folder).rglob("*_log.*")):
+        parts.append(f"--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(parts) or f"(no job logs under {folder})"
+
+
+def wait_until(predicate, what: str, timeout: float = 120, interval: float = 0.5, logs: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    queue = subprocess.run(["squeue", "-o", "%i %T %r"], capture_output=True, text=True).stdout
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\nsqueue:\n{queue}"
+                         + (f"\njob logs:\n{job_logs(logs)}" if logs else ""))
+
+
+def submitted_job(stdout: str) -> str:
+    """The Slurm job id that `flctl sweep` reports ('N job(s) through slurm: ID')."""
+    m = re.search(r"(\d+) job\(s\) through slurm: (\d+)\s*$", stdout, re.M)
+    assert m, f"no job id in the sweep's output:\n{stdout}"
+    return m.group(2)
+
+
+def sacct(job: str, *, duplicates: bool = False) -> list[tuple[str, str]]:
+    """(JobID, State) of the allocations of ``job`` (array tasks one by one); with ``duplicates``, also the
+    earlier incarnations of a requeued job."""
+    out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State", *(["-D"] if duplicates else [])],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if line]  # type: ignore[misc]
+
+
+def record_files(results: Path, run_id: str) -> dict[str, tuple[int, int]]:
+    """Each eval epoch's records file of a run, with (inode, mtime): a rewritten file gets a new inode."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in records.run_dir(results / "records", run_id).glob("epoch=*.parquet")}
+
+
+def assert_resumed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> None:
+    """Records written before the interruption were kept, not rewritten: the run resumed from its checkpoint
+    (a resumed run redoes at most the epoch it was in; a fresh start would replace every file)."""
+    kept = sorted(before)[:-1]
+    assert len(kept) >= 2, f"too few records before the interruption to tell a resume from a restart: {before}"
+    assert {k: after.get(k) for k in kept} == {k: before[k] for k in kept}, "records rewritten: not resumed"
+
+
+def assert_complete_records(results: Path, run_id: str, epochs: int, every: int):
+    evals = epochs // every
+    table = records.read(results / "records", [run_id]).sort_by(RECORD_ORDER)
+    keys = Counter(zip(table["epoch"].to_pylist(), table["split"].to_pylist(), table["sample_id"].to_pylist()))
+    assert len(table) == evals * ROWS_PER_EVAL, f"{len(table)} rows, expected {evals * ROWS_PER_EVAL}"
+    assert max(keys.values()) == 1, "duplicated record rows"
+    assert sorted({e for e, _, _ in keys}) == list(range(every, epochs + 1, every))
+    return table
+
+
+# ---- tests ----
+
+def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, leftovers) -> None:
+    args = ("sweep", "two-moons", "--method", "fl,rfl", "--alpha", "1e-2..1", "--seeds", "2", "--epochs", "5",
+            "--executor", "slurm", "--pack", "2")
+    first = flctl(tmp_path, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "8 cells, 8 new" in first.stdout and "4 job(s) through slurm" in first.stdout, first.stdout
+    array = submitted_job(first.stdout)
+    leftovers["jobs"].append(array)
+    [sid] = [p.name for p in (tmp_path / "jobs").iterdir()]
+
+    wait_until(lambda: statuses(tmp_path)["completed"] == 8, "8 completed cells", logs=tmp_path / "jobs")
+    done = ledger(tmp_path)
+    assert done["total"]["completed"] == 8, done
+    assert done["methods"]["fl"]["completed"] == 2 and done["methods"]["rfl"]["completed"] == 6
+    assert done["total"]["failed"] == 0 and done["total"]["stale"] == 0
+
+    # One array of 4 tasks (4 packs of 2 cells), each task recorded on the runs it trained.
+    runs = json.loads(flctl(tmp_path, "runs", "--json").stdout)
+    assert len(runs) == 8 and all(r["status"] == "completed" and r["attempts"] == 1 for r in runs)
+    tasks = {f"{array}_{i}" for i in range(4)}
+    assert Counter(r["job_id"] for r in runs) == {t: 2 for t in tasks}, [r["job_id"] for r in runs]
+    rows = wait_until(lambda: (lambda r: r if len(r) == 4 and all(s == "COMPLETED" for _, s in r) else None)(
+        sacct(array)), f"sacct to show array {array} completed")
+    assert {j for j, _ in rows} == tasks
+    assert sorted(p.name for p in (tmp_path / "jobs" / sid).glob(f"{array}_*_result.pkl")) == \
+        sorted(f"{t}_0_result.pkl" for t in tasks)
+
+    again = flctl(tmp_path, *args)
+    assert again.returncode == 0, again.stderr
+    assert "0 new, 8 completed" in again.stdout and "submitting 0" in again.stdout, again.stdout
+    assert "through slurm" not in again.stdout
+
+
+def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) -> None:
+    # Long enough to outlive the cancellation: submitit ignores SIGTERM, Slurm kills KillWait (5 s) later.
+    epochs, every = 3000, 50
+    args = ("sweep", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs),
+            "--eval-every", str(every), "--executor", "slurm")
+    first = flctl(tmp_path, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    job = submitted_job(first.stdout)
+    leftovers["jobs"].append(job)
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    [run] = store.list_runs()
+    rid = run["id"]
+
+    wait_until(lambda: len(record_files(tmp_path, rid)) >= 3, "the job to train a few epochs", interval=0.1,
+               logs=tmp_path / "jobs")
+    before = store.get_run(rid)
+    assert before["status"] == "running" and before["job_id"] == job, before    # one pack: a plain job
+    assert subprocess.run(["scancel", job], capture_output=True).returncode == 0
+    wait_until(lambda: [s.split()[0] for _, s in sacct(job)] == ["CANCELLED"], "sacct to show the job cancelled")
+    wait_until(lambda: not Path(f"/proc/{before['pid']}").exists(), "the worker process to be gone", timeout=30)
+    files = record_files(tmp_path, rid)
+    assert store.get_run(rid)["status"] == "running"                # nobody told the database...
+    # ...but its pid, on this host, is dead: stale at once (not after FLCTL_STALE_AFTER, 300 s by default).
+    assert ledger(tmp_path)["total"]["stale"] == 1
+
+    resumed = flctl(tmp_path, *args)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "1 re-queued after a lost worker" in resumed.stdout and "submitting 1" in resumed.stdout, resumed.stdout
+    job2 = submitted_job(resumed.stdout)
+    leftovers["jobs"].append(job2)
+    assert job2 != job
+    wait_until(lambda: statuses(tmp_path)["completed"] == 1, "the resumed run to complete", logs=tmp_path / "jobs")
+    assert ledger(tmp_path)["total"]["completed"] == 1
+    after = store.get_run(rid)
+    assert after["status"] == "completed" and after["attempts"] == 2 and after["job_id"] == job2, after
+    assert after["epochs_done"] == epochs
+    assert_resumed(files, record_files(tmp_path, rid))
+    assert_complete_records(tmp_path, rid, epochs, every)
+    assert not (tmp_path / "runs" / rid / "checkpoint.pt").exists()
+    store.close()
+
+
+def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path, leftovers) -> None:
+    from flctl.launch import submit
+    from flctl.sweep import plan, spec_from_values
+
+    epochs, every = 1000, 20
+    cell = ["two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every)]
+    # The uninterrupted reference trains beside the Slurm job (it is mostly waiting to be requeued).
+    ref_dir = tmp_path / "ref"
+    reference = subprocess.Popen([*FLCTL, "run", *cell, "--results-dir", str(ref_dir)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+    leftovers["procs"].append(reference)
+
+    results = tmp_path / "sweep"
+    results.mkdir()
+    [cfg] = plan(spec_from_values("two-moons", {"method": "fl", "eps": "0.1", "epochs": str(epochs),
+                                                "eval_every": str(every)}, device="cpu"))
+    url = f"sqlite:///{results / 'flctl.db'}"
+    store = Store.open(url)
+    store.add_runs([cfg])
+    folder = tmp_path / "jobs"
+    [job] = submit([cfg.run_id], db_url=url, results_root=results, executor="slurm", folder=folder)
+    leftovers["jobs"].append(job.job_id)
+    assert re.fullmatch(r"\d+", job.job_id), job.job_id                 # one pack: a plain job, no array
+
+    wait_until(lambda: len(record_files(results, cfg.run_id)) >= 3, "the job to train a few epochs",
+               interval=0.1, logs=folder)
+    assert store.get_run(cfg.run_id)["status"] == "running"
+    job._interrupt()                                         # preemption: SIGTERM, then USR2 -> checkpoint()
+    wait_until(lambda: store.get_run(cfg.run_id)["status"] == "queued", "the run to be handed back", timeout=30,
+               interval=0.1, logs=folder)
+    files = record_files(results, cfg.run_id)
+
+    # REQUEUED -> PENDING -> RUNNING (a requeued job waits cred_expire, 10 s, before it may start again).
+    wait_until(job.done, "the requeued job to finish", interval=1, logs=folder)
+    outcome = job.result()
+    assert outcome == {cfg.run_id: "completed"}, outcome
+    run = store.get_run(cfg.run_id)
+    # A preempted attempt is handed back (store.requeue) and does not count against --max-attempts.
+    assert run["status"] == "completed" and run["attempts"] == 1 and run["job_id"] == job.job_id, run
+    log = Path(job.paths.stdout).read_text() + Path(job.paths.stderr).read_text()
+    assert "this job is preempted" in log and "Requeued job" in log, log[-3000:]
+    base = job.job_id.split("_")[0]
+    shown = subprocess.run(["scontrol", "show", "job", base], capture_output=True, text=True).stdout
+    assert re.search(r"\bRestarts=1\b", shown), shown                 # SLURM_RESTART_COUNT=1 in the job
+    history = wait_until(lambda: (lambda r: r if ("COMPLETED" in {s for _, s in r}) else None)(
+        sacct(base, duplicates=True)), "sacct to show the requeued job completed")
+    assert [s for _, s in history] == ["REQUEUED", "COMPLETED"], history
+
+    assert_resumed(files, record_files(results, cfg.run_id))
+    b = assert_complete_records(results, cfg.run_id, epochs, every)
+    out, _ = reference.communicate(timeout=240)
+    assert reference.returncode == 0, out
+    [ref_run] = Store.open(f"sqlite:///{ref_dir / 'flctl.db'}").list_runs()
+    assert ref_run["id"] == cfg.run_id                                # same config, same run
+    a = records.read(ref_dir / "records", [cfg.run_id]).sort_by(RECORD_ORDER)
+    assert a.equals(b), "records of the preempted run differ from an uninterrupted run"
+    assert run["metrics"] == pytest.approx(ref_run["metrics"])
+    store.close()

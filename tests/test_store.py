@@ -1,0 +1,72 @@
+"""Run claiming, reaping and hand-back: the rules that keep a sweep from losing or duplicating work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import update
+
+from flctl.store import Run, Store, now
+from tests.helpers import config
+
+
+def store_with_run(tmp_path: Path):
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    cfg = config("two-moons", "fl")
+    store.add_runs([cfg])
+    return store, cfg.run_id
+
+
+def age_heartbeat(store: Store, run_id: str, seconds: float, pid: int | None = None) -> None:
+    with store.session() as s:
+        s.execute(update(Run).where(Run.id == run_id)
+                  .values(heartbeat_at=now() - timedelta(seconds=seconds), **({"pid": pid} if pid else {})))
+
+
+def test_a_run_is_claimed_once_until_its_worker_is_lost(tmp_path: Path) -> None:
+    store, rid = store_with_run(tmp_path)
+    assert store.claim_run(rid, stale_after=60)
+    assert not store.claim_run(rid, stale_after=60)           # held by a live worker (this process)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    age_heartbeat(store, rid, 0, pid=int(dead.stdout))         # its pid is gone: stale at once
+    assert store.claim_run(rid, stale_after=60)
+    assert store.get_run(rid)["attempts"] == 2
+
+
+def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path) -> None:
+    store, rid = store_with_run(tmp_path)
+    assert store.claim_run(rid)
+    age_heartbeat(store, rid, 10)
+    assert store.reap(stale_after=60) == ([], [])              # recent heartbeat: still alive
+    age_heartbeat(store, rid, 120)
+    assert store.reap(stale_after=60, max_attempts=3) == ([rid], [])
+    assert store.get_run(rid)["status"] == "queued"
+    assert store.claim_run(rid) and store.claim_run(rid, allow=("queued",)) is False
+    age_heartbeat(store, rid, 120)
+    assert store.reap(stale_after=60, max_attempts=2) == ([], [rid])
+    row = store.get_run(rid)
+    assert row["status"] == "failed" and "gave up after 2 attempts" in row["error"]
+    assert not store.claim_run(rid, max_attempts=2)
+
+
+def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
+    store, rid = store_with_run(tmp_path)
+    assert store.claim_run(rid, max_attempts=1)
+    store.requeue(rid, "preempted")
+    row = store.get_run(rid)
+    assert (row["status"], row["attempts"]) == ("queued", 0)
+    assert store.claim_run(rid, max_attempts=1)                # the requeued job can take it again
+
+
+def test_completed_runs_are_never_claimed_again(tmp_path: Path) -> None:
+    store, rid = store_with_run(tmp_path)
+    assert store.claim_run(rid)
+    store.finish_run(rid, status="completed", epochs_done=1, metrics={}, diverged_at=None, lambda_capped=0,
+                     artifacts={}, duration_s=1.0)
+    age_heartbeat(store, rid, 10_000)
+    assert not store.claim_run(rid) and store.reap(stale_after=1) == ([], [])
+    store.fail_run(rid, "late failure report", 1.0)            # only a running run can fail
+    assert store.get_run(rid)["status"] == "completed"
