@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from flctl.cli import info, run, runs, sweep
+from flctl.cli import info, report, run, runs, sweep
 
 app = typer.Typer(
     name="flctl",
@@ -21,6 +21,7 @@ app.command(rich_help_panel="Inspect")(sweep.status)
 app.command(rich_help_panel="Inspect")(sweep.sweeps)
 app.command(rich_help_panel="Inspect")(runs.runs)
 app.command(rich_help_panel="Inspect")(runs.show)
+app.command(rich_help_panel="Report")(report.report)
 app.command(rich_help_panel="Catalogue")(info.tasks)
 app.command(rich_help_panel="Catalogue")(info.methods)
 

@@ -1,0 +1,125 @@
+"""`flctl report`: the paper's tables, figures and cross-run per-sample queries from the database + records."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flctl.cli.common import console, existing_store, fail, results_root
+
+SELECT_PANEL = "Which runs"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def report(
+    table: Annotated[Optional[str], typer.Option(help="main, ablation, llm or runs.")] = None,
+    plot: Annotated[Optional[str], typer.Option(help="cdf, cvar, heatmap, multipliers, top-multipliers, polyfit "
+                                                "or dynamics.")] = None,
+    samples: Annotated[Optional[str], typer.Option(help="Per-sample query: violators or diff.")] = None,
+    sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL)] = None,
+    task: Annotated[Optional[str], typer.Option(help="Only runs of this task.", rich_help_panel=SELECT_PANEL)] = None,
+    fmt: Annotated[str, typer.Option("--format", help="rich, markdown, latex or csv.")] = "rich",
+    out: Annotated[Optional[Path], typer.Option(help="Write to this file (plots: a path stem; .png and .pdf).")] = None,
+    columns: Annotated[Optional[str], typer.Option(help="Comma-separated columns, e.g. train.avg_loss,"
+                                                   "test.max_loss,test.cvar@0.95,train.quantile@0.99,"
+                                                   "train.violation_rate.")] = None,
+    split: Annotated[Optional[str], typer.Option(help="train or test (plots and sample queries).")] = None,
+    k: Annotated[int, typer.Option(help="top-multipliers: how many samples.")] = 16,
+    min_seeds: Annotated[int, typer.Option("--min-seeds", help="violators: in at least this many seeds.")] = 1,
+    eps: Annotated[Optional[float], typer.Option(help="violators: level to test (default: each run's ε).")] = None,
+    methods: Annotated[Optional[str], typer.Option(help="diff: two methods, e.g. erm,fl.")] = None,
+    top: Annotated[int, typer.Option(help="diff: how many samples.")] = 20,
+    digits: Annotated[int, typer.Option(help="Decimals in tables.")] = 2,
+    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+) -> None:
+    """Tables (mean ± std over seeds), figures (PNG + PDF) and per-sample queries over finished runs."""
+    from flctl.config import ConfigError
+    from flctl.report import tables
+    from flctl.report.data import select_runs
+
+    if sum(x is not None for x in (table, plot, samples)) != 1:
+        fail("give exactly one of --table, --plot or --samples")
+    if split not in (None, "train", "test"):
+        fail(f"--split must be train or test, got {split!r}")
+    root = results_root(results_dir)
+    store = existing_store(db, root)
+    try:
+        if table is not None and table not in tables.TABLES:
+            raise ConfigError(f"unknown table {table!r}; choose one of: {', '.join(tables.TABLES)}")
+        if table is not None and fmt not in tables.FORMATS:
+            raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(tables.FORMATS)}")
+        runs = select_runs(store, sweep=sweep, task=task)
+        records_root = root / "records"
+        if table is not None:
+            cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+            for c in cols or []:
+                tables.check_column(c)
+            built = tables.build(table, runs, cols, tables.record_values(runs, records_root, cols or []))
+            _emit_table(built, fmt, out, digits)
+        elif plot is not None:
+            from flctl.report.plots import plot as make_plot
+
+            paths = make_plot(plot, runs, records_root, out or root / "reports" / plot, split=split, k=k)
+            console.print("wrote " + ", ".join(str(p) for p in paths))
+        else:
+            _samples(samples, runs, records_root, out or root / "reports" / f"samples-{samples}.parquet",
+                     split=split, min_seeds=min_seeds, eps=eps, methods=methods, top=top)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _emit_table(built, fmt: str, out: Path | None, digits: int) -> None:
+    from flctl.report.tables import render
+
+    text = render(built, fmt, digits)
+    if out is not None:
+        _write_atomic(out, text)
+        console.print(f"wrote {out}")
+    else:
+        print(text, end="")
+    for note in built.notes:
+        console.print(f"[yellow]warning:[/] {note}", highlight=False)
+
+
+def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seeds, eps, methods, top) -> None:
+    import pyarrow.parquet as pq
+    from rich.table import Table
+
+    from flctl.config import ConfigError
+    from flctl.report import samples as sq
+
+    if query == "violators":
+        result = sq.violators(runs, records_root, split=split or "train", min_seeds=min_seeds, eps=eps)
+    elif query == "diff":
+        pair = tuple(m.strip() for m in (methods or "").split(",") if m.strip())
+        if len(pair) != 2:
+            raise ConfigError("--samples diff needs --methods A,B (two methods)")
+        result = sq.diff(runs, records_root, pair, split=split or "test", top=top)
+    else:
+        raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(sq.QUERIES)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(result, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    shown = Table(*result.column_names, title=f"{query}: {len(result)} rows")
+    for row in result.slice(0, 30).to_pylist():
+        shown.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    console.print(shown)
+    console.print(f"wrote {out}")

@@ -1,0 +1,69 @@
+"""What reports read: finished runs from the database and their final per-sample records from Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from flctl import records
+from flctl.config import ConfigError
+
+REPORTABLE = ("completed", "diverged")
+
+
+def select_runs(store, *, sweep: str | None = None, task: str | None = None,
+                statuses: Iterable[str] = REPORTABLE) -> list[dict]:
+    """Finished runs of a sweep (id, prefix or name) or a task; ConfigError when nothing matches."""
+    statuses = set(statuses)
+    if sweep is not None:
+        found = store.get_sweep(sweep)
+        if found is None:
+            raise ConfigError(f"no sweep {sweep!r}; list them with `flctl sweeps`")
+        ids = {r["id"] for r in store.sweep_runs(found["id"])}
+        runs = [r for r in store.list_runs(task=task) if r["id"] in ids]
+        if not any(r["status"] == "completed" for r in runs):
+            raise ConfigError(f"sweep {found['id']} has no completed cells yet; see `flctl status {found['id']}`")
+    else:
+        runs = store.list_runs(task=task)
+    runs = [r for r in runs if r["status"] in statuses]
+    if not runs:
+        what = f"task {task!r}" if task else "the database"
+        raise ConfigError(f"no finished runs match in {what}; list them with `flctl runs`")
+    return runs
+
+
+def final_files(records_root: Path, run_ids: Sequence[str]) -> dict[str, Path]:
+    """Each run's last eval-epoch file (the final records); ConfigError when a run has none."""
+    out: dict[str, Path] = {}
+    for run_id in run_ids:
+        files = sorted(records.run_dir(records_root, run_id).glob("epoch=*.parquet"))
+        if not files:
+            raise ConfigError(f"run {run_id} has no per-sample records under {records_root}; "
+                              "was the results directory moved? (pass --results-dir)")
+        out[run_id] = files[-1]
+    return out
+
+
+def final_records(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None,
+                  split: str | None = None) -> pa.Table:
+    """The final per-sample records of the runs, reading only the needed files, columns and split."""
+    files = final_files(records_root, run_ids)
+    try:
+        data = ds.dataset([str(p) for p in files.values()], format="parquet", schema=records.SCHEMA)
+        return data.to_table(columns=list(columns) if columns else None,
+                             filter=(ds.field("split") == split) if split else None)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ConfigError(f"cannot read per-sample records: {str(exc).splitlines()[0]}") from None
+
+
+def all_epochs(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
+    """Every eval epoch of the runs (for dynamics plots); partition pruning by the run_id folders."""
+    data = ds.dataset(str(records_root), format="parquet", partitioning="hive")
+    try:
+        return data.to_table(columns=list(columns) if columns else None,
+                             filter=ds.field("run_id").isin(list(run_ids)))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ConfigError(f"cannot read per-sample records: {str(exc).splitlines()[0]}") from None

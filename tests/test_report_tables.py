@@ -1,0 +1,208 @@
+"""Report statistics and tables against hand-computed values; golden markdown and LaTeX."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from flctl.config import ConfigError
+from flctl.metrics import cvar, split_summary
+from flctl.report.tables import aggregate, build, render
+
+runner = CliRunner()
+
+
+def run(method: str, seed: int, eps=None, alpha=None, status="completed", **metrics) -> dict:
+    return {"id": f"{method}{eps}{alpha}{seed}", "method": method, "seed": seed, "status": status,
+            "config": {"method": method, "seed": seed, "eps": eps, "alpha": alpha, "lr": 0.1, "options": {}},
+            "metrics": {f"{k.replace('__', '.')}": v for k, v in metrics.items()}}
+
+
+RUNS = [
+    run("erm", 0, train__avg_loss=0.10, train__max_loss=1.0, test__avg_loss=0.30, test__max_loss=2.0),
+    run("erm", 1, train__avg_loss=0.20, train__max_loss=1.2, test__avg_loss=0.50, test__max_loss=2.4),
+    run("fl", 0, eps=0.5, train__avg_loss=0.30, train__max_loss=0.6, test__avg_loss=0.40, test__max_loss=1.5),
+    run("fl", 1, eps=0.5, train__avg_loss=0.34, train__max_loss=0.8, test__avg_loss=0.44, test__max_loss=1.3),
+    run("rfl", 0, eps=0.5, alpha=1.0, train__avg_loss=0.25, train__max_loss=0.9, test__avg_loss=0.41,
+        test__max_loss=1.9),
+    run("rfl", 1, eps=0.5, alpha=1.0, status="diverged"),
+]
+
+
+def test_mean_and_sample_std() -> None:
+    mean, std = aggregate([0.1, 0.2])
+    assert mean == pytest.approx(0.15) and std == pytest.approx(np.sqrt(0.005))   # ddof = 1
+    assert aggregate([0.3]) == (0.3, 0.0)
+    assert aggregate([]) == (None, None)
+
+
+def test_cvar_and_violation_rate_by_hand() -> None:
+    losses = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0])
+    # 0.9-quantile (linear) = 0.82: samples at or above it: 1.0 -> CVaR 1.0; at q=0.5: 0.45 -> mean(.5..1.0)
+    assert cvar(losses, 0.9) == pytest.approx(1.0)
+    assert cvar(losses, 0.5) == pytest.approx(np.mean([0.5, 0.6, 0.7, 0.8, 1.0]))
+    s = split_summary(losses, eps=0.45, multipliers=np.array([0.0, 0.0, 1.0, 2.0]),
+                      correct=np.array([1, 0, 1, 1]))
+    assert s["violation_rate"] == 0.5 and s["zero_multiplier_share"] == 0.5 and s["accuracy"] == 0.75
+    assert s["avg_loss"] == pytest.approx(0.46) and s["max_loss"] == 1.0
+
+
+GOLDEN_MARKDOWN = """\
+**Final performance**
+
+| Method | ε | α | train.avg_loss | train.max_loss | test.avg_loss | test.max_loss |
+|---|---|---|---:|---:|---:|---:|
+| ERM | — | — | **0.150** ± 0.071 | 1.100 ± 0.141 | **0.400** ± 0.141 | 2.200 ± 0.283 |
+| FL | 0.50 | — | 0.320 ± 0.028 | **0.700** ± 0.141 | 0.420 ± 0.028 | **1.400** ± 0.141 |
+| RFL | 0.50 | 1.00 | 0.250† | 0.900† | 0.410† | 1.900† |
+
+† RFL 0.50 1.00: 1 of 2 seeds (1 diverged)
+"""
+
+GOLDEN_LATEX = r"""\begin{table}[t]
+\centering
+\caption{Final performance}
+\begin{tabular}{lllcc}
+\toprule
+Method & $\epsilon$ & $\alpha$ & train.avg\_loss & test.max\_loss \\
+\midrule
+ERM & -- & -- & \textbf{0.15} {\color{gray}\scriptsize $\pm$ 0.07} & 2.20 {\color{gray}\scriptsize $\pm$ 0.28} \\
+FL & 0.50 & -- & 0.32 {\color{gray}\scriptsize $\pm$ 0.03} & \textbf{1.40} {\color{gray}\scriptsize $\pm$ 0.14} \\
+RFL & 0.50 & 1.00 & 0.25$^\dagger$ & 1.90$^\dagger$ \\
+\bottomrule
+\end{tabular}
+\\[2pt]{\footnotesize $^\dagger$ RFL 0.50 1.00: 1 of 2 seeds (1 diverged)}
+\end{table}
+"""
+
+
+def test_golden_markdown() -> None:
+    assert render(build("main", RUNS), "markdown", digits=3) == GOLDEN_MARKDOWN
+
+
+def test_golden_latex() -> None:
+    assert render(build("main", RUNS, ["train.avg_loss", "test.max_loss"]), "latex") == GOLDEN_LATEX
+
+
+def test_csv_keeps_full_precision_and_seed_counts() -> None:
+    lines = render(build("main", RUNS, ["train.avg_loss"]), "csv").splitlines()
+    assert lines[0] == "Method,ε,α,train.avg_loss,train.avg_loss.std,train.avg_loss.n"
+    assert lines[1].startswith("ERM,—,—,0.15") and lines[1].endswith(",2")
+    assert lines[3].endswith(",1")
+
+
+def test_ablation_orders_erm_fl_as_alpha_infinity_then_rfl() -> None:
+    table = build("ablation", RUNS, ["train.avg_loss"])
+    assert [row[:3] for row, _ in table.rows] == [["—", "ERM", "—"], ["0.50", "FL", "∞"], ["0.50", "RFL", "1.00"]]
+
+
+def test_unknown_table_format_and_column() -> None:
+    with pytest.raises(ConfigError, match="choose one of: main, ablation, llm, runs"):
+        build("figure", RUNS)
+    with pytest.raises(ConfigError, match="rich, markdown, latex, csv"):
+        render(build("main", RUNS), "html")
+    with pytest.raises(ConfigError, match="unknown column 'train.mean'"):
+        build("main", RUNS, ["train.mean"])
+
+
+# ---- through the CLI, on real runs ----
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One small real sweep (3 methods x 2 seeds), made once for the module."""
+    root = tmp_path_factory.mktemp("prepared") / "results"
+    res = runner.invoke(app, ["sweep", "two-moons", "-m", "erm,fl,rfl", "--eps", "0.3", "--alpha", "0.5",
+                              "--seeds", "2", "--epochs", "4", "--executor", "debug", "--name", "small",
+                              "--results-dir", str(root)])
+    assert res.exit_code == 0, res.output
+    return root
+
+
+@pytest.fixture
+def finished(prepared: Path, results: Path) -> Path:
+    """A private copy of the prepared results as this test's results directory."""
+    import shutil
+
+    shutil.copytree(prepared, results)
+    # The database stores artifact paths of the prepared copy; reports only read records under --results-dir.
+    return results
+
+
+def test_report_tables_from_the_database_and_records(finished: Path, tmp_path: Path) -> None:
+    out = tmp_path / "main.tex"
+    res = runner.invoke(app, ["report", "--table", "main", "--sweep", "small", "--format", "latex", "--out", str(out),
+                              "--columns", "train.avg_loss,test.cvar@0.95,train.quantile@0.5,train.violation_rate"])
+    assert res.exit_code == 0, res.output
+    tex = out.read_text()
+    assert r"\toprule" in tex and "test.cvar@0.95" in tex and tex.count(r"\\") >= 4
+    # The computed tail column equals CVaR of the final records, averaged over seeds.
+    from flctl.report.data import final_records
+    from flctl.store import Store
+
+    store = Store.open(f"sqlite:///{finished / 'flctl.db'}")
+    fl = [r for r in store.list_runs(method="fl")]
+    recs = final_records(finished / "records", [r["id"] for r in fl], ["run_id", "loss"], split="test")
+    per_run = [cvar(recs.filter(recs["run_id"].to_numpy(zero_copy_only=False) == r["id"])["loss"].to_numpy(), 0.95)
+               for r in fl]
+    csv_out = runner.invoke(app, ["report", "--table", "main", "--format", "csv", "--columns", "test.cvar@0.95"])
+    row = [line for line in csv_out.stdout.splitlines() if line.startswith("FL,")][0].split(",")
+    assert float(row[3]) == pytest.approx(np.mean(per_run)) and row[-1] == "2"
+
+
+def test_report_samples_queries(finished: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "v.parquet"
+    res = runner.invoke(app, ["report", "--samples", "violators", "--min-seeds", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(out)
+    assert table.num_rows > 0 and min(table["seeds_violating"].to_pylist()) >= 2
+    assert max(table["max_loss"].to_pylist()) > 0.3                 # eps of the runs is 0.3
+    res = runner.invoke(app, ["report", "--samples", "diff", "--methods", "erm,fl", "--top", "5",
+                              "--out", str(tmp_path / "d.parquet")])
+    assert res.exit_code == 0, res.output
+    d = pq.read_table(tmp_path / "d.parquet")
+    diffs = np.abs(d["difference"].to_numpy())
+    assert len(d) == 5 and (np.diff(diffs) <= 0).all()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--table", "figure"], "unknown table 'figure'"),
+    (["--table", "main", "--task", "cifar10"], "no finished runs match"),
+    (["--table", "main", "--sweep", "nope"], "no sweep 'nope'"),
+    (["--table", "main", "--format", "html"], "unknown format 'html'"),
+    (["--samples", "diff", "--methods", "erm"], "needs --methods A,B"),
+    (["--table", "main", "--plot", "cdf"], "exactly one of"),
+])
+def test_bad_report_input(finished: Path, tmp_path: Path, args, needle) -> None:
+    out = tmp_path / "out.txt"
+    res = runner.invoke(app, ["report", *args, "--out", str(out)])
+    assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert not out.exists()
+
+
+def test_missing_records_and_a_sweep_without_completed_cells(finished: Path) -> None:
+    import shutil
+
+    from flctl.store import Store
+    from tests.helpers import config
+
+    store = Store.open(f"sqlite:///{finished / 'flctl.db'}")
+    store.create_sweep("pending0000", "pending", "two-moons", {}, [config("two-moons", "fl", seed=9)])
+    res = runner.invoke(app, ["report", "--table", "main", "--sweep", "pending"])
+    assert res.exit_code == 2 and "has no completed cells yet" in res.stderr
+    shutil.rmtree(finished / "records")
+    res = runner.invoke(app, ["report", "--table", "main", "--columns", "test.cvar@0.9"])
+    assert res.exit_code == 2 and "has no per-sample records" in res.stderr
+
+
+def test_corrupt_records_file(finished: Path) -> None:
+    victim = sorted((finished / "records").rglob("epoch=*.parquet"))[-1]
+    victim.write_bytes(b"not parquet")
+    res = runner.invoke(app, ["report", "--table", "main", "--columns", "test.cvar@0.9"])
+    assert res.exit_code == 2 and "cannot read per-sample records" in res.stderr
