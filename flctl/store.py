@@ -249,7 +249,7 @@ class Store:
 
     def add_runs(self, configs: Iterable[Any]) -> int:
         """Insert the configs (RunConfig objects) not yet in the database as queued runs; returns how many."""
-        configs = list(configs)
+        configs = list({c.run_id: c for c in configs}.values())   # one row per distinct run
 
         def fn(s: Session) -> int:
             have: set[str] = set()
