@@ -1,0 +1,161 @@
+"""Report figures: every plot renders a real PNG and PDF from runs made by real flctl commands; runs a figure
+cannot use, unknown names and failures mid-write raise without leaving files behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.figure import Figure
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from flctl.config import ConfigError
+from flctl.report.data import select_runs
+from flctl.report.plots import PLOTS, plot
+from flctl.store import Store
+
+runner = CliRunner()
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+COMMANDS = [
+    # Three methods over two seeds: curves with min–max bands, two-moons decision grids in the extras.
+    ["sweep", "two-moons", "-m", "erm,fl,rfl", "--eps", "0.1", "--alpha", "0.1", "--seeds", "2", "--epochs", "6",
+     "--eval-every", "3", "--executor", "debug"],
+    # A primal × dual lr grid on plain SGD; lr = 1e3 overflows within the first epoch: grey heatmap cells.
+    ["sweep", "diabetes", "-m", "erm,fl", "--optimizer", "sgd", "--lr", "1e-2,1e3", "--dual-lr", "1e-2,1e-1",
+     "--epochs", "2", "--executor", "debug"],
+    ["sweep", "polyfit", "-m", "erm,fl", "-o", "degree=10,20", "--executor", "debug"],
+    ["run", "digits", "-m", "fl", "--epochs", "1"],
+]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs of COMMANDS, made once for the module in their own results directory."""
+    root = tmp_path_factory.mktemp("report-plots") / "results"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("FLCTL_DB", raising=False)
+        mp.setenv("FLCTL_RESULTS", str(root))
+        for args in COMMANDS:
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, result.output
+    return root
+
+
+def runs_of(root: Path, task: str) -> list[dict]:
+    store = Store.open(f"sqlite:///{root / 'flctl.db'}")
+    try:
+        return select_runs(store, task=task)
+    finally:
+        store.close()
+
+
+def assert_figure_files(paths: list[Path], out: Path) -> None:
+    assert paths == [out.parent / f"{out.name}.png", out.parent / f"{out.name}.pdf"]
+    png, pdf = (p.read_bytes() for p in paths)
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 5_000
+    assert pdf.startswith(b"%PDF") and len(pdf) > 1_000
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(p.name for p in paths)   # no temp files left
+
+
+CASES = [
+    ("cdf", "two-moons", {}),
+    ("cdf", "diabetes", {"split": "train"}),          # diverged runs are left out, not read
+    ("cvar", "two-moons", {}),
+    ("cvar", "polyfit", {"split": "test"}),
+    ("heatmap", "diabetes", {}),
+    ("multipliers", "two-moons", {}),
+    ("top-multipliers", "digits", {"k": 6}),          # digit images re-created with scikit-learn
+    ("top-multipliers", "two-moons", {}),             # not an image task: a table
+    ("polyfit", "polyfit", {}),
+    ("dynamics", "two-moons", {}),
+]
+
+
+def test_cases_cover_every_plot() -> None:
+    assert {name for name, _, _ in CASES} == set(PLOTS)
+
+
+@pytest.mark.parametrize(("name", "task", "kwargs"), CASES, ids=[f"{n}-{t}" for n, t, _ in CASES])
+def test_plot_writes_png_and_pdf(made: Path, tmp_path: Path, name: str, task: str, kwargs: dict) -> None:
+    out = tmp_path / "reports" / name
+    paths = plot(name, runs_of(made, task), made / "records", out, **kwargs)
+    assert_figure_files(paths, out)
+
+
+def test_heatmap_data_has_diverged_cells(made: Path) -> None:
+    runs = runs_of(made, "diabetes")
+    diverged = {(r["method"], r["config"]["lr"]) for r in runs if r["status"] == "diverged"}
+    assert diverged == {("erm", 1e3), ("fl", 1e3)}
+
+
+def test_out_given_with_suffix_is_a_stem(made: Path, tmp_path: Path) -> None:
+    paths = plot("polyfit", runs_of(made, "polyfit"), made / "records", tmp_path / "fig.png")
+    assert_figure_files(paths, tmp_path / "fig")
+
+
+@pytest.mark.parametrize(("name", "kwargs", "message"), [
+    ("histogram", {}, "choose one of: cdf, cvar, heatmap"),
+    ("cdf", {"split": "val"}, "split must be train or test"),
+    ("top-multipliers", {"k": 0}, "k must be at least 1"),
+])
+def test_bad_arguments(made: Path, tmp_path: Path, name: str, kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plot(name, runs_of(made, "two-moons"), made / "records", tmp_path / "fig", **kwargs)
+    assert not tmp_path.joinpath("fig.png").exists()
+
+
+@pytest.mark.parametrize(("name", "task", "message"), [
+    ("multipliers", "diabetes", "two-moons fl/rfl runs with extras"),
+    ("polyfit", "two-moons", "needs completed polyfit runs"),
+    ("heatmap", "two-moons", "vary lr and dual_lr"),
+    ("top-multipliers", "erm-only", "needs a completed fl or rfl run"),
+    ("cdf", "all", "runs of one task"),
+])
+def test_runs_the_plot_cannot_use(made: Path, tmp_path: Path, name: str, task: str, message: str) -> None:
+    if task == "all":
+        runs = runs_of(made, "two-moons") + runs_of(made, "polyfit")
+    elif task == "erm-only":
+        runs = [r for r in runs_of(made, "two-moons") if r["method"] == "erm"]
+    else:
+        runs = runs_of(made, task)
+    out_dir = tmp_path / "reports"
+    with pytest.raises(ConfigError, match=message):
+        plot(name, runs, made / "records", out_dir / name)
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_failure_while_writing_leaves_nothing(made: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_savefig = Figure.savefig
+
+    def pdf_fails_halfway(self, fname, *args, **kwargs):
+        if "pdf" in str(kwargs.get("format") or fname):
+            Path(fname).write_bytes(b"%PDF-1.4 half")
+            raise OSError("disk full")
+        return real_savefig(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", pdf_fails_halfway)
+    out = tmp_path / "reports" / "cdf"
+    with pytest.raises(OSError, match="disk full"):
+        plot("cdf", runs_of(made, "two-moons"), made / "records", out)
+    assert list(out.parent.iterdir()) == []   # neither the finished PNG nor the half PDF is left
+
+
+def test_plotting_never_imports_torch(made: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from flctl.report.plots import plot\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported at flctl import time'\n"
+        "from flctl.report.data import select_runs\n"
+        "from flctl.store import Store\n"
+        f"root = Path({str(made)!r})\n"
+        "store = Store.open(f'sqlite:///{root}/flctl.db')\n"
+        f"plot('top-multipliers', select_runs(store, task='digits'), root / 'records', Path({str(tmp_path)!r}) / 't')\n"
+        "assert 'torch' not in sys.modules, 'plotting imported torch'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
