@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 from flctl import records
 from flctl.store import Store
+from tests import helpers
 
 FLCTL = [sys.executable, "-m", "flctl"]
 RECORD_ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
@@ -94,15 +94,11 @@ def job_logs(folder: Path) -> str:
 
 
 def wait_until(predicate, what: str, timeout: float = 120, interval: float = 0.5, logs: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    queue = subprocess.run(["squeue", "-o", "%i %T %r"], capture_output=True, text=True).stdout
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\nsqueue:\n{queue}"
-                         + (f"\njob logs:\n{job_logs(logs)}" if logs else ""))
+    """Poll like tests.helpers.wait_until; on timeout show Slurm's queue and the job logs."""
+    def explain() -> str:
+        queue = subprocess.run(["squeue", "-o", "%i %T %r"], capture_output=True, text=True).stdout
+        return f"squeue:\n{queue}" + (f"\njob logs:\n{job_logs(logs)}" if logs else "")
+    return helpers.wait_until(predicate, what, timeout, interval, explain)
 
 
 def submitted_job(stdout: str) -> str:

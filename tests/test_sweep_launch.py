@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from flctl import records
 from flctl.store import Store
+from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
 
@@ -26,16 +26,6 @@ def ledger(results: Path, sweep: str | None = None) -> dict:
     out = flctl(results, "status", *([sweep] if sweep else []), "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def wait_until(predicate, timeout: float = 240, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("timed out waiting")
 
 
 def test_local_sweep_completes_and_rerun_submits_nothing(tmp_path: Path) -> None:
