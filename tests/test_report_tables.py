@@ -206,3 +206,15 @@ def test_corrupt_records_file(finished: Path) -> None:
     victim.write_bytes(b"not parquet")
     res = runner.invoke(app, ["report", "--table", "main", "--columns", "test.cvar@0.9"])
     assert res.exit_code == 2 and "cannot read per-sample records" in res.stderr
+
+
+def test_cvar_curve_of_the_figures_matches_the_summary_cvar() -> None:
+    from flctl.report.plots import _cvar_curve
+
+    rng = np.random.default_rng(0)
+    losses = rng.exponential(1.0, 1001)
+    qs = np.array([0.0, 0.25, 0.5, 0.9, 0.99])
+    np.testing.assert_allclose(_cvar_curve(losses, qs), [cvar(losses, q) for q in qs])
+    hand = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0])
+    assert _cvar_curve(hand, np.array([0.0]))[0] == pytest.approx(hand.mean())      # CVaR(0) = mean
+    assert _cvar_curve(hand, np.array([0.9]))[0] == pytest.approx(1.0)
