@@ -46,3 +46,32 @@ def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
 def batches(order: Tensor, batch_size: int) -> tuple[Tensor, ...]:
     """Split an epoch's order into batches of ids; the last batch may be smaller (no sample is dropped)."""
     return order.split(batch_size)
+
+
+def random_crop_flip(x: Tensor, generator: torch.Generator, pad: int = 4) -> Tensor:
+    """Batched CIFAR augmentation on the device: zero-pad by ``pad``, random crop back, random horizontal flip.
+
+    x: [B, C, H, W] (any dtype). One gather for the whole batch instead of a per-image Python loop.
+    """
+    b, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))                       # [B, C, H+2p, W+2p]
+    dy = torch.randint(0, 2 * pad + 1, (b,), device=x.device, generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (b,), device=x.device, generator=generator)
+    flip = torch.rand(b, device=x.device, generator=generator) < 0.5
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]              # [B, H, 1]
+    cols = dx[:, None] + torch.arange(w, device=x.device)                             # [B, W]
+    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]                 # [B, 1, W]
+    batch = torch.arange(b, device=x.device)[:, None, None]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+
+class Normalize(torch.nn.Module):
+    """uint8 images -> float, per-channel standardized; the first layer, so data can stay uint8 on the device."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1) * 255.0)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1) * 255.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x.float() - self.mean) / self.std

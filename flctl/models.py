@@ -25,3 +25,39 @@ def small_cnn(in_channels: int, n_classes: int, width: int = 32) -> nn.Sequentia
         nn.AdaptiveAvgPool2d(1), nn.Flatten(),
         nn.Linear(2 * width, n_classes),
     )
+
+
+def resnet18(num_outputs: int, small_inputs: bool = True, width: int = 64) -> nn.Module:
+    """torchvision's ResNet-18 with a ``num_outputs`` head.
+
+    ``small_inputs`` swaps the ImageNet stem (7x7 stride-2 conv + max-pool) for the CIFAR one (3x3 stride-1
+    conv, no pool), as in the paper's CIFAR-10 experiments. ``width`` < 64 gives a narrower copy (same depth)
+    for CPU tests and benchmarks; the head always matches ``num_outputs`` (the reference code's 1000-way head
+    on CIFAR is exactly the slip this guards against).
+    """
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    class _Narrow(ResNet):
+        def __init__(self) -> None:
+            super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=num_outputs)
+            if width != 64:  # rebuild the stages at the requested width
+                self.inplanes = width
+                self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+                self.bn1 = nn.BatchNorm2d(width)
+                self.layer1 = self._make_layer(BasicBlock, width, 2)
+                self.layer2 = self._make_layer(BasicBlock, 2 * width, 2, stride=2)
+                self.layer3 = self._make_layer(BasicBlock, 4 * width, 2, stride=2)
+                self.layer4 = self._make_layer(BasicBlock, 8 * width, 2, stride=2)
+                self.fc = nn.Linear(8 * width, num_outputs)
+                for m in self.modules():  # the same initialization torchvision gives the full-width net
+                    if isinstance(m, nn.Conv2d):
+                        nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                    elif isinstance(m, nn.BatchNorm2d):
+                        nn.init.ones_(m.weight)
+                        nn.init.zeros_(m.bias)
+
+    model = _Narrow()
+    if small_inputs:
+        model.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    return model

@@ -181,6 +181,12 @@ def plan(spec: SweepSpec) -> list[RunConfig]:
         seen.setdefault(cfg.run_id, cfg)
     if not seen:
         raise ConfigError("the sweep's grid is empty")
+    from flctl.tasks import get_task
+
+    task = get_task(spec.task)
+    if task.check is not None:  # a missing dataset fails the plan, before anything is written
+        first = next(iter(seen.values()))
+        task.check(first.opts, spec.data_dir)
     return list(seen.values())
 
 

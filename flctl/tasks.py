@@ -35,6 +35,9 @@ class Task:
     extras: Callable[..., dict] | None = None
     # solve(config, dataset) -> flctl.train.Solution for tasks with their own solver (polyfit: CVXPY).
     solve: Callable[..., Any] | None = None
+    # check(options, data_dir) raises ConfigError when the dataset is missing or incomplete; run before
+    # anything is written, so bad input leaves no database row behind.
+    check: Callable[..., None] | None = None
 
 
 def _discover() -> dict[str, Task]:

@@ -50,7 +50,11 @@ def test_methods_that_ignore_an_axis_are_not_multiplied_by_it() -> None:
     assert len({c.run_id for c in configs}) == len(configs)
 
 
-def test_every_shipped_spec_parses_and_built_tasks_plan() -> None:
+def test_every_shipped_spec_parses_and_built_tasks_plan(tmp_path: Path) -> None:
+    import dataclasses
+
+    from tests.fixtures import WRITERS
+
     specs = sorted(SWEEPS.glob("*.toml"))
     assert {p.stem for p in specs} >= {"two-moons", "polyfit", "cifar10-main", "cifar10-alpha", "cifar10-lr",
                                        "utkface-main", "utkface-alpha", "utkface-lr", "orca-dpo"}
@@ -58,6 +62,8 @@ def test_every_shipped_spec_parses_and_built_tasks_plan() -> None:
 
     for path in specs:
         spec = load_spec(path)
+        if spec.task in WRITERS:  # tasks with external data plan against a copy in the real format
+            spec = dataclasses.replace(spec, data_dir=str(WRITERS[spec.task](tmp_path / spec.task)))
         if spec.task in all_tasks():
             assert plan(spec)
         else:  # specs of tasks not built yet fail validation with a clear message

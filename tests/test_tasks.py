@@ -12,18 +12,33 @@ import torch
 from flctl import records
 from flctl.tasks import all_tasks
 from flctl.train import train
+from tests.fixtures import WRITERS
 from tests.helpers import config
 
 CASES = [(name, method) for name, task in all_tasks().items() for method in task.methods]
 
 
+def data_dir(name: str, tmp_path: Path) -> str | None:
+    """Tasks with external data get a small copy written in the dataset's real format."""
+    writer = WRITERS.get(name)
+    if writer is None:
+        assert all_tasks()[name].check is None, f"task {name} needs data: add a writer to tests/fixtures.py"
+        return None
+    return str(writer(tmp_path / "data"))
+
+
+# Narrow models for the tasks whose paper model is too big for a quick CPU test.
+SMALL = {"cifar10": {"width": 8}}
+
+
 @pytest.mark.parametrize("name,method", CASES)
 def test_task_trains_with_method(tmp_path: Path, name: str, method: str) -> None:
     task = all_tasks()[name]
-    cfg = config(name, method, epochs=1, eval_every=1)
+    cfg = config(name, method, epochs=1, eval_every=1, data_dir=data_dir(name, tmp_path),
+                 options=SMALL.get(name, {}))
     result = train(cfg, tmp_path / "records", tmp_path / "runs" / cfg.run_id)
     assert result.status == "completed"
-    data = task.load(cfg.opts, None)
+    data = task.load(cfg.opts, cfg.data_dir)
     table = records.read(tmp_path / "records", [cfg.run_id])
     assert len(table) == len(data.train) + len(data.test)
     assert np.isfinite(table["loss"].to_numpy()).all()
@@ -32,15 +47,17 @@ def test_task_trains_with_method(tmp_path: Path, name: str, method: str) -> None
 
 
 @pytest.mark.parametrize("name", list(all_tasks()))
-def test_task_data_is_deterministic_and_typed(name: str) -> None:
+def test_task_data_is_deterministic_and_typed(tmp_path: Path, name: str) -> None:
     task = all_tasks()[name]
-    a, b = task.load(dict(task.options), None), task.load(dict(task.options), None)
+    root = data_dir(name, tmp_path)
+    options = {**task.options, **SMALL.get(name, {})}
+    a, b = task.load(options, root), task.load(options, root)
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
     assert len(a.train) == len(a.train.y) and len(a.test) > 0
     if task.kind == "classification":
         assert a.train.y.dtype == torch.long
     if task.build_model is not None:
-        out = task.build_model(dict(task.options), a)(a.train.x[:4])
+        out = task.build_model(options, a)(a.train.x[:4])
         assert out.shape[0] == 4
 
 

@@ -32,7 +32,10 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None)
 
     try:
         spec = get_task(task)
-        return resolve(task, method, spec.defaults, spec.options, spec.kind, spec.methods, overrides, p_min)
+        cfg = resolve(task, method, spec.defaults, spec.options, spec.kind, spec.methods, overrides, p_min)
+        if spec.check is not None:
+            spec.check(cfg.opts, cfg.data_dir)
+        return cfg
     except ConfigError as exc:
         fail(str(exc))
 

@@ -1,0 +1,104 @@
+"""CIFAR-10 classification with a CIFAR ResNet-18 (paper §4, Tables 1/5-7, Figs. 5-8).
+
+Reads the dataset's real on-disk format (the python pickle batches of `cifar-10-batches-py`). With no
+--data-dir, the archive is downloaded once through torchvision into ~/.cache/flctl/cifar10. Images stay uint8
+on the device; crop (pad 4) + flip run batched on the device; normalization is the model's first layer.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flctl.config import ConfigError
+from flctl.data import Dataset, Normalize, Split, random_crop_flip
+from flctl.models import resnet18
+from flctl.tasks import Task
+
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+MD5 = "c58f30108f718f92721af3b95e74349a"
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILES = ["test_batch"]
+# Per-channel statistics of the CIFAR-10 training set.
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+
+def _find(data_dir: str | None) -> Path:
+    if data_dir is not None:
+        root = Path(data_dir)
+        return root if root.name == FOLDER else root / FOLDER
+    cache = Path(os.environ.get("FLCTL_DATA", Path.home() / ".cache" / "flctl")) / "cifar10"
+    if not (cache / FOLDER).is_dir():
+        from torchvision.datasets.utils import download_and_extract_archive
+
+        try:
+            download_and_extract_archive(URL, str(cache), md5=MD5)
+        except Exception as exc:  # offline, proxy, disk: one message naming both ways out
+            raise ConfigError(f"CIFAR-10 is not in {cache} and could not be downloaded ({type(exc).__name__}); "
+                              f"pass --data-dir pointing at a folder with {FOLDER}/ or run once online") from None
+    return cache / FOLDER
+
+
+def _read(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            raise ConfigError(f"CIFAR-10 folder {folder} is incomplete: {name} is missing "
+                              f"(expected {', '.join(TRAIN_FILES + TEST_FILES)})")
+        try:
+            with open(path, "rb") as f:
+                batch = pickle.load(f, encoding="latin1")
+            xs.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            ys.append(np.asarray(batch["labels"], dtype=np.int64))
+        except (pickle.UnpicklingError, KeyError, ValueError, EOFError) as exc:
+            raise ConfigError(f"{path} is not a CIFAR-10 python batch ({type(exc).__name__}: {exc})") from None
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def check(options: dict, data_dir: str | None) -> Path:
+    """The dataset folder, after making sure every batch file is there (downloading when allowed)."""
+    folder = _find(data_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"no CIFAR-10 folder at {folder}; pass --data-dir pointing at a folder with {FOLDER}/")
+    missing = [n for n in TRAIN_FILES + TEST_FILES if not (folder / n).is_file()]
+    if missing:
+        raise ConfigError(f"CIFAR-10 folder {folder} is incomplete: missing {', '.join(missing)}")
+    return folder
+
+
+def load(options: dict, data_dir: str | None) -> Dataset:
+    folder = check(options, data_dir)
+    x_tr, y_tr = _read(folder, TRAIN_FILES)
+    x_te, y_te = _read(folder, TEST_FILES)
+    return Dataset(Split(torch.from_numpy(x_tr), torch.from_numpy(y_tr)),
+                   Split(torch.from_numpy(x_te), torch.from_numpy(y_te)))
+
+
+def build_model(options: dict, data: Dataset) -> torch.nn.Module:
+    # 10-way head, CIFAR stem; normalization inside the model so the data stays uint8.
+    return torch.nn.Sequential(Normalize(MEAN, STD), resnet18(10, small_inputs=True, width=options["width"]))
+
+
+def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return random_crop_flip(x, generator, pad=4)
+
+
+TASK = Task(
+    name="cifar10",
+    kind="classification",
+    description="CIFAR-10 (50k/10k), CIFAR ResNet-18, crop+flip on the device",
+    defaults=dict(epochs=200, batch_size=128, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4,
+                  scheduler="cosine", eval_every=10, eps=0.5108256237659907, alpha=1.0, dual_lr=1e-4),
+    options=dict(width=64),
+    load=load,
+    build_model=build_model,
+    augment=augment,
+    check=check,
+)
