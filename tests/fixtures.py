@@ -25,5 +25,24 @@ def write_cifar10(root: Path, per_batch: int = 8, seed: int = 0) -> Path:
     return Path(root)
 
 
+def write_utkface(root: Path, n: int = 40, seed: int = 0) -> Path:
+    """A folder of UTKFace JPEGs named AGE_GENDER_RACE_DATETIME.jpg (some as the aligned&cropped release's
+    `.jpg.chip.jpg`), 24x24 RGB random images, plus 2 malformed .jpg names and a non-image file to skip."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    folder = Path(root)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        age, gender, race = int(rng.integers(1, 100)), int(rng.integers(0, 2)), int(rng.integers(0, 5))
+        suffix = ".jpg.chip.jpg" if i % 3 == 0 else ".jpg"
+        name = f"{age}_{gender}_{race}_2017010402{i:07d}{suffix}"
+        Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(folder / name, quality=90)
+    for bad in ("unknown_0_1_20170109142408075.jpg", "39_1_20170116174525125"):   # no age / no .jpg
+        Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(folder / (bad + ".jpg"))
+    (folder / "README.txt").write_text("not an image\n")
+    return folder
+
+
 # task name -> writer(root) -> data_dir, for registry-parametrized tests
-WRITERS = {"cifar10": write_cifar10}
+WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface}
