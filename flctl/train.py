@@ -74,10 +74,19 @@ def per_sample_loss(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return (out.squeeze(-1) - y).square()
 
 
+def _forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output in float32. On CUDA the forward runs under bf16 autocast (the losses, multipliers and
+    optimizer state stay float32); on CPU it is a plain call, so CPU results are bit-exact and unchanged."""
+    if x.device.type == "cuda":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(x).float()
+    return model(x)
+
+
 def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.optim.Optimizer,
                x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """One alternating GDA step: dual step first, then the primal step with lambda_{t+1}. Returns g [B]."""
-    losses = per_sample_loss(task, model(x), y)          # [B]
+    losses = per_sample_loss(task, _forward(model, x), y)   # [B]
     method.dual_step_(losses, ids)                       # lambda[ids] moves; no-op for ERM/CSERM
     objective = method.primal_loss(losses, ids)          # scalar: mean g, CSERM, or sum lambda*g
     optimizer.zero_grad(set_to_none=True)
@@ -93,7 +102,7 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split) -> dict[str, np.n
     losses, preds = [], []
     for start in range(0, len(split), EVAL_CHUNK):
         x, y = split.x[start:start + EVAL_CHUNK], split.y[start:start + EVAL_CHUNK]
-        out = model(x).float()
+        out = _forward(model, x).float()
         losses.append(per_sample_loss(task, out, y))
         preds.append(out.argmax(-1) if task.kind == "classification" else out.squeeze(-1))
     result = {
@@ -185,6 +194,8 @@ def train(
     # ---- model, primal optimizer + schedule, method (holds the multipliers) ----
     _seed_everything(cfg.seed)
     model = task.build_model(cfg.opts, data).to(device)
+    if device.type == "cuda" and data.train.x.dim() == 4:
+        model = model.to(memory_format=torch.channels_last)   # faster convolutions with tensor cores
     optimizer = build_optimizer(cfg, model.parameters())
     scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
                  if cfg.scheduler == "cosine" else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))

@@ -38,8 +38,8 @@ def write_utkface(root: Path, n: int = 40, seed: int = 0) -> Path:
         suffix = ".jpg.chip.jpg" if i % 3 == 0 else ".jpg"
         name = f"{age}_{gender}_{race}_2017010402{i:07d}{suffix}"
         Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(folder / name, quality=90)
-    for bad in ("unknown_0_1_20170109142408075.jpg", "39_1_20170116174525125"):   # no age / no .jpg
-        Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(folder / (bad + ".jpg"))
+    for bad in ("unknown_0_1_20170109142408075.jpg", "face0001.jpg"):   # no integer age field
+        Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(folder / bad)
     (folder / "README.txt").write_text("not an image\n")
     return folder
 
