@@ -1,0 +1,137 @@
+"""UTKFace on data written in its real on-disk format (a folder of AGE_GENDER_RACE_DATETIME.jpg files)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from flctl.config import ConfigError
+from flctl.tasks import get_task
+from tests.fixtures import write_utkface
+from tests.helpers import files_under
+
+runner = CliRunner()
+OPTS = {"width": 8, "size": 32, "data_seed": 0}
+
+
+@pytest.fixture
+def faces(tmp_path: Path) -> Path:
+    return write_utkface(tmp_path / "data", n=40)
+
+
+def test_loader_skips_malformed_names_and_documents_the_split_sizes(faces: Path) -> None:
+    data = get_task("utkface").load(OPTS, str(faces))
+    assert data.meta["skipped"] == 2 and data.meta["n_images"] == 40
+    # floor(7*40/10) = 28 training-part images, ceil(28/4) = 7 kept, 40 - 28 = 12 test
+    assert (len(data.train), len(data.test)) == (7, 12)
+    assert data.train.x.shape == (7, 3, 32, 32) and data.train.x.dtype == torch.uint8
+    assert data.train.y.dtype == torch.float32
+    names = data.meta["train_names"] + data.meta["test_names"]
+    assert len(set(names)) == 19 and all(n[0].isdigit() for n in names)
+    assert data.meta["train_names"] == sorted(data.meta["train_names"])        # ids follow file order
+    from flctl_tasks.utkface import split_sizes
+
+    assert split_sizes(23708) == (16595, 4149, 7113)
+
+
+def test_split_is_seeded_and_ages_are_z_scored_with_training_statistics(faces: Path) -> None:
+    task = get_task("utkface")
+    a, b = task.load(OPTS, str(faces)), task.load(OPTS, str(faces))
+    c = task.load({**OPTS, "data_seed": 1}, str(faces))
+    assert a.meta["train_names"] == b.meta["train_names"] and a.meta["test_names"] == b.meta["test_names"]
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+    assert a.meta["train_names"] != c.meta["train_names"]
+    assert abs(a.train.y.mean().item()) < 1e-5 and a.train.y.std(unbiased=False).item() == pytest.approx(1, abs=1e-5)
+    # targets decode back to the ages in the file names
+    ages = torch.tensor([float(n.split("_")[0]) for n in a.meta["test_names"]])
+    torch.testing.assert_close(a.test.y * a.meta["target_std"] + a.meta["target_mean"], ages)
+
+
+def test_cache_is_reused_without_decoding(faces: Path, monkeypatch) -> None:
+    import PIL.Image
+
+    first = get_task("utkface").load(OPTS, str(faces))
+    assert Path(first.meta["cache"]).parent == faces
+
+    def boom(*args, **kwargs):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(PIL.Image, "open", boom)
+    second = get_task("utkface").load(OPTS, str(faces))
+    assert torch.equal(first.train.x, second.train.x) and torch.equal(first.test.x, second.test.x)
+    with pytest.raises(ConfigError, match="is not a readable image"):     # another size is another cache
+        get_task("utkface").load({**OPTS, "size": 16}, str(faces))
+
+
+CHILD = """
+import hashlib, sys
+from flctl.tasks import get_task
+d = get_task("utkface").load({"width": 8, "size": 32, "data_seed": 0}, sys.argv[1])
+h = hashlib.sha256(d.train.x.numpy().tobytes() + d.test.x.numpy().tobytes() + d.train.y.numpy().tobytes())
+print(h.hexdigest(), "|".join(d.meta["train_names"]))
+"""
+
+
+def test_concurrent_cache_creation_is_safe(faces: Path) -> None:
+    root = Path(__file__).parents[1]
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(faces)], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert len({o for o, _ in outs}) == 1
+    assert not [p for p in faces.iterdir() if p.name.endswith(".tmp")]
+    assert len(list(faces.glob(".flctl-utkface-*.npz"))) == 1
+    here = get_task("utkface").load(OPTS, str(faces))
+    assert "|".join(here.meta["train_names"]) == outs[0][0].split()[1]
+
+
+def test_corrupt_image_is_a_clear_error(faces: Path) -> None:
+    victim = sorted(faces.glob("*_*_*_*.jpg"))[3]
+    victim.write_bytes(b"not a jpeg")
+    with pytest.raises(ConfigError, match=f"{victim.name} is not a readable image"):
+        get_task("utkface").load(OPTS, str(faces))
+
+
+def test_model_has_one_output_and_an_imagenet_stem(faces: Path) -> None:
+    task = get_task("utkface")
+    data = task.load(OPTS, str(faces))
+    model = task.build_model(OPTS, data)
+    resnet = model[1]
+    assert resnet.fc.out_features == 1 and resnet.conv1.kernel_size == (7, 7) and resnet.conv1.stride == (2, 2)
+    assert model(data.train.x[:2]).shape == (2, 1)
+    x = data.train.x
+    out = task.augment(x, torch.Generator().manual_seed(0))
+    assert all(torch.equal(out[i], x[i]) or torch.equal(out[i], x[i].flip(2)) for i in range(len(x)))
+
+
+def test_flctl_run_utkface_rfl(faces: Path, results: Path) -> None:
+    res = runner.invoke(app, ["run", "utkface", "--method", "rfl", "--eps", "0", "--alpha", "1e-3",
+                              "--data-dir", str(faces), "-o", "width=8", "-o", "size=32", "--epochs", "2",
+                              "--batch-size", "8"])
+    assert res.exit_code == 0, res.output
+    [row] = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
+    assert row["status"] == "completed" and row["config"]["options"] == {"width": 8, "size": 32, "data_seed": 0}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (lambda d: ["--data-dir", str(d / "nowhere")], "no UTKFace folder"),
+    (lambda d: ["--data-dir", str(d.parent)], "has no valid images"),
+    (lambda d: [], "pass --data-dir"),
+])
+def test_missing_data_is_rejected_before_anything_is_written(faces: Path, results: Path, args, needle) -> None:
+    res = runner.invoke(app, ["run", "utkface", *args(faces), "--epochs", "1"])
+    assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert files_under(results) == []
+
+
+def test_p_min_is_rejected_for_regression(faces: Path, results: Path) -> None:
+    res = runner.invoke(app, ["run", "utkface", "--method", "fl", "--p-min", "0.6", "--data-dir", str(faces)])
+    assert res.exit_code == 2
+    assert files_under(results) == []
