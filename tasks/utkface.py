@@ -188,7 +188,7 @@ def load(options: dict, data_dir: str | None) -> Dataset:
     return Dataset(split(train_idx), split(test_idx), meta={
         "target_mean": mean, "target_std": std, "skipped": skipped, "n_images": len(names),
         "train_names": [names[i] for i in train_idx], "test_names": [names[i] for i in test_idx],
-        "cache": str(cache) if cache else None,
+        "cache": str(cache) if cache else None, "folder": str(folder),
     })
 
 
@@ -196,6 +196,12 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     # One output (z-scored age), ImageNet stem (7x7 conv + max-pool) for 64px+ faces; normalization inside the
     # model so the data stays uint8 on the device.
     return torch.nn.Sequential(Normalize(MEAN, STD), resnet18(1, small_inputs=False, width=options["width"]))
+
+
+def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict[str, np.ndarray]:
+    """Each sample's file name (by sample id) and the folder, so reports can show the faces without torch."""
+    return {"train_names": np.array(data.meta["train_names"]), "test_names": np.array(data.meta["test_names"]),
+            "folder": np.array(data.meta["folder"])}
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -217,5 +223,6 @@ TASK = Task(
     load=load,
     build_model=build_model,
     augment=augment,
+    extras=extras,
     check=check,
 )

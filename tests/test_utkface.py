@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -135,3 +136,20 @@ def test_p_min_is_rejected_for_regression(faces: Path, results: Path) -> None:
     res = runner.invoke(app, ["run", "utkface", "--method", "fl", "--p-min", "0.6", "--data-dir", str(faces)])
     assert res.exit_code == 2
     assert files_under(results) == []
+
+
+def test_top_multipliers_shows_the_faces_by_file_name(tmp_path: Path, results: Path) -> None:
+    from flctl.report.data import select_runs
+    from flctl.report.plots import _task_images, plot
+    from flctl.store import Store
+
+    data = write_utkface(tmp_path / "faces", n=40)
+    res = CliRunner().invoke(app, ["run", "utkface", "-m", "rfl", "--eps", "0", "--alpha", "1e-3", "--data-dir",
+                                   str(data), "-o", "width=8", "-o", "size=32", "--epochs", "1", "--batch-size", "4"])
+    assert res.exit_code == 0, res.output
+    runs = select_runs(Store.open(f"sqlite:///{results / 'flctl.db'}"), task="utkface")
+    top = {"sample_id": np.array([0, 3]), "target": np.zeros(2), "prediction": np.zeros(2)}
+    faces = _task_images(runs[0], top)
+    assert faces.shape == (2, 64, 64, 3) and faces.dtype == np.uint8
+    paths = plot("top-multipliers", runs, results / "records", tmp_path / "top", k=4)
+    assert all(p.stat().st_size > 0 for p in paths)

@@ -553,6 +553,8 @@ def _top_multipliers(runs: list[dict], records_root: Path, k: int) -> Figure:
 
 def _task_images(run: dict, top: dict[str, np.ndarray]) -> np.ndarray | None:
     """The top samples' images, re-created without torch; None for tasks whose data we cannot read here."""
+    if run["task"] == "utkface":
+        return _utkface_images(run, top)
     if run["task"] != "digits":
         return None
     from sklearn.datasets import load_digits
@@ -570,6 +572,25 @@ def _task_images(run: dict, top: dict[str, np.ndarray]) -> np.ndarray | None:
     return x_tr[ids]
 
 
+def _utkface_images(run: dict, top: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The faces, read by file name from the run's extras (tasks/utkface.py saves names by sample id)."""
+    from PIL import Image
+
+    extras = _load_extras(run, ("train_names", "folder"))
+    if extras is None:
+        return None
+    folder = Path(str(extras["folder"]))
+    names = extras["train_names"][top["sample_id"].astype(int)]
+    try:
+        return np.stack([np.asarray(Image.open(folder / str(n)).convert("RGB").resize((64, 64))) for n in names])
+    except OSError as exc:
+        raise ConfigError(f"cannot read the UTKFace images of run {run['id']} from {folder}: {exc}") from None
+
+
+def _value(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:.2g}"
+
+
 def _top_images(top: dict[str, np.ndarray], images: np.ndarray, title: str) -> Figure:
     n = len(images)
     cols = min(n, max(4, math.ceil(math.sqrt(n))))
@@ -581,11 +602,12 @@ def _top_images(top: dict[str, np.ndarray], images: np.ndarray, title: str) -> F
         if i >= n:
             continue
         ax.imshow(images[i], cmap="gray_r", interpolation="nearest")
-        wrong = int(top["prediction"][i]) != int(top["target"][i])
-        ax.set_title(f"#{int(top['sample_id'][i])}  y={int(top['target'][i])}  ŷ={int(top['prediction'][i])}\n"
+        wrong = int(top["prediction"][i]) != int(top["target"][i]) and float(top["target"][i]).is_integer()
+        ax.set_title(f"#{int(top['sample_id'][i])}  y={_value(top['target'][i])}  ŷ={_value(top['prediction'][i])}\n"
                      f"loss={top['loss'][i]:.2g}  λ={top['multiplier'][i]:.2g}", fontsize=7,
                      color="tab:red" if wrong else "black")
-    fig.suptitle(title + "\n(red title: misclassified)", fontsize=9)
+    labels = all(float(t).is_integer() for t in top["target"])        # class labels, not regression targets
+    fig.suptitle(title + ("\n(red title: misclassified)" if labels else ""), fontsize=9)
     return fig
 
 
