@@ -5,7 +5,9 @@
 set -euo pipefail
 if [ "${1:-}" = "stop" ]; then
   DIR=${2:-/tmp/flctl-pg}
-  [ -f "$DIR/data/postmaster.pid" ] && kill "$(head -1 "$DIR/data/postmaster.pid")" 2>/dev/null || true
+  BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  # Fast shutdown, and wait until it is really down, so a following start does not find a dying server.
+  [ -f "$DIR/data/postmaster.pid" ] && runuser -u postgres -- "$BIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null || true
   exit 0
 fi
 DIR=${1:-/tmp/flctl-pg}
