@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.report.data import all_epochs, final_records
+from flctl.report.data import all_epochs, final_losses, final_records
 from flctl.report.tables import METHOD_LABEL, METHOD_ORDER
 
 if TYPE_CHECKING:
@@ -263,15 +263,8 @@ def _load_extras(run: dict, needed: Sequence[str]) -> dict[str, np.ndarray] | No
 # ---------------------------------------------------------------- cdf / cvar (paper Figs. 2, 5, 7, 9, 10)
 
 def _final_losses(records_root: Path, runs: Sequence[dict], split: str | None) -> dict[tuple[str, str], np.ndarray]:
-    """{(run_id, split): final per-sample losses}, read in one pass over the runs' last epoch files."""
-    table = final_records(records_root, [r["id"] for r in runs], ["run_id", "split", "loss"], split=split)
-    agg = table.group_by(["run_id", "split"]).aggregate([("loss", "list")])
-    lists = agg["loss_list"].combine_chunks()
-    out = {}
-    for i, (run_id, sp) in enumerate(zip(agg["run_id"].to_pylist(), agg["split"].to_pylist())):
-        values = lists[i].values.to_numpy(zero_copy_only=False).astype(np.float64)
-        out[(run_id, sp)] = values[np.isfinite(values)]
-    return out
+    """{(run_id, split): final per-sample losses}."""
+    return final_losses(records_root, [r["id"] for r in runs], [split] if split else list(SPLITS))
 
 
 def _cvar_curve(losses: np.ndarray, qs: np.ndarray) -> np.ndarray:

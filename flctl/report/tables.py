@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from flctl.config import ConfigError
 
@@ -251,36 +250,20 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
 def record_values(runs: list[dict], records_root, columns: Sequence[str]) -> Callable[[dict, str], float | None]:
     """A column reader that computes tail columns (cvar@q, quantile@q) from each run's final records and
     takes the rest from the recorded summary metrics."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import pyarrow.parquet as pq
-
     from flctl.metrics import cvar
-    from flctl.report.data import final_files
+    from flctl.report.data import final_losses
 
     tails = [c for c in columns if "@" in c]
     computed: dict[tuple[str, str], float] = {}
     if tails:
-        files = final_files(records_root, [r["id"] for r in runs if r["status"] == "completed"])
-        splits = sorted({c.split(".", 1)[0] for c in tails})
-
-        def one_run(item) -> None:
-            # One small read per run (its final file, two columns): cheaper than grouping 10^7 rows by run id.
-            run_id, path = item
-            try:
-                t = pq.read_table(path, columns=["split", "loss"], filters=[("split", "in", splits)])
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise ConfigError(f"cannot read per-sample records {path}: {str(exc).splitlines()[0]}") from None
-            split_col = t["split"].to_numpy(zero_copy_only=False)
-            loss = t["loss"].to_numpy()
+        done = [r["id"] for r in runs if r["status"] == "completed"]
+        losses = final_losses(records_root, done, sorted({c.split(".", 1)[0] for c in tails}))
+        for (run_id, split), chunk in losses.items():
             for c in tails:
                 c_split, _, metric = c.partition(".")
-                kind, _, q = metric.partition("@")
-                chunk = loss[split_col == c_split]
-                computed[(run_id, c)] = cvar(chunk, float(q)) if kind == "cvar" else float(np.quantile(chunk, float(q)))
-
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(one_run, files.items()))
+                if c_split == split:
+                    kind, _, q = metric.partition("@")
+                    computed[(run_id, c)] = cvar(chunk, float(q)) if kind == "cvar" else float(np.quantile(chunk, float(q)))
 
     def value(run: dict, column: str) -> float | None:
         if "@" in column:
