@@ -149,7 +149,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _is_stale(run: "Run", stale_after: float) -> bool:
+def _is_stale(run: Any, stale_after: float) -> bool:
     """A running run's worker is gone: its heartbeat is old, or it ran here and its process has exited."""
     if run.host == socket.gethostname() and run.pid is not None and not _pid_alive(run.pid):
         return True
@@ -396,14 +396,15 @@ class Store:
                      "cells": counts.get(w.id, 0), "completed": done.get(w.id, 0), "submissions": w.submissions}
                     for w in sweeps]
 
-    def sweep_runs(self, sweep_id: str) -> list[dict[str, Any]]:
-        """The runs of a sweep's cells (status, attempts, heartbeat, metrics), without their artifacts."""
+    def sweep_runs(self, sweep_id: str, stale_after: float = STALE_AFTER_S) -> list[dict[str, Any]]:
+        """The runs of a sweep's cells (status, attempts, heartbeat, metrics), without their artifacts;
+        ``stale`` marks running runs whose worker is gone."""
         cols = (Run.id, Run.method, Run.seed, Run.status, Run.attempts, Run.epochs_done, Run.heartbeat_at,
                 Run.host, Run.pid, Run.metrics, Run.config, Run.error)
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()
-            return [dict(r._mapping) for r in rows]
+            return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after)) for r in rows]
 
     def get_run(self, run_id_or_prefix: str) -> dict[str, Any] | None:
         with self.session() as s:

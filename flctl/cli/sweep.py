@@ -237,14 +237,9 @@ def _fmt(v) -> str:
 
 def ledger(store, sid: str) -> dict:
     """Per-method counts of cell states; 'stale' = marked running but its worker is gone."""
-    from flctl.store import STALE_AFTER_S, Run, _is_stale
-
     per_method: dict[str, Counter] = {}
     for r in store.sweep_runs(sid):
-        state = r["status"]
-        if state == "running" and _is_stale(Run(host=r["host"], pid=r["pid"], heartbeat_at=r["heartbeat_at"]),
-                                            STALE_AFTER_S):
-            state = "stale"
+        state = "stale" if r["stale"] else r["status"]
         per_method.setdefault(r["method"], Counter())[state] += 1
     total = sum((c for c in per_method.values()), Counter())
     return {"sweep": sid, "methods": {m: {k: c.get(k, 0) for k in LEDGER_COLUMNS} for m, c in per_method.items()},
