@@ -8,7 +8,7 @@ COPY flctl ./flctl
 COPY tasks ./tasks
 COPY sweeps ./sweeps
 # The base image's torch satisfies the pin (torch>=2.4,<2.15), so pip keeps it and adds the rest.
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[llm]'
 ENV FLCTL_RESULTS=/work/results
 VOLUME ["/work/results"]
 ENTRYPOINT ["flctl"]

@@ -20,6 +20,11 @@ Run from the repository root with the project's virtualenv::
     python benchmarks/bench_methods.py                    # both models, 1 thread, ~75 s
     python benchmarks/bench_methods.py --threads 2
     python benchmarks/bench_methods.py --models two-moons --rounds 200 --steps-per-block 50
+    python benchmarks/bench_methods.py --models orca-dpo-tiny --rounds 40   # DPO, tiny Llama + LoRA (llm extra)
+    python benchmarks/bench_methods.py --models orca-dpo-tiny --device cuda
+
+The orca-dpo model trains on synthetic preference pairs written as JSONL in the dataset's columns; its
+reference margins come from the task's own ``prepare`` (adapter disabled), as in a run.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import gc
 import json
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -49,12 +56,30 @@ class ModelSpec:
     batch_size: int
     steps_per_block: int     # default K: a block of roughly 50 ms on one CPU thread
     label: str
+    options: dict = field(default_factory=dict)
+    needs_data: bool = False
 
 
 MODELS = {
     "two-moons": ModelSpec("two-moons", 512, 50, "two-moons MLP 2-70-70-2, batch 512, AdamW"),
     "digits": ModelSpec("digits", 64, 8, "digits small CNN, batch 64, AdamW"),
+    "orca-dpo-tiny": ModelSpec("orca-dpo", 16, 2, "orca-dpo tiny Llama + LoRA r8, batch 16 (4 x 4), AdamW",
+                               {"model": "tiny"}, needs_data=True),
 }
+
+
+def synthetic_pairs(folder: Path, n: int = 64) -> str:
+    """Preference pairs in the columns of argilla/distilabel-intel-orca-dpo-pairs, ~100-300 bytes each."""
+    import random
+
+    rng = random.Random(0)
+    words = "the a of to and in is it that for on with as was at by an be this from or".split()
+    text = lambda k: " ".join(rng.choice(words) for _ in range(k)).capitalize() + "."  # noqa: E731
+    rows = [{"system": "", "input": text(20), "chosen": text(rng.randint(15, 40)), "rejected": text(rng.randint(15, 40)),
+             "status": "unchanged", "chosen_score": 9.0, "in_gsm8k_train": False} for _ in range(n)]
+    path = folder / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
 
 
 class Runner:
@@ -62,21 +87,25 @@ class Runner:
 
     def __init__(self, spec: ModelSpec, method_name: str, data, seed: int) -> None:
         self.task = get_task(spec.task)
-        options, defaults = dict(self.task.options), self.task.defaults
+        options, defaults = {**self.task.options, **spec.options}, self.task.defaults
         self.batch_size = spec.batch_size
         self.seed = seed
         self.x_train, self.y_train = data.train.x, data.train.y
         self.n = len(data.train)
         torch.manual_seed(seed)                              # same initial weights for every method
-        self.model = self.task.build_model(options, data)
+        self.model = self.task.build_model(options, data).to(data.train.x.device)
+        if self.task.prepare is not None:
+            self.task.prepare(self.model, data, options)
         self.model.train()
         # The optimizer exactly as flctl.train builds it for this task's paper defaults.
         cfg = resolve(spec.task, method_name, defaults, options, self.task.kind, self.task.methods,
                       {"batch_size": spec.batch_size})
-        self.optimizer = build_optimizer(cfg, self.model.parameters())
+        self.micro_batch = cfg.micro_batch
+        self.optimizer = build_optimizer(cfg, [p for p in self.model.parameters() if p.requires_grad])
+        device = data.train.x.device
         self.method = get_method(method_name)(self.n, eps=defaults["eps"], alpha=defaults["alpha"],
-                                              dual_lr=defaults["dual_lr"], device="cpu")
-        self.epoch_losses = torch.empty(self.n)
+                                              dual_lr=defaults["dual_lr"], device=device)
+        self.epoch_losses = torch.empty(self.n, device=device)
         self.epoch = 0
         self._batches = iter(batches(epoch_order(self.n, seed, 0), self.batch_size))
 
@@ -94,9 +123,11 @@ class Runner:
         x_train, y_train, epoch_losses = self.x_train, self.y_train, self.epoch_losses
         t0 = time.perf_counter()
         for _ in range(k):
-            ids = self._next_ids()
+            ids = self._next_ids().to(x_train.device)
             x, y = x_train[ids], y_train[ids]
-            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids)
+            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, self.micro_batch)
+        if x_train.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
 
@@ -126,9 +157,11 @@ def median_ci95(values: list[float]) -> tuple[float, float]:
 
 
 def bench_model(spec: ModelSpec, rounds: int, steps_per_block: int, warmup_rounds: int, seed: int,
-                methods: tuple[str, ...]) -> ModelResult:
+                methods: tuple[str, ...], device: str = "cpu") -> ModelResult:
     task = get_task(spec.task)
-    data = task.load(dict(task.options), None)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = task.load({**task.options, **spec.options}, synthetic_pairs(Path(tmp)) if spec.needs_data else None)
+    data = data.to(device)
     runners = {m: Runner(spec, m, data, seed) for m in methods}
     result = ModelResult(spec, steps_per_block, rounds, {m: [] for m in methods})
     t_start = time.perf_counter()
@@ -203,8 +236,8 @@ def print_table(result: ModelResult, rows: list[dict], threads: int, target: flo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS),
-                   help="models to benchmark (default: all)")
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["two-moons", "digits"],
+                   help="models to benchmark (default: two-moons digits)")
     p.add_argument("--rounds", type=int, default=150, help="timed rounds per model (default 150)")
     p.add_argument("--steps-per-block", type=int, default=None,
                    help="steps per timed block (default per model: two-moons 50, digits 8; ~50 ms each)")
@@ -212,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads value (default 1: least noisy; try 2 too)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--target", type=float, default=0.95, help="ratio colored green at or above (0.95)")
     p.add_argument("--plain", action="store_true", help="plain-text table instead of rich")
     p.add_argument("--json", metavar="PATH", help="also write the summary rows and raw rates as JSON")
@@ -223,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         spec = MODELS[name]
         k = args.steps_per_block or spec.steps_per_block
-        result = bench_model(spec, args.rounds, k, args.warmup_rounds, args.seed, METHODS)
+        result = bench_model(spec, args.rounds, k, args.warmup_rounds, args.seed, METHODS, args.device)
         rows = summarize(result)
         print_table(result, rows, args.threads, args.target, args.plain)
         out["models"][name] = {"steps_per_block": k, "rounds": args.rounds, "rows": rows,

@@ -24,6 +24,9 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("constant", "cosine")
 # Fields that describe where a run executes rather than what it computes: not part of its identity.
 NOT_IDENTITY = frozenset({"device", "data_dir"})
+# Fields added after the first release, left out of the identity while at their default so that the ids of
+# runs recorded before they existed do not change.
+LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0}
 
 
 class ConfigError(ValueError):
@@ -42,6 +45,11 @@ class RunConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     scheduler: str = "constant"
+    # > 0: the schedule moves every optimizer step: linear warmup from 0 over this many steps, then constant
+    # or cosine to 0 at the last step (transformers' get_cosine_schedule_with_warmup). 0: cosine per epoch.
+    warmup_steps: int = 0
+    # > 0: accumulate gradients over micro-batches of this many samples (same update, less memory).
+    micro_batch: int = 0
     eval_every: int = 1
     eps: float | tuple[float, ...] | None = None
     alpha: float | None = None
@@ -59,6 +67,9 @@ class RunConfig:
         d = dataclasses.asdict(self)
         for k in NOT_IDENTITY:
             d.pop(k)
+        for k, default in LATER_FIELDS.items():
+            if d[k] == default:
+                d.pop(k)
         d["options"] = dict(self.options)
         if isinstance(self.eps, tuple):
             d["eps"] = list(self.eps)
@@ -151,6 +162,10 @@ def validate(cfg: RunConfig) -> None:
         bad(f"--epochs must be at least 1, got {cfg.epochs}")
     if cfg.batch_size < 1:
         bad(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.warmup_steps < 0:
+        bad(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
+    if cfg.micro_batch < 0:
+        bad(f"--micro-batch must be >= 0 (0 = the whole batch at once), got {cfg.micro_batch}")
     if cfg.eval_every < 1:
         bad(f"--eval-every must be at least 1, got {cfg.eval_every}")
     for name in ("lr", "weight_decay", "momentum"):

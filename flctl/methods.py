@@ -32,6 +32,10 @@ class Method:
     uses_alpha: ClassVar[bool] = False
     uses_dual_lr: ClassVar[bool] = False
     summary: ClassVar[str] = ""
+    # How primal_loss reduces over the batch: "mean" or "sum". Gradient accumulation weighs each
+    # micro-batch's objective by its share of the batch for "mean" and by 1 for "sum", so that the
+    # accumulated gradient is the whole batch's.
+    reduction: ClassVar[str] = "mean"
 
     def __init__(
         self,
@@ -120,6 +124,7 @@ class _PrimalDual(Method):
 
     uses_eps = True
     uses_dual_lr = True
+    reduction = "sum"
 
     def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
                  dual_lr: float | None = None, device: torch.device | str = "cpu") -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from flctl.config import ConfigError, RunConfig, resolve
 
 FLOAT_AXES = ("eps", "p_min", "alpha", "lr", "dual_lr", "weight_decay", "momentum")
-INT_AXES = ("seed", "epochs", "batch_size", "eval_every")
+INT_AXES = ("seed", "epochs", "batch_size", "eval_every", "warmup_steps", "micro_batch")
 STR_AXES = ("method", "optimizer", "scheduler")
 AXES = FLOAT_AXES + INT_AXES + STR_AXES
 # Keys a spec file may hold besides the axes.
@@ -184,9 +184,9 @@ def plan(spec: SweepSpec) -> list[RunConfig]:
     from flctl.tasks import get_task
 
     task = get_task(spec.task)
-    if task.check is not None:  # a missing dataset fails the plan, before anything is written
-        first = next(iter(seen.values()))
-        task.check(first.opts, spec.data_dir)
+    if task.check is not None:  # a missing dataset or model fails the plan, before anything is written
+        for options in {c.options: c for c in seen.values()}.values():   # once per distinct option set
+            task.check(options.opts, spec.data_dir)
     return list(seen.values())
 
 

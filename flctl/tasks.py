@@ -11,7 +11,9 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-Kind = Literal["classification", "regression"]
+# classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
+# the policy's log-ratio margin and the targets hold the frozen reference's (see per_sample_loss in train.py).
+Kind = Literal["classification", "regression", "preference"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class Task:
     # check(options, data_dir) raises ConfigError when the dataset is missing or incomplete; run before
     # anything is written, so bad input leaves no database row behind.
     check: Callable[..., None] | None = None
+    # prepare(model, dataset, options) runs once the model is on the device, before training (and again on a
+    # resume): for targets that depend on the initial model, e.g. DPO's reference log-ratios.
+    prepare: Callable[..., None] | None = None
+    # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
+    eval_chunk: int = 4096
 
 
 def _discover() -> dict[str, Task]:

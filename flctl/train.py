@@ -25,9 +25,6 @@ from flctl.methods import LAMBDA_CAP, get_method
 from flctl.metrics import flatten, split_summary
 from flctl.tasks import Task, get_task
 
-EVAL_CHUNK = 4096  # samples per forward pass when computing per-sample eval losses
-
-
 @dataclass(frozen=True)
 class EpochStats:
     """What the training loop reports after each epoch (for progress bars and heartbeats)."""
@@ -68,13 +65,29 @@ class Solution:
 
 
 def per_sample_loss(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """g_i for each sample of the batch: cross-entropy or squared error. [B, ...] -> [B]."""
+    """g_i for each sample of the batch. [B, ...] -> [B].
+
+    classification: cross-entropy; regression: squared error; preference (DPO, sigmoid loss): the model
+    outputs the policy margin beta*(log pi(y+|x) - log pi(y-|x)) and y holds the reference's, so
+    g = -log sigmoid(beta*[log pi/ref (y+) - log pi/ref (y-)]) = -log sigmoid(out - y).
+    """
     if task.kind == "classification":
         return F.cross_entropy(out, y, reduction="none")
+    if task.kind == "preference":
+        return -F.logsigmoid(out - y)
     return (out.squeeze(-1) - y).square()
 
 
-def _forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _prediction(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """What the records keep as the prediction: the class, the value, or DPO's implicit reward margin."""
+    if task.kind == "classification":
+        return out.argmax(-1)
+    if task.kind == "preference":
+        return out - y        # > 0: the policy prefers the chosen answer more than the reference does
+    return out.squeeze(-1)
+
+
+def model_output(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's output in float32. On CUDA the forward runs under bf16 autocast (the losses, multipliers and
     optimizer state stay float32); on CPU it is a plain call, so CPU results are bit-exact and unchanged."""
     if x.device.type == "cuda":
@@ -84,15 +97,28 @@ def _forward(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.optim.Optimizer,
-               x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """One alternating GDA step: dual step first, then the primal step with lambda_{t+1}. Returns g [B]."""
-    losses = per_sample_loss(task, _forward(model, x), y)   # [B]
-    method.dual_step_(losses, ids)                       # lambda[ids] moves; no-op for ERM/CSERM
-    objective = method.primal_loss(losses, ids)          # scalar: mean g, CSERM, or sum lambda*g
+               x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, micro_batch: int = 0) -> torch.Tensor:
+    """One alternating GDA step: dual step first, then the primal step with lambda_{t+1}. Returns g [B].
+
+    With ``micro_batch`` the batch is processed in chunks whose gradients accumulate before the one optimizer
+    step. Every chunk is evaluated at the same parameters and each multiplier depends only on its own sample's
+    loss, so the dual steps and the accumulated gradient are those of the whole batch.
+    """
     optimizer.zero_grad(set_to_none=True)
-    objective.backward()
+    size = len(ids)
+    chunk = micro_batch if 0 < micro_batch < size else size
+    losses_out = []
+    for start in range(0, size, chunk):
+        part = slice(start, start + chunk)
+        losses = per_sample_loss(task, model_output(model, x[part]), y[part])   # [b]
+        method.dual_step_(losses, ids[part])                  # lambda[ids] moves; no-op for ERM/CSERM
+        objective = method.primal_loss(losses, ids[part])     # scalar: mean g, CSERM, or sum lambda*g
+        if chunk < size and method.reduction == "mean":
+            objective = objective * (len(losses) / size)      # this chunk's share of the batch mean
+        objective.backward()
+        losses_out.append(losses.detach())
     optimizer.step()
-    return losses.detach()
+    return losses_out[0] if len(losses_out) == 1 else torch.cat(losses_out)
 
 
 @torch.no_grad()
@@ -100,11 +126,11 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split) -> dict[str, np.n
     """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
     model.eval()
     losses, preds = [], []
-    for start in range(0, len(split), EVAL_CHUNK):
-        x, y = split.x[start:start + EVAL_CHUNK], split.y[start:start + EVAL_CHUNK]
-        out = _forward(model, x).float()
+    for start in range(0, len(split), task.eval_chunk):
+        x, y = split.x[start:start + task.eval_chunk], split.y[start:start + task.eval_chunk]
+        out = model_output(model, x).float()
         losses.append(per_sample_loss(task, out, y))
-        preds.append(out.argmax(-1) if task.kind == "classification" else out.squeeze(-1))
+        preds.append(_prediction(task, out, y))
     result = {
         "loss": torch.cat(losses).cpu().numpy(),
         "prediction": torch.cat(preds).cpu().numpy(),
@@ -112,6 +138,8 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split) -> dict[str, np.n
     }
     if task.kind == "classification":
         result["correct"] = result["prediction"] == result["target"]
+    elif task.kind == "preference":
+        result["correct"] = result["prediction"] > 0      # DPO's reward accuracy
     return result
 
 
@@ -161,6 +189,45 @@ def build_optimizer(cfg: RunConfig, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
 
 
+def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+    """The learning-rate schedule and whether it moves every step (True) or every epoch (False).
+
+    Without warmup, cosine anneals per epoch (torch's CosineAnnealingLR, as the paper's vision runs). With
+    warmup (the paper's DPO runs, through transformers' Trainer), the factor moves per optimizer step: linear
+    from 0 over ``warmup_steps``, then cosine (or constant) down to 0 at the last step.
+    """
+    if cfg.warmup_steps == 0:
+        if cfg.scheduler == "cosine":
+            return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs), False
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), False
+    warmup, total = cfg.warmup_steps, cfg.epochs * steps_per_epoch
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        if cfg.scheduler == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor), True
+
+
+def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state without its frozen parameters (an LLM's base weights are rebuilt from their source,
+    so checkpoints and model.pt hold only what training changes: LoRA adapters, or everything otherwise)."""
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+
+
+def _load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - frozen:
+        raise RuntimeError(f"checkpoint does not match the model: missing {sorted(set(missing) - frozen)[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -196,9 +263,11 @@ def train(
     model = task.build_model(cfg.opts, data).to(device)
     if device.type == "cuda" and data.train.x.dim() == 4:
         model = model.to(memory_format=torch.channels_last)   # faster convolutions with tensor cores
-    optimizer = build_optimizer(cfg, model.parameters())
-    scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs)
-                 if cfg.scheduler == "cosine" else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))
+    if task.prepare is not None:
+        task.prepare(model, data, cfg.opts)          # e.g. DPO reference margins, with the model on the device
+    optimizer = build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+    scheduler, schedule_per_step = build_scheduler(cfg, optimizer, steps_per_epoch)
     method = get_method(cfg.method)(n_train, eps=eps if eps is not None else 0.0, alpha=cfg.alpha,
                                     dual_lr=cfg.dual_lr, device=device)
 
@@ -207,7 +276,7 @@ def train(
     start_epoch, history = 0, []
     if checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
+        _load_trainable_state(model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         method.load_state_dict(state["method"])
@@ -227,13 +296,15 @@ def train(
         model.train()
         order = epoch_order(n_train, cfg.seed, epoch).to(device)
         aug_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + epoch) if task.augment else None
-        steps_per_epoch = math.ceil(n_train / cfg.batch_size)
         for ids in batches(order, cfg.batch_size):
             x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
             if task.augment is not None:
                 x = task.augment(x, aug_gen)
-            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids)   # no host sync here
-        scheduler.step()
+            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, cfg.micro_batch)  # no sync
+            if schedule_per_step:
+                scheduler.step()
+        if not schedule_per_step:
+            scheduler.step()
 
         # ---- end of epoch: one host sync; stop on a non-finite loss instead of crashing ----
         finite = torch.isfinite(epoch_losses)
@@ -267,7 +338,7 @@ def train(
 
         # ---- checkpoint after the records, so a resumed run redoes at most this epoch ----
         _atomic_save({
-            "epoch": epoch + 1, "history": history, "model": model.state_dict(),
+            "epoch": epoch + 1, "history": history, "model": _trainable_state(model),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
@@ -285,7 +356,7 @@ def train(
     if result.status == "completed":
         if task.extras is not None:
             result.artifacts.update(_save_extras(run_dir, task.extras(model, data, cfg.opts)))
-        _atomic_save(model.state_dict(), run_dir / "model.pt")
+        _atomic_save(_trainable_state(model), run_dir / "model.pt")
         result.artifacts["model"] = str(run_dir / "model.pt")
     result.artifacts["records"] = str(records.run_dir(records_root, cfg.run_id))
     checkpoint.unlink(missing_ok=True)

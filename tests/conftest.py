@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# huggingface_hub reads these once, at import: set them before any test imports it.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 @pytest.fixture

@@ -44,5 +44,56 @@ def write_utkface(root: Path, n: int = 40, seed: int = 0) -> Path:
     return folder
 
 
+ORCA_PROMPTS = ["What is 2 + 2?", "Name a primary colour.", "Translate 'chat' from French.", "Is ice cold?",
+                "Spell 'cat' backwards.", "What comes after Monday?", "How many legs has a spider?",
+                "Capital of Italy?", "Opposite of up?", "Boiling point of water in C?", "Largest planet?",
+                "Plural of mouse?", "What is 3 x 3?", "First letter of the alphabet?", "Colour of grass?",
+                "Sound a dog makes?"]
+
+
+def orca_rows(n: int = 16, seed: int = 0) -> list[dict]:
+    """Rows in the column layout of argilla/distilabel-intel-orca-dpo-pairs, short texts. Rows 3 and 9 are
+    ties, row 5 has chosen_score 7 (below the paper's 8), row 11 a null score, row 7 is in GSM8K's train set:
+    the filter keeps n - 5 pairs."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        prompt = ORCA_PROMPTS[i % len(ORCA_PROMPTS)]
+        good, bad = f"A short, right answer number {i}.", f"A long and wrong reply {int(rng.integers(100))}, sorry."
+        status = "tie" if i in (3, 9) else ("swapped" if i % 4 == 1 else "unchanged")
+        score = None if i == 11 else (7.0 if i == 5 else float(rng.choice([8.0, 9.0, 10.0])))
+        rows.append({
+            "system": "" if i % 2 else "You are a helpful assistant.",
+            "input": prompt, "chosen": good, "rejected": bad,
+            "generations": [good, bad], "order": ["chosen", "rejected"],
+            "labelling_model": "gpt-4-1106-preview",
+            "labelling_prompt": [{"content": "You are a judge.", "role": "system"},
+                                 {"content": prompt, "role": "user"}],
+            "raw_labelling_response": "9 4\nThe first answer is right.", "rating": [score, 4.0],
+            "rationale": "The first answer is right.", "status": status,
+            "original_chosen": bad if status == "swapped" else good,
+            "original_rejected": good if status == "swapped" else bad,
+            "chosen_score": score, "in_gsm8k_train": i == 7,
+        })
+    return rows
+
+
+def write_orca_dpo(root: Path, n: int = 16, seed: int = 0, fmt: str = "jsonl", rows: list[dict] | None = None) -> Path:
+    """A JSONL (one JSON object per line, as the Hub's export) or Parquet file of Orca DPO rows."""
+    import json
+
+    rows = orca_rows(n, seed) if rows is None else rows
+    Path(root).mkdir(parents=True, exist_ok=True)
+    path = Path(root) / f"orca_dpo_pairs.{fmt}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 # task name -> writer(root) -> data_dir, for registry-parametrized tests
-WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface}
+WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface, "orca-dpo": write_orca_dpo}

@@ -64,11 +64,13 @@ def test_every_shipped_spec_parses_and_built_tasks_plan(tmp_path: Path) -> None:
         spec = load_spec(path)
         if spec.task in WRITERS:  # tasks with external data plan against a copy in the real format
             spec = dataclasses.replace(spec, data_dir=str(WRITERS[spec.task](tmp_path / spec.task)))
-        if spec.task in all_tasks():
-            assert plan(spec)
-        else:  # specs of tasks not built yet fail validation with a clear message
-            with pytest.raises(ConfigError, match=f"unknown task '{spec.task}'"):
+        if spec.task == "orca-dpo":   # the paper's LLMs are not in this machine's cache: a clear error ...
+            with pytest.raises(ConfigError, match="cannot load model 'meta-llama/Llama-3.1-8B-Instruct'"):
                 plan(spec)
+            # ... and the same grid plans with the tiny model.
+            assert len(plan(dataclasses.replace(spec, options={"model": ("tiny",)}))) == 2
+        else:
+            assert spec.task in all_tasks() and plan(spec)
     cifar_lr = load_spec(SWEEPS / "cifar10-lr.toml")
     assert cifar_lr.axes["lr"] == (1.0, 0.1, 0.01, 0.001, 0.0001, 1e-05)
     assert cifar_lr.axes["dual_lr"] == (3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)

@@ -28,7 +28,7 @@ def data_dir(name: str, tmp_path: Path) -> str | None:
 
 
 # Narrow models for the tasks whose paper model is too big for a quick CPU test.
-SMALL = {"cifar10": {"width": 8}, "utkface": {"width": 8, "size": 32}}
+SMALL = {"cifar10": {"width": 8}, "utkface": {"width": 8, "size": 32}, "orca-dpo": {"model": "tiny"}}
 
 
 @pytest.mark.parametrize("name,method", CASES)

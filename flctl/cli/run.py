@@ -25,6 +25,15 @@ def parse_options(pairs: list[str] | None) -> dict[str, str]:
     return out
 
 
+def with_model(options: dict[str, str], model: str | None) -> dict[str, str]:
+    """``--model M`` is shorthand for ``-o model=M``; giving both is ambiguous."""
+    if model is None:
+        return options
+    if "model" in options:
+        fail("give either --model or -o model=..., not both")
+    return {**options, "model": model}
+
+
 def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
     """Task defaults + overrides -> validated RunConfig; bad input exits 2 before anything is written."""
     from flctl.config import ConfigError, resolve
@@ -73,12 +82,20 @@ def run(
     momentum: Annotated[Optional[float], typer.Option(rich_help_panel=OPTIM_PANEL)] = None,
     weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", rich_help_panel=OPTIM_PANEL)] = None,
     scheduler: Annotated[Optional[str], typer.Option(help="constant or cosine.", rich_help_panel=OPTIM_PANEL)] = None,
+    warmup_steps: Annotated[Optional[int], typer.Option("--warmup-steps", help="Linear warmup over N steps, then the "
+                                                        "schedule per step.", rich_help_panel=OPTIM_PANEL)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Accumulate gradients over micro-batches "
+                                                       "of N samples (0 = whole batch).",
+                                                       rich_help_panel=OPTIM_PANEL)] = None,
     eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Write per-sample records every k epochs.",
                                                       rich_help_panel=OPTIM_PANEL)] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=VALUE (repeatable).",
                                                         rich_help_panel=OPTIM_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model of tasks with a `model` option (same as -o model=M).",
+                                                 rich_help_panel=OPTIM_PANEL)] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.", rich_help_panel=WHERE_PANEL)] = "cpu",
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Existing copy of the dataset.",
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", "--data", help="Existing copy of the dataset "
+                                                     "(a folder, or a file for orca-dpo).",
                                                      rich_help_panel=WHERE_PANEL)] = None,
     results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help="Records and files [env FLCTL_RESULTS].",
                                                         rich_help_panel=WHERE_PANEL)] = None,
@@ -93,8 +110,9 @@ def run(
     from its last epoch checkpoint.
     """
     overrides = dict(seed=seed, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
-                     weight_decay=weight_decay, scheduler=scheduler, eval_every=eval_every, eps=eps, alpha=alpha,
-                     dual_lr=dual_lr, options=parse_options(option),
+                     weight_decay=weight_decay, scheduler=scheduler, warmup_steps=warmup_steps,
+                     micro_batch=micro_batch, eval_every=eval_every, eps=eps, alpha=alpha,
+                     dual_lr=dual_lr, options=with_model(parse_options(option), model),
                      data_dir=str(data_dir) if data_dir is not None else None)
     cfg = resolve_config(task, method, overrides, p_min)
     cfg = dataclasses.replace(cfg, device=check_device(device))

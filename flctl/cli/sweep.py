@@ -12,7 +12,7 @@ import typer
 
 from flctl.cli.common import console, ensure_writable, existing_store, fail, open_store, db_url, results_root
 from flctl.cli.info import JSON_OPT
-from flctl.cli.run import parse_options
+from flctl.cli.run import parse_options, with_model
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
 LAUNCH_PANEL = "Launch"
@@ -40,12 +40,16 @@ def sweep(
     epochs: Annotated[Optional[str], _axis()] = None,
     batch_size: Annotated[Optional[str], typer.Option("--batch-size", rich_help_panel=AXES_PANEL)] = None,
     eval_every: Annotated[Optional[str], typer.Option("--eval-every", rich_help_panel=AXES_PANEL)] = None,
+    warmup_steps: Annotated[Optional[str], typer.Option("--warmup-steps", rich_help_panel=AXES_PANEL)] = None,
+    micro_batch: Annotated[Optional[str], typer.Option("--micro-batch", rich_help_panel=AXES_PANEL)] = None,
     optimizer: Annotated[Optional[str], _axis()] = None,
     scheduler: Annotated[Optional[str], _axis()] = None,
     seeds: Annotated[Optional[int], _axis("Seeds 0..N-1.")] = None,
     seed: Annotated[Optional[str], _axis("Explicit seeds, e.g. 0,1,2.")] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=V1,V2 (repeatable).",
                                                         rich_help_panel=AXES_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Models, e.g. tiny,NAME (same as -o model=...).",
+                                                 rich_help_panel=AXES_PANEL)] = None,
     name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
     executor: Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
@@ -77,7 +81,7 @@ def sweep(
     sbatch: Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
                                                         rich_help_panel=SLURM_PANEL)] = None,
     device: Annotated[str, typer.Option(rich_help_panel=WHERE_PANEL)] = "cpu",
-    data_dir: Annotated[Optional[str], typer.Option("--data-dir", rich_help_panel=WHERE_PANEL)] = None,
+    data_dir: Annotated[Optional[str], typer.Option("--data-dir", "--data", rich_help_panel=WHERE_PANEL)] = None,
     results_dir: Annotated[Optional[Path], typer.Option("--results-dir", rich_help_panel=WHERE_PANEL)] = None,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].", rich_help_panel=WHERE_PANEL)] = None,
 ) -> None:
@@ -93,7 +97,8 @@ def sweep(
 
     raw_axes = dict(method=method, eps=eps, p_min=p_min, alpha=alpha, lr=lr, dual_lr=dual_lr,
                     weight_decay=weight_decay, momentum=momentum, epochs=epochs, batch_size=batch_size,
-                    eval_every=eval_every, optimizer=optimizer, scheduler=scheduler, seed=seed)
+                    eval_every=eval_every, warmup_steps=warmup_steps, micro_batch=micro_batch, optimizer=optimizer,
+                    scheduler=scheduler, seed=seed)
     try:
         if spec is not None:
             if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
@@ -102,7 +107,8 @@ def sweep(
         elif task is None:
             raise ConfigError("name a task (see `flctl tasks`) or pass --spec sweeps/NAME.toml")
         else:
-            sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=parse_options(option), name=name,
+            sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=with_model(parse_options(option), model),
+                                          name=name,
                                           device=device, data_dir=data_dir)
         configs = plan(sweep_spec)
         sid = sweep_id(sweep_spec, configs)
