@@ -6,6 +6,8 @@ JSONL/Parquet files in the columns of argilla/distilabel-intel-orca-dpo-pairs (t
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -238,6 +240,13 @@ def test_flctl_run_rfl_writes_records_aligned_by_pair_id(pairs: Path, results: P
     assert len(train_rec) == len(extras["train_pair_id"]) and train_rec["multiplier"].null_count == 0
     losses = train_rec["loss"].to_numpy()
     assert losses.std() > 1e-3                                  # trained: the pairs' losses differ
+    report = runner.invoke(app, ["report", "--table", "llm", "--task", "orca-dpo", "--format", "csv",
+                                 "--columns", "train.avg_loss,train.max_loss,test.avg_loss,test.max_loss"])
+    assert report.exit_code == 0, report.output
+    table_rows = list(csv.DictReader(io.StringIO(report.stdout)))
+    assert [(r["Model"], r["Method"], r["ε"]) for r in table_rows] == [("tiny", "RFL", "0.30")] * 2
+    assert any(float(r["train.max_loss"]) == pytest.approx(row["metrics"]["train.max_loss"]) and
+               float(r["test.avg_loss"]) == pytest.approx(row["metrics"]["test.avg_loss"]) for r in table_rows)
 
     # Re-evaluate single pairs, looked up by pair id, with the saved adapter: same loss as the record.
     data = TASK.load({**OPTS, "lora_dropout": 0.0}, str(pairs))
