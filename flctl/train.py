@@ -213,19 +213,24 @@ def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer, steps_per_
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor), True
 
 
+def _trained_names(model: torch.nn.Module) -> set[str]:
+    """State keys training changes: trainable parameters and (persistent) buffers such as BatchNorm statistics.
+    Frozen parameters are left out, and with them any extra state a quantized layer keeps beside its weight."""
+    return {n for n, p in model.named_parameters() if p.requires_grad} | {n for n, _ in model.named_buffers()}
+
+
 def _trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state without its frozen parameters (an LLM's base weights are rebuilt from their source,
-    so checkpoints and model.pt hold only what training changes: LoRA adapters, or everything otherwise)."""
-    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+    """What checkpoints and model.pt hold: everything for a fully trained model, the LoRA adapter for an LLM
+    (whose frozen base is rebuilt from its source)."""
+    keep = _trained_names(model)
+    return {k: v for k, v in model.state_dict().items() if k in keep}
 
 
 def _load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - frozen:
-        raise RuntimeError(f"checkpoint does not match the model: missing {sorted(set(missing) - frozen)[:3]}, "
-                           f"unexpected {unexpected[:3]}")
+    missing = sorted(set(missing) & _trained_names(model))
+    if unexpected or missing:
+        raise RuntimeError(f"checkpoint does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
 def _seed_everything(seed: int) -> None:
