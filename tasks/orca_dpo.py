@@ -253,10 +253,11 @@ class DPOPolicy(torch.nn.Module):
         return self.beta * (logps[:, 0] - logps[:, 1])
 
 
-def _base_model(options: dict, tokenizer, device: torch.device):
+def _base_model(options: dict, device: torch.device):
     if options["model"] == TINY:
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        tokenizer = load_tokenizer(options)
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -291,7 +292,7 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     device = data.train.x.device
-    lm = _base_model(options, load_tokenizer(options), device)
+    lm = _base_model(options, device)
     lora = LoraConfig(r=options["lora_r"], lora_alpha=options["lora_alpha"], lora_dropout=options["lora_dropout"],
                       task_type="CAUSAL_LM")
     return DPOPolicy(get_peft_model(lm, lora), options["beta"])   # adapter init draws from the run's seed

@@ -113,7 +113,7 @@ def test_sequence_logps_and_reference_margins_match_a_per_sequence_computation(p
         for i in range(4):
             assert batched[i].tolist() == pytest.approx(_naive_logps(model.lm, data.train.x[i]), abs=2e-4)
         # The reference is the base model without the adapter: a fresh tiny Llama with the fixed base seed.
-        base = orca_dpo._base_model(OPTS, orca_dpo.load_tokenizer(OPTS), torch.device("cpu")).eval()
+        base = orca_dpo._base_model(OPTS, torch.device("cpu")).eval()
         for i in range(4):
             c, r = _naive_logps(base, data.train.x[i])
             assert data.train.y[i].item() == pytest.approx(0.1 * (c - r), abs=2e-5)
@@ -236,7 +236,8 @@ def test_flctl_run_rfl_writes_records_aligned_by_pair_id(pairs: Path, results: P
 
     train_rec = records.read(results / "records", [run_id], split="train", epoch=6).sort_by("sample_id")
     extras = np.load(artifacts["extras"])
-    assert extras["train_pair_id"].tolist() == [p for p in KEPT if p in extras["train_pair_id"]]
+    pair_ids = [*extras["train_pair_id"], *extras["test_pair_id"]]
+    assert sorted(pair_ids) == KEPT and len(extras["test_pair_id"]) == 3     # each kept pair in one split
     assert len(train_rec) == len(extras["train_pair_id"]) and train_rec["multiplier"].null_count == 0
     losses = train_rec["loss"].to_numpy()
     assert losses.std() > 1e-3                                  # trained: the pairs' losses differ
@@ -264,7 +265,7 @@ def test_flctl_run_rfl_writes_records_aligned_by_pair_id(pairs: Path, results: P
 def test_a_local_model_folder_loads_through_auto_classes(pairs: Path, tmp_path: Path) -> None:
     # Not 'tiny': a saved model + tokenizer folder goes through AutoTokenizer / AutoModelForCausalLM.
     tok = orca_dpo.load_tokenizer(OPTS)
-    base = orca_dpo._base_model(OPTS, tok, torch.device("cpu"))
+    base = orca_dpo._base_model(OPTS, torch.device("cpu"))
     folder = tmp_path / "my-model"
     base.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -322,7 +323,7 @@ def test_cuda_bf16_and_4bit_paths(pairs: Path, tmp_path: Path) -> None:
     assert train(cfg, tmp_path / "r1", tmp_path / "run1").status == "completed"
     tok = orca_dpo.load_tokenizer(OPTS)
     folder = tmp_path / "m"
-    orca_dpo._base_model(OPTS, tok, torch.device("cpu")).save_pretrained(folder)
+    orca_dpo._base_model(OPTS, torch.device("cpu")).save_pretrained(folder)
     tok.save_pretrained(folder)
     cfg4 = config("orca-dpo", "rfl", epochs=2, data_dir=str(pairs), options={"model": str(folder)})
     cfg4 = cfg4.__class__(**{**cfg4.__dict__, "device": "cuda"})
