@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", metavar="PATH", help="also write the medians and ratios as JSON")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from PIL import Image
@@ -128,9 +130,15 @@ def main() -> None:
           f"{args.rounds} rounds x {args.steps} steps (median s/step)")
     print(f"  input pipeline: flctl on-device ERM {med['erm'] * 1e3:.1f} ms/step, torchvision DataLoader "
           f"({args.workers} workers) {med['dataloader'] * 1e3:.1f} ms/step -> speed-up x{med['dataloader'] / med['erm']:.2f}")
+    ratio = {}
     for name in ("fl", "rfl", "cserm"):
-        ratios = [e / m for e, m in zip(times["erm"], times[name])]
-        print(f"  {name.upper():5s} steps/s as a ratio of ERM's: {statistics.median(ratios):.3f}")
+        ratio[name] = statistics.median([e / m for e, m in zip(times["erm"], times[name])])
+        print(f"  {name.upper():5s} steps/s as a ratio of ERM's: {ratio[name]:.3f}")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({"args": vars(args), "median_s_per_step": med,
+                                               "steps_per_s_ratio_to_erm": ratio, "times": times}, indent=1))
 
 
 if __name__ == "__main__":

@@ -22,11 +22,13 @@ METHOD_FIELDS: dict[str, frozenset[str]] = {
 }
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("constant", "cosine")
+# auto: the forward pass runs under bf16 autocast on CUDA (fp32 elsewhere); fp32: never autocast.
+PRECISIONS = ("auto", "fp32")
 # Fields that describe where a run executes rather than what it computes: not part of its identity.
 NOT_IDENTITY = frozenset({"device", "data_dir"})
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
-LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0}
+LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto"}
 
 
 class ConfigError(ValueError):
@@ -50,6 +52,9 @@ class RunConfig:
     warmup_steps: int = 0
     # > 0: accumulate gradients over micro-batches of this many samples (same update, less memory).
     micro_batch: int = 0
+    # "auto": bf16 autocast for the forward pass on CUDA (losses, multipliers, optimizer state stay float32);
+    # "fp32": no autocast. On the CPU both compute the same thing in float32.
+    precision: str = "auto"
     eval_every: int = 1
     eps: float | tuple[float, ...] | None = None
     alpha: float | None = None
@@ -176,6 +181,8 @@ def validate(cfg: RunConfig) -> None:
         bad(f"unknown optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
     if cfg.scheduler not in SCHEDULERS:
         bad(f"unknown scheduler {cfg.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
+    if cfg.precision not in PRECISIONS:
+        bad(f"unknown precision {cfg.precision!r}; choose one of: {', '.join(PRECISIONS)}")
     used = METHOD_FIELDS[cfg.method]
     if "eps" in used:
         eps = cfg.eps if isinstance(cfg.eps, tuple) else (cfg.eps,)

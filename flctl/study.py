@@ -19,7 +19,7 @@ METRICS = ("avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "ze
            "max_multiplier")
 TERMINAL = ("completed", "diverged", "failed")
 PARAM_FIELDS = ("method", "eps", "alpha", "lr", "dual_lr", "weight_decay", "momentum", "epochs", "batch_size",
-                "seed", "optimizer", "scheduler", "eval_every")
+                "seed", "optimizer", "scheduler", "eval_every", "precision")
 
 
 def check_objective(objective: str, direction: str) -> None:

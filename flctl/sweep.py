@@ -19,7 +19,7 @@ from flctl.config import ConfigError, RunConfig, resolve
 
 FLOAT_AXES = ("eps", "p_min", "alpha", "lr", "dual_lr", "weight_decay", "momentum")
 INT_AXES = ("seed", "epochs", "batch_size", "eval_every", "warmup_steps", "micro_batch")
-STR_AXES = ("method", "optimizer", "scheduler")
+STR_AXES = ("method", "optimizer", "scheduler", "precision")
 AXES = FLOAT_AXES + INT_AXES + STR_AXES
 # Keys a spec file may hold besides the axes.
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",

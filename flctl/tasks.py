@@ -40,7 +40,7 @@ class Task:
     # check(options, data_dir) raises ConfigError when the dataset is missing or incomplete; run before
     # anything is written, so bad input leaves no database row behind.
     check: Callable[..., None] | None = None
-    # prepare(model, dataset, options) runs once the model is on the device, before training (and again on a
+    # prepare(model, dataset, options, precision) runs once the model is on the device, before training (and again on a
     # resume): for targets that depend on the initial model, e.g. DPO's reference log-ratios.
     prepare: Callable[..., None] | None = None
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).

@@ -87,17 +87,19 @@ def _prediction(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return out.squeeze(-1)
 
 
-def model_output(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's output in float32. On CUDA the forward runs under bf16 autocast (the losses, multipliers and
-    optimizer state stay float32); on CPU it is a plain call, so CPU results are bit-exact and unchanged."""
-    if x.device.type == "cuda":
+def model_output(model: torch.nn.Module, x: torch.Tensor, precision: str = "auto") -> torch.Tensor:
+    """The model's output in float32. On CUDA with precision "auto" the forward runs under bf16 autocast (the
+    losses, multipliers and optimizer state stay float32); otherwise it is a plain call, so CPU results are
+    bit-exact whatever the precision."""
+    if x.device.type == "cuda" and precision == "auto":
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return model(x).float()
     return model(x)
 
 
 def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.optim.Optimizer,
-               x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, micro_batch: int = 0) -> torch.Tensor:
+               x: torch.Tensor, y: torch.Tensor, ids: torch.Tensor, micro_batch: int = 0,
+               precision: str = "auto") -> torch.Tensor:
     """One alternating GDA step: dual step first, then the primal step with lambda_{t+1}. Returns g [B].
 
     With ``micro_batch`` the batch is processed in chunks whose gradients accumulate before the one optimizer
@@ -110,7 +112,7 @@ def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.opti
     losses_out = []
     for start in range(0, size, chunk):
         part = slice(start, start + chunk)
-        losses = per_sample_loss(task, model_output(model, x[part]), y[part])   # [b]
+        losses = per_sample_loss(task, model_output(model, x[part], precision), y[part])   # [b]
         method.dual_step_(losses, ids[part])                  # lambda[ids] moves; no-op for ERM/CSERM
         objective = method.primal_loss(losses, ids[part])     # scalar: mean g, CSERM, or sum lambda*g
         if chunk < size and method.reduction == "mean":
@@ -122,13 +124,13 @@ def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.opti
 
 
 @torch.no_grad()
-def evaluate(task: Task, model: torch.nn.Module, split: Split) -> dict[str, np.ndarray]:
+def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = "auto") -> dict[str, np.ndarray]:
     """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
     model.eval()
     losses, preds = [], []
     for start in range(0, len(split), task.eval_chunk):
         x, y = split.x[start:start + task.eval_chunk], split.y[start:start + task.eval_chunk]
-        out = model_output(model, x).float()
+        out = model_output(model, x, precision)
         losses.append(per_sample_loss(task, out, y))
         preds.append(_prediction(task, out, y))
     result = {
@@ -269,7 +271,7 @@ def train(
     if device.type == "cuda" and data.train.x.dim() == 4:
         model = model.to(memory_format=torch.channels_last)   # faster convolutions with tensor cores
     if task.prepare is not None:
-        task.prepare(model, data, cfg.opts)          # e.g. DPO reference margins, with the model on the device
+        task.prepare(model, data, cfg.opts, cfg.precision)   # e.g. DPO reference margins, with the model on the device
     optimizer = build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
     scheduler, schedule_per_step = build_scheduler(cfg, optimizer, steps_per_epoch)
@@ -280,7 +282,9 @@ def train(
     checkpoint = run_dir / "checkpoint.pt"
     start_epoch, history = 0, []
     if checkpoint.exists():
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        # Loaded on the CPU: load_state_dict copies each tensor to where its parameter lives, and the RNG
+        # setters need CPU byte tensors (mapping the whole checkpoint to CUDA broke every resume on a GPU).
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
         _load_trainable_state(model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -305,7 +309,8 @@ def train(
             x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
             if task.augment is not None:
                 x = task.augment(x, aug_gen)
-            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, cfg.micro_batch)  # no sync
+            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, cfg.micro_batch,
+                                           cfg.precision)   # no sync
             if schedule_per_step:
                 scheduler.step()
         if not schedule_per_step:
@@ -329,8 +334,8 @@ def train(
         metrics = None
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             metrics = _summarize_and_record(
-                cfg, task, records_root, epoch + 1, evaluate(task, model, data.train),
-                evaluate(task, model, data.test), None if lam is None else lam.cpu().numpy())
+                cfg, task, records_root, epoch + 1, evaluate(task, model, data.train, cfg.precision),
+                evaluate(task, model, data.test, cfg.precision), None if lam is None else lam.cpu().numpy())
             if not all(math.isfinite(v) for v in metrics.values()):
                 result.status = "diverged"
                 result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}

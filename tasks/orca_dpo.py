@@ -299,7 +299,7 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def prepare(model: DPOPolicy, data: Dataset, options: dict) -> None:
+def prepare(model: DPOPolicy, data: Dataset, options: dict, precision: str = "auto") -> None:
     """Reference margins of every pair: the same forward with the adapter disabled, in eval mode."""
     from flctl.train import model_output
 
@@ -308,7 +308,7 @@ def prepare(model: DPOPolicy, data: Dataset, options: dict) -> None:
     with model.lm.disable_adapter():
         for split in (data.train, data.test):
             chunk = TASK.eval_chunk
-            split.y = torch.cat([model_output(model, split.x[i:i + chunk]).float()
+            split.y = torch.cat([model_output(model, split.x[i:i + chunk], precision)
                                  for i in range(0, len(split), chunk)])
     model.train(was_training)
 

@@ -329,3 +329,37 @@ def test_cuda_bf16_and_4bit_paths(pairs: Path, tmp_path: Path) -> None:
     cfg4 = cfg4.__class__(**{**cfg4.__dict__, "device": "cuda"})
     result = train(cfg4, tmp_path / "r2", tmp_path / "run2")
     assert result.status == "completed" and math.isfinite(result.metrics["train.avg_loss"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with CUDA_VISIBLE_DEVICES set)")
+def test_cuda_4bit_adapter_only_checkpoint_resumes(pairs: Path, tmp_path: Path) -> None:
+    # A saved model folder in 4-bit NF4: the checkpoint holds the LoRA adapter alone (no quantized base state),
+    # and a run interrupted after epoch 2 and resumed ends where an uninterrupted one does. CUDA kernels are not
+    # bitwise reproducible across runs, hence the tolerance.
+    folder = tmp_path / "m"
+    orca_dpo._base_model(OPTS, torch.device("cpu")).save_pretrained(folder)
+    orca_dpo.load_tokenizer(OPTS).save_pretrained(folder)
+    cfg = config("orca-dpo", "rfl", epochs=4, eval_every=2, lr=1e-3, warmup_steps=0, batch_size=4, micro_batch=2,
+                 data_dir=str(pairs), options={"model": str(folder)})
+    cfg = cfg.__class__(**{**cfg.__dict__, "device": "cuda"})
+
+    class Stop(Exception):
+        pass
+
+    def stop(stats):
+        if stats.epoch == 2:
+            raise Stop
+
+    whole = train(cfg, tmp_path / "a" / "records", tmp_path / "a" / "run")
+    with pytest.raises(Stop):
+        train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run", on_epoch=stop)
+    checkpoint = torch.load(tmp_path / "b" / "run" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["model"] and all("lora" in k for k in checkpoint["model"])
+    resumed = train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run")
+    assert resumed.resumed_from == 2 and resumed.status == "completed"
+    order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
+    a = records.read(tmp_path / "a" / "records", [cfg.run_id]).sort_by(order)
+    b = records.read(tmp_path / "b" / "records", [cfg.run_id]).sort_by(order)
+    assert a.num_rows == b.num_rows > 0 and a.column("sample_id").equals(b.column("sample_id"))
+    np.testing.assert_allclose(b.column("loss").to_numpy(), a.column("loss").to_numpy(), rtol=1e-3, atol=1e-4)

@@ -94,6 +94,8 @@ def run(
     model: Annotated[Optional[str], typer.Option(help="Model of tasks with a `model` option (same as -o model=M).",
                                                  rich_help_panel=OPTIM_PANEL)] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.", rich_help_panel=WHERE_PANEL)] = "cpu",
+    precision: Annotated[Optional[str], typer.Option(help="auto (bf16 autocast forward on CUDA) or fp32.",
+                                                     rich_help_panel=WHERE_PANEL)] = None,
     data_dir: Annotated[Optional[Path], typer.Option("--data-dir", "--data", help="Existing copy of the dataset "
                                                      "(a folder, or a file for orca-dpo).",
                                                      rich_help_panel=WHERE_PANEL)] = None,
@@ -111,7 +113,7 @@ def run(
     """
     overrides = dict(seed=seed, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
                      weight_decay=weight_decay, scheduler=scheduler, warmup_steps=warmup_steps,
-                     micro_batch=micro_batch, eval_every=eval_every, eps=eps, alpha=alpha,
+                     micro_batch=micro_batch, precision=precision, eval_every=eval_every, eps=eps, alpha=alpha,
                      dual_lr=dual_lr, options=with_model(parse_options(option), model),
                      data_dir=str(data_dir) if data_dir is not None else None)
     cfg = resolve_config(task, method, overrides, p_min)

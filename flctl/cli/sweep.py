@@ -44,6 +44,7 @@ def sweep(
     micro_batch: Annotated[Optional[str], typer.Option("--micro-batch", rich_help_panel=AXES_PANEL)] = None,
     optimizer: Annotated[Optional[str], _axis()] = None,
     scheduler: Annotated[Optional[str], _axis()] = None,
+    precision: Annotated[Optional[str], _axis("auto (bf16 autocast on CUDA) or fp32.")] = None,
     seeds: Annotated[Optional[int], _axis("Seeds 0..N-1.")] = None,
     seed: Annotated[Optional[str], _axis("Explicit seeds, e.g. 0,1,2.")] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=V1,V2 (repeatable).",
@@ -98,7 +99,7 @@ def sweep(
     raw_axes = dict(method=method, eps=eps, p_min=p_min, alpha=alpha, lr=lr, dual_lr=dual_lr,
                     weight_decay=weight_decay, momentum=momentum, epochs=epochs, batch_size=batch_size,
                     eval_every=eval_every, warmup_steps=warmup_steps, micro_batch=micro_batch, optimizer=optimizer,
-                    scheduler=scheduler, seed=seed)
+                    scheduler=scheduler, precision=precision, seed=seed)
     try:
         if spec is not None:
             if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
@@ -226,9 +227,9 @@ def launch_sweep(store, url: str, root: Path, sid: str, spec, configs, *, execut
 def _print_plan(sid: str, spec, configs) -> None:
     from rich.table import Table
 
-    varying = [k for k in ("method", "eps", "alpha", "lr", "dual_lr", "weight_decay", "momentum", "epochs",
-                           "batch_size", "seed", "optimizer", "scheduler")
-               if len({getattr(c, k) for c in configs}) > 1]
+    from flctl.sweep import AXES
+
+    varying = [k for k in AXES if k != "p_min" and len({getattr(c, k) for c in configs}) > 1]   # p_min -> eps
     opts = sorted({k for c in configs for k, _ in c.options if len({c2.opts[k] for c2 in configs}) > 1})
     table = Table("run id", *varying, *opts, title=f"sweep {sid}: {len(configs)} runs of {spec.task} (dry run)")
     for c in configs:
