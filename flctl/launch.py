@@ -1,17 +1,31 @@
-"""Launching sweep cells through submitit: debug (in process), local (subprocesses) or Slurm (job arrays).
+"""Launching a sweep: W pull workers through submitit, debug (in process), local (subprocesses) or Slurm.
 
-A job runs a pack of cells (run ids) one after the other. Each cell is claimed in the database first, so a
-cell is never run twice at once and a completed cell is never run again. On preemption or timeout submitit
-calls ``Worker.checkpoint``: the current run is handed back (status queued) and the job is requeued with the
-same pack; on restart, finished cells are skipped and the interrupted one resumes from its epoch checkpoint.
+A sweep's cells are rows in the database, not arguments of jobs. Each worker loops "claim the sweep's next cell
+(the store's compare-and-swap) -> train it -> repeat" until none is left, then exits: cells of different lengths
+balance themselves, and interpreter and torch start-up are paid once per worker, not per cell. A cell whose
+worker died (kill -9, lost node) is claimed again by any worker once it is stale.
+
+Stopping: a worker that gets SIGINT (and SIGTERM, except under Slurm) finishes the epoch it is in, checkpoints,
+hands its cell back (queued, attempt not counted) and exits; `flctl cancel` sends that signal. Under Slurm,
+SIGTERM keeps submitit's meaning (preemption: USR2 follows and ``Worker.checkpoint`` hands the cell back and
+requeues the job), so Slurm's own preemption and timeouts keep resuming cells.
+
+Each worker leaves a small JSON file under ``results/jobs/<sweep>/workers/`` while it lives (host, pid, job id),
+which is how `flctl cancel` and a re-run of `flctl sweep` find the live workers of a sweep.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,11 +33,13 @@ from typing import Any, Sequence
 import submitit
 
 from flctl.config import ConfigError, RunConfig
-from flctl.runner import Layout, execute
-from flctl.store import STALE_AFTER_S, Store
+from flctl.runner import Layout, git_revision, stop_on_signals, train_claimed
+from flctl.store import STALE_AFTER_S, Store, _pid_alive
 
 EXECUTORS = ("debug", "local", "slurm")
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_CHECKPOINT_EVERY_S = 60.0
+SLURM_DEFAULT_WORKERS = 64
 
 
 @dataclass(frozen=True)
@@ -52,52 +68,170 @@ class SlurmOptions:
         return p
 
 
-class Worker(submitit.helpers.Checkpointable):
-    """The job body: train each cell of a pack that is still to do. Picklable; holds only plain data."""
+@dataclass(frozen=True)
+class Slot:
+    """Where one worker runs: its index, its torch intra-op threads and, on GPUs, its CUDA_VISIBLE_DEVICES."""
 
-    def __init__(self, db_url: str, results_root: str, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 stale_after: float = STALE_AFTER_S) -> None:
-        self.db_url, self.results_root = db_url, results_root
-        self.max_attempts, self.stale_after = max_attempts, stale_after
+    index: int
+    threads: int | None = None
+    cuda: str | None = None
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cuda_devices() -> list[str]:
+    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES entries (imports torch)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return listed[:count] if "CUDA_VISIBLE_DEVICES" in os.environ else [str(i) for i in range(count)]
+
+
+def local_slots(cells: int, *, device: str, workers: int | None = None, threads: int | None = None,
+                per_gpu: int = 1, cores: int | None = None, gpus: Sequence[str] | None = None) -> list[Slot]:
+    """The local executor's workers. On the CPU: W = max(1, cores // threads) unless given, each with
+    threads = cores // W (at least 1). On CUDA: W = GPUs x per_gpu, worker i on GPU i // per_gpu. Never more
+    workers than cells (threads are then shared among the workers that run)."""
+    for name, value in (("--workers", workers), ("--threads", threads), ("--per-gpu", per_gpu)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    cores = cores or cpu_count()
+    if device.startswith("cuda"):
+        if gpus is None:
+            gpus = cuda_devices()
+        if device != "cuda":                  # cuda:N: that one device
+            index = int(device.partition(":")[2] or 0)
+            if index >= len(gpus):
+                raise ConfigError(f"--device {device}: this machine has {len(gpus)} visible CUDA device(s)")
+            gpus = [gpus[index]]
+        if not gpus:
+            raise ConfigError(f"--device {device}: no CUDA device is visible here (torch.cuda.device_count() is 0)")
+        w = min(workers or len(gpus) * per_gpu, max(cells, 1))
+        t = threads or max(1, cores // w)
+        return [Slot(i, t, gpus[(i // per_gpu) % len(gpus)]) for i in range(w)]
+    w = min(workers or max(1, cores // (threads or 1)), max(cells, 1))
+    t = threads or max(1, cores // w)     # the cores of workers a short sweep does not need go to the others
+    return [Slot(i, t) for i in range(w)]
+
+
+class Worker(submitit.helpers.Checkpointable):
+    """The job body: pull the sweep's cells one at a time until none is left. Picklable; holds only plain data."""
+
+    def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
+                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S) -> None:
+        self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
+        self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
         self.current: str | None = None
 
-    def __call__(self, run_ids: Sequence[str]) -> dict[str, str]:
+    def __call__(self, slot: Slot) -> dict[str, str]:
+        if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
+            os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
+        if slot.threads:
+            import torch
+
+            torch.set_num_threads(slot.threads)
         store = Store.open(self.db_url)
         layout = Layout(Path(self.results_root))
-        job_id = _job_id()
+        job_id, git_sha = _job_id(), git_revision()
         outcome: dict[str, str] = {}
-        try:
-            for run_id in run_ids:
-                row = store.get_run(run_id)
-                if row is None or row["status"] == "completed":
-                    outcome[run_id] = "skipped" if row else "missing"
-                    continue
-                cfg = RunConfig.from_json(row["config"])
-                self.current = run_id
-                try:
-                    result = execute(cfg, store, layout, max_attempts=self.max_attempts,
-                                     stale_after=self.stale_after, job_id=job_id)
-                except Exception as exc:  # recorded as failed by execute; go on with the rest of the pack
-                    outcome[run_id] = f"failed: {type(exc).__name__}"
-                    continue
-                finally:
-                    self.current = None
-                outcome[run_id] = "held elsewhere" if result is None else result.status
-        finally:
-            store.close()
+        signals = ("SIGINT",) if self.executor == "slurm" else ("SIGINT", "SIGTERM")
+        with _registered(Path(self.results_root), self.sweep_id, job_id, self.executor), \
+                stop_on_signals(signals) as stop:
+            try:
+                while not stop.is_set():
+                    run_id = store.claim_next(self.sweep_id, max_attempts=self.max_attempts,
+                                              stale_after=self.stale_after, job_id=job_id, git_sha=git_sha)
+                    if run_id is None:
+                        break
+                    cfg = RunConfig.from_json(store.get_run(run_id)["config"])
+                    self.current = run_id
+                    try:
+                        result = train_claimed(cfg, store, layout, checkpoint_every=self.checkpoint_every,
+                                               stop=stop.is_set)
+                    except Exception as exc:  # recorded as failed by train_claimed; go on with the next cell
+                        outcome[run_id] = f"failed: {type(exc).__name__}"
+                        continue
+                    finally:
+                        self.current = None
+                    outcome[run_id] = result.status
+            finally:
+                store.close()
         return outcome
 
-    def checkpoint(self, run_ids: Sequence[str]) -> submitit.helpers.DelayedSubmission:
-        # Called from submitit's signal handler on preemption/timeout, while a run trains in this process:
-        # hand that run back so the requeued job (same pack) can claim it again and resume its checkpoint.
+    def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
+        # Called from submitit's signal handler on preemption/timeout, while a run trains in this process: hand
+        # that run back (its epoch checkpoint is on disk) so the requeued worker, or any other, resumes it.
         if self.current is not None:
             store = Store.open(self.db_url)
             try:
                 store.requeue(self.current, "preempted or timed out; job requeued")
             finally:
                 store.close()
-        return submitit.helpers.DelayedSubmission(Worker(self.db_url, self.results_root, self.max_attempts,
-                                                         self.stale_after), run_ids)
+        return submitit.helpers.DelayedSubmission(
+            Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
+                   max_attempts=self.max_attempts, stale_after=self.stale_after,
+                   checkpoint_every=self.checkpoint_every), slot)
+
+
+# ---- the live workers of a sweep ----
+
+def workers_dir(results_root: Path, sweep_id: str) -> Path:
+    return Path(results_root) / "jobs" / sweep_id / "workers"
+
+
+@contextlib.contextmanager
+def _registered(results_root: Path, sweep_id: str, job_id: str | None, executor: str):
+    folder = workers_dir(results_root, sweep_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{socket.gethostname()}-{os.getpid()}.json"
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
+                                "executor": executor}))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
+    """Workers of the sweep that registered and are still alive: a Slurm worker while squeue lists its job, any
+    other while its pid lives (when on this host). Files of dead workers (kill -9, scancel) are removed here."""
+    found, active_arrays = [], None
+    for path in sorted(workers_dir(results_root, sweep_id).glob("*.json")):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("executor") == "slurm" and info.get("job_id"):
+            if active_arrays is None:
+                active_arrays = _slurm_active_ids([j["job_id"] for j in submitted_jobs(results_root, sweep_id)
+                                                   if j["executor"] == "slurm"])
+            alive = info["job_id"] in active_arrays
+        else:
+            alive = info["host"] != socket.gethostname() or _pid_alive(info["pid"])
+        if alive:
+            found.append(info)
+        else:
+            path.unlink(missing_ok=True)
+    return found
+
+
+def _job_id() -> str | None:
+    try:
+        return submitit.JobEnvironment().job_id
+    except RuntimeError:  # not inside a submitit job (debug executor runs in process)
+        return None
+
+
+def check_executor(executor: str) -> None:
+    if executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise ConfigError("--executor slurm needs Slurm's commands (sbatch, sacct) on PATH; "
+                          "use --executor local on this machine")
 
 
 @contextlib.contextmanager
@@ -123,54 +257,191 @@ def _stdio_to(path: Path):
                 os.close(fd)
 
 
-def _job_id() -> str | None:
-    try:
-        return submitit.JobEnvironment().job_id
-    except RuntimeError:  # not inside a submitit job (debug executor runs in process)
-        return None
-
-
-def check_executor(executor: str) -> None:
-    if executor not in EXECUTORS:
-        raise ConfigError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
-    if executor == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--executor slurm needs Slurm's commands (sbatch, sacct) on PATH; "
-                          "use --executor local on this machine")
-
-
-def packs(run_ids: Sequence[str], pack: int) -> list[list[str]]:
-    """Group cells K per job, so cheap runs share one interpreter start-up."""
-    if pack < 1:
-        raise ConfigError(f"--pack must be at least 1, got {pack}")
-    return [list(run_ids[i:i + pack]) for i in range(0, len(run_ids), pack)]
-
-
-def submit(run_ids: Sequence[str], *, db_url: str, results_root: Path, executor: str, folder: Path,
-           pack: int = 1, slurm: SlurmOptions | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-           stale_after: float = STALE_AFTER_S, cpus: int | None = None) -> list[submitit.Job]:
-    """Submit the cells as one job array (packs of ``pack`` cells); returns without waiting (but debug)."""
+def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: Path, executor: str,
+           slurm: SlurmOptions | None = None, per_gpu: int = 1, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+           stale_after: float = STALE_AFTER_S, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
+           ) -> list[submitit.Job]:
+    """Start one pull worker per slot (a job array; under Slurm with ``per_gpu`` K, K workers per job as K
+    tasks sharing the job's GPUs). Returns without waiting, except debug, which runs its worker in process."""
     check_executor(executor)
-    groups = packs(run_ids, pack)
-    if not groups:
+    if not slots:
         return []
+    folder = Path(results_root) / "jobs" / sweep_id
     ex = submitit.AutoExecutor(folder=str(folder), cluster=executor)
-    params: dict[str, Any] = {"name": "flctl", "timeout_min": 24 * 60}
-    if cpus:
-        params["cpus_per_task"] = cpus
+    params: dict[str, Any] = {"name": f"flctl-{sweep_id}", "timeout_min": 7 * 24 * 60}
     if executor == "slurm":
         params.update((slurm or SlurmOptions()).parameters())
+        if per_gpu > 1:
+            params["tasks_per_node"] = per_gpu
         # Requeue on preemption/timeout through submitit's checkpointing; Slurm sends USR2 before the end.
         params.setdefault("slurm_signal_delay_s", 120)
-    else:
-        params = {k: v for k, v in params.items() if k in ("name", "timeout_min", "cpus_per_task")}
+        slots = slots[::per_gpu] if per_gpu > 1 else slots
     ex.update_parameters(**params)
-    worker = Worker(db_url, str(results_root), max_attempts, stale_after)
+    worker = Worker(db_url, str(results_root), sweep_id, executor=executor, max_attempts=max_attempts,
+                    stale_after=stale_after, checkpoint_every=checkpoint_every)
     if executor == "local":
-        with _stdio_to(Path(folder) / "controllers.log"):
-            jobs = ex.map_array(worker, groups)
+        with _stdio_to(folder / "controllers.log"):
+            jobs = ex.map_array(worker, list(slots))
     else:
-        jobs = ex.map_array(worker, groups)
+        jobs = ex.map_array(worker, list(slots))
+    if executor != "debug":
+        _remember_jobs(folder, executor, jobs)
     if executor == "debug":  # submitit's debug jobs run in this process when their result is asked for
         for job in jobs:
             job.result()
     return jobs
+
+
+def _remember_jobs(folder: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
+    path = folder / "submitted.json"
+    known = json.loads(path.read_text()) if path.exists() else []
+    known += [{"executor": executor, "job_id": j.job_id, "host": socket.gethostname()} for j in jobs]
+    path.write_text(json.dumps(known))
+
+
+def submitted_jobs(results_root: Path, sweep_id: str) -> list[dict[str, str]]:
+    path = Path(results_root) / "jobs" / sweep_id / "submitted.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
+    """Slurm: W workers (default min(cells, 64)); with ``per_gpu`` K they run K to a job."""
+    for name, value in (("--workers", workers), ("--per-gpu", per_gpu)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    w = min(workers or SLURM_DEFAULT_WORKERS, max(cells, 1))
+    return [Slot(i) for i in range(math.ceil(w / per_gpu) * per_gpu)]
+
+
+# ---- cancel ----
+
+def cancel(store: Store, results_root: Path, sweep_id: str, *, timeout: float = 60.0) -> dict[str, Any]:
+    """Stop a sweep's workers and hand its running cells back (queued, attempt not counted, resumable).
+
+    Local workers get SIGINT (they finish their epoch, checkpoint and hand their cell back) and are killed if
+    still alive after ``timeout`` seconds. Slurm jobs: pending array tasks are cancelled, running ones get SIGINT,
+    then whatever is left is scancel-ed. Cells still marked running by a worker that is now gone are handed back.
+    """
+    host = socket.gethostname()
+    stopped: list[dict[str, Any]] = []
+    local = [w for w in live_workers(results_root, sweep_id) if w["host"] == host]
+    for w in local:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w["pid"], signal.SIGINT)
+        stopped.append({"kind": "process", "pid": w["pid"], "job_id": w["job_id"]})
+    slurm_ids = sorted({j["job_id"].split("_")[0] for j in submitted_jobs(results_root, sweep_id)
+                        if j["executor"] == "slurm"})
+    if slurm_ids:
+        subprocess.run(["scancel", "--state=PENDING", *slurm_ids], capture_output=True, timeout=60)
+        subprocess.run(["scancel", "--signal=INT", *slurm_ids], capture_output=True, timeout=60)
+        stopped += [{"kind": "slurm job", "job_id": j} for j in slurm_ids]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (any(_pid_alive(w["pid"]) for w in local)
+                                           or (slurm_ids and _slurm_active(slurm_ids))):
+        time.sleep(0.2)
+    killed = [w["pid"] for w in local if _pid_alive(w["pid"])]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if slurm_ids and _slurm_active(slurm_ids):
+        subprocess.run(["scancel", *slurm_ids], capture_output=True, timeout=60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _slurm_active(slurm_ids):
+            time.sleep(0.5)
+    for w in local:   # a killed worker cannot unregister itself
+        (workers_dir(results_root, sweep_id) / f"{host}-{w['pid']}.json").unlink(missing_ok=True)
+    handed_back = store.hand_back(sweep_id, "cancelled; resumes from its checkpoint",
+                                  pids={w["pid"] for w in local}, job_prefixes=set(slurm_ids))
+    return {"sweep": sweep_id, "stopped": stopped, "killed": killed, "handed_back": handed_back}
+
+
+def _slurm_active_ids(job_ids: Sequence[str]) -> set[str]:
+    """The ids (array tasks as ARRAY_TASK) of the given jobs that squeue still lists (pending or running)."""
+    bases = sorted({j.split("_")[0] for j in job_ids})
+    if not bases or shutil.which("squeue") is None:
+        return set()
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(bases)], capture_output=True,
+                         text=True, timeout=60)
+    return set(out.stdout.split()) if out.returncode == 0 else set()
+
+
+def _slurm_active(job_ids: Sequence[str]) -> bool:
+    return bool(_slurm_active_ids(job_ids))
+
+
+# ---- a sweep's launch: settings from the spec's [launch] table and flags, then the workers ----
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    executor: str = "local"
+    workers: int | None = None
+    threads: int | None = None
+    per_gpu: int = 1
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+    @classmethod
+    def resolve(cls, spec_launch: dict[str, Any], flags: dict[str, Any]) -> "LaunchSettings":
+        """The command line wins over the spec's [launch] table; keys are the flags' names."""
+        slurm_keys = {f for f in SlurmOptions.__dataclass_fields__ if f != "extra"} | {"sbatch"}
+        own = {f for f in cls.__dataclass_fields__ if f != "slurm"}
+        unknown = set(spec_launch) - own - slurm_keys
+        if unknown:
+            raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: "
+                              f"{', '.join(sorted(own | slurm_keys))}")
+        merged = {**spec_launch, **{k: v for k, v in flags.items() if v is not None}}
+        extra = {str(k): str(v) for k, v in (merged.pop("sbatch", None) or {}).items()}
+        slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
+        settings = cls(**merged, slurm=slurm)
+        for name in ("workers", "threads", "per_gpu", "max_attempts"):
+            value = getattr(settings, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
+        if not (isinstance(settings.checkpoint_every, (int, float)) and settings.checkpoint_every >= 0):
+            raise ConfigError(f"--checkpoint-every must be a number of seconds >= 0, got {settings.checkpoint_every!r}")
+        return settings
+
+    def slots(self, cells: int, device: str) -> list[Slot]:
+        """The workers to run for ``cells`` cells still to do (see local_slots and slurm_workers)."""
+        if self.executor == "debug":
+            return [Slot(0)] if cells else []
+        if self.executor == "slurm":
+            return slurm_workers(cells, self.workers, self.per_gpu)
+        return local_slots(cells, device=device, workers=self.workers, threads=self.threads, per_gpu=self.per_gpu)
+
+
+@dataclass
+class Launched:
+    """What `flctl sweep` did: the sweep's cells, what was already there, and the workers it started."""
+
+    cells: int
+    added: int
+    completed: int
+    requeued: list[str]
+    gave_up: list[str]
+    todo: int
+    live: int
+    jobs: list[submitit.Job]
+
+
+def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],
+                 settings: LaunchSettings) -> Launched:
+    """Record the sweep, re-queue cells of lost workers, and start workers for the cells still to do: never more
+    live workers than the settings ask for, counting those of an earlier launch still running."""
+    added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
+    ids = [c.run_id for c in configs]
+    requeued, gave_up = store.reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
+    cells = {r["id"]: r for r in store.sweep_runs(sid)}
+    todo = [i for i in ids if cells[i]["status"] in ("queued", "failed")
+            and cells[i]["attempts"] < settings.max_attempts]
+    live = live_workers(root, sid)
+    slots = settings.slots(len(todo), configs[0].device if configs else "cpu")
+    slots = slots[:max(0, len(slots) - len(live))] if todo else []
+    jobs = submit(sid, slots, db_url=url, results_root=root, executor=settings.executor, slurm=settings.slurm,
+                  per_gpu=settings.per_gpu, max_attempts=settings.max_attempts,
+                  checkpoint_every=settings.checkpoint_every)
+    if jobs:
+        store.count_submission(sid)
+    return Launched(len(configs), added, sum(r["status"] == "completed" for r in cells.values()), requeued,
+                    gave_up, len(todo), len(live), jobs)

@@ -5,14 +5,16 @@ Used by ``flctl run`` and by sweep workers. Training itself lives in flctl.train
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import subprocess
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from flctl import records
 from flctl.config import RunConfig
@@ -49,49 +51,86 @@ def git_revision() -> str | None:
 
 
 class _Heartbeat(threading.Thread):
-    """Beats every ``period`` seconds while an epoch runs, so long epochs do not look like a lost worker."""
+    """Beats every ``period`` seconds while the run trains, with the latest epoch count: at most one database
+    write per period however short the epochs, and long epochs do not look like a lost worker."""
 
     def __init__(self, store: Store, run_id: str, period: float) -> None:
         super().__init__(daemon=True, name=f"heartbeat-{run_id}")
         self.store, self.run_id, self.period = store, run_id, period
+        self.epochs_done: int | None = None
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.period):
             try:
-                self.store.heartbeat(self.run_id)
+                self.store.heartbeat(self.run_id, self.epochs_done)
             except Exception:  # a missed beat is harmless; the next one retries
                 pass
 
 
+@contextlib.contextmanager
+def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[threading.Event]:
+    """One of ``signals`` sets the returned event: training stops at the next epoch boundary, checkpointed, and
+    the run is handed back. A second signal interrupts at once (KeyboardInterrupt; the run resumes from its
+    last checkpoint). Previous handlers come back on exit. Main thread only."""
+    requested = threading.Event()
+
+    def handler(signum, _frame) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (getattr(signal, name) for name in signals)}
+    try:
+        yield requested
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
             allow: Iterable[str] = ("queued", "failed"), max_attempts: int | None = None,
-            stale_after: float = STALE_AFTER_S, job_id: str | None = None):
+            stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = 0.0,
+            stop: Callable[[], bool] | None = None):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
     not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate."""
-    from flctl.train import train  # torch is imported here, not at CLI start-up
-
     store.add_runs([cfg])
     if not store.claim_run(cfg.run_id, allow=allow, max_attempts=max_attempts, stale_after=stale_after,
                            job_id=job_id, git_sha=git_revision(), device=cfg.device):
         return None
+    return train_claimed(cfg, store, layout, on_epoch, checkpoint_every=checkpoint_every, stop=stop)
+
+
+def train_claimed(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
+                  checkpoint_every: float = 0.0, stop: Callable[[], bool] | None = None):
+    """Train a run this process has claimed and record how it ended: finished, handed back (stopped or
+    interrupted: queued again, the attempt not counted, resumable from its checkpoint) or failed."""
+    from flctl.train import train  # torch is imported here, not at CLI start-up
+
     started = time.perf_counter()
     beat = _Heartbeat(store, cfg.run_id, HEARTBEAT_S)
     beat.start()
 
     def epoch_done(stats) -> None:
-        store.heartbeat(cfg.run_id, stats.epoch)
+        beat.epochs_done = stats.epoch
         if on_epoch is not None:
             on_epoch(stats)
 
     try:
-        result = train(cfg, layout.records, layout.run_dir(cfg.run_id), on_epoch=epoch_done)
-    except BaseException as exc:
-        reason = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else traceback.format_exc(limit=8)
-        store.fail_run(cfg.run_id, reason, time.perf_counter() - started)
+        result = train(cfg, layout.records, layout.run_dir(cfg.run_id), on_epoch=epoch_done,
+                       checkpoint_every=checkpoint_every, stop=stop)
+    except (KeyboardInterrupt, SystemExit):
+        store.requeue(cfg.run_id, "interrupted; resumes from its last checkpoint", time.perf_counter() - started)
+        raise
+    except BaseException:
+        store.fail_run(cfg.run_id, traceback.format_exc(limit=8), time.perf_counter() - started)
         raise
     finally:
         beat.stopped.set()
+    if result.status == "stopped":
+        store.requeue(cfg.run_id, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
+                      time.perf_counter() - started, epochs_done=result.epochs_done)
+        return result
     store.finish_run(cfg.run_id, status=result.status, epochs_done=result.epochs_done, metrics=result.metrics,
                      diverged_at=result.diverged_at, lambda_capped=result.lambda_capped,
                      artifacts=result.artifacts, duration_s=time.perf_counter() - started)

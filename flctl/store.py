@@ -292,6 +292,51 @@ class Store:
             return res.rowcount == 1
         return self.write(fn)
 
+    def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
+                   job_id: str | None = None, git_sha: str | None = None) -> str | None:
+        """Claim the sweep's next cell still to do, for a pull worker; None when none is left.
+
+        To do: queued, failed with attempts left, or running with a lost worker. Candidates are tried in id
+        order through ``claim_run``'s compare-and-swap, so workers racing for the same cell never both win.
+        """
+        cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config)
+        with self.session() as s:
+            rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
+                             .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
+                                    Run.status.in_(("queued", "failed", "running")))
+                             .order_by(Run.id)).all()
+        for r in rows:
+            if r.status == "running" and not _is_stale(r, stale_after):
+                continue
+            if self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
+                              git_sha=git_sha, device=r.config.get("device")):
+                return r.id
+        return None
+
+    def hand_back(self, sweep_id: str, reason: str, *, pids: set[int] = frozenset(),
+                  job_prefixes: set[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
+        """Re-queue the sweep's running cells held by the given local pids or Slurm jobs (by array id), or by
+        any lost worker, without counting the attempt. Returns their ids."""
+        host = socket.gethostname()
+
+        def fn(s: Session) -> list[str]:
+            q = (select(Run).join(SweepCell, SweepCell.run_id == Run.id)
+                 .where(SweepCell.sweep_id == sweep_id, Run.status == "running"))
+            ids = []
+            for run in s.scalars(q).all():
+                ours = ((run.host == host and run.pid in pids)
+                        or (run.job_id is not None and run.job_id.split("_")[0] in job_prefixes))
+                if not (ours or _is_stale(run, stale_after)):
+                    continue
+                res = s.execute(update(Run).where(Run.id == run.id, Run.status == "running",
+                                                  Run.attempts == run.attempts)
+                                .values(status="queued", error=reason, attempts=max(run.attempts - 1, 0))
+                                .execution_options(synchronize_session=False))
+                if res.rowcount == 1:
+                    ids.append(run.id)
+            return ids
+        return self.write(fn)
+
     def reap(self, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
              run_ids: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
         """Re-queue running runs whose worker is gone (stale heartbeat, or dead pid on this host).
@@ -318,17 +363,19 @@ class Store:
             return requeued, failed
         return self.write(fn)
 
-    def requeue(self, run_id: str, reason: str) -> None:
-        """Hand a running run back (preemption/timeout): the next claim resumes it from its checkpoint.
+    def requeue(self, run_id: str, reason: str, duration_s: float = 0.0, epochs_done: int | None = None) -> None:
+        """Hand a running run back (stopped, preempted, timed out): the next claim resumes it from its
+        checkpoint. The time it trained counts towards its duration.
 
-        A preempted attempt is not a failed one, so it is given back too; otherwise a cell preempted
+        A handed-back attempt is not a failed one, so it is given back too; otherwise a cell preempted
         ``max_attempts`` times would stay queued with no attempt left to claim it.
         """
-        def fn(s: Session) -> None:
-            s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
-                      .values(status="queued", error=reason, attempts=Run.attempts - 1)
-                      .execution_options(synchronize_session=False))
-        self.write(fn)
+        values: dict[str, Any] = {"status": "queued", "error": reason, "attempts": Run.attempts - 1,
+                                  "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
+        if epochs_done is not None:
+            values["epochs_done"] = epochs_done
+        self.write(lambda s: s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
+                                       .values(**values).execution_options(synchronize_session=False)))
 
     def heartbeat(self, run_id: str, epochs_done: int | None = None) -> None:
         values: dict[str, Any] = {"heartbeat_at": now()}

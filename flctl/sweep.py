@@ -171,8 +171,9 @@ def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
     return resolve(spec.task, method, task.defaults, task.options, task.kind, task.methods, cell, p_min)
 
 
-def plan(spec: SweepSpec) -> list[RunConfig]:
-    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid."""
+def plan(spec: SweepSpec, check_data: bool = True) -> list[RunConfig]:
+    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid, and
+    (with ``check_data``) for a missing dataset; a dry run plans without the data, e.g. on a laptop."""
     names = list(spec.axes) + [f"opt.{k}" for k in spec.options]
     choices = list(spec.axes.values()) + list(spec.options.values())
     seen: dict[str, RunConfig] = {}
@@ -184,7 +185,7 @@ def plan(spec: SweepSpec) -> list[RunConfig]:
     from flctl.tasks import get_task
 
     task = get_task(spec.task)
-    if task.check is not None:  # a missing dataset or model fails the plan, before anything is written
+    if check_data and task.check is not None:  # a missing dataset or model fails the plan, before anything is written
         for options in {c.options: c for c in seen.values()}.values():   # once per distinct option set
             task.check(options.opts, spec.data_dir)
     return list(seen.values())

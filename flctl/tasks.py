@@ -1,7 +1,9 @@
 """Task registry. A task is one file under the top-level ``tasks/`` folder, installed as ``flctl_tasks``.
 
 Each file defines ``TASK = Task(...)``: its data, model and the paper's defaults. Adding a task is adding a
-file there; it is discovered by name and tested by the parametrized registry tests.
+file there; it is discovered by name and tested by the parametrized registry tests. A task named
+``two-moons`` lives in ``two_moons.py``: using one task imports only its module (not torchvision or another
+task's dataset code); listing all tasks imports them all.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ def all_tasks() -> dict[str, Task]:
 
 
 def get_task(name: str) -> Task:
+    if _REGISTRY is None and name.replace("-", "_").isidentifier():
+        # The task's own module first, by the naming convention; a module that does not follow it is found
+        # by full discovery below.
+        try:
+            task = getattr(importlib.import_module(f"flctl_tasks.{name.replace('-', '_')}"), "TASK", None)
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("flctl_tasks"):
+                raise
+            task = None
+        if isinstance(task, Task) and task.name == name:
+            return task
     tasks = all_tasks()
     if name not in tasks:
         from flctl.config import ConfigError

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ class EpochStats:
 @dataclass
 class RunResult:
     run_id: str
-    status: str                                  # "completed" | "diverged"
+    status: str                                  # "completed" | "diverged" | "stopped" (asked to, checkpointed)
     epochs_done: int
     metrics: dict[str, float]                    # flattened final summary: "train.avg_loss", ...
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -246,8 +247,16 @@ def train(
     records_root: Path,
     run_dir: Path,
     on_epoch: Callable[[EpochStats], None] | None = None,
+    *,
+    checkpoint_every: float = 0.0,
+    stop: Callable[[], bool] | None = None,
 ) -> RunResult:
-    """Train ``cfg`` to completion (or divergence), resuming from ``run_dir/checkpoint.pt`` if present."""
+    """Train ``cfg`` to completion (or divergence), resuming from ``run_dir/checkpoint.pt`` if present.
+
+    A checkpoint is written after an epoch when ``checkpoint_every`` seconds have passed since the last one
+    (0: every epoch), after every eval epoch (so a resume never redoes recorded work twice over), and when
+    ``stop()`` turns true: the run then ends at that epoch boundary with status "stopped", ready to resume.
+    """
     records_root, run_dir = Path(records_root), Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     task = get_task(cfg.task)
@@ -299,6 +308,7 @@ def train(
     x_train, y_train = data.train.x, data.train.y
     epoch_losses = torch.empty(n_train, device=device)   # this epoch's training loss per sample id
     result = RunResult(cfg.run_id, "completed", start_epoch, {}, history, resumed_from=start_epoch)
+    last_save = time.monotonic()
 
     for epoch in range(start_epoch, cfg.epochs):
         # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
@@ -346,14 +356,22 @@ def train(
         history.append(stats)
         result.epochs_done = epoch + 1
 
-        # ---- checkpoint after the records, so a resumed run redoes at most this epoch ----
-        _atomic_save({
-            "epoch": epoch + 1, "history": history, "model": _trainable_state(model),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "py_rng": random.getstate(), "np_rng": np.random.get_state(),
-        }, checkpoint)
+        # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch
+        # needs none (the run finishes below). A resume redoes the epochs since the checkpoint, identically. ----
+        stopping = stop is not None and stop()
+        if epoch + 1 < cfg.epochs and (stopping or metrics is not None
+                                       or time.monotonic() - last_save >= checkpoint_every):
+            _atomic_save({
+                "epoch": epoch + 1, "history": history, "model": _trainable_state(model),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "py_rng": random.getstate(), "np_rng": np.random.get_state(),
+            }, checkpoint)
+            last_save = time.monotonic()
+            if stopping:
+                result.status = "stopped"
+                return result
         if on_epoch is not None:
             on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
                                 stats["max_multiplier"], metrics))

@@ -108,7 +108,12 @@ def bad(args: list[str], *needles: str) -> None:
     (["sweep", "two-moons", "--eps", "-1"], ["--eps must be"]),
     (["sweep", "two-moons", "--seeds", "0"], ["--seeds must be at least 1"]),
     (["sweep", "two-moons", "--executor", "pbs"], ["unknown executor 'pbs'", "debug, local, slurm"]),
-    (["sweep", "two-moons", "--pack", "0"], ["--pack must be at least 1"]),
+    (["sweep", "two-moons", "--workers", "0"], ["--workers must be an integer of at least 1"]),
+    (["sweep", "two-moons", "--threads", "0"], ["--threads must be an integer of at least 1"]),
+    (["sweep", "two-moons", "--per-gpu", "0"], ["--per-gpu must be an integer of at least 1"]),
+    (["sweep", "two-moons", "--checkpoint-every", "-1"], ["--checkpoint-every must be"]),
+    (["sweep", "two-moons", "--device", "cuda"], ["--device cuda", "no CUDA device"]),
+    (["cancel", "ffff"], ["no run database"]),
     (["sweep", "--spec", "sweeps/nope.toml"], ["no spec file"]),
     (["sweep"], ["name a task"]),
     (["status", "ffff"], ["no run database"]),
@@ -143,7 +148,7 @@ def test_debug_executor_fills_the_grid_and_a_rerun_adds_nothing(results: Path) -
     ledger = json.loads(runner.invoke(app, ["status", "--json"]).stdout)
     assert ledger["total"]["completed"] == 4 and ledger["cells"] == 4
     again = runner.invoke(app, args)
-    assert "0 new, 4 completed" in again.output and "submitting 0" in again.output
+    assert "0 new, 4 completed" in again.output and "0 to do" in again.output and "through" not in again.output
     sweeps = json.loads(runner.invoke(app, ["sweeps", "--json"]).stdout)
     assert [(s["cells"], s["completed"], s["submissions"]) for s in sweeps] == [(4, 4, 1)]
 

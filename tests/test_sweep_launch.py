@@ -1,4 +1,4 @@
-"""Sweeps through real subprocesses (submitit's local executor): completion, idempotence, kill -9 recovery."""
+"""Sweeps through real subprocesses (submitit's local executor): pull workers, kill -9 recovery, cancel."""
 
 from __future__ import annotations
 
@@ -7,13 +7,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import pytest
+
 from flctl import records
+from flctl.config import ConfigError
+from flctl.launch import Slot, local_slots
 from flctl.store import Store
 from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
+ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
 
 
 def flctl(results: Path, *args: str) -> subprocess.CompletedProcess:
@@ -28,43 +34,121 @@ def ledger(results: Path, sweep: str | None = None) -> dict:
     return json.loads(out.stdout)
 
 
-def test_local_sweep_completes_and_rerun_submits_nothing(tmp_path: Path) -> None:
-    args = ("sweep", "two-moons", "--method", "fl,rfl", "--alpha", "1e-2..1", "--seeds", "2", "--epochs", "5",
-            "--executor", "local", "--pack", "4")
+def worker_pids(results: Path) -> set[int]:
+    """Live submitit job processes working for sweeps under ``results``, from /proc (not from flctl's own
+    bookkeeping): the command line runs submitit's job entry point with a folder under results/jobs/."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if "submitit.core._submit" in cmd and str(results / "jobs") in cmd and state != "Z":
+            pids.add(int(proc.name))
+    return pids
+
+
+def same_records(a_root: Path, b_root: Path, run_id: str) -> bool:
+    a = records.read(a_root / "records", [run_id]).sort_by(ORDER)
+    b = records.read(b_root / "records", [run_id]).sort_by(ORDER)
+    return len(a) > 0 and a.equals(b)
+
+
+def test_slots_on_cpu_and_on_gpus() -> None:
+    assert local_slots(25, device="cpu", cores=2) == [Slot(0, 1), Slot(1, 1)]
+    assert local_slots(25, device="cpu", cores=8, threads=2) == [Slot(i, 2) for i in range(4)]
+    assert local_slots(25, device="cpu", cores=8, workers=3) == [Slot(i, 2) for i in range(3)]
+    assert local_slots(1, device="cpu", cores=8) == [Slot(0, 8)]                    # never more workers than cells
+    gpus = ["0", "1"]
+    assert [s.cuda for s in local_slots(25, device="cuda", cores=16, per_gpu=2, gpus=gpus)] == ["0", "0", "1", "1"]
+    assert [s.threads for s in local_slots(25, device="cuda", cores=16, per_gpu=2, gpus=gpus)] == [4] * 4
+    assert [s.cuda for s in local_slots(25, device="cuda:1", cores=16, per_gpu=3, gpus=gpus)] == ["1"] * 3
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        local_slots(5, device="cuda", gpus=[])
+    with pytest.raises(ConfigError, match="--per-gpu must be at least 1"):
+        local_slots(5, device="cpu", per_gpu=0)
+
+
+def test_pull_workers_never_exceed_w_and_rerun_submits_nothing(tmp_path: Path) -> None:
+    args = ("sweep", "two-moons", "--method", "fl,rfl", "--alpha", "1e-2..1", "--seeds", "2", "--epochs", "30",
+            "--workers", "2", "--threads", "1", "--executor", "local")
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], len(worker_pids(tmp_path)))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     first = flctl(tmp_path, *args)
     assert first.returncode == 0, first.stderr
-    assert "8 cells, 8 new" in first.stdout and "2 job(s) through local" in first.stdout
-    done = wait_until(lambda: (lambda l: l if l["total"]["completed"] == 8 else None)(ledger(tmp_path)))
-    assert done["methods"]["fl"]["completed"] == 2 and done["methods"]["rfl"]["completed"] == 6
+    assert "8 cells, 8 new" in first.stdout and "2 worker job(s) through local" in first.stdout, first.stdout
+    wait_until(lambda: ledger(tmp_path)["total"]["completed"] == 8, "8 completed cells")
+    wait_until(lambda: not worker_pids(tmp_path), "the workers to exit once no cell is left")
+    done.set()
+    sampler.join()
+    assert 1 <= peak[0] <= 2, peak
     again = flctl(tmp_path, *args)
-    assert "0 new, 8 completed" in again.stdout and "submitting 0" in again.stdout
+    assert "0 new, 8 completed" in again.stdout and "0 to do" in again.stdout and "through" not in again.stdout
     runs = json.loads(flctl(tmp_path, "runs", "--json").stdout)
-    assert len(runs) == 8 and all(r["attempts"] == 1 and r["job_id"] for r in runs)
+    assert len(runs) == 8 and all(r["attempts"] == 1 for r in runs)
+    assert len({r["job_id"] for r in runs}) <= 2                 # two workers shared the eight cells
 
 
-def test_killed_worker_is_reaped_and_its_run_resumes_to_identical_records(tmp_path: Path) -> None:
+def test_killed_worker_cell_is_finished_by_the_survivor_with_identical_records(tmp_path: Path) -> None:
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "400", "--eval-every", "10")
-    reference = flctl(tmp_path / "ref", "run", *cell)
-    assert reference.returncode == 0, reference.stderr
-
     results = tmp_path / "sweep"
-    args = ("sweep", *cell, "--executor", "local")
+    args = ("sweep", *cell, "--seed", "0,1,2", "--workers", "2", "--threads", "1", "--executor", "local")
     assert flctl(results, *args).returncode == 0
     store = Store.open(f"sqlite:///{results / 'flctl.db'}")
-    # Wait until the worker has written some records, then kill it with SIGKILL (no cleanup possible).
-    wait_until(lambda: len(list((results / "records").glob("run_id=*/epoch=*.parquet"))) >= 3, interval=0.01)
-    [run] = store.list_runs()
-    assert run["status"] == "running", "the run finished before it could be killed"
-    os.kill(run["pid"], signal.SIGKILL)
-    wait_until(lambda: ledger(results)["total"]["stale"] == 1)       # dead pid on this host: stale at once
+    # Wait until a worker has written a few records of its cell, then kill it with SIGKILL (no cleanup).
+    files = lambda: list((results / "records").glob("run_id=*/epoch=*.parquet"))   # noqa: E731
+    wait_until(lambda: len(files()) >= 3, interval=0.01)
+    victim = next(r for r in store.list_runs() if r["status"] == "running")
+    os.kill(victim["pid"], signal.SIGKILL)
+    # The dead pid makes the cell stale at once; the surviving worker claims it after its own cell.
+    wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the survivor to finish all three cells")
+    run = store.get_run(victim["id"])
+    assert run["status"] == "completed" and run["attempts"] == 2 and run["pid"] != victim["pid"]
+    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(victim["seed"]))
+    assert reference.returncode == 0, reference.stderr
+    assert len(records.read(results / "records", [victim["id"]])) == 40 * 2 * 1000
+    assert same_records(tmp_path / "ref", results, victim["id"])                 # no lost, no duplicated rows
+
+
+def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path) -> None:
+    cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "1500", "--eval-every", "50")
+    args = ("sweep", *cell, "--seed", "0,1,2", "--workers", "2", "--threads", "1", "--executor", "local",
+            "--checkpoint-every", "0.2")
+    results = tmp_path / "sweep"
+    assert flctl(results, *args).returncode == 0
+    store = Store.open(f"sqlite:///{results / 'flctl.db'}")
+    wait_until(lambda: sum(r["status"] == "running" for r in store.list_runs()) == 2
+               and len(list((results / "records").glob("run_id=*/epoch=*.parquet"))) >= 4, interval=0.05)
+    [sid] = [p.name for p in (results / "jobs").iterdir()]
+
+    out = flctl(results, "cancel", sid[:6], "--json")
+    assert out.returncode == 0, out.stderr
+    stopped = json.loads(out.stdout)
+    assert len(stopped["stopped"]) == 2 and stopped["killed"] == []              # both stopped cleanly
+    assert not worker_pids(results)
+    runs = store.list_runs()
+    assert not any(r["status"] == "running" for r in runs)
+    interrupted = [r for r in runs if r["status"] == "queued" and r["epochs_done"] > 0]
+    assert interrupted and all(r["attempts"] == 0 for r in interrupted)          # a handed-back attempt is not counted
+    assert all((results / "runs" / r["id"] / "checkpoint.pt").exists() for r in interrupted)
+    again = flctl(results, "cancel", sid)
+    assert again.returncode == 0 and "nothing to cancel" in again.stdout
 
     resumed = flctl(results, *args)
-    assert "1 re-queued after a lost worker" in resumed.stdout and "submitting 1" in resumed.stdout
-    wait_until(lambda: ledger(results)["total"]["completed"] == 1)
-    [run] = store.list_runs()
-    assert run["attempts"] == 2 and run["status"] == "completed"
-
-    order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
-    a = records.read(tmp_path / "ref" / "records", [run["id"]]).sort_by(order)
-    b = records.read(results / "records", [run["id"]]).sort_by(order)
-    assert len(b) == 40 * 2 * 1000 and a.equals(b)                 # no lost, no duplicated rows
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the re-run to finish the sweep")
+    run = store.get_run(interrupted[0]["id"])
+    assert run["attempts"] == 1                                                  # one counted attempt in all
+    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(run["seed"]))
+    assert reference.returncode == 0, reference.stderr
+    assert same_records(tmp_path / "ref", results, run["id"])

@@ -17,6 +17,7 @@ app = typer.Typer(
 )
 app.command(rich_help_panel="Train")(run.run)
 app.command(rich_help_panel="Train")(sweep.sweep)
+app.command(rich_help_panel="Train")(sweep.cancel)
 app.command(rich_help_panel="Inspect")(sweep.status)
 app.command(rich_help_panel="Inspect")(sweep.sweeps)
 app.command(rich_help_panel="Inspect")(runs.runs)

@@ -105,12 +105,17 @@ def run(
                                               rich_help_panel=WHERE_PANEL)] = None,
     rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
                                         rich_help_panel=WHERE_PANEL)] = False,
+    checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
+                                                    "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
+                                                    rich_help_panel=WHERE_PANEL)] = 60.0,
 ) -> None:
     """Train TASK with one method and record per-sample losses and multipliers.
 
     The same configuration is the same run: re-running a completed one shows it; an interrupted one resumes
-    from its last epoch checkpoint.
+    from its last checkpoint. Ctrl-C or SIGTERM stops at the end of the epoch, checkpointed; a second one at once.
     """
+    if not checkpoint_every >= 0:
+        fail(f"--checkpoint-every must be a number of seconds >= 0, got {checkpoint_every}")
     overrides = dict(seed=seed, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
                      weight_decay=weight_decay, scheduler=scheduler, warmup_steps=warmup_steps,
                      micro_batch=micro_batch, precision=precision, eval_every=eval_every, eps=eps, alpha=alpha,
@@ -121,7 +126,7 @@ def run(
     root = ensure_writable(results_root(results_dir))
     store = open_store(db, root)
 
-    from flctl.runner import Layout, execute
+    from flctl.runner import Layout, execute, stop_on_signals
 
     layout = Layout(root)
     previous = store.get_run(cfg.run_id)
@@ -135,9 +140,10 @@ def run(
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
     allow = ("queued", "failed", "diverged", "completed") if rerun else ("queued", "failed", "diverged")
-    with _progress(cfg.epochs, summary_line) as on_epoch:
+    with _progress(cfg.epochs, summary_line) as on_epoch, stop_on_signals() as stop:
         try:
-            result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow)
+            result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow, checkpoint_every=checkpoint_every,
+                             stop=stop.is_set)
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id}")
             raise typer.Exit(130)
@@ -147,6 +153,10 @@ def run(
         held = store.get_run(cfg.run_id)
         fail(f"run {cfg.run_id} is being trained by {held['host']} pid {held['pid']} (last heartbeat "
              f"{held['heartbeat_at']}); wait for it, or see `flctl show {cfg.run_id}`", code=1)
+    if result.status == "stopped":
+        console.print(f"[yellow]stopped[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the same "
+                      f"options resumes run {cfg.run_id}")
+        raise typer.Exit(130)
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
     print_summary(store.get_run(cfg.run_id))

@@ -56,8 +56,16 @@ def sweep(
     executor: Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
                                                     "[default: the spec's, else local].",
                                                     rich_help_panel=LAUNCH_PANEL)] = None,
-    pack: Annotated[Optional[int], typer.Option(help="Cells per job (skip interpreter start-up for cheap runs).",
-                                                rich_help_panel=LAUNCH_PANEL)] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Pull workers [local: cores // threads, or GPUs x per-gpu "
+                                                   "with --device cuda; slurm: min(cells, 64)].",
+                                                   rich_help_panel=LAUNCH_PANEL)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per local worker [cores // workers].",
+                                                   rich_help_panel=LAUNCH_PANEL)] = None,
+    per_gpu: Annotated[Optional[int], typer.Option("--per-gpu", help="Workers sharing one GPU [1].",
+                                                   rich_help_panel=LAUNCH_PANEL)] = None,
+    checkpoint_every: Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
+                                                              "checkpoints (also at eval epochs) [60].",
+                                                              rich_help_panel=LAUNCH_PANEL)] = None,
     max_attempts: Annotated[Optional[int], typer.Option("--max-attempts", help="Give up on a cell after this many "
                                                         "tries [3].", rich_help_panel=LAUNCH_PANEL)] = None,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
@@ -92,7 +100,7 @@ def sweep(
     interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
     """
     from flctl.config import ConfigError
-    from flctl.launch import SlurmOptions, check_executor
+    from flctl.launch import LaunchSettings, check_executor
     from flctl.study import check_objective
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
 
@@ -111,32 +119,21 @@ def sweep(
             sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=with_model(parse_options(option), model),
                                           name=name,
                                           device=device, data_dir=data_dir)
-        configs = plan(sweep_spec)
+        configs = plan(sweep_spec, check_data=not dry_run)
         sid = sweep_id(sweep_spec, configs)
-        # Launch settings: the command line wins over the spec's [launch] table.
-        given = dict(executor=executor, pack=pack, max_attempts=max_attempts, partition=partition, gpus=gpus,
-                     cpus=cpus, mem_gb=mem_gb, time_min=time_min, account=account, qos=qos,
-                     array_parallelism=array_parallelism, sbatch=parse_options(sbatch) or None)
-        unknown = set(sweep_spec.launch) - set(given)
-        if unknown:
-            raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: {', '.join(given)}")
-        settings = {**sweep_spec.launch, **{k: v for k, v in given.items() if v is not None}}
-        executor = settings.pop("executor", "local")
-        pack = int(settings.pop("pack", 1))
-        max_attempts = int(settings.pop("max_attempts", 3))
-        extra = {str(k): str(v) for k, v in (settings.pop("sbatch", None) or {}).items()}
-        slurm = SlurmOptions(**settings, extra=extra)
+        settings = LaunchSettings.resolve(sweep_spec.launch, dict(
+            executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
+            checkpoint_every=checkpoint_every, partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb,
+            time_min=time_min, account=account, qos=qos, array_parallelism=array_parallelism,
+            sbatch=parse_options(sbatch) or None))
         objective = objective or sweep_spec.objective or "train.avg_loss"
         tune = tune if tune is not None else sweep_spec.tune
         check_objective(objective, direction)
         if tune is not None and (tune < 1 or parallel < 1):
             raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
-        if pack < 1:
-            raise ConfigError(f"--pack must be at least 1, got {pack}")
-        if max_attempts < 1:
-            raise ConfigError(f"--max-attempts must be at least 1, got {max_attempts}")
         if not dry_run:
-            check_executor(executor)
+            check_executor(settings.executor)
+            settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
     except (ConfigError, TypeError) as exc:
         fail(str(exc))
 
@@ -148,14 +145,12 @@ def sweep(
     store = open_store(db, root)
     url = db_url(db, root)
     if tune is not None:
-        _tune(store, url, root, sweep_spec, tune, objective, direction, parallel, executor=executor, pack=pack,
-              max_attempts=max_attempts, slurm=slurm)
+        _tune(store, url, root, sweep_spec, tune, objective, direction, parallel, settings)
         return
-    launched = launch_sweep(store, url, root, sid, sweep_spec, configs, executor=executor, pack=pack,
-                            max_attempts=max_attempts, slurm=slurm)
+    launched = _launch(store, url, root, sid, sweep_spec, configs, settings)
     if wait:
         watch(store, sid, until_done=True)
-    elif launched:
+    elif launched.jobs and settings.executor != "debug":
         console.print(f"follow it with `flctl status {sid} --watch`")
     _sync_study(store, url, sid, objective, direction)
 
@@ -174,7 +169,7 @@ def _sync_study(store, url: str, sid: str, objective: str | None = None, directi
 
 
 def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
-          **launch) -> None:
+          settings) -> None:
     import dataclasses
     import hashlib
 
@@ -185,7 +180,7 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
     sid = "t" + hashlib.sha256(f"{spec.name}|{spec.task}|{sorted(spec.to_json().items())}".encode()).hexdigest()[:11]
 
     def launch_configs(configs) -> None:
-        launch_sweep(store, url, root, sid, spec, configs, **launch)
+        _launch(store, url, root, sid, spec, configs, settings)
 
     def fetch(run_ids):
         return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
@@ -198,30 +193,19 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
                   + f" (run {best.user_attrs.get('run_id')})")
 
 
-def launch_sweep(store, url: str, root: Path, sid: str, spec, configs, *, executor: str, pack: int,
-                 max_attempts: int, slurm=None) -> int:
-    """Record the sweep, re-queue lost cells, submit the cells still to do. Returns how many were submitted."""
-    from flctl.launch import submit
-    from flctl.store import STALE_AFTER_S
+def _launch(store, url: str, root: Path, sid: str, spec, configs, settings):
+    from flctl.launch import launch_sweep
 
-    added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), configs)
-    cells = {r["id"]: r for r in store.sweep_runs(sid)}
-    requeued, gave_up = store.reap(run_ids=list(cells), max_attempts=max_attempts, stale_after=STALE_AFTER_S)
-    cells = {r["id"]: r for r in store.sweep_runs(sid)}
-    todo = [c.run_id for c in configs
-            if cells[c.run_id]["status"] in ("queued", "failed") and cells[c.run_id]["attempts"] < max_attempts]
-    done = sum(r["status"] == "completed" for r in cells.values())
-    console.print(f"sweep [bold]{sid}[/]{f' ({spec.name})' if spec.name else ''}: {len(configs)} cells, "
-                  f"{added} new, {done} completed, {len(requeued)} re-queued after a lost worker"
-                  + (f", {len(gave_up)} given up" if gave_up else "") + f"; submitting {len(todo)}")
-    if not todo:
-        return 0
-    jobs = submit(todo, db_url=url, results_root=root, executor=executor, folder=root / "jobs" / sid,
-                  pack=pack, slurm=slurm, max_attempts=max_attempts)
-    store.count_submission(sid)
-    ids = sorted({j.job_id.split("_")[0] for j in jobs})
-    console.print(f"{len(jobs)} job(s) through {executor}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}")
-    return len(todo)
+    launched = launch_sweep(store, url, root, sid, spec, configs, settings)
+    console.print(f"sweep [bold]{sid}[/]{f' ({spec.name})' if spec.name else ''}: {launched.cells} cells, "
+                  f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued after a "
+                  "lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
+                  + f"; {launched.todo} to do" + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+    if launched.jobs:
+        ids = sorted({j.job_id.split("_")[0] for j in launched.jobs})
+        console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "
+                      f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}")
+    return launched
 
 
 def _print_plan(sid: str, spec, configs) -> None:
@@ -298,7 +282,6 @@ def status(
     found = store.get_sweep(sweep_ref)
     if found is None:
         fail(f"no sweep {sweep_ref!r}; list them with `flctl sweeps`")
-    _sync_study(store, db_url(db, results_root(results_dir)), found["id"])
     if as_json:
         print(json.dumps(ledger(store, found["id"]), indent=2))
         return
@@ -326,3 +309,43 @@ def sweeps(
         table.add_row(r["id"], r["name"] or "", r["task"], str(r["cells"]), str(r["completed"]),
                       str(r["submissions"]), r["created_at"][:19])
     console.print(table)
+
+
+def cancel(
+    sweep_ref: Annotated[str, typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name.")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")] = 60.0,
+    as_json: JSON_OPT = False,
+    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+) -> None:
+    """Stop a sweep's workers and hand its running cells back; `flctl sweep` with the same axes resumes it.
+
+    Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held go
+    back to queued without counting an attempt.
+    """
+    from flctl.launch import cancel as cancel_sweep, live_workers, submitted_jobs
+
+    if not timeout >= 0:
+        fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
+    root = results_root(results_dir)
+    store = existing_store(db, root)
+    found = store.get_sweep(sweep_ref)
+    if found is None:
+        fail(f"no sweep {sweep_ref!r}; list them with `flctl sweeps`")
+    sid = found["id"]
+    running = [r["id"] for r in store.sweep_runs(sid) if r["status"] == "running"]
+    slurm = any(j["executor"] == "slurm" for j in submitted_jobs(root, sid))
+    if not (running or live_workers(root, sid) or slurm):
+        message = f"sweep {sid}: nothing to cancel (no live worker, no running cell)"
+        print(json.dumps({"sweep": sid, "stopped": [], "killed": [], "handed_back": []}) if as_json else message)
+        return
+    outcome = cancel_sweep(store, root, sid, timeout=timeout)
+    if as_json:
+        print(json.dumps(outcome, indent=2))
+        return
+    console.print(f"sweep [bold]{sid}[/]: stopped {len(outcome['stopped'])} worker(s)"
+                  + (f" ({len(outcome['killed'])} killed after {timeout:g} s)" if outcome["killed"] else "")
+                  + f", {len(outcome['handed_back'])} running cell(s) handed back to queued; "
+                  f"`flctl sweep` with the same axes resumes it")
+    for w in outcome["stopped"]:
+        console.print(f"  {w['kind']} {w.get('pid') or ''} job {w.get('job_id') or '-'}")
