@@ -324,7 +324,8 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *, timeout: float = 
     """
     host = socket.gethostname()
     stopped: list[dict[str, Any]] = []
-    local = [w for w in live_workers(results_root, sweep_id) if w["host"] == host]
+    local = [w for w in live_workers(results_root, sweep_id)          # Slurm's workers are stopped through Slurm
+             if w["host"] == host and w.get("executor") != "slurm"]
     for w in local:
         with contextlib.suppress(ProcessLookupError):
             os.kill(w["pid"], signal.SIGINT)

@@ -149,14 +149,19 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = 
 def _summarize_and_record(
     cfg: RunConfig, task: Task, records_root: Path, epoch: int,
     train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
+    writer: "_Writer | None" = None,
 ) -> dict[str, float]:
-    """Write one eval epoch's per-sample records and return its flattened summary metrics."""
+    """Write one eval epoch's per-sample records (through ``writer`` when given) and return its flattened
+    summary metrics."""
     eps = None if cfg.eps is None else (np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
     tables = [
         records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, **train_eval),
         records.split_table(cfg.run_id, "test", epoch, **test_eval),
     ]
-    records.write_epoch(records_root, cfg.run_id, epoch, tables)
+    if writer is not None:
+        writer.submit(records.write_epoch, records_root, cfg.run_id, epoch, tables)
+    else:
+        records.write_epoch(records_root, cfg.run_id, epoch, tables)
     # Per-sample eps is defined on the training samples only; test violations use its mean as the level.
     test_eps = None if eps is None else float(np.mean(eps))
     summary = {
@@ -165,6 +170,55 @@ def _summarize_and_record(
         "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps),
     }
     return flatten(summary)
+
+
+class _Writer:
+    """Writes records and checkpoints on one background thread, in submission order (a checkpoint lands after
+    the records of its epoch), so the loop does not wait for the disk. Leaving its ``with`` block waits for everything
+    and re-raises a write's error; at most one checkpoint is pending at a time, which bounds the memory of
+    snapshots. A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
+    identically."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flctl-writer")
+        self._pending: list = []
+        self._checkpoint = None
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self._pending.append(self._pool.submit(fn, *args))
+
+    def checkpoint(self, state: dict[str, Any], path: Path) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.result()
+        self._checkpoint = self._pool.submit(_atomic_save, state, path)
+        self._pending.append(self._checkpoint)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def __enter__(self) -> "_Writer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.flush()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+def _snapshot(obj: Any) -> Any:
+    """A copy of a (nested) state dict whose tensors no longer change as training goes on."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_snapshot(v) for v in obj)
+    return obj
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
@@ -310,71 +364,79 @@ def train(
     result = RunResult(cfg.run_id, "completed", start_epoch, {}, history, resumed_from=start_epoch)
     last_save = time.monotonic()
 
-    for epoch in range(start_epoch, cfg.epochs):
-        # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
-        model.train()
-        order = epoch_order(n_train, cfg.seed, epoch).to(device)
-        aug_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + epoch) if task.augment else None
-        for ids in batches(order, cfg.batch_size):
-            x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
-            if task.augment is not None:
-                x = task.augment(x, aug_gen)
-            epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, cfg.micro_batch,
-                                           cfg.precision)   # no sync
-            if schedule_per_step:
+    # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
+    # interrupted by an exception) waits until they are on disk.
+    with _Writer() as writer:
+        for epoch in range(start_epoch, cfg.epochs):
+            # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
+            if not model.training:      # only after an eval epoch: a recursive walk of the modules every epoch adds up
+                model.train()
+            order = epoch_order(n_train, cfg.seed, epoch).to(device)
+            aug_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + epoch) if task.augment else None
+            for ids in batches(order, cfg.batch_size):
+                x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
+                if task.augment is not None:
+                    x = task.augment(x, aug_gen)
+                epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, cfg.micro_batch,
+                                               cfg.precision)   # no sync
+                if schedule_per_step:
+                    scheduler.step()
+            if not schedule_per_step:
                 scheduler.step()
-        if not schedule_per_step:
-            scheduler.step()
 
-        # ---- end of epoch: one host sync; stop on a non-finite loss instead of crashing ----
-        finite = torch.isfinite(epoch_losses)
-        if not bool(finite.all()):
-            first_bad_position = int((~finite[order]).nonzero()[0, 0])
-            result.status = "diverged"
-            result.diverged_at = {"epoch": epoch + 1,
-                                  "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
-            result.epochs_done = epoch + 1
-            break
-
-        lam = method.multipliers
-        stats = {"epoch": epoch + 1, "train_avg_loss": float(epoch_losses.mean()),
-                 "train_max_loss": float(epoch_losses.max()),
-                 "max_multiplier": None if lam is None else float(lam.max())}
-        # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
-        metrics = None
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            metrics = _summarize_and_record(
-                cfg, task, records_root, epoch + 1, evaluate(task, model, data.train, cfg.precision),
-                evaluate(task, model, data.test, cfg.precision), None if lam is None else lam.cpu().numpy())
-            if not all(math.isfinite(v) for v in metrics.values()):
+            # ---- end of epoch: one host sync; stop on a non-finite loss instead of crashing ----
+            finite = torch.isfinite(epoch_losses)
+            if not bool(finite.all()):
+                first_bad_position = int((~finite[order]).nonzero()[0, 0])
                 result.status = "diverged"
-                result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
+                result.diverged_at = {"epoch": epoch + 1,
+                                      "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
                 result.epochs_done = epoch + 1
                 break
-            stats["metrics"] = metrics
-            result.metrics = metrics
-        history.append(stats)
-        result.epochs_done = epoch + 1
 
-        # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch
-        # needs none (the run finishes below). A resume redoes the epochs since the checkpoint, identically. ----
-        stopping = stop is not None and stop()
-        if epoch + 1 < cfg.epochs and (stopping or metrics is not None
-                                       or time.monotonic() - last_save >= checkpoint_every):
-            _atomic_save({
-                "epoch": epoch + 1, "history": history, "model": _trainable_state(model),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                "py_rng": random.getstate(), "np_rng": np.random.get_state(),
-            }, checkpoint)
-            last_save = time.monotonic()
-            if stopping:
-                result.status = "stopped"
-                return result
-        if on_epoch is not None:
-            on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
-                                stats["max_multiplier"], metrics))
+            lam = method.multipliers
+            stats = {"epoch": epoch + 1, "train_avg_loss": float(epoch_losses.mean()),
+                     "train_max_loss": float(epoch_losses.max()),
+                     "max_multiplier": None if lam is None else float(lam.max())}
+            # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
+            metrics = None
+            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+                metrics = _summarize_and_record(
+                    cfg, task, records_root, epoch + 1, evaluate(task, model, data.train, cfg.precision),
+                    evaluate(task, model, data.test, cfg.precision),
+                    None if lam is None else lam.cpu().numpy().copy(), writer)   # a copy: lam moves on while it is written
+                if not all(math.isfinite(v) for v in metrics.values()):
+                    result.status = "diverged"
+                    result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
+                    result.epochs_done = epoch + 1
+                    break
+                stats["metrics"] = metrics
+                result.metrics = metrics
+            history.append(stats)
+            result.epochs_done = epoch + 1
+
+            # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch
+            # needs none (the run finishes below). A resume redoes the epochs since the checkpoint, identically. ----
+            stopping = stop is not None and stop()
+            if epoch + 1 < cfg.epochs and (stopping or metrics is not None
+                                           or time.monotonic() - last_save >= checkpoint_every):
+                writer.checkpoint({   # copies: training goes on while the writer thread saves them
+                    "epoch": epoch + 1, "history": list(history), "model": _snapshot(_trainable_state(model)),
+                    "optimizer": _snapshot(optimizer.state_dict()), "scheduler": _snapshot(scheduler.state_dict()),
+                    "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                    "py_rng": random.getstate(), "np_rng": np.random.get_state(),
+                }, checkpoint)
+                last_save = time.monotonic()
+                if stopping:
+                    result.status = "stopped"
+                    break
+            if on_epoch is not None:
+                on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
+                                    stats["max_multiplier"], metrics))
+
+    if result.status == "stopped":
+        return result
 
     # ---- finish: final metrics, task extras, model weights; the checkpoint is no longer needed ----
     if result.status == "completed" and not result.metrics:

@@ -102,8 +102,8 @@ def wait_until(predicate, what: str, timeout: float = 120, interval: float = 0.5
 
 
 def submitted_job(stdout: str) -> str:
-    """The Slurm job id that `flctl sweep` reports ('N job(s) through slurm: ID')."""
-    m = re.search(r"(\d+) job\(s\) through slurm: (\d+)\s*$", stdout, re.M)
+    """The Slurm job id that `flctl sweep` reports ('N worker job(s) through slurm: ID')."""
+    m = re.search(r"(\d+) worker job\(s\) through slurm: (\d+)\s*$", stdout, re.M)
     assert m, f"no job id in the sweep's output:\n{stdout}"
     return m.group(2)
 
@@ -145,10 +145,10 @@ def assert_complete_records(results: Path, run_id: str, epochs: int, every: int)
 
 def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, leftovers) -> None:
     args = ("sweep", "two-moons", "--method", "fl,rfl", "--alpha", "1e-2..1", "--seeds", "2", "--epochs", "5",
-            "--executor", "slurm", "--pack", "2")
+            "--executor", "slurm", "--workers", "4")
     first = flctl(tmp_path, *args)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "8 cells, 8 new" in first.stdout and "4 job(s) through slurm" in first.stdout, first.stdout
+    assert "8 cells, 8 new" in first.stdout and "4 worker job(s) through slurm" in first.stdout, first.stdout
     array = submitted_job(first.stdout)
     leftovers["jobs"].append(array)
     [sid] = [p.name for p in (tmp_path / "jobs").iterdir()]
@@ -159,11 +159,11 @@ def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, lef
     assert done["methods"]["fl"]["completed"] == 2 and done["methods"]["rfl"]["completed"] == 6
     assert done["total"]["failed"] == 0 and done["total"]["stale"] == 0
 
-    # One array of 4 tasks (4 packs of 2 cells), each task recorded on the runs it trained.
+    # One array of 4 pull workers sharing the 8 cells, each run recorded with the array task that trained it.
     runs = json.loads(flctl(tmp_path, "runs", "--json").stdout)
     assert len(runs) == 8 and all(r["status"] == "completed" and r["attempts"] == 1 for r in runs)
     tasks = {f"{array}_{i}" for i in range(4)}
-    assert Counter(r["job_id"] for r in runs) == {t: 2 for t in tasks}, [r["job_id"] for r in runs]
+    assert {r["job_id"] for r in runs} <= tasks, [r["job_id"] for r in runs]
     rows = wait_until(lambda: (lambda r: r if len(r) == 4 and all(s == "COMPLETED" for _, s in r) else None)(
         sacct(array)), f"sacct to show array {array} completed")
     assert {j for j, _ in rows} == tasks
@@ -172,7 +172,7 @@ def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, lef
 
     again = flctl(tmp_path, *args)
     assert again.returncode == 0, again.stderr
-    assert "0 new, 8 completed" in again.stdout and "submitting 0" in again.stdout, again.stdout
+    assert "0 new, 8 completed" in again.stdout and "0 to do" in again.stdout, again.stdout
     assert "through slurm" not in again.stdout
 
 
@@ -192,7 +192,7 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
     wait_until(lambda: len(record_files(tmp_path, rid)) >= 3, "the job to train a few epochs", interval=0.1,
                logs=tmp_path / "jobs")
     before = store.get_run(rid)
-    assert before["status"] == "running" and before["job_id"] == job, before    # one pack: a plain job
+    assert before["status"] == "running" and before["job_id"] == job, before    # one worker: a plain job
     assert subprocess.run(["scancel", job], capture_output=True).returncode == 0
     wait_until(lambda: [s.split()[0] for _, s in sacct(job)] == ["CANCELLED"], "sacct to show the job cancelled")
     wait_until(lambda: not Path(f"/proc/{before['pid']}").exists(), "the worker process to be gone", timeout=30)
@@ -203,7 +203,7 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
 
     resumed = flctl(tmp_path, *args)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "1 re-queued after a lost worker" in resumed.stdout and "submitting 1" in resumed.stdout, resumed.stdout
+    assert "1 re-queued after a lost worker" in resumed.stdout and "1 to do" in resumed.stdout, resumed.stdout
     job2 = submitted_job(resumed.stdout)
     leftovers["jobs"].append(job2)
     assert job2 != job
@@ -219,7 +219,7 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
 
 
 def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path, leftovers) -> None:
-    from flctl.launch import submit
+    from flctl.launch import Slot, submit
     from flctl.sweep import plan, spec_from_values
 
     epochs, every = 1000, 20
@@ -236,11 +236,11 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
                                                 "eval_every": str(every)}, device="cpu"))
     url = f"sqlite:///{results / 'flctl.db'}"
     store = Store.open(url)
-    store.add_runs([cfg])
-    folder = tmp_path / "jobs"
-    [job] = submit([cfg.run_id], db_url=url, results_root=results, executor="slurm", folder=folder)
+    store.create_sweep("preempted", None, "two-moons", {}, [cfg])
+    folder = results / "jobs" / "preempted"
+    [job] = submit("preempted", [Slot(0)], db_url=url, results_root=results, executor="slurm")
     leftovers["jobs"].append(job.job_id)
-    assert re.fullmatch(r"\d+", job.job_id), job.job_id                 # one pack: a plain job, no array
+    assert re.fullmatch(r"\d+", job.job_id), job.job_id                 # one worker: a plain job, no array
 
     wait_until(lambda: len(record_files(results, cfg.run_id)) >= 3, "the job to train a few epochs",
                interval=0.1, logs=folder)
@@ -275,4 +275,41 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
     a = records.read(ref_dir / "records", [cfg.run_id]).sort_by(RECORD_ORDER)
     assert a.equals(b), "records of the preempted run differ from an uninterrupted run"
     assert run["metrics"] == pytest.approx(ref_run["metrics"])
+    store.close()
+
+
+def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Path, leftovers) -> None:
+    epochs, every = 3000, 50
+    cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every))
+    args = ("sweep", *cell, "--seed", "0,1,2", "--executor", "slurm", "--workers", "2", "--checkpoint-every", "0.5")
+    first = flctl(tmp_path, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    array = submitted_job(first.stdout)
+    leftovers["jobs"].append(array)
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    wait_until(lambda: sum(r["status"] == "running" for r in store.list_runs()) == 2
+               and all(len(record_files(tmp_path, r["id"])) >= 3 for r in store.list_runs() if r["status"] == "running"),
+               "both workers to train a few epochs", interval=0.2, logs=tmp_path / "jobs")
+    [sid] = [p.name for p in (tmp_path / "jobs").iterdir()]
+
+    out = flctl(tmp_path, "cancel", sid, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["stopped"] == [{"kind": "slurm job", "job_id": array}]
+    squeue = subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout
+    assert squeue.strip() == "", squeue                                       # no job left
+    runs = store.list_runs()
+    assert not any(r["status"] == "running" for r in runs), runs
+    handed_back = [r for r in runs if r["epochs_done"] > 0 and r["status"] == "queued"]
+    assert handed_back and all(r["attempts"] == 0 for r in handed_back)
+    files = record_files(tmp_path, handed_back[0]["id"])
+
+    resumed = flctl(tmp_path, *args)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    leftovers["jobs"].append(submitted_job(resumed.stdout))
+    wait_until(lambda: statuses(tmp_path)["completed"] == 3, "the re-run to finish the sweep", timeout=300,
+               logs=tmp_path / "jobs")
+    rid = handed_back[0]["id"]
+    assert store.get_run(rid)["attempts"] == 1
+    assert_resumed(files, record_files(tmp_path, rid))
+    assert_complete_records(tmp_path, rid, epochs, every)
     store.close()

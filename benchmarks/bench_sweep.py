@@ -1,0 +1,175 @@
+"""How fast a sweep fills on one machine, and what one run costs beyond its optimizer steps.
+
+Three measurements, printed side by side:
+
+1. grid: the 25-cell two-moons grid (`-m fl --lr 1e-4..1e-2:5 --dual-lr 1e-3..1e-1:5`, paper defaults otherwise)
+   filled (a) by 25 `flctl run` processes one after the other and (b) by one `flctl sweep --wait` with the default
+   local executor and worker count. Prints both wall times, their ratio (target b >= 10x faster on 2 cores), and
+   the peak number of live worker processes and their peak summed resident memory during (b) (sampled from /proc).
+2. process: one `flctl run two-moons --method fl` process vs `benchmarks/plain_two_moons.py` (the same training as
+   a plain torch script), alternated, median of --repeats each; target ratio <= 1.3.
+3. loop: inside one process, how much longer flctl's epochs loop of a two-moons FL run takes (through its runner,
+   with a real SQLite database, records, checkpoints and heartbeats) than the plain script's loop doing the same
+   steps and evals: the share spent outside the training itself; target <= 10 %.
+
+    python benchmarks/bench_sweep.py                       # all three, ~5 min on 2 cores
+    python benchmarks/bench_sweep.py process loop --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLCTL = [sys.executable, "-m", "flctl"]
+LRS = ["0.0001", "0.000316228", "0.001", "0.00316228", "0.01"]
+DUAL_LRS = ["0.001", "0.00316228", "0.01", "0.0316228", "0.1"]
+
+
+def _proc_table(folder: Path) -> dict[int, int]:
+    """pid -> resident bytes of live submitit job processes whose job folder is under ``folder``."""
+    found = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if "submitit" not in cmd or str(folder) not in cmd:
+                continue
+            found[int(proc.name)] = int((proc / "statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def grid() -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        a_dir, b_dir = Path(tmp) / "a", Path(tmp) / "b"
+        start = time.perf_counter()
+        for lr in LRS:
+            for dual in DUAL_LRS:
+                subprocess.run([*FLCTL, "run", "two-moons", "-m", "fl", "--lr", lr, "--dual-lr", dual,
+                                "--results-dir", str(a_dir)], check=True, capture_output=True)
+        sequential = time.perf_counter() - start
+
+        peak = {"procs": 0, "rss": 0}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                table = _proc_table(b_dir / "jobs")
+                peak["procs"] = max(peak["procs"], len(table))
+                peak["rss"] = max(peak["rss"], sum(table.values()))
+                done.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1e-2:5", "--dual-lr", "1e-3..1e-1:5",
+                        "--wait", "--results-dir", str(b_dir)], check=True, capture_output=True)
+        swept = time.perf_counter() - start
+        done.set()
+        sampler.join()
+    return {"sequential_runs_s": round(sequential, 1), "sweep_wait_s": round(swept, 1),
+            "speedup": round(sequential / swept, 1), "peak_live_workers": peak["procs"],
+            "peak_worker_rss_mb": round(peak["rss"] / 2**20)}
+
+
+def process(repeats: int) -> dict:
+    flctl_s, plain_s = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            start = time.perf_counter()
+            subprocess.run([*FLCTL, "run", "two-moons", "--method", "fl", "--seed", str(i),
+                            "--results-dir", str(Path(tmp) / str(i))], check=True, capture_output=True)
+            flctl_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plain_two_moons.py"), "--seed", str(i)],
+                           check=True, capture_output=True)
+            plain_s.append(time.perf_counter() - start)
+    f, p = statistics.median(flctl_s), statistics.median(plain_s)
+    return {"flctl_run_s": round(f, 2), "plain_torch_s": round(p, 2), "ratio": round(f / p, 2),
+            "flctl_all_s": [round(v, 2) for v in flctl_s], "plain_all_s": [round(v, 2) for v in plain_s]}
+
+
+def loop(repeats: int) -> dict:
+    """flctl's epochs loop (first epoch's start to last epoch's end, through the runner with a real SQLite
+    database) vs the plain script's loop over the same training, alternated in this process."""
+    import torch
+
+    from benchmarks.plain_two_moons import train as plain_train
+    from flctl.runner import Layout, execute
+    from flctl.store import Store
+    from tests.helpers import config
+
+    torch.set_num_threads(1)
+    ratios, flctl_s, plain_s = [], [], []
+    plain_train(99)                                          # warm-up of both paths
+    for i in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Store.open(f"sqlite:///{tmp}/flctl.db")
+            marks: list[float] = []
+            starts: list[float] = []
+            import flctl.train as train_mod
+
+            real_order = train_mod.epoch_order
+
+            def first_order(*a, **k):
+                if not starts:
+                    starts.append(time.perf_counter())     # the loop starts with the first epoch's order
+                return real_order(*a, **k)
+
+            train_mod.epoch_order = first_order
+            try:
+                execute(config("two-moons", "fl", seed=i), store, Layout(Path(tmp)), checkpoint_every=60.0,
+                        on_epoch=lambda stats: marks.append(time.perf_counter()))
+            finally:
+                train_mod.epoch_order = real_order
+            store.close()
+        flctl_s.append(marks[-1] - starts[0])
+        plain_s.append(plain_train(i)[0])
+        ratios.append(flctl_s[-1] / plain_s[-1] - 1)
+    return {"outside_share": round(statistics.median(ratios), 3), "flctl_loop_s": round(statistics.median(flctl_s), 3),
+            "plain_loop_s": round(statistics.median(plain_s), 3), "all": [round(r, 3) for r in ratios]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sections", nargs="*", default=["grid", "process", "loop"],
+                    choices=["grid", "process", "loop"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    out: dict = {"cores": len(os.sched_getaffinity(0))}
+    if "grid" in args.sections:
+        out["grid"] = grid()
+        g = out["grid"]
+        print(f"grid of 25: {g['sequential_runs_s']} s as 25 `flctl run` vs {g['sweep_wait_s']} s as `flctl sweep "
+              f"--wait`: {g['speedup']}x (target >= 10x); peak {g['peak_live_workers']} live workers, "
+              f"{g['peak_worker_rss_mb']} MB resident together", flush=True)
+    if "process" in args.sections:
+        out["process"] = p = process(args.repeats)
+        print(f"one process: flctl run {p['flctl_run_s']} s vs plain torch {p['plain_torch_s']} s (medians of "
+              f"{args.repeats}): ratio {p['ratio']} (target <= 1.3)", flush=True)
+    if "loop" in args.sections:
+        out["loop"] = lp = loop(args.repeats)
+        print(f"training loop: flctl {lp['flctl_loop_s']} s vs the same training in plain torch {lp['plain_loop_s']} s "
+              f"(medians of {args.repeats}): {100 * lp['outside_share']:.1f} % more, spent on records, checkpoints, "
+              f"heartbeats and bookkeeping (target <= 10 %)")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
