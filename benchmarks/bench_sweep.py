@@ -44,7 +44,7 @@ def _proc_table(folder: Path) -> dict[int, int]:
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if "submitit" not in cmd or str(folder) not in cmd:
+            if "submitit.core._submit" not in cmd or str(folder) not in cmd:   # job processes, not controllers
                 continue
             found[int(proc.name)] = int((proc / "statm").read_text().split()[1]) * page
         except (OSError, IndexError, ValueError):
@@ -70,7 +70,7 @@ def grid() -> dict:
                 table = _proc_table(b_dir / "jobs")
                 peak["procs"] = max(peak["procs"], len(table))
                 peak["rss"] = max(peak["rss"], sum(table.values()))
-                done.wait(0.05)
+                done.wait(0.25)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

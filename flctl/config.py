@@ -29,6 +29,9 @@ NOT_IDENTITY = frozenset({"device", "data_dir"})
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
 LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto"}
+# Fields a cell may vary and still train together with others (flctl.train.train_together): each cell has its own
+# model, optimizer and multipliers. Everything else (task, options, epochs, batch size, schedule, ...) must agree.
+PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum"})
 
 
 class ConfigError(ValueError):
@@ -104,6 +107,11 @@ class RunConfig:
     def run_id(self) -> str:
         """Short, stable id: the same config is the same run (16 hex digits of the hash)."""
         return self.config_hash[:16]
+
+    def together_key(self) -> str:
+        """Cells with equal keys may train together as one stacked model (when their task is ``batched``)."""
+        shared = {k: v for k, v in self.identity().items() if k not in PER_CELL_FIELDS}
+        return json.dumps([shared, self.device, self.data_dir], sort_keys=True, default=str)
 
 
 def resolve(

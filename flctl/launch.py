@@ -40,6 +40,8 @@ EXECUTORS = ("debug", "local", "slurm")
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_CHECKPOINT_EVERY_S = 60.0
 SLURM_DEFAULT_WORKERS = 64
+# Most cells one worker trains together by default (see batch_runs_for and benchmarks/bench_sweep.py).
+AUTO_BATCH_RUNS = 8
 
 
 @dataclass(frozen=True)
@@ -122,10 +124,12 @@ class Worker(submitit.helpers.Checkpointable):
 
     def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
-                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S) -> None:
+                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
-        self.current: str | None = None
+        self.batch_runs = batch_runs
+        self.current: list[str] = []
+        self.stopped = False
 
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
@@ -143,38 +147,57 @@ class Worker(submitit.helpers.Checkpointable):
                 stop_on_signals(signals) as stop:
             try:
                 while not stop.is_set():
-                    run_id = store.claim_next(self.sweep_id, max_attempts=self.max_attempts,
-                                              stale_after=self.stale_after, job_id=job_id, git_sha=git_sha)
-                    if run_id is None:
+                    cfgs = self._claim(store, job_id, git_sha)
+                    if not cfgs:
                         break
-                    cfg = RunConfig.from_json(store.get_run(run_id)["config"])
-                    self.current = run_id
+                    self.current = [c.run_id for c in cfgs]
                     try:
-                        result = train_claimed(cfg, store, layout, checkpoint_every=self.checkpoint_every,
-                                               stop=stop.is_set)
-                    except Exception as exc:  # recorded as failed by train_claimed; go on with the next cell
-                        outcome[run_id] = f"failed: {type(exc).__name__}"
+                        results = train_claimed(cfgs, store, layout, checkpoint_every=self.checkpoint_every,
+                                                stop=stop.is_set)
+                    except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
+                        outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
                         continue
                     finally:
-                        self.current = None
-                    outcome[run_id] = result.status
+                        self.current = []
+                    outcome.update((r.run_id, r.status) for r in results)
             finally:
                 store.close()
+                self.stopped = stop.is_set()
         return outcome
 
+    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[RunConfig]:
+        """The next cell, and up to ``batch_runs - 1`` more that can train together with it."""
+        from flctl.tasks import get_task
+
+        claim = dict(max_attempts=self.max_attempts, stale_after=self.stale_after, job_id=job_id, git_sha=git_sha)
+        first = store.claim_next(self.sweep_id, **claim)
+        if first is None:
+            return []
+        cfgs = [RunConfig.from_json(store.get_run(first)["config"])]
+        if self.batch_runs > 1 and get_task(cfgs[0].task).batched:
+            key = cfgs[0].together_key()
+            while len(cfgs) < self.batch_runs:
+                more = store.claim_next(self.sweep_id, **claim,
+                                        accept=lambda config: RunConfig.from_json(config).together_key() == key)
+                if more is None:
+                    break
+                cfgs.append(RunConfig.from_json(store.get_run(more)["config"]))
+        return cfgs
+
     def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
-        # Called from submitit's signal handler on preemption/timeout, while a run trains in this process: hand
-        # that run back (its epoch checkpoint is on disk) so the requeued worker, or any other, resumes it.
-        if self.current is not None:
+        # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
+        # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
+        if self.current:
             store = Store.open(self.db_url)
             try:
-                store.requeue(self.current, "preempted or timed out; job requeued")
+                for run_id in self.current:
+                    store.requeue(run_id, "preempted or timed out; job requeued")
             finally:
                 store.close()
         return submitit.helpers.DelayedSubmission(
             Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
-                   checkpoint_every=self.checkpoint_every), slot)
+                   checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs), slot)
 
 
 # ---- the live workers of a sweep ----
@@ -260,7 +283,7 @@ def _stdio_to(path: Path):
 def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: Path, executor: str,
            slurm: SlurmOptions | None = None, per_gpu: int = 1, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
            stale_after: float = STALE_AFTER_S, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-           ) -> list[submitit.Job]:
+           batch_runs: int = 1) -> list[submitit.Job]:
     """Start one pull worker per slot (a job array; under Slurm with ``per_gpu`` K, K workers per job as K
     tasks sharing the job's GPUs). Returns without waiting, except debug, which runs its worker in process."""
     check_executor(executor)
@@ -278,7 +301,7 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
         slots = slots[::per_gpu] if per_gpu > 1 else slots
     ex.update_parameters(**params)
     worker = Worker(db_url, str(results_root), sweep_id, executor=executor, max_attempts=max_attempts,
-                    stale_after=stale_after, checkpoint_every=checkpoint_every)
+                    stale_after=stale_after, checkpoint_every=checkpoint_every, batch_runs=batch_runs)
     if executor == "local":
         with _stdio_to(folder / "controllers.log"):
             jobs = ex.map_array(worker, list(slots))
@@ -380,6 +403,7 @@ class LaunchSettings:
     per_gpu: int = 1
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S
+    batch_runs: int | None = None        # None: batch_runs_for() chooses
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     @classmethod
@@ -395,7 +419,7 @@ class LaunchSettings:
         extra = {str(k): str(v) for k, v in (merged.pop("sbatch", None) or {}).items()}
         slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
         settings = cls(**merged, slurm=slurm)
-        for name in ("workers", "threads", "per_gpu", "max_attempts"):
+        for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
             value = getattr(settings, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
@@ -412,6 +436,18 @@ class LaunchSettings:
         return local_slots(cells, device=device, workers=self.workers, threads=self.threads, per_gpu=self.per_gpu)
 
 
+def batch_runs_for(task: str, cells: int, workers: int, device: str) -> int:
+    """Cells a worker trains together when --batch-runs is not given: on a GPU, for a ``batched`` task, an even
+    share of the cells per worker, at most AUTO_BATCH_RUNS; otherwise 1. On the CPU a small model's step is
+    compute-bound and stacking saves only Python overhead: 25 two-moons cells took 18.4 s with 8 per worker vs
+    16.6 s alone (benchmarks/bench_sweep.py), so the CPU default does not stack."""
+    from flctl.tasks import get_task
+
+    if not (device.startswith("cuda") and get_task(task).batched):
+        return 1
+    return max(1, min(AUTO_BATCH_RUNS, math.ceil(cells / workers)))
+
+
 @dataclass
 class Launched:
     """What `flctl sweep` did: the sweep's cells, what was already there, and the workers it started."""
@@ -424,12 +460,16 @@ class Launched:
     todo: int
     live: int
     jobs: list[submitit.Job]
+    here: "_Here | None" = None
 
 
 def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],
-                 settings: LaunchSettings) -> Launched:
+                 settings: LaunchSettings, join: bool = False) -> Launched:
     """Record the sweep, re-queue cells of lost workers, and start workers for the cells still to do: never more
-    live workers than the settings ask for, counting those of an earlier launch still running."""
+    live workers than the settings ask for, counting those of an earlier launch still running.
+
+    With ``join`` (``flctl sweep --wait`` on the local executor) one of the W workers is this process, which would
+    otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it."""
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
     requeued, gave_up = store.reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
@@ -439,10 +479,29 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     live = live_workers(root, sid)
     slots = settings.slots(len(todo), configs[0].device if configs else "cpu")
     slots = slots[:max(0, len(slots) - len(live))] if todo else []
+    batch_runs = settings.batch_runs or batch_runs_for(spec.task, len(todo), max(len(slots), 1), configs[0].device)
+    here = None
+    if join and settings.executor == "local" and slots and slots[0].cuda is None:
+        here = _Here(Worker(url, str(root), sid, executor="local", max_attempts=settings.max_attempts,
+                            checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs), slots[0])
+        slots = slots[1:]
     jobs = submit(sid, slots, db_url=url, results_root=root, executor=settings.executor, slurm=settings.slurm,
                   per_gpu=settings.per_gpu, max_attempts=settings.max_attempts,
-                  checkpoint_every=settings.checkpoint_every)
-    if jobs:
+                  checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs)
+    if jobs or here:
         store.count_submission(sid)
     return Launched(len(configs), added, sum(r["status"] == "completed" for r in cells.values()), requeued,
-                    gave_up, len(todo), len(live), jobs)
+                    gave_up, len(todo), len(live), jobs, here)
+
+
+@dataclass
+class _Here:
+    """A worker to run in this process (see launch_sweep's ``join``)."""
+
+    worker: Worker
+    slot: Slot
+
+    def __call__(self) -> bool:
+        """Work until no cell is left; False when a signal stopped it first."""
+        self.worker(self.slot)
+        return not self.worker.stopped

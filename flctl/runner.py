@@ -51,21 +51,22 @@ def git_revision() -> str | None:
 
 
 class _Heartbeat(threading.Thread):
-    """Beats every ``period`` seconds while the run trains, with the latest epoch count: at most one database
-    write per period however short the epochs, and long epochs do not look like a lost worker."""
+    """Beats every ``period`` seconds while runs train, with each one's latest epoch count: at most one database
+    write per run and period however short the epochs, and long epochs do not look like a lost worker."""
 
-    def __init__(self, store: Store, run_id: str, period: float) -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{run_id}")
-        self.store, self.run_id, self.period = store, run_id, period
-        self.epochs_done: int | None = None
+    def __init__(self, store: Store, run_ids: list[str], period: float) -> None:
+        super().__init__(daemon=True, name="heartbeat")
+        self.store, self.period = store, period
+        self.epochs_done: dict[str, int | None] = dict.fromkeys(run_ids)
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.period):
-            try:
-                self.store.heartbeat(self.run_id, self.epochs_done)
-            except Exception:  # a missed beat is harmless; the next one retries
-                pass
+            for run_id, epochs in list(self.epochs_done.items()):
+                try:
+                    self.store.heartbeat(run_id, epochs)
+                except Exception:  # a missed beat is harmless; the next one retries
+                    pass
 
 
 @contextlib.contextmanager
@@ -98,40 +99,46 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
     if not store.claim_run(cfg.run_id, allow=allow, max_attempts=max_attempts, stale_after=stale_after,
                            job_id=job_id, git_sha=git_revision(), device=cfg.device):
         return None
-    return train_claimed(cfg, store, layout, on_epoch, checkpoint_every=checkpoint_every, stop=stop)
+    return train_claimed([cfg], store, layout, on_epoch, checkpoint_every=checkpoint_every, stop=stop)[0]
 
 
-def train_claimed(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
-                  checkpoint_every: float = 0.0, stop: Callable[[], bool] | None = None):
-    """Train a run this process has claimed and record how it ended: finished, handed back (stopped or
-    interrupted: queued again, the attempt not counted, resumable from its checkpoint) or failed."""
-    from flctl.train import train  # torch is imported here, not at CLI start-up
+def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch: Callable | None = None, *,
+                  checkpoint_every: float = 0.0, stop: Callable[[], bool] | None = None) -> list:
+    """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
+    record how each ended: finished, handed back (stopped or interrupted: queued again, the attempt not counted,
+    resumable from its checkpoint) or failed."""
+    from flctl.train import train_together  # torch is imported here, not at CLI start-up
 
+    ids = [c.run_id for c in cfgs]
     started = time.perf_counter()
-    beat = _Heartbeat(store, cfg.run_id, HEARTBEAT_S)
+    beat = _Heartbeat(store, ids, HEARTBEAT_S)
     beat.start()
 
     def epoch_done(stats) -> None:
-        beat.epochs_done = stats.epoch
+        beat.epochs_done[stats.run_id] = stats.epoch
         if on_epoch is not None:
             on_epoch(stats)
 
     try:
-        result = train(cfg, layout.records, layout.run_dir(cfg.run_id), on_epoch=epoch_done,
-                       checkpoint_every=checkpoint_every, stop=stop)
+        results = train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
+                                 checkpoint_every=checkpoint_every, stop=stop)
     except (KeyboardInterrupt, SystemExit):
-        store.requeue(cfg.run_id, "interrupted; resumes from its last checkpoint", time.perf_counter() - started)
+        for run_id in ids:
+            store.requeue(run_id, "interrupted; resumes from its last checkpoint", time.perf_counter() - started)
         raise
     except BaseException:
-        store.fail_run(cfg.run_id, traceback.format_exc(limit=8), time.perf_counter() - started)
+        for run_id in ids:
+            store.fail_run(run_id, traceback.format_exc(limit=8), time.perf_counter() - started)
         raise
     finally:
         beat.stopped.set()
-    if result.status == "stopped":
-        store.requeue(cfg.run_id, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
-                      time.perf_counter() - started, epochs_done=result.epochs_done)
-        return result
-    store.finish_run(cfg.run_id, status=result.status, epochs_done=result.epochs_done, metrics=result.metrics,
-                     diverged_at=result.diverged_at, lambda_capped=result.lambda_capped,
-                     artifacts=result.artifacts, duration_s=time.perf_counter() - started)
-    return result
+    for result in results:
+        if result.status == "stopped":
+            store.requeue(result.run_id, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
+                          time.perf_counter() - started, epochs_done=result.epochs_done)
+        else:
+            store.finish_run(result.run_id, status=result.status, epochs_done=result.epochs_done,
+                             metrics=result.metrics, diverged_at=result.diverged_at,
+                             lambda_capped=result.lambda_capped, artifacts=result.artifacts,
+                             duration_s=time.perf_counter() - started)
+    return results

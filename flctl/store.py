@@ -293,8 +293,10 @@ class Store:
         return self.write(fn)
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
-                   job_id: str | None = None, git_sha: str | None = None) -> str | None:
-        """Claim the sweep's next cell still to do, for a pull worker; None when none is left.
+                   job_id: str | None = None, git_sha: str | None = None,
+                   accept: Callable[[dict], bool] | None = None) -> str | None:
+        """Claim the sweep's next cell still to do, for a pull worker; None when none is left. With ``accept``,
+        only a cell whose stored config it accepts (e.g. one that can train together with cells already held).
 
         To do: queued, failed with attempts left, or running with a lost worker. Candidates are tried in id
         order through ``claim_run``'s compare-and-swap, so workers racing for the same cell never both win.
@@ -306,7 +308,7 @@ class Store:
                                     Run.status.in_(("queued", "failed", "running")))
                              .order_by(Run.id)).all()
         for r in rows:
-            if r.status == "running" and not _is_stale(r, stale_after):
+            if (r.status == "running" and not _is_stale(r, stale_after)) or (accept and not accept(r.config)):
                 continue
             if self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
                               git_sha=git_sha, device=r.config.get("device")):

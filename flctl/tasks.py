@@ -47,6 +47,9 @@ class Task:
     prepare: Callable[..., None] | None = None
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
     eval_chunk: int = 4096
+    # Cells of this task may train together as one stacked model (flctl.train.train_together): small models
+    # without buffers (no BatchNorm statistics), no augmentation randomness shared across cells.
+    batched: bool = False
 
 
 def _discover() -> dict[str, Task]:

@@ -36,6 +36,7 @@ class EpochStats:
     train_max_loss: float
     max_multiplier: float | None
     metrics: dict[str, float] | None = None  # flattened eval summary when this epoch was evaluated
+    run_id: str = ""
 
 
 @dataclass
@@ -122,6 +123,39 @@ def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.opti
         losses_out.append(losses.detach())
     optimizer.step()
     return losses_out[0] if len(losses_out) == 1 else torch.cat(losses_out)
+
+
+def batched_step(task: Task, runs: list, xs: list[torch.Tensor], ys: list[torch.Tensor],
+                 step_ids: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``train_step`` for several runs of one small model at once: their parameters are stacked (stacking is
+    differentiable, so each run's own parameters get its gradient) and one vmapped forward and one backward
+    serve them all; then each run's own dual step, objective and optimizer step, as alone. Returns each run's g.
+
+    Equal to the runs' separate steps up to float rounding (batched matrix products sum in another order).
+    """
+    from torch.func import functional_call
+
+    base = runs[0].model                     # its code runs with each run's parameters; batched tasks have no buffers
+    params = [dict(r.model.named_parameters()) for r in runs]
+    stacked = {name: torch.stack([p[name] for p in params]) for name in params[0]}     # [R, ...] each
+    x = torch.stack(xs)                                                                 # [R, B, ...]
+    forward = torch.vmap(lambda theta, xb: functional_call(base, theta, (xb,)))
+    if x.device.type == "cuda" and runs[0].cfg.precision == "auto":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = forward(stacked, x).float()
+    else:
+        out = forward(stacked, x)                                                       # [R, B, out]
+    objectives, losses_out = [], []
+    for r, out_r, y, ids in zip(runs, out, ys, step_ids):
+        losses = per_sample_loss(task, out_r, y)                           # [B]
+        r.method.dual_step_(losses, ids)
+        objectives.append(r.method.primal_loss(losses, ids))
+        losses_out.append(losses.detach())
+        r.optimizer.zero_grad(set_to_none=True)
+    torch.stack(objectives).sum().backward()    # runs share no parameter: each gets its own objective's gradient
+    for r in runs:
+        r.optimizer.step()
+    return losses_out
 
 
 @torch.no_grad()
@@ -311,16 +345,100 @@ def train(
     (0: every epoch), after every eval epoch (so a resume never redoes recorded work twice over), and when
     ``stop()`` turns true: the run then ends at that epoch boundary with status "stopped", ready to resume.
     """
-    records_root, run_dir = Path(records_root), Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    task = get_task(cfg.task)
-    device = torch.device(cfg.device)
+    return train_together([cfg], records_root, [run_dir], on_epoch, checkpoint_every=checkpoint_every,
+                          stop=stop)[0]
 
-    # ---- data: whole splits as tensors on the device; row i is sample id i ----
-    data = task.load(cfg.opts, cfg.data_dir)
+
+@dataclass
+class _Run:
+    """One run's state in the loop: what ``train`` sets up from its config (and checkpoint) and moves on."""
+
+    cfg: RunConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    schedule_per_step: bool
+    method: Any
+    run_dir: Path
+    result: RunResult
+    epoch: int                                   # the next epoch to train (epochs done so far)
+    epoch_losses: torch.Tensor                   # this epoch's training loss per sample id
+    last_save: float = field(default_factory=time.monotonic)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    @property
+    def training(self) -> bool:
+        return self.result.status == "completed" and self.epoch < self.cfg.epochs
+
+
+def train_together(
+    cfgs: list[RunConfig],
+    records_root: Path,
+    run_dirs: list[Path],
+    on_epoch: Callable[[EpochStats], None] | None = None,
+    *,
+    checkpoint_every: float = 0.0,
+    stop: Callable[[], bool] | None = None,
+) -> list[RunResult]:
+    """Train several cells of one task side by side, each exactly as ``train`` would train it alone (its own
+    seed, model, optimizer, multipliers, records and checkpoint), with one stacked forward and backward per
+    step when more than one is training (``batched_step``). Cells must share ``RunConfig.together_key``; each may
+    resume from its own epoch; one that diverges or finishes leaves the group and the others go on."""
+    records_root = Path(records_root)
+    task = get_task(cfgs[0].task)
+    if len({c.together_key() for c in cfgs}) != 1 or (len(cfgs) > 1 and not task.batched):
+        raise ValueError(f"these {len(cfgs)} cells cannot train together")
+    device = torch.device(cfgs[0].device)
+
+    # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
+    data = task.load(cfgs[0].opts, cfgs[0].data_dir)
     if task.solve is not None:
-        return _run_solver(cfg, task, data, records_root, run_dir)
+        return [_run_solver(cfg, task, data, records_root, Path(d)) for cfg, d in zip(cfgs, run_dirs)]
     data = data.to(device)
+    runs = [_start(cfg, task, data, Path(run_dir), device) for cfg, run_dir in zip(cfgs, run_dirs)]
+    x_train, y_train, batch_size = data.train.x, data.train.y, cfgs[0].batch_size
+
+    # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
+    # interrupted by an exception) waits until they are on disk.
+    with _Writer() as writer:
+        active = [r for r in runs if r.training]
+        while active:
+            # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
+            for r in active:
+                if not r.model.training:    # only after an eval epoch: walking the modules every epoch adds up
+                    r.model.train()
+            orders = [epoch_order(len(data.train), r.cfg.seed, r.epoch).to(device) for r in active]
+            aug_gens = [torch.Generator(device=device).manual_seed(r.cfg.seed * 7919 + r.epoch)
+                        if task.augment else None for r in active]
+            for step_ids in zip(*(batches(order, batch_size) for order in orders)):
+                xs, ys = [x_train[ids] for ids in step_ids], [y_train[ids] for ids in step_ids]   # [B, ...], [B]
+                if task.augment is not None:
+                    xs = [task.augment(x, gen) for x, gen in zip(xs, aug_gens)]
+                if len(active) == 1:
+                    r, ids = active[0], step_ids[0]
+                    r.epoch_losses[ids] = train_step(task, r.model, r.method, r.optimizer, xs[0], ys[0], ids,
+                                                     r.cfg.micro_batch, r.cfg.precision)   # no sync
+                else:
+                    for r, ids, losses in zip(active, step_ids, batched_step(task, active, xs, ys, step_ids)):
+                        r.epoch_losses[ids] = losses
+                for r in active:
+                    if r.schedule_per_step:
+                        r.scheduler.step()
+            for r, order in zip(active, orders):
+                if not r.schedule_per_step:
+                    r.scheduler.step()
+                _end_epoch(r, task, data, order, records_root, writer, on_epoch, checkpoint_every, stop)
+            active = [r for r in active if r.training]
+    return [r.result if r.result.status == "stopped" else _finish(r, task, data, records_root) for r in runs]
+
+
+def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device) -> _Run:
+    """Model, primal optimizer + schedule and method (which holds the multipliers) of one run; resumed from its
+    checkpoint when there is one."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     n_train = len(data.train)
     eps: float | torch.Tensor | None = cfg.eps
     if isinstance(cfg.eps, tuple):
@@ -328,7 +446,6 @@ def train(
             raise ValueError(f"per-sample eps has {len(cfg.eps)} entries; task {cfg.task} has {n_train} samples")
         eps = torch.tensor(cfg.eps, dtype=torch.float32)
 
-    # ---- model, primal optimizer + schedule, method (holds the multipliers) ----
     _seed_everything(cfg.seed)
     model = task.build_model(cfg.opts, data).to(device)
     if device.type == "cuda" and data.train.x.dim() == 4:
@@ -358,103 +475,91 @@ def train(
         random.setstate(state["py_rng"])
         np.random.set_state(state["np_rng"])
         start_epoch, history = state["epoch"], state["history"]
-
-    x_train, y_train = data.train.x, data.train.y
-    epoch_losses = torch.empty(n_train, device=device)   # this epoch's training loss per sample id
     result = RunResult(cfg.run_id, "completed", start_epoch, {}, history, resumed_from=start_epoch)
-    last_save = time.monotonic()
+    return _Run(cfg, model, optimizer, scheduler, schedule_per_step, method, run_dir, result, start_epoch,
+                torch.empty(n_train, device=device))
 
-    # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
-    # interrupted by an exception) waits until they are on disk.
-    with _Writer() as writer:
-        for epoch in range(start_epoch, cfg.epochs):
-            # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
-            if not model.training:      # only after an eval epoch: a recursive walk of the modules every epoch adds up
-                model.train()
-            order = epoch_order(n_train, cfg.seed, epoch).to(device)
-            aug_gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + epoch) if task.augment else None
-            for ids in batches(order, cfg.batch_size):
-                x, y = x_train[ids], y_train[ids]                    # [B, ...], [B]
-                if task.augment is not None:
-                    x = task.augment(x, aug_gen)
-                epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids, cfg.micro_batch,
-                                               cfg.precision)   # no sync
-                if schedule_per_step:
-                    scheduler.step()
-            if not schedule_per_step:
-                scheduler.step()
 
-            # ---- end of epoch: one host sync; stop on a non-finite loss instead of crashing ----
-            finite = torch.isfinite(epoch_losses)
-            if not bool(finite.all()):
-                first_bad_position = int((~finite[order]).nonzero()[0, 0])
-                result.status = "diverged"
-                result.diverged_at = {"epoch": epoch + 1,
-                                      "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
-                result.epochs_done = epoch + 1
-                break
+def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Path, writer: "_Writer",
+               on_epoch: Callable[[EpochStats], None] | None, checkpoint_every: float,
+               stop: Callable[[], bool] | None) -> None:
+    """After one run's epoch: divergence check, eval and records, checkpoint, report."""
+    cfg, result, epoch = r.cfg, r.result, r.epoch
+    steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
+    r.epoch += 1
+    # ---- one host sync; stop on a non-finite loss instead of crashing ----
+    finite = torch.isfinite(r.epoch_losses)
+    if not bool(finite.all()):
+        first_bad_position = int((~finite[order]).nonzero()[0, 0])
+        result.status = "diverged"
+        result.diverged_at = {"epoch": epoch + 1,
+                              "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
+        result.epochs_done = epoch + 1
+        return
 
-            lam = method.multipliers
-            stats = {"epoch": epoch + 1, "train_avg_loss": float(epoch_losses.mean()),
-                     "train_max_loss": float(epoch_losses.max()),
-                     "max_multiplier": None if lam is None else float(lam.max())}
-            # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
-            metrics = None
-            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                metrics = _summarize_and_record(
-                    cfg, task, records_root, epoch + 1, evaluate(task, model, data.train, cfg.precision),
-                    evaluate(task, model, data.test, cfg.precision),
-                    None if lam is None else lam.cpu().numpy().copy(), writer)   # a copy: lam moves on while it is written
-                if not all(math.isfinite(v) for v in metrics.values()):
-                    result.status = "diverged"
-                    result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
-                    result.epochs_done = epoch + 1
-                    break
-                stats["metrics"] = metrics
-                result.metrics = metrics
-            history.append(stats)
+    lam = r.method.multipliers
+    stats = {"epoch": epoch + 1, "train_avg_loss": float(r.epoch_losses.mean()),
+             "train_max_loss": float(r.epoch_losses.max()),
+             "max_multiplier": None if lam is None else float(lam.max())}
+    # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
+    metrics = None
+    if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        metrics = _summarize_and_record(
+            cfg, task, records_root, epoch + 1, evaluate(task, r.model, data.train, cfg.precision),
+            evaluate(task, r.model, data.test, cfg.precision),
+            None if lam is None else lam.cpu().numpy().copy(), writer)   # a copy: lam moves on while it is written
+        if not all(math.isfinite(v) for v in metrics.values()):
+            result.status = "diverged"
+            result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
             result.epochs_done = epoch + 1
+            return
+        stats["metrics"] = metrics
+        result.metrics = metrics
+    result.history.append(stats)
+    result.epochs_done = epoch + 1
 
-            # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch
-            # needs none (the run finishes below). A resume redoes the epochs since the checkpoint, identically. ----
-            stopping = stop is not None and stop()
-            if epoch + 1 < cfg.epochs and (stopping or metrics is not None
-                                           or time.monotonic() - last_save >= checkpoint_every):
-                writer.checkpoint({   # copies: training goes on while the writer thread saves them
-                    "epoch": epoch + 1, "history": list(history), "model": _snapshot(_trainable_state(model)),
-                    "optimizer": _snapshot(optimizer.state_dict()), "scheduler": _snapshot(scheduler.state_dict()),
-                    "method": method.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                    "py_rng": random.getstate(), "np_rng": np.random.get_state(),
-                }, checkpoint)
-                last_save = time.monotonic()
-                if stopping:
-                    result.status = "stopped"
-                    break
-            if on_epoch is not None:
-                on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
-                                    stats["max_multiplier"], metrics))
+    # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch needs
+    # none (the run finishes). A resume redoes the epochs since the checkpoint, identically. ----
+    stopping = stop is not None and stop()
+    if epoch + 1 < cfg.epochs and (stopping or metrics is not None
+                                   or time.monotonic() - r.last_save >= checkpoint_every):
+        device = r.epoch_losses.device
+        writer.checkpoint({   # copies: training goes on while the writer thread saves them
+            "epoch": epoch + 1, "history": list(result.history), "model": _snapshot(_trainable_state(r.model)),
+            "optimizer": _snapshot(r.optimizer.state_dict()), "scheduler": _snapshot(r.scheduler.state_dict()),
+            "method": r.method.state_dict(), "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            "py_rng": random.getstate(), "np_rng": np.random.get_state(),
+        }, r.checkpoint)
+        r.last_save = time.monotonic()
+        if stopping:
+            result.status = "stopped"
+            return
+    if on_epoch is not None:
+        on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
+                            stats["max_multiplier"], metrics, cfg.run_id))
 
-    if result.status == "stopped":
-        return result
 
-    # ---- finish: final metrics, task extras, model weights; the checkpoint is no longer needed ----
+def _finish(r: _Run, task: Task, data, records_root: Path) -> RunResult:
+    """Final metrics, task extras, model weights; the checkpoint is no longer needed."""
+    result = r.result
     if result.status == "completed" and not result.metrics:
-        result.metrics = next((h["metrics"] for h in reversed(history) if h.get("metrics")), {})
-    if method.multipliers is not None:
-        result.lambda_capped = int((method.multipliers >= LAMBDA_CAP).sum())
+        result.metrics = next((h["metrics"] for h in reversed(result.history) if h.get("metrics")), {})
+    if r.method.multipliers is not None:
+        result.lambda_capped = int((r.method.multipliers >= LAMBDA_CAP).sum())
     if result.status == "completed":
         if task.extras is not None:
-            result.artifacts.update(_save_extras(run_dir, task.extras(model, data, cfg.opts)))
-        _atomic_save(_trainable_state(model), run_dir / "model.pt")
-        result.artifacts["model"] = str(run_dir / "model.pt")
-    result.artifacts["records"] = str(records.run_dir(records_root, cfg.run_id))
-    checkpoint.unlink(missing_ok=True)
+            result.artifacts.update(_save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
+        _atomic_save(_trainable_state(r.model), r.run_dir / "model.pt")
+        result.artifacts["model"] = str(r.run_dir / "model.pt")
+    result.artifacts["records"] = str(records.run_dir(records_root, r.cfg.run_id))
+    r.checkpoint.unlink(missing_ok=True)
     return result
 
 
 def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path) -> RunResult:
     """Tasks solved in closed form or by a convex solver: one 'epoch', same records and summary."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     sol: Solution = task.solve(cfg, data)
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])

@@ -34,6 +34,7 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
 
 
 TASK = Task(
+    batched=True,
     name="diabetes",
     kind="regression",
     description="scikit-learn diabetes (442 samples, 10 features, 80/20 split, z-scored), MLP 10-64-64-1",

@@ -30,6 +30,7 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
 
 
 TASK = Task(
+    batched=True,
     name="digits",
     kind="classification",
     description="scikit-learn digits (8x8 images, 10 classes, stratified 75/25 split), small CNN",

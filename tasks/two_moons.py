@@ -46,6 +46,7 @@ def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict[str, np
 
 
 TASK = Task(
+    batched=True,
     name="two-moons",
     kind="classification",
     description="make_moons (noise 0.1, 1000 train / 1000 test), MLP 2-70-70-2",

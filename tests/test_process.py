@@ -69,3 +69,49 @@ def test_core_modules_import_no_infrastructure(module: str) -> None:
     code = f"import sys, {module}; bad = [m for m in {banned!r} if m in sys.modules]; print(bad); sys.exit(bool(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_run_imports_only_its_own_task() -> None:
+    # `flctl run two-moons` in one process, then a look at what it imported: no torchvision (cifar10/utkface's
+    # models), no other task's module.
+    code = ("import sys, runpy, tempfile; d = tempfile.mkdtemp(); "
+            "sys.argv = ['flctl', 'run', 'two-moons', '--epochs', '1', '--results-dir', d]\n"
+            "try:\n    runpy.run_module('flctl', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torchvision', 'flctl_tasks.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['flctl_tasks.two_moons']", out.stdout
+
+
+def test_sigterm_stops_a_run_at_an_epoch_boundary_and_it_resumes_to_identical_records(tmp_path: Path) -> None:
+    args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "1500", "--eval-every", "50",
+            "--checkpoint-every", "3600")          # by time: never; the checkpoints are the eval epochs' and the stop's
+    whole = flctl(tmp_path / "a", *args)
+    assert whole.returncode == 0, whole.stderr
+
+    stopped = tmp_path / "b"
+    proc = subprocess.Popen([*FLCTL, *args, "--results-dir", str(stopped)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list((stopped / "records").glob("run_id=*/epoch=*.parquet"))) < 3:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    [run_dir] = list((stopped / "runs").iterdir())
+    row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
+    assert row["status"] == "queued" and row["attempts"] == 0, row            # handed back, not failed
+    assert f"stopped after epoch {row['epochs_done']}, checkpointed" in out, out
+    import torch
+
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["epoch"] == row["epochs_done"]
+
+    resumed = flctl(stopped, *args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from epoch {row['epochs_done']}" in resumed.stdout
+    order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
+    a = records.read(tmp_path / "a" / "records", [run_dir.name]).sort_by(order)
+    b = records.read(stopped / "records", [run_dir.name]).sort_by(order)
+    assert len(a) == 30 * 2 * 1000 and a.equals(b)
+    row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
+    assert row["status"] == "completed" and row["attempts"] == 1

@@ -112,6 +112,7 @@ def bad(args: list[str], *needles: str) -> None:
     (["sweep", "two-moons", "--threads", "0"], ["--threads must be an integer of at least 1"]),
     (["sweep", "two-moons", "--per-gpu", "0"], ["--per-gpu must be an integer of at least 1"]),
     (["sweep", "two-moons", "--checkpoint-every", "-1"], ["--checkpoint-every must be"]),
+    (["sweep", "two-moons", "--batch-runs", "0"], ["--batch-runs must be an integer of at least 1"]),
     (["sweep", "two-moons", "--device", "cuda"], ["--device cuda", "no CUDA device"]),
     (["cancel", "ffff"], ["no run database"]),
     (["sweep", "--spec", "sweeps/nope.toml"], ["no spec file"]),
@@ -184,3 +185,26 @@ def test_tune_runs_n_tpe_trials_over_a_log_range(results: Path) -> None:
     assert len(trials) == 3 and all(1e-3 <= t.params["alpha"] <= 10 for t in trials)
     assert len(json.loads(runner.invoke(app, ["runs", "--json"]).stdout)) == 3
     bad(["sweep", "diabetes", "--tune", "2", "--objective", "test.loss"], "unknown objective 'test.loss'")
+
+
+def test_debug_worker_trains_batched_cells_together_and_records_each(results: Path) -> None:
+    from flctl import records
+
+    args = ["sweep", "two-moons", "-m", "erm,fl,rfl", "--alpha", "0.5", "--seed", "0,1", "--epochs", "4",
+            "--eval-every", "2", "--executor", "debug", "--batch-runs", "6"]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    runs = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
+    assert sorted(r["status"] for r in runs) == ["completed"] * 6 and all(r["attempts"] == 1 for r in runs)
+    for r in runs:   # each cell its own records: two eval epochs of 1000 train + 1000 test samples
+        assert len(records.read(results / "records", [r["id"]])) == 2 * 2000
+
+
+def test_dry_run_plans_without_the_dataset(results: Path, tmp_path: Path) -> None:
+    # Planning a cluster sweep on a machine without CIFAR-10: the plan prints; a real launch checks the data.
+    args = ["sweep", "cifar10", "-m", "erm,fl", "--seeds", "2", "--data-dir", str(tmp_path / "nowhere")]
+    plan = runner.invoke(app, [*args, "--dry-run"])
+    assert plan.exit_code == 0, plan.output
+    assert "4 runs; nothing was written" in plan.output
+    bad(args, "cifar")
+    assert files_under(results) == []

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from flctl import records
 from flctl.config import ConfigError
@@ -152,3 +153,14 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(run["seed"]))
     assert reference.returncode == 0, reference.stderr
     assert same_records(tmp_path / "ref", results, run["id"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with CUDA_VISIBLE_DEVICES set)")
+def test_local_sweep_on_cuda_runs_per_gpu_workers_on_the_gpu(tmp_path: Path) -> None:
+    out = flctl(tmp_path, "sweep", "two-moons", "-m", "fl", "--seed", "0,1,2,3", "--epochs", "5", "--device", "cuda",
+                "--per-gpu", "2", "--batch-runs", "1", "--wait")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{2 * torch.cuda.device_count()} worker job(s) through local" in out.stdout, out.stdout
+    runs = json.loads(flctl(tmp_path, "runs", "--json").stdout)
+    assert [r["status"] for r in runs] == ["completed"] * 4 and {r["device"] for r in runs} == {"cuda"}

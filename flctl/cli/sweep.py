@@ -63,6 +63,9 @@ def sweep(
                                                    rich_help_panel=LAUNCH_PANEL)] = None,
     per_gpu: Annotated[Optional[int], typer.Option("--per-gpu", help="Workers sharing one GPU [1].",
                                                    rich_help_panel=LAUNCH_PANEL)] = None,
+    batch_runs: Annotated[Optional[int], typer.Option("--batch-runs", help="Cells a worker trains together as one "
+                                                      "stacked model (tasks that allow it) [auto: an even share, "
+                                                      "at most 8].", rich_help_panel=LAUNCH_PANEL)] = None,
     checkpoint_every: Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
                                                               "checkpoints (also at eval epochs) [60].",
                                                               rich_help_panel=LAUNCH_PANEL)] = None,
@@ -123,7 +126,8 @@ def sweep(
         sid = sweep_id(sweep_spec, configs)
         settings = LaunchSettings.resolve(sweep_spec.launch, dict(
             executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
-            checkpoint_every=checkpoint_every, partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb,
+            checkpoint_every=checkpoint_every, batch_runs=batch_runs, partition=partition, gpus=gpus, cpus=cpus,
+            mem_gb=mem_gb,
             time_min=time_min, account=account, qos=qos, array_parallelism=array_parallelism,
             sbatch=parse_options(sbatch) or None))
         objective = objective or sweep_spec.objective or "train.avg_loss"
@@ -147,7 +151,13 @@ def sweep(
     if tune is not None:
         _tune(store, url, root, sweep_spec, tune, objective, direction, parallel, settings)
         return
-    launched = _launch(store, url, root, sid, sweep_spec, configs, settings)
+    launched = _launch(store, url, root, sid, sweep_spec, configs, settings, join=wait)
+    if launched.here is not None:
+        console.print("this process works on the sweep too while it waits")
+        if not launched.here():
+            console.print(f"[yellow]stopped[/]: its cell went back to the queue; the other workers go on "
+                          f"(`flctl cancel {sid}` stops them)")
+            raise typer.Exit(130)
     if wait:
         watch(store, sid, until_done=True)
     elif launched.jobs and settings.executor != "debug":
@@ -193,10 +203,10 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
                   + f" (run {best.user_attrs.get('run_id')})")
 
 
-def _launch(store, url: str, root: Path, sid: str, spec, configs, settings):
+def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False):
     from flctl.launch import launch_sweep
 
-    launched = launch_sweep(store, url, root, sid, spec, configs, settings)
+    launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
     console.print(f"sweep [bold]{sid}[/]{f' ({spec.name})' if spec.name else ''}: {launched.cells} cells, "
                   f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued after a "
                   "lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
@@ -204,7 +214,10 @@ def _launch(store, url: str, root: Path, sid: str, spec, configs, settings):
     if launched.jobs:
         ids = sorted({j.job_id.split("_")[0] for j in launched.jobs})
         console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "
-                      f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}")
+                      f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}"
+                      + (" and one in this process" if launched.here else ""))
+    elif launched.here:
+        console.print("1 worker, in this process")
     return launched
 
 
@@ -252,7 +265,7 @@ def _settled(data: dict) -> bool:
     return t["running"] == 0 and t["queued"] == 0 and t["stale"] == 0
 
 
-def watch(store, sid: str, until_done: bool, interval: float = 2.0) -> dict:
+def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
     from rich.live import Live
 
     data = ledger(store, sid)
