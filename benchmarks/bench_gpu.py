@@ -118,25 +118,31 @@ def cifar(args) -> dict:
     return out
 
 
-def share_worker(args) -> None:
-    """One of K processes: warm up, wait for the common start, count images trained in --seconds."""
-    from flctl.data import batches, epoch_order, random_crop_flip
+def cifar_fl_step_setup(args, n: int):
+    """What the step-level sections train: n random CIFAR-sized images on the device, the task's ResNet-18
+    (channels-last on CUDA), FL's multipliers, the paper's SGD, and an augmentation generator."""
     from flctl.methods import get_method
-    from flctl.train import train_step
+    from flctl_tasks.cifar10 import build_model
 
-    task = get_task("cifar10")
-    n = 2048 if args.small else 50_000
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g).to(args.device)
     y = torch.randint(0, 10, (n,), generator=g).to(args.device)
     torch.manual_seed(0)
-    from flctl_tasks.cifar10 import build_model
     model = build_model({"width": 8 if args.small else 64}, None).to(args.device)
     if args.device.startswith("cuda"):
         model = model.to(memory_format=torch.channels_last)
     method = get_method("fl")(n, eps=0.51, alpha=1.0, dual_lr=1e-4, device=args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=True)
-    aug = torch.Generator(device=args.device).manual_seed(0)
+    return get_task("cifar10"), x, y, model, method, opt, torch.Generator(device=args.device).manual_seed(0)
+
+
+def share_worker(args) -> None:
+    """One of K processes: warm up, wait for the common start, count images trained in --seconds."""
+    from flctl.data import batches, epoch_order, random_crop_flip
+    from flctl.train import train_step
+
+    n = 2048 if args.small else 50_000
+    task, x, y, model, method, opt, aug = cifar_fl_step_setup(args, n)
 
     def stream():
         epoch = 0
@@ -181,20 +187,10 @@ def profile(args) -> dict:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     from flctl.data import random_crop_flip
-    from flctl.methods import get_method
     from flctl.train import train_step
-    from flctl_tasks.cifar10 import build_model
 
-    task = get_task("cifar10")
     n = 4096
-    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8).to(args.device)
-    y = torch.randint(0, 10, (n,)).to(args.device)
-    model = build_model({"width": 8 if args.small else 64}, None).to(args.device)
-    if args.device.startswith("cuda"):
-        model = model.to(memory_format=torch.channels_last)
-    method = get_method("fl")(n, eps=0.51, alpha=1.0, dual_lr=1e-4, device=args.device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=True)
-    gen = torch.Generator(device=args.device).manual_seed(0)
+    task, x, y, model, method, opt, gen = cifar_fl_step_setup(args, n)
     order = torch.randperm(n).to(args.device).split(128)
 
     def steps(k: int) -> None:

@@ -124,8 +124,10 @@ class Worker(submitit.helpers.Checkpointable):
 
     def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
-                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1) -> None:
+                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1,
+                 sync_study: bool = True) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
+        self.sync_study = sync_study
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
         self.batch_runs = batch_runs
         self.current: list[str] = []
@@ -160,6 +162,8 @@ class Worker(submitit.helpers.Checkpointable):
                     finally:
                         self.current = []
                     outcome.update((r.run_id, r.status) for r in results)
+                if self.sync_study and outcome:
+                    _sync_study_once(store, self.db_url, Path(self.results_root), self.sweep_id)
             finally:
                 store.close()
                 self.stopped = stop.is_set()
@@ -197,7 +201,24 @@ class Worker(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(
             Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
-                   checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs), slot)
+                   checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
+                   sync_study=self.sync_study), slot)
+
+
+def _sync_study_once(store: Store, url: str, results_root: Path, sweep_id: str) -> None:
+    """The sweep's finished cells into its Optuna study, one worker at a time (a file lock: two workers exiting
+    together would otherwise both add the same trials). A failed sync is not the worker's failure."""
+    import fcntl
+
+    from flctl.study import sync_sweep
+
+    lock = workers_dir(results_root, sweep_id).parent / "optuna.lock"
+    try:
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            sync_sweep(store, url, sweep_id)
+    except Exception as exc:
+        print(f"flctl worker: could not sync the Optuna study of sweep {sweep_id}: {exc}", file=sys.stderr)
 
 
 # ---- the live workers of a sweep ----
@@ -483,7 +504,8 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     here = None
     if join and settings.executor == "local" and slots and slots[0].cuda is None:
         here = _Here(Worker(url, str(root), sid, executor="local", max_attempts=settings.max_attempts,
-                            checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs), slots[0])
+                            checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs,
+                            sync_study=False), slots[0])      # the waiting command syncs once all is done
         slots = slots[1:]
     jobs = submit(sid, slots, db_url=url, results_root=root, executor=settings.executor, slurm=settings.slurm,
                   per_gpu=settings.per_gpu, max_attempts=settings.max_attempts,

@@ -49,6 +49,18 @@ def varying(configs: list[RunConfig]) -> dict[str, list[Any]]:
     return space
 
 
+def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, direction: str = "min") -> int:
+    """Mirror a sweep's finished cells into its Optuna study (optuna-dashboard reads the same database): called by
+    `flctl sweep` and by each worker as it exits. Returns how many trials were added."""
+    sweep_row = store.get_sweep(sweep_id)
+    rows = store.sweep_runs(sweep_id)
+    configs = [RunConfig.from_json(r["config"]) for r in rows]
+    if not configs:
+        return 0
+    return sync_grid(url, sweep_id, configs, {r["id"]: r for r in rows},
+                     objective or sweep_row["spec"].get("objective") or "train.avg_loss", direction)
+
+
 def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str, dict], objective: str,
               direction: str = "min") -> int:
     """Add the sweep's newly finished cells to its study; returns how many trials were added."""

@@ -196,23 +196,28 @@ def test_warmup_cosine_schedule_matches_transformers() -> None:
             theirs.step()
 
 
-def test_resume_equals_uninterrupted(pairs: Path, tmp_path: Path) -> None:
-    cfg = config("orca-dpo", "rfl", epochs=4, eval_every=2, lr=1e-2, warmup_steps=3, batch_size=4, micro_batch=2,
-                 data_dir=str(pairs), options={"model": "tiny"})
-
+def interrupted_and_resumed(cfg, tmp_path: Path, at_epoch: int):
+    """Train ``cfg`` whole (in a/) and interrupted after ``at_epoch`` then resumed (in b/); returns (whole, resumed,
+    the checkpoint the interruption left)."""
     class Stop(Exception):
         pass
 
     def stop(stats):
-        if stats.epoch == 3:
+        if stats.epoch == at_epoch:
             raise Stop
 
     whole = train(cfg, tmp_path / "a" / "records", tmp_path / "a" / "run")
     with pytest.raises(Stop):
         train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run", on_epoch=stop)
     checkpoint = torch.load(tmp_path / "b" / "run" / "checkpoint.pt", weights_only=False)
+    return whole, train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run"), checkpoint
+
+
+def test_resume_equals_uninterrupted(pairs: Path, tmp_path: Path) -> None:
+    cfg = config("orca-dpo", "rfl", epochs=4, eval_every=2, lr=1e-2, warmup_steps=3, batch_size=4, micro_batch=2,
+                 data_dir=str(pairs), options={"model": "tiny"})
+    whole, resumed, checkpoint = interrupted_and_resumed(cfg, tmp_path, at_epoch=3)
     assert all("lora" in k for k in checkpoint["model"])       # the frozen base is not checkpointed
-    resumed = train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run")
     assert resumed.resumed_from == 3 and resumed.metrics == whole.metrics
     a = records.read(tmp_path / "a" / "records", [cfg.run_id])
     b = records.read(tmp_path / "b" / "records", [cfg.run_id])
@@ -343,20 +348,8 @@ def test_cuda_4bit_adapter_only_checkpoint_resumes(pairs: Path, tmp_path: Path) 
     cfg = config("orca-dpo", "rfl", epochs=4, eval_every=2, lr=1e-3, warmup_steps=0, batch_size=4, micro_batch=2,
                  data_dir=str(pairs), options={"model": str(folder)})
     cfg = cfg.__class__(**{**cfg.__dict__, "device": "cuda"})
-
-    class Stop(Exception):
-        pass
-
-    def stop(stats):
-        if stats.epoch == 2:
-            raise Stop
-
-    whole = train(cfg, tmp_path / "a" / "records", tmp_path / "a" / "run")
-    with pytest.raises(Stop):
-        train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run", on_epoch=stop)
-    checkpoint = torch.load(tmp_path / "b" / "run" / "checkpoint.pt", weights_only=False)
+    _, resumed, checkpoint = interrupted_and_resumed(cfg, tmp_path, at_epoch=2)
     assert checkpoint["model"] and all("lora" in k for k in checkpoint["model"])
-    resumed = train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run")
     assert resumed.resumed_from == 2 and resumed.status == "completed"
     order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
     a = records.read(tmp_path / "a" / "records", [cfg.run_id]).sort_by(order)

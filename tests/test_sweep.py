@@ -169,7 +169,8 @@ def test_grid_sweep_is_mirrored_as_an_optuna_study(results: Path) -> None:
     runs = {r["id"]: r for r in json.loads(runner.invoke(app, ["runs", "--json"]).stdout)}
     for t in trials:
         assert t.value == runs[t.user_attrs["run_id"]]["metrics"]["test.max_loss"]
-    runner.invoke(app, ["status", "--json"])          # syncing again adds no duplicate trial
+    runner.invoke(app, ["sweep", "polyfit", "-m", "erm,fl", "-o", "degree=10,30", "--executor", "debug",
+                        "--objective", "test.max_loss"])          # syncing again adds no duplicate trial
     assert len(study.get_trials()) == 4
 
 

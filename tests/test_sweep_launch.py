@@ -93,6 +93,11 @@ def test_pull_workers_never_exceed_w_and_rerun_submits_nothing(tmp_path: Path) -
     done.set()
     sampler.join()
     assert 1 <= peak[0] <= 2, peak
+    # The workers mirrored the finished cells into the sweep's Optuna study as they exited (`status` only reads).
+    import optuna
+
+    [summary] = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'flctl.db'}")
+    assert summary.n_trials == 8
     again = flctl(tmp_path, *args)
     assert "0 new, 8 completed" in again.stdout and "0 to do" in again.stdout and "through" not in again.stdout
     runs = json.loads(flctl(tmp_path, "runs", "--json").stdout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -104,7 +105,7 @@ def sweep(
     """
     from flctl.config import ConfigError
     from flctl.launch import LaunchSettings, check_executor
-    from flctl.study import check_objective
+    from flctl.study import check_objective, sync_sweep
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
 
     raw_axes = dict(method=method, eps=eps, p_min=p_min, alpha=alpha, lr=lr, dual_lr=dual_lr,
@@ -133,6 +134,8 @@ def sweep(
         objective = objective or sweep_spec.objective or "train.avg_loss"
         tune = tune if tune is not None else sweep_spec.tune
         check_objective(objective, direction)
+        if tune is None:   # the workers mirror finished cells into the sweep's Optuna study with this objective
+            sweep_spec = dataclasses.replace(sweep_spec, objective=objective)
         if tune is not None and (tune < 1 or parallel < 1):
             raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
         if not dry_run:
@@ -162,20 +165,7 @@ def sweep(
         watch(store, sid, until_done=True)
     elif launched.jobs and settings.executor != "debug":
         console.print(f"follow it with `flctl status {sid} --watch`")
-    _sync_study(store, url, sid, objective, direction)
-
-
-def _sync_study(store, url: str, sid: str, objective: str | None = None, direction: str = "min") -> None:
-    """Mirror the sweep's finished cells into its Optuna study (optuna-dashboard reads the same database)."""
-    from flctl.config import RunConfig
-    from flctl.study import sync_grid
-
-    sweep_row = store.get_sweep(sid)
-    rows = store.sweep_runs(sid)
-    configs = [RunConfig.from_json(r["config"]) for r in rows]
-    if configs:
-        sync_grid(url, sid, configs, {r["id"]: r for r in rows},
-                  objective or sweep_row["spec"].get("objective") or "train.avg_loss", direction)
+    sync_sweep(store, url, sid, objective, direction)
 
 
 def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
