@@ -5,7 +5,8 @@ Three measurements, printed side by side:
 1. grid: the 25-cell two-moons grid (`-m fl --lr 1e-4..1e-2:5 --dual-lr 1e-3..1e-1:5`, paper defaults otherwise)
    filled (a) by 25 `flctl run` processes one after the other and (b) by one `flctl sweep --wait` with the default
    local executor and worker count. Prints both wall times, their ratio (target b >= 10x faster on 2 cores), and
-   the peak number of live worker processes and their peak summed resident memory during (b) (sampled from /proc).
+   the peak number of live worker processes (the waiting `flctl sweep` process included: it is one of the workers)
+   and their peak summed resident memory during (b) (sampled from /proc).
 2. process: one `flctl run two-moons --method fl` process vs `benchmarks/plain_two_moons.py` (the same training as
    a plain torch script), alternated, median of --repeats each; target ratio <= 1.3.
 3. loop: inside one process, how much longer flctl's epochs loop of a two-moons FL run takes (through its runner,
@@ -65,18 +66,26 @@ def grid() -> dict:
         peak = {"procs": 0, "rss": 0}
         done = threading.Event()
 
-        def sample() -> None:
+        def sample(sweep_pid: int) -> None:
+            page = os.sysconf("SC_PAGE_SIZE")
             while not done.is_set():
                 table = _proc_table(b_dir / "jobs")
+                try:   # with --wait the sweep process is one of the workers
+                    table[sweep_pid] = int(Path(f"/proc/{sweep_pid}/statm").read_text().split()[1]) * page
+                except (OSError, IndexError):
+                    pass
                 peak["procs"] = max(peak["procs"], len(table))
                 peak["rss"] = max(peak["rss"], sum(table.values()))
                 done.wait(0.25)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
         start = time.perf_counter()
-        subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1e-2:5", "--dual-lr", "1e-3..1e-1:5",
-                        "--wait", "--results-dir", str(b_dir)], check=True, capture_output=True)
+        sweep = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1e-2:5", "--dual-lr",
+                                  "1e-3..1e-1:5", "--wait", "--results-dir", str(b_dir)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sampler = threading.Thread(target=sample, args=(sweep.pid,), daemon=True)
+        sampler.start()
+        if sweep.wait() != 0:
+            raise RuntimeError("flctl sweep failed")
         swept = time.perf_counter() - start
         done.set()
         sampler.join()
@@ -145,11 +154,13 @@ def loop(repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="*", default=["grid", "process", "loop"],
-                    choices=["grid", "process", "loop"])
+    ap.add_argument("sections", nargs="*", help="grid, process, loop (default: all three)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    args.sections = args.sections or ["grid", "process", "loop"]
+    if not set(args.sections) <= {"grid", "process", "loop"}:
+        ap.error(f"unknown section(s) {args.sections}; choose from grid, process, loop")
     sys.path.insert(0, str(ROOT))
     out: dict = {"cores": len(os.sched_getaffinity(0))}
     if "grid" in args.sections:
