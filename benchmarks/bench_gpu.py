@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))          # the tests' writers of the real on-disk 
 from flctl.config import resolve                                          # noqa: E402
 from flctl.tasks import get_task                                          # noqa: E402
 from flctl.train import EpochStats, train                                 # noqa: E402
-from tests.fixtures import orca_rows, write_cifar10, write_orca_dpo, write_utkface  # noqa: E402
+from tests.fixtures import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
 
 METHODS = ("erm", "fl", "rfl", "cserm")
 

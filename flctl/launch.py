@@ -34,7 +34,7 @@ import submitit
 
 from flctl.config import ConfigError, RunConfig
 from flctl.runner import Layout, git_revision, stop_on_signals, train_claimed
-from flctl.store import STALE_AFTER_S, Store, _pid_alive
+from flctl.store import STALE_AFTER_S, Store, pid_alive
 
 EXECUTORS = ("debug", "local", "slurm")
 DEFAULT_MAX_ATTEMPTS = 3
@@ -255,7 +255,7 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
                                                    if j["executor"] == "slurm"])
             alive = info["job_id"] in active_arrays
         else:
-            alive = info["host"] != socket.gethostname() or _pid_alive(info["pid"])
+            alive = info["host"] != socket.gethostname() or pid_alive(info["pid"])
         if alive:
             found.append(info)
         else:
@@ -381,10 +381,10 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *, timeout: float = 
         subprocess.run(["scancel", "--signal=INT", *slurm_ids], capture_output=True, timeout=60)
         stopped += [{"kind": "slurm job", "job_id": j} for j in slurm_ids]
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (any(_pid_alive(w["pid"]) for w in local)
+    while time.monotonic() < deadline and (any(pid_alive(w["pid"]) for w in local)
                                            or (slurm_ids and _slurm_active(slurm_ids))):
         time.sleep(0.2)
-    killed = [w["pid"] for w in local if _pid_alive(w["pid"])]
+    killed = [w["pid"] for w in local if pid_alive(w["pid"])]
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -134,7 +134,7 @@ def _sqlite_begin(conn) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -151,7 +151,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _is_stale(run: Any, stale_after: float) -> bool:
     """A running run's worker is gone: its heartbeat is old, or it ran here and its process has exited."""
-    if run.host == socket.gethostname() and run.pid is not None and not _pid_alive(run.pid):
+    if run.host == socket.gethostname() and run.pid is not None and not pid_alive(run.pid):
         return True
     beat = run.heartbeat_at
     if beat is None:
