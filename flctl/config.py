@@ -6,6 +6,7 @@ Kept free of torch so the CLI, the database layer and the reports can use it wit
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -98,7 +99,7 @@ class RunConfig:
             d["eps"] = tuple(d["eps"])
         return cls(**d)
 
-    @property
+    @functools.cached_property   # the loop asks for run_id every epoch; a frozen config hashes once
     def config_hash(self) -> str:
         canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(canonical.encode()).hexdigest()

@@ -3,7 +3,9 @@
 Each file defines ``TASK = Task(...)``: its data, model and the paper's defaults. Adding a task is adding a
 file there; it is discovered by name and tested by the parametrized registry tests. A task named
 ``two-moons`` lives in ``two_moons.py``: using one task imports only its module (not torchvision or another
-task's dataset code); listing all tasks imports them all.
+task's dataset code); listing all tasks imports them all. A task module imports torch, scikit-learn and
+torchvision inside the functions that use them, so planning a sweep (its defaults, options, checks) starts
+the workers without those imports (tests/test_process.py checks it; orca-dpo's policy class needs torch).
 """
 
 from __future__ import annotations

@@ -11,13 +11,17 @@ import os
 import pickle
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from flctl.config import ConfigError
-from flctl.data import Dataset, Normalize, Split, random_crop_flip
-from flctl.models import resnet18
 from flctl.tasks import Task
+
+if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
+    import torch
+
+    from flctl.data import Dataset
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -74,6 +78,10 @@ def check(options: dict, data_dir: str | None) -> Path:
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+
+    from flctl.data import Dataset, Split
+
     folder = check(options, data_dir)
     x_tr, y_tr = _read(folder, TRAIN_FILES)
     x_te, y_te = _read(folder, TEST_FILES)
@@ -83,10 +91,17 @@ def load(options: dict, data_dir: str | None) -> Dataset:
 
 def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     # 10-way head, CIFAR stem; normalization inside the model so the data stays uint8.
+    import torch
+
+    from flctl.data import Normalize
+    from flctl.models import resnet18
+
     return torch.nn.Sequential(Normalize(MEAN, STD), resnet18(10, small_inputs=True, width=options["width"]))
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    from flctl.data import random_crop_flip
+
     return random_crop_flip(x, generator, pad=4)
 
 

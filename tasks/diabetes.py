@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import torch
-from sklearn.datasets import load_diabetes
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import StandardScaler
+from typing import TYPE_CHECKING
 
-from flctl.data import Dataset, Split
-from flctl.models import mlp
 from flctl.tasks import Task
+
+if TYPE_CHECKING:   # torch and scikit-learn are imported where used: planning a sweep needs neither
+    import torch
+
+    from flctl.data import Dataset, Split
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+    from sklearn.datasets import load_diabetes
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    from flctl.data import Dataset, Split
+
     x, y = load_diabetes(return_X_y=True)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=options["test_size"],
                                               random_state=options["data_seed"])
@@ -29,6 +36,8 @@ def load(options: dict, data_dir: str | None) -> Dataset:
 
 
 def build_model(options: dict, data: Dataset) -> torch.nn.Module:
+    from flctl.models import mlp
+
     h = options["hidden"]
     return mlp([data.train.x.shape[1], h, h, 1])
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from typing import TYPE_CHECKING
 
-from flctl.data import Dataset, Split
-from flctl.models import small_cnn
 from flctl.tasks import Task
+
+if TYPE_CHECKING:   # torch and scikit-learn are imported where used: planning a sweep needs neither
+    import torch
+
+    from flctl.data import Dataset, Split
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from flctl.data import Dataset, Split
+
     digits = load_digits()
     x = digits.images.astype("float32") / 16.0          # pixel values 0..16 -> [0, 1]
     y = digits.target
@@ -26,6 +33,8 @@ def load(options: dict, data_dir: str | None) -> Dataset:
 
 
 def build_model(options: dict, data: Dataset) -> torch.nn.Module:
+    from flctl.models import small_cnn
+
     return small_cnn(1, 10, width=options["width"])
 
 

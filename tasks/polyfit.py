@@ -7,12 +7,15 @@ The per-sample loss recorded is the absolute residual |p(x_i) - y_i|, so "loss <
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from flctl.data import Dataset, Split
+import numpy as np
+
 from flctl.tasks import Task
-from flctl.train import Solution
+
+if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
+    from flctl.data import Dataset, Split
+    from flctl.train import Solution
 
 CURVE_POINTS = 400
 
@@ -23,6 +26,10 @@ def _sample(n: int, noise: float, rng: np.random.Generator) -> tuple[np.ndarray,
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+
+    from flctl.data import Dataset, Split
+
     rng = np.random.default_rng(options["data_seed"])
     x_tr, y_tr = _sample(options["n_train"], options["noise"], rng)
     x_te, y_te = _sample(options["n_test"], options["noise"], rng)
@@ -39,6 +46,8 @@ def _vander(x: np.ndarray, degree: int) -> np.ndarray:
 
 def solve(cfg, data: Dataset) -> Solution:
     import cvxpy as cp
+
+    from flctl.train import Solution
 
     degree = cfg.opts["degree"]
     x_tr, y_tr = data.train.x.numpy(), data.train.y.numpy()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from sklearn.datasets import make_moons
+from typing import TYPE_CHECKING
 
-from flctl.data import Dataset, Split
-from flctl.models import mlp
+import numpy as np
+
 from flctl.tasks import Task
+
+if TYPE_CHECKING:   # torch and scikit-learn are imported where used: planning a sweep needs neither
+    import torch
+
+    from flctl.data import Dataset, Split
 
 # Grid on which the trained model's class probabilities are saved, for decision contours in reports.
 GRID_X = (-1.5, 2.5)
@@ -17,6 +20,11 @@ GRID_POINTS = 200
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+    from sklearn.datasets import make_moons
+
+    from flctl.data import Dataset, Split
+
     # The data is fixed by data_seed (not by the run seed), so seeds vary initialization and batch order
     # over the same samples and multipliers of different seeds can be compared sample by sample.
     def split(n: int, seed: int) -> Split:
@@ -28,19 +36,23 @@ def load(options: dict, data_dir: str | None) -> Dataset:
 
 
 def build_model(options: dict, data: Dataset) -> torch.nn.Module:
+    from flctl.models import mlp
+
     h = options["hidden"]
     return mlp([2, h, h, 2])
 
 
-@torch.no_grad()
 def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict[str, np.ndarray]:
+    import torch
+
     gx = np.linspace(*GRID_X, GRID_POINTS, dtype=np.float32)
     gy = np.linspace(*GRID_Y, GRID_POINTS, dtype=np.float32)
     xx, yy = np.meshgrid(gx, gy)
     points = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], axis=1))
     device = next(model.parameters()).device
     model.eval()
-    prob = torch.softmax(model(points.to(device)), dim=-1)[:, 1].cpu().numpy().reshape(xx.shape)
+    with torch.no_grad():
+        prob = torch.softmax(model(points.to(device)), dim=-1)[:, 1].cpu().numpy().reshape(xx.shape)
     return {"grid_x": gx, "grid_y": gy, "grid_prob1": prob,
             "train_x": data.train.x.cpu().numpy(), "train_y": data.train.y.cpu().numpy()}
 

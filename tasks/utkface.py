@@ -29,13 +29,17 @@ import os
 import tempfile
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from flctl.config import ConfigError
-from flctl.data import Dataset, Normalize, Split
-from flctl.models import resnet18
 from flctl.tasks import Task
+
+if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
+    import torch
+
+    from flctl.data import Dataset, Split
 
 # ImageNet per-channel statistics (ImageNet-style ResNet stem and input pipeline).
 MEAN = (0.485, 0.456, 0.406)
@@ -167,6 +171,10 @@ def split_sizes(n: int) -> tuple[int, int, int]:
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+
+    from flctl.data import Dataset, Split
+
     folder = check(options, data_dir)
     names, ages, skipped = _scan(folder)
     size = int(options["size"])
@@ -195,6 +203,11 @@ def load(options: dict, data_dir: str | None) -> Dataset:
 def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     # One output (z-scored age), ImageNet stem (7x7 conv + max-pool) for 64px+ faces; normalization inside the
     # model so the data stays uint8 on the device.
+    import torch
+
+    from flctl.data import Normalize
+    from flctl.models import resnet18
+
     return torch.nn.Sequential(Normalize(MEAN, STD), resnet18(1, small_inputs=False, width=options["width"]))
 
 
@@ -208,6 +221,8 @@ def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Random horizontal flip only: a mirrored face has the same age, while random crops/translations would
     undo the alignment the aligned&cropped release provides (and zero padding adds borders faces never have).
     This choice is ours; the paper does not detail the augmentation."""
+    import torch
+
     flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], x.flip(3), x)
 

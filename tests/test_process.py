@@ -83,6 +83,19 @@ def test_a_run_imports_only_its_own_task() -> None:
     assert out.stdout.strip().splitlines()[-1] == "['flctl_tasks.two_moons']", out.stdout
 
 
+@pytest.mark.parametrize("task", ["two-moons", "digits", "diabetes", "polyfit", "cifar10", "utkface"])
+def test_planning_a_sweep_imports_no_torch(task: str) -> None:
+    # A task module imports torch, scikit-learn and torchvision inside its functions, so `flctl sweep` plans
+    # (and starts its workers) without paying ~2 s of imports first. orca-dpo's policy class needs torch at import.
+    code = ("import sys, runpy, tempfile; d = tempfile.mkdtemp(); "
+            f"sys.argv = ['flctl', 'sweep', {task!r}, '--seeds', '2', '--dry-run', '--results-dir', d]\n"
+            "try:\n    runpy.run_module('flctl', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e\n"
+            "print(sorted(m for m in ('torch', 'sklearn', 'torchvision') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
 def test_sigterm_stops_a_run_at_an_epoch_boundary_and_it_resumes_to_identical_records(tmp_path: Path) -> None:
     args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "1500", "--eval-every", "50",
             "--checkpoint-every", "3600")          # by time: never; the checkpoints are the eval epochs' and the stop's
