@@ -13,14 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# Which fields each method reads. A field a method ignores is stored as None, so that e.g. ERM runs that
-# differ only in eps are the same run (same hash) and a sweep does not multiply them by that axis.
-METHOD_FIELDS: dict[str, frozenset[str]] = {
-    "erm": frozenset(),
-    "cserm": frozenset({"eps", "alpha"}),
-    "fl": frozenset({"eps", "dual_lr"}),
-    "rfl": frozenset({"eps", "alpha", "dual_lr"}),
-}
+from flctl.method_info import METHOD_FIELDS, METHOD_INFO
+
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("constant", "cosine")
 # auto: the forward pass runs under bf16 autocast on CUDA (fp32 elsewhere); fp32: never autocast.
@@ -131,8 +125,8 @@ def resolve(
     Raises ConfigError with a one-line message for any bad value.
     """
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if method not in METHOD_FIELDS:
-        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHOD_FIELDS)}")
+    if method not in METHOD_INFO:
+        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHOD_INFO)}")
     if method not in supported_methods:
         raise ConfigError(f"task {task_name!r} supports methods {', '.join(supported_methods)}, not {method!r}")
 
@@ -157,8 +151,8 @@ def resolve(
         raise ConfigError(f"unknown run field(s): {', '.join(sorted(unknown_fields))}")
 
     values: dict[str, Any] = {**task_defaults, **overrides}
-    used = METHOD_FIELDS[method]
-    for k in ("eps", "alpha", "dual_lr"):
+    used = METHOD_INFO[method].reads
+    for k in METHOD_FIELDS:
         if k not in used:
             values[k] = None
     if isinstance(values.get("eps"), (list, tuple)):
@@ -192,7 +186,7 @@ def validate(cfg: RunConfig) -> None:
         bad(f"unknown scheduler {cfg.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
     if cfg.precision not in PRECISIONS:
         bad(f"unknown precision {cfg.precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    used = METHOD_FIELDS[cfg.method]
+    used = METHOD_INFO[cfg.method].reads
     if "eps" in used:
         eps = cfg.eps if isinstance(cfg.eps, tuple) else (cfg.eps,)
         if cfg.eps is None:

@@ -7,7 +7,8 @@ primal-dual methods, first moves the batch's Lagrange multipliers. The training 
     method.dual_step_(losses, ids)         # FL/RFL: lambda[ids] <- projected ascent (done FIRST)
     method.primal_loss(losses, ids).backward()
 
-Adding a method is one subclass decorated with ``@register``.
+Adding a method is one subclass decorated with ``@register``, named after its torch-free description in
+flctl.method_info (label, order, colours, which of eps/alpha/dual_lr it reads, its rule in words).
 """
 
 from __future__ import annotations
@@ -27,11 +28,7 @@ LAMBDA_CAP = 1e12
 class Method:
     """Base class. ``eps`` is a float or a tensor with one level per training sample (indexed by id)."""
 
-    name: ClassVar[str]
-    uses_eps: ClassVar[bool] = False
-    uses_alpha: ClassVar[bool] = False
-    uses_dual_lr: ClassVar[bool] = False
-    summary: ClassVar[str] = ""
+    name: ClassVar[str]       # its entry in flctl.method_info.METHOD_INFO
     # How primal_loss reduces over the batch: "mean" or "sum". Gradient accumulation weighs each
     # micro-batch's objective by its share of the batch for "mean" and by 1 for "sum", so that the
     # accumulated gradient is the whole batch's.
@@ -78,6 +75,10 @@ METHODS: dict[str, type[Method]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:
+    from flctl.method_info import METHOD_INFO
+
+    if cls.name not in METHOD_INFO:
+        raise ValueError(f"describe method {cls.name!r} with flctl.method_info.describe before registering it")
     METHODS[cls.name] = cls
     return cls
 
@@ -94,7 +95,6 @@ class ERM(Method):
     r"""Empirical risk minimization: :math:`\frac{1}{|B|}\sum_{i\in B} g_i(\theta)`."""
 
     name = "erm"
-    summary = "mean loss"
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         return losses.mean()
@@ -108,9 +108,6 @@ class CSERM(Method):
     """
 
     name = "cserm"
-    uses_eps = True
-    uses_alpha = True
-    summary = "(α/2)·mean([g−ε]₊²)"
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         # relu == clamp(min=0) (same values; gradient differs only at excess == 0, where d/dx x^2 = 0),
@@ -122,8 +119,6 @@ class CSERM(Method):
 class _PrimalDual(Method):
     """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first."""
 
-    uses_eps = True
-    uses_dual_lr = True
     reduction = "sum"
 
     def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
@@ -166,7 +161,6 @@ class FL(_PrimalDual):
     """
 
     name = "fl"
-    summary = "λ ← [λ + η(g−ε)]₊ ; min Σ λ·g"
 
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         return lam.add_(violation, alpha=self.dual_lr)
@@ -183,8 +177,6 @@ class RFL(_PrimalDual):
     """
 
     name = "rfl"
-    uses_alpha = True
-    summary = "λ ← [λ + η(g−ε−λ/α)]₊ ; min Σ λ·g"
 
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         # lam + eta*(v - lam/alpha) = (1 - eta/alpha)*lam + eta*v, written as two in-place ops.

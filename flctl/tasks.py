@@ -33,7 +33,8 @@ class Task:
     build_model: Callable[..., Any] | None = None
     # Task-specific options with defaults (``-o KEY=VALUE`` on the command line); part of the run identity.
     options: Mapping[str, Any] = field(default_factory=dict)
-    methods: tuple[str, ...] = ("erm", "cserm", "fl", "rfl")
+    # The methods the task accepts; None: every method described in flctl.method_info (see ``supported``).
+    methods: tuple[str, ...] | None = None
     # augment(x_batch, generator) -> x_batch, applied to training batches only, on the device.
     augment: Callable[..., Any] | None = None
     # extras(model, dataset, options) -> {name: ndarray}, saved next to the records after training
@@ -52,6 +53,14 @@ class Task:
     # Cells of this task may train together as one stacked model (flctl.train.train_together): small models
     # without buffers (no BatchNorm statistics), no augmentation randomness shared across cells.
     batched: bool = False
+
+    @property
+    def supported_methods(self) -> tuple[str, ...]:
+        from flctl.method_info import METHOD_INFO
+
+        if self.methods is not None:
+            return self.methods
+        return tuple(sorted(METHOD_INFO, key=lambda m: METHOD_INFO[m].order))
 
 
 def _discover() -> dict[str, Task]:

@@ -64,7 +64,7 @@ def test_tasks_and_methods_listings() -> None:
     moons = tasks["two-moons"]["defaults"]
     assert (moons["epochs"], moons["batch_size"], moons["lr"], moons["dual_lr"]) == (250, 512, 5e-4, 1e-2)
     methods = {m["name"]: m for m in json.loads(flctl("methods", "--json").stdout)}
-    assert list(methods) == ["erm", "cserm", "fl", "rfl"]
+    assert list(methods) == ["erm", "fl", "rfl", "cserm"]          # table order
     assert methods["rfl"]["uses_alpha"] and not methods["fl"]["uses_alpha"]
     assert flctl("tasks").exit_code == 0 and flctl("methods").exit_code == 0
 
@@ -81,7 +81,7 @@ def assert_rejected(res, *needles: str) -> None:
 
 @pytest.mark.parametrize("args,needles", [
     (["run", "mnist"], ["unknown task 'mnist'", "two-moons"]),
-    (["run", "two-moons", "-m", "sgd"], ["unknown method 'sgd'", "erm, cserm, fl, rfl"]),
+    (["run", "two-moons", "-m", "sgd"], ["unknown method 'sgd'", "erm, fl, rfl, cserm"]),
     (["run", "two-moons", "--eps", "-0.1"], ["--eps must be", ">= 0"]),
     (["run", "two-moons", "-m", "rfl", "--alpha", "0"], ["--alpha must be", "> 0"]),
     (["run", "two-moons", "-m", "cserm", "--alpha", "-1"], ["--alpha must be"]),

@@ -15,7 +15,7 @@ from flctl.train import train
 from tests.fixtures import WRITERS
 from tests.helpers import config
 
-CASES = [(name, method) for name, task in all_tasks().items() for method in task.methods]
+CASES = [(name, method) for name, task in all_tasks().items() for method in task.supported_methods]
 
 
 def data_dir(name: str, tmp_path: Path) -> str | None:

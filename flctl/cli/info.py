@@ -16,7 +16,7 @@ def tasks(as_json: JSON_OPT = False) -> None:
     """List the tasks with their paper defaults and options."""
     from flctl.tasks import all_tasks
 
-    rows = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.methods),
+    rows = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
              "defaults": dict(t.defaults), "options": dict(t.options)} for t in all_tasks().values()]
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -33,10 +33,10 @@ def tasks(as_json: JSON_OPT = False) -> None:
 
 def methods(as_json: JSON_OPT = False) -> None:
     """List the methods and the update rule each one applies."""
-    from flctl.methods import METHODS
+    from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
-    rows = [{"name": m.name, "rule": m.summary, "uses_eps": m.uses_eps, "uses_alpha": m.uses_alpha,
-             "uses_dual_lr": m.uses_dual_lr} for m in METHODS.values()]
+    rows = [{"name": m.name, "label": m.label, "rule": m.rule, **{f"uses_{k}": k in m.reads for k in METHOD_FIELDS}}
+            for m in sorted(METHOD_INFO.values(), key=lambda m: m.order)]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -44,5 +44,5 @@ def methods(as_json: JSON_OPT = False) -> None:
 
     table = Table("method", "update", "ε", "α", "dual lr")
     for r in rows:
-        table.add_row(r["name"], r["rule"], *("✓" if r[k] else "" for k in ("uses_eps", "uses_alpha", "uses_dual_lr")))
+        table.add_row(r["name"], r["rule"], *("✓" if r[f"uses_{k}"] else "" for k in METHOD_FIELDS))
     console.print(table)

@@ -20,7 +20,7 @@ import numpy as np
 
 from flctl.config import ConfigError
 from flctl.report.data import all_epochs, final_losses, final_records
-from flctl.report.tables import METHOD_LABEL, METHOD_ORDER
+from flctl.method_info import method_info
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -30,10 +30,6 @@ PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", 
 SPLITS = ("train", "test")
 IMAGE_TASKS = ("digits", "cifar10", "utkface")
 DPI = 150
-# One colour family per method so a method looks the same in every figure; shades tell its variants apart.
-METHOD_CMAP = {"erm": "Greys", "fl": "Blues", "rfl": "Oranges", "cserm": "Greens"}
-# FL and RFL often coincide (small multipliers, or α large): a dashed RFL keeps the FL line under it visible.
-METHOD_LINESTYLE = {"erm": "-", "fl": "-", "rfl": "--", "cserm": "-."}
 # Config keys that never split runs into curves: seeds are what the median and band summarize, eps and alpha
 # are always in the label, and device/data_dir say where a run executed, not what it computed.
 NOT_CURVE_KEYS = frozenset({"task", "method", "seed", "eps", "alpha", "device", "data_dir"})
@@ -50,6 +46,14 @@ def plot(name: str, runs: list[dict], records_root: Path, out: Path, *, split: s
     """Draw the named figure from ``runs`` and write ``out.png`` and ``out.pdf``; returns both paths.
 
     Raises ConfigError (one line) for an unknown name, a bad split or k, or runs the figure cannot use."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        return save(figure(name, runs, records_root, split=split, k=k), Path(out))
+
+
+def figure(name: str, runs: list[dict], records_root: Path, *, split: str | None = None, k: int = 16) -> Figure:
+    """The named figure, not yet written (see ``plot``)."""
     if name not in PLOTS:
         raise ConfigError(f"unknown plot {name!r}; choose one of: {', '.join(PLOTS)}")
     if split not in (None, *SPLITS):
@@ -72,8 +76,7 @@ def plot(name: str, runs: list[dict], records_root: Path, out: Path, *, split: s
         "dynamics": lambda: _dynamics(runs, Path(records_root), split),
     }
     with matplotlib.rc_context(STYLE):
-        fig = builders[name]()
-        return save(fig, Path(out))
+        return builders[name]()
 
 
 def save(fig: Figure, out: Path) -> list[Path]:
@@ -107,7 +110,7 @@ class Group:
 
     @property
     def linestyle(self) -> str:
-        return METHOD_LINESTYLE.get(self.method, ":")
+        return method_info(self.method).linestyle
 
 
 def group_runs(runs: Sequence[dict], ignore: Sequence[str] = ()) -> list[Group]:
@@ -130,14 +133,14 @@ def group_runs(runs: Sequence[dict], ignore: Sequence[str] = ()) -> list[Group]:
         buckets.setdefault(_hashable(key), []).append(run)
 
     def order(key: tuple) -> tuple:
-        return (METHOD_ORDER.get(key[0], 9), key[0], *(_sortable(v) for v in key[1:]))
+        return (method_info(key[0]).order, key[0], *(_sortable(v) for v in key[1:]))
 
     keys = sorted(buckets, key=order)
     per_method = {m: [key for key in keys if key[0] == m] for m in {key[0] for key in keys}}
     groups = []
     for key in keys:
         method, eps, alpha, *rest = key
-        parts = [METHOD_LABEL.get(method, method)]
+        parts = [method_info(method).label]
         parts += [f"ε={fmt(eps)}"] if eps is not None else []
         parts += [f"α={fmt(alpha)}"] if alpha is not None else []
         parts += [f"{name.removeprefix('options.')}={fmt(v)}" for name, v in zip(varying, rest) if v is not None]
@@ -173,7 +176,8 @@ def _sortable(value: Any) -> tuple:
 def _shade(method: str, index: int, count: int) -> tuple[float, float, float, float]:
     import matplotlib
 
-    cmap = matplotlib.colormaps[METHOD_CMAP.get(method, "Purples")]
+    # One colour family per method so a method looks the same in every figure; shades tell its variants apart.
+    cmap = matplotlib.colormaps[method_info(method).cmap]
     # Light ends of the sequential maps are invisible on white; one variant gets a strong mid-dark shade.
     return cmap(0.75 if count == 1 else 0.45 + 0.5 * index / (count - 1))
 
@@ -431,7 +435,7 @@ GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")
 
 
 def _multipliers(runs: list[dict], records_root: Path) -> Figure:
-    candidates = [r for r in runs if r["method"] in ("fl", "rfl") and r["status"] == "completed"]
+    candidates = [r for r in runs if method_info(r["method"]).has_multipliers and r["status"] == "completed"]
     with_grid = [(r, e) for r in candidates if (e := _load_extras(r, GRID_KEYS)) is not None]
     if not with_grid:
         raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "
@@ -524,7 +528,7 @@ def _multiplier_legend() -> list:
 # ---------------------------------------------------------------- top multipliers (paper Fig. 4)
 
 def _top_multipliers(runs: list[dict], records_root: Path, k: int) -> Figure:
-    run = next((r for r in runs if r["method"] in ("fl", "rfl") and r["status"] == "completed"), None)
+    run = next((r for r in runs if method_info(r["method"]).has_multipliers and r["status"] == "completed"), None)
     if run is None:
         raise ConfigError("the top-multipliers plot needs a completed fl or rfl run; select one with --task or "
                           "--sweep (e.g. `flctl run digits -m fl`)")

@@ -16,11 +16,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from flctl.config import ConfigError
+from flctl.method_info import method_info
 
 TABLES = ("main", "ablation", "llm", "runs")
 FORMATS = ("rich", "markdown", "latex", "csv")
-METHOD_ORDER = {"erm": 0, "fl": 1, "rfl": 2, "cserm": 3}
-METHOD_LABEL = {"erm": "ERM", "fl": "FL", "rfl": "RFL", "cserm": "CSERM"}
 SPLITS = ("train", "test")
 # Summary metrics recorded per run (flctl.metrics), and which direction is better.
 SUMMARY = ("avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
@@ -108,10 +107,10 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
 
     if name == "runs":
         table = Table("Runs", ["Run", "Method", "ε", "α", "Seed", "Status"], columns)
-        for r in sorted(runs, key=lambda r: (METHOD_ORDER.get(r["method"], 9), str(r["config"].get("eps")),
+        for r in sorted(runs, key=lambda r: (method_info(r["method"]).order, str(r["config"].get("eps")),
                                              str(r["config"].get("alpha")), r["seed"])):
             cells = [Cell(value(r, c), None, 1) for c in columns]
-            table.rows.append(([r["id"], METHOD_LABEL.get(r["method"], r["method"]),
+            table.rows.append(([r["id"], method_info(r["method"]).label,
                                 _key_value(r["config"].get("eps")), _key_value(r["config"].get("alpha")),
                                 str(r["seed"]), r["status"]], cells))
         return table
@@ -131,7 +130,7 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
         rest = tuple((k, _key_value(cfg.get(k)) if not isinstance(cfg.get(k), dict) else
                       ",".join(f"{a}={b}" for a, b in sorted(cfg[k].items()))) for k in split_by)
         model = (cfg.get("options") or {}).get("model")
-        key = (METHOD_ORDER.get(r["method"], 9), r["method"], cfg.get("eps"), cfg.get("alpha"), model, rest)
+        key = (method_info(r["method"]).order, r["method"], cfg.get("eps"), cfg.get("alpha"), model, rest)
         groups.setdefault(key, []).append(r)
     varying_rest = bool(split_by)
 
@@ -162,7 +161,7 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
         for c in columns:
             mean, std = aggregate([value(r, c) for r in done])
             cells.append(Cell(mean, std, len(done), flagged=len(done) < expected))
-        label = METHOD_LABEL.get(method, method)
+        label = method_info(method).label
         if name == "ablation":
             alpha_text = "∞" if method == "fl" else ("—" if alpha is None else _key_value(alpha))
             row = [_key_value(eps), label, alpha_text]
