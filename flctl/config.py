@@ -19,14 +19,21 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("constant", "cosine")
 # auto: the forward pass runs under bf16 autocast on CUDA (fp32 elsewhere); fp32: never autocast.
 PRECISIONS = ("auto", "fp32")
-# Fields that describe where a run executes rather than what it computes: not part of its identity.
-NOT_IDENTITY = frozenset({"device", "data_dir"})
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
 LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto"}
 # Fields a cell may vary and still train together with others (flctl.train.train_together): each cell has its own
 # model, optimizer and multipliers. Everything else (task, options, epochs, batch size, schedule, ...) must agree.
 PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum"})
+# Where a field's command-line option is listed in `flctl run --help`.
+PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
+
+
+def _field(default: Any, help: str, panel: str, *, axis: bool = True, identity: bool = True,
+           flags: tuple[str, ...] = ()) -> Any:
+    """A RunConfig field with what the command line, sweeps and studies need to know about it (``FIELDS``)."""
+    return field(default=default, metadata={"help": help, "panel": panel, "axis": axis, "identity": identity,
+                                            "flags": flags})
 
 
 class ConfigError(ValueError):
@@ -35,31 +42,37 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run. Every field but ``task`` and ``options`` carries its help text and role (see ``FIELDS``): the
+    options of `flctl run` and `flctl sweep`, the sweep axes, the plan's columns and the Optuna parameters are
+    derived from them."""
+
     task: str
-    method: str
-    seed: int = 0
-    epochs: int = 1
-    batch_size: int = 128
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    scheduler: str = "constant"
+    method: str = _field(None, "Method, see `flctl methods` [run: fl].", "method", flags=("--method", "-m"))
+    seed: int = _field(0, "Seed of initialization and batch order.", "optim")
+    epochs: int = _field(1, "Epochs.", "optim")
+    batch_size: int = _field(128, "Samples per optimizer step.", "optim")
+    optimizer: str = _field("adamw", f"Primal optimizer: {' or '.join(OPTIMIZERS)}.", "optim")
+    lr: float = _field(1e-3, "Primal learning rate.", "optim")
+    momentum: float = _field(0.0, "SGD momentum.", "optim")
+    weight_decay: float = _field(0.0, "Weight decay.", "optim")
+    scheduler: str = _field("constant", f"Learning-rate schedule: {' or '.join(SCHEDULERS)}.", "optim")
     # > 0: the schedule moves every optimizer step: linear warmup from 0 over this many steps, then constant
     # or cosine to 0 at the last step (transformers' get_cosine_schedule_with_warmup). 0: cosine per epoch.
-    warmup_steps: int = 0
+    warmup_steps: int = _field(0, "Linear warmup over N steps, then the schedule per step.", "optim")
     # > 0: accumulate gradients over micro-batches of this many samples (same update, less memory).
-    micro_batch: int = 0
+    micro_batch: int = _field(0, "Accumulate gradients over micro-batches of N samples (0 = whole batch).", "optim")
     # "auto": bf16 autocast for the forward pass on CUDA (losses, multipliers, optimizer state stay float32);
     # "fp32": no autocast. On the CPU both compute the same thing in float32.
-    precision: str = "auto"
-    eval_every: int = 1
-    eps: float | tuple[float, ...] | None = None
-    alpha: float | None = None
-    dual_lr: float | None = None
+    precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where")
+    eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim")
+    eps: float | tuple[float, ...] | None = _field(None, "Constraint level ε on each sample's loss.", "method")
+    alpha: float | None = _field(None, "RFL/CSERM relaxation cost α > 0.", "method")
+    dual_lr: float | None = _field(None, "Multiplier step size η_λ.", "method")
     options: tuple[tuple[str, Any], ...] = ()   # task-specific options, sorted (key, value) pairs
-    device: str = "cpu"
-    data_dir: str | None = None
+    # Where a run executes, not what it computes: not part of its identity, not an axis.
+    device: str = _field("cpu", "cpu, cuda, cuda:N or auto.", "where", axis=False, identity=False)
+    data_dir: str | None = _field(None, "Existing copy of the dataset (a folder, or a file for orca-dpo).", "where",
+                                  axis=False, identity=False, flags=("--data-dir", "--data"))
 
     @property
     def opts(self) -> dict[str, Any]:
@@ -108,6 +121,36 @@ class RunConfig:
         shared = {k: v for k, v in self.identity().items() if k not in PER_CELL_FIELDS}
         return json.dumps([shared, self.device, self.data_dir], sort_keys=True, default=str)
 
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """A RunConfig field as the command line, sweeps and studies see it."""
+
+    name: str
+    kind: type                # float, int or str: how a value or a sweep axis of it is parsed
+    help: str
+    panel: str                # key of PANELS
+    axis: bool                # a sweep may vary it
+    identity: bool            # part of the run's id
+    flags: tuple[str, ...]    # its command-line option names
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+
+def _spec(f: dataclasses.Field) -> FieldSpec:
+    kind = {"float": float, "int": int, "str": str}[str(f.type).split("|")[0].strip()]
+    m = f.metadata
+    return FieldSpec(f.name, kind, m["help"], m["panel"], m["axis"], m["identity"],
+                     m["flags"] or ("--" + f.name.replace("_", "-"),))
+
+
+# Every field but task and options (the command's argument and its -o KEY=VALUE pairs), in declaration order.
+FIELDS: dict[str, FieldSpec] = {f.name: _spec(f) for f in dataclasses.fields(RunConfig) if f.metadata}
+AXIS_FIELDS = tuple(name for name, f in FIELDS.items() if f.axis)
+NOT_IDENTITY = frozenset(name for name, f in FIELDS.items() if not f.identity)
 
 def resolve(
     task_name: str,

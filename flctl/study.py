@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from flctl.config import ConfigError, RunConfig
+from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
 from flctl.store import normalize_url
 
 SPLITS = ("train", "test")
 METRICS = ("avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
            "max_multiplier")
 TERMINAL = ("completed", "diverged", "failed")
-PARAM_FIELDS = ("method", "eps", "alpha", "lr", "dual_lr", "weight_decay", "momentum", "epochs", "batch_size",
-                "seed", "optimizer", "scheduler", "eval_every", "precision")
+# A trial's parameters: every field a sweep may vary (flctl.config.FIELDS), so distinct runs are distinct trials.
+PARAM_FIELDS = AXIS_FIELDS
 
 
 def check_objective(objective: str, direction: str) -> None:

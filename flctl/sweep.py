@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from flctl.config import ConfigError, RunConfig, resolve
+from flctl.config import AXIS_FIELDS, FIELDS, ConfigError, RunConfig, resolve
 
-FLOAT_AXES = ("eps", "p_min", "alpha", "lr", "dual_lr", "weight_decay", "momentum")
-INT_AXES = ("seed", "epochs", "batch_size", "eval_every", "warmup_steps", "micro_batch")
-STR_AXES = ("method", "optimizer", "scheduler", "precision")
-AXES = FLOAT_AXES + INT_AXES + STR_AXES
+# The RunConfig fields a sweep may vary (flctl.config.FIELDS), plus p_min, which sets eps.
+AXES = (*AXIS_FIELDS, "p_min")
+FLOAT_AXES = tuple(a for a in AXES if a == "p_min" or FIELDS[a].kind is float)
+INT_AXES = tuple(a for a in AXES if a != "p_min" and FIELDS[a].kind is int)
 # Keys a spec file may hold besides the axes.
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
              "device"}
@@ -80,7 +80,7 @@ def parse_axis(name: str, value: Any) -> list[Any]:
         return parse_float_axis(name, text)
     if name in INT_AXES:
         return _parse_list(name, text, int, "integers like 0,1,2")
-    return _parse_list(name, text, str, "names like erm,fl")
+    return _parse_list(name, text, str, "names like erm,fl")  # the str fields
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",   # not "rich": a help text's "[default: 60]" must print, not be read as markup
 )
 app.command(rich_help_panel="Train")(run.run)
 app.command(rich_help_panel="Train")(sweep.sweep)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import uuid
 from pathlib import Path
-from typing import NoReturn
+from typing import Annotated, Any, Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -59,3 +60,30 @@ def existing_store(db: str | None, root: Path):
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         fail(f"no run database at {url[len('sqlite:///'):]}; run `flctl run TASK` first or pass --db")
     return open_store(db, root)
+
+
+def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Give a command one option per RunConfig field (flctl.config.FIELDS: flags, help, panel); the command
+    receives their values as ``fields``, None where not given. With ``axes_panel`` (`flctl sweep`) the fields a
+    sweep may vary take text (lists, ranges) and are listed in that panel; the others keep their type."""
+    from flctl.config import FIELDS, PANELS
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., None]:
+        signature = inspect.signature(fn, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "fields"]
+        added = []
+        for f in FIELDS.values():
+            as_axis = axes_panel is not None and f.axis
+            option = typer.Option(*f.flags, help=f.help, rich_help_panel=axes_panel if as_axis else PANELS[f.panel])
+            added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                           annotation=Annotated[Optional[str if as_axis else f.kind], option]))
+
+        def command(**kwargs: Any) -> None:
+            fields = {name: kwargs.pop(name) for name in FIELDS}
+            fn(**kwargs, fields=fields)
+
+        command.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+        return command
+
+    return decorate

@@ -8,11 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import console, ensure_writable, fail, open_store, results_root
+from flctl.cli.common import config_options, console, ensure_writable, fail, open_store, results_root
+from flctl.config import PANELS
 
-METHOD_PANEL = "Method"
-OPTIM_PANEL = "Optimization (defaults: the task's paper values)"
-WHERE_PANEL = "Where"
 
 
 def parse_options(pairs: list[str] | None) -> dict[str, str]:
@@ -61,53 +59,26 @@ def check_device(device: str) -> str:
     return device
 
 
+@config_options()
 def run(
     task: Annotated[str, typer.Argument(help="Task name (see `flctl tasks`).")],
-    method: Annotated[str, typer.Option("--method", "-m", help="erm, cserm, fl or rfl.",
-                                        rich_help_panel=METHOD_PANEL)] = "fl",
-    eps: Annotated[Optional[float], typer.Option(help="Constraint level ε on each sample's loss.",
-                                                 rich_help_panel=METHOD_PANEL)] = None,
     p_min: Annotated[Optional[float], typer.Option("--p-min", help="Classification: ε = log(1/p_min).",
-                                                   rich_help_panel=METHOD_PANEL)] = None,
-    alpha: Annotated[Optional[float], typer.Option(help="RFL/CSERM relaxation cost α > 0.",
-                                                   rich_help_panel=METHOD_PANEL)] = None,
-    dual_lr: Annotated[Optional[float], typer.Option("--dual-lr", help="Multiplier step size η_λ.",
-                                                     rich_help_panel=METHOD_PANEL)] = None,
-    seed: Annotated[int, typer.Option(help="Seed of initialization and batch order.",
-                                      rich_help_panel=OPTIM_PANEL)] = 0,
-    epochs: Annotated[Optional[int], typer.Option(rich_help_panel=OPTIM_PANEL)] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", rich_help_panel=OPTIM_PANEL)] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Primal learning rate.", rich_help_panel=OPTIM_PANEL)] = None,
-    optimizer: Annotated[Optional[str], typer.Option(help="sgd or adamw.", rich_help_panel=OPTIM_PANEL)] = None,
-    momentum: Annotated[Optional[float], typer.Option(rich_help_panel=OPTIM_PANEL)] = None,
-    weight_decay: Annotated[Optional[float], typer.Option("--weight-decay", rich_help_panel=OPTIM_PANEL)] = None,
-    scheduler: Annotated[Optional[str], typer.Option(help="constant or cosine.", rich_help_panel=OPTIM_PANEL)] = None,
-    warmup_steps: Annotated[Optional[int], typer.Option("--warmup-steps", help="Linear warmup over N steps, then the "
-                                                        "schedule per step.", rich_help_panel=OPTIM_PANEL)] = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Accumulate gradients over micro-batches "
-                                                       "of N samples (0 = whole batch).",
-                                                       rich_help_panel=OPTIM_PANEL)] = None,
-    eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Write per-sample records every k epochs.",
-                                                      rich_help_panel=OPTIM_PANEL)] = None,
+                                                   rich_help_panel=PANELS["method"])] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=VALUE (repeatable).",
-                                                        rich_help_panel=OPTIM_PANEL)] = None,
+                                                        rich_help_panel=PANELS["optim"])] = None,
     model: Annotated[Optional[str], typer.Option(help="Model of tasks with a `model` option (same as -o model=M).",
-                                                 rich_help_panel=OPTIM_PANEL)] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.", rich_help_panel=WHERE_PANEL)] = "cpu",
-    precision: Annotated[Optional[str], typer.Option(help="auto (bf16 autocast forward on CUDA) or fp32.",
-                                                     rich_help_panel=WHERE_PANEL)] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", "--data", help="Existing copy of the dataset "
-                                                     "(a folder, or a file for orca-dpo).",
-                                                     rich_help_panel=WHERE_PANEL)] = None,
+                                                 rich_help_panel=PANELS["optim"])] = None,
     results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help="Records and files [env FLCTL_RESULTS].",
-                                                        rich_help_panel=WHERE_PANEL)] = None,
+                                                        rich_help_panel=PANELS["where"])] = None,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB; default sqlite in results dir].",
-                                              rich_help_panel=WHERE_PANEL)] = None,
+                                              rich_help_panel=PANELS["where"])] = None,
     rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
-                                        rich_help_panel=WHERE_PANEL)] = False,
+                                        rich_help_panel=PANELS["where"])] = False,
     checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
                                                     "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
-                                                    rich_help_panel=WHERE_PANEL)] = 60.0,
+                                                    rich_help_panel=PANELS["where"])] = 60.0,
+    *,
+    fields: dict,
 ) -> None:
     """Train TASK with one method and record per-sample losses and multipliers.
 
@@ -116,11 +87,8 @@ def run(
     """
     if not checkpoint_every >= 0:
         fail(f"--checkpoint-every must be a number of seconds >= 0, got {checkpoint_every}")
-    overrides = dict(seed=seed, epochs=epochs, batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
-                     weight_decay=weight_decay, scheduler=scheduler, warmup_steps=warmup_steps,
-                     micro_batch=micro_batch, precision=precision, eval_every=eval_every, eps=eps, alpha=alpha,
-                     dual_lr=dual_lr, options=with_model(parse_options(option), model),
-                     data_dir=str(data_dir) if data_dir is not None else None)
+    method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
+    overrides = {**fields, "options": with_model(parse_options(option), model)}
     cfg = resolve_config(task, method, overrides, p_min)
     cfg = dataclasses.replace(cfg, device=check_device(device))
     root = ensure_writable(results_root(results_dir))

@@ -11,9 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import console, ensure_writable, existing_store, fail, open_store, db_url, results_root
+from flctl.cli.common import config_options, console, ensure_writable, existing_store, fail, open_store, db_url, results_root
 from flctl.cli.info import JSON_OPT
 from flctl.cli.run import parse_options, with_model
+from flctl.config import AXIS_FIELDS
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
 LAUNCH_PANEL = "Launch"
@@ -26,28 +27,12 @@ def _axis(help_text: str = ""):
     return typer.Option(help=help_text, rich_help_panel=AXES_PANEL)
 
 
+@config_options(AXES_PANEL)
 def sweep(
     task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).")] = None,
     spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=AXES_PANEL)] = None,
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="e.g. erm,fl,rfl,cserm",
-                                                  rich_help_panel=AXES_PANEL)] = None,
-    eps: Annotated[Optional[str], _axis()] = None,
-    p_min: Annotated[Optional[str], typer.Option("--p-min", rich_help_panel=AXES_PANEL)] = None,
-    alpha: Annotated[Optional[str], _axis()] = None,
-    lr: Annotated[Optional[str], _axis()] = None,
-    dual_lr: Annotated[Optional[str], typer.Option("--dual-lr", rich_help_panel=AXES_PANEL)] = None,
-    weight_decay: Annotated[Optional[str], typer.Option("--weight-decay", rich_help_panel=AXES_PANEL)] = None,
-    momentum: Annotated[Optional[str], _axis()] = None,
-    epochs: Annotated[Optional[str], _axis()] = None,
-    batch_size: Annotated[Optional[str], typer.Option("--batch-size", rich_help_panel=AXES_PANEL)] = None,
-    eval_every: Annotated[Optional[str], typer.Option("--eval-every", rich_help_panel=AXES_PANEL)] = None,
-    warmup_steps: Annotated[Optional[str], typer.Option("--warmup-steps", rich_help_panel=AXES_PANEL)] = None,
-    micro_batch: Annotated[Optional[str], typer.Option("--micro-batch", rich_help_panel=AXES_PANEL)] = None,
-    optimizer: Annotated[Optional[str], _axis()] = None,
-    scheduler: Annotated[Optional[str], _axis()] = None,
-    precision: Annotated[Optional[str], _axis("auto (bf16 autocast on CUDA) or fp32.")] = None,
+    p_min: Annotated[Optional[str], _axis("Classification: ε = log(1/p_min), as an axis.")] = None,
     seeds: Annotated[Optional[int], _axis("Seeds 0..N-1.")] = None,
-    seed: Annotated[Optional[str], _axis("Explicit seeds, e.g. 0,1,2.")] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=V1,V2 (repeatable).",
                                                         rich_help_panel=AXES_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="Models, e.g. tiny,NAME (same as -o model=...).",
@@ -93,10 +78,10 @@ def sweep(
     array_parallelism: Annotated[Optional[int], typer.Option("--array-parallelism", rich_help_panel=SLURM_PANEL)] = None,
     sbatch: Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
                                                         rich_help_panel=SLURM_PANEL)] = None,
-    device: Annotated[str, typer.Option(rich_help_panel=WHERE_PANEL)] = "cpu",
-    data_dir: Annotated[Optional[str], typer.Option("--data-dir", "--data", rich_help_panel=WHERE_PANEL)] = None,
     results_dir: Annotated[Optional[Path], typer.Option("--results-dir", rich_help_panel=WHERE_PANEL)] = None,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].", rich_help_panel=WHERE_PANEL)] = None,
+    *,
+    fields: dict,
 ) -> None:
     """Plan a grid of runs and launch the ones not done yet; re-running fills only what is missing.
 
@@ -108,10 +93,8 @@ def sweep(
     from flctl.study import check_objective, sync_sweep
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
 
-    raw_axes = dict(method=method, eps=eps, p_min=p_min, alpha=alpha, lr=lr, dual_lr=dual_lr,
-                    weight_decay=weight_decay, momentum=momentum, epochs=epochs, batch_size=batch_size,
-                    eval_every=eval_every, warmup_steps=warmup_steps, micro_batch=micro_batch, optimizer=optimizer,
-                    scheduler=scheduler, precision=precision, seed=seed)
+    raw_axes = {k: fields[k] for k in AXIS_FIELDS} | {"p_min": p_min}
+    device, data_dir = fields["device"] or "cpu", fields["data_dir"]
     try:
         if spec is not None:
             if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
