@@ -31,9 +31,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))          # the tests' writers of the real on-disk formats
 
-from flctl.config import resolve                                          # noqa: E402
-from flctl.tasks import get_task                                          # noqa: E402
-from flctl.train import EpochStats, train                                 # noqa: E402
+from flctl.config import resolve  # noqa: E402
+from flctl.tasks import get_task  # noqa: E402
+from flctl.train import EpochStats, train  # noqa: E402
 from tests.fixtures import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
 
 METHODS = ("erm", "fl", "rfl", "cserm")
@@ -183,7 +183,8 @@ def share(args) -> dict:
 
 
 def profile(args) -> dict:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     from flctl.data import random_crop_flip
     from flctl.train import train_step

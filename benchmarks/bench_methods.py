@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
+from flctl.config import resolve
 from flctl.data import batches, epoch_order
 from flctl.methods import get_method
 from flctl.tasks import get_task
-from flctl.config import resolve
 from flctl.train import build_optimizer, train_step
 
 METHODS = ("erm", "fl", "rfl", "cserm")
@@ -165,7 +165,7 @@ def bench_model(spec: ModelSpec, rounds: int, steps_per_block: int, warmup_round
     runners = {m: Runner(spec, m, data, seed) for m in methods}
     result = ModelResult(spec, steps_per_block, rounds, {m: [] for m in methods})
     t_start = time.perf_counter()
-    for r in range(warmup_rounds):                          # allocator, autograd, AdamW state warm-up
+    for _ in range(warmup_rounds):                          # allocator, autograd, AdamW state warm-up
         for m in methods:
             runners[m].run(steps_per_block)
     gc.collect()

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from flctl import records
 from flctl.config import RunConfig

@@ -10,8 +10,9 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
@@ -99,7 +100,7 @@ class RunConfig:
         return json.dumps(d, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | Mapping[str, Any]) -> "RunConfig":
+    def from_json(cls, text: str | Mapping[str, Any]) -> RunConfig:
         d = dict(json.loads(text) if isinstance(text, str) else text)
         d["options"] = tuple(sorted(d.get("options", {}).items()))
         if isinstance(d.get("eps"), list):

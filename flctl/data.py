@@ -19,7 +19,7 @@ class Split:
     def __len__(self) -> int:
         return self.x.shape[0]
 
-    def to(self, device: torch.device | str) -> "Split":
+    def to(self, device: torch.device | str) -> Split:
         return Split(self.x.to(device), self.y.to(device))
 
 
@@ -29,7 +29,7 @@ class Dataset:
     test: Split
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to(self, device: torch.device | str) -> "Dataset":
+    def to(self, device: torch.device | str) -> Dataset:
         return Dataset(self.train.to(device), self.test.to(device), self.meta)
 
 

@@ -26,13 +26,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import submitit
 
 from flctl.config import ConfigError, RunConfig
+from flctl.fs import write_text_atomic
 from flctl.runner import Layout, git_revision, stop_on_signals, train_claimed
 from flctl.store import STALE_AFTER_S, Store, pid_alive
 
@@ -232,8 +234,8 @@ def _registered(results_root: Path, sweep_id: str, job_id: str | None, executor:
     folder = workers_dir(results_root, sweep_id)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{socket.gethostname()}-{os.getpid()}.json"
-    path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
-                                "executor": executor}))
+    write_text_atomic(path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
+                                        "executor": executor}))
     try:
         yield
     finally:
@@ -340,7 +342,7 @@ def _remember_jobs(folder: Path, executor: str, jobs: Sequence[submitit.Job]) ->
     path = folder / "submitted.json"
     known = json.loads(path.read_text()) if path.exists() else []
     known += [{"executor": executor, "job_id": j.job_id, "host": socket.gethostname()} for j in jobs]
-    path.write_text(json.dumps(known))
+    write_text_atomic(path, json.dumps(known))
 
 
 def submitted_jobs(results_root: Path, sweep_id: str) -> list[dict[str, str]]:
@@ -428,7 +430,7 @@ class LaunchSettings:
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     @classmethod
-    def resolve(cls, spec_launch: dict[str, Any], flags: dict[str, Any]) -> "LaunchSettings":
+    def resolve(cls, spec_launch: dict[str, Any], flags: dict[str, Any]) -> LaunchSettings:
         """The command line wins over the spec's [launch] table; keys are the flags' names."""
         slurm_keys = {f for f in SlurmOptions.__dataclass_fields__ if f != "extra"} | {"sbatch"}
         own = {f for f in cls.__dataclass_fields__ if f != "slurm"}
@@ -481,7 +483,7 @@ class Launched:
     todo: int
     live: int
     jobs: list[submitit.Job]
-    here: "_Here | None" = None
+    here: _Here | None = None
 
 
 def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],

@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 CVAR_Q = 0.9
+SPLITS = ("train", "test")
+# The summary metrics split_summary may return, in the order tables and summaries show them; stored flattened as
+# "<split>.<name>" (flatten) in the run database.
+SUMMARY_METRICS = ("avg_loss", "max_loss", f"cvar_{CVAR_Q}", "accuracy", "violation_rate", "zero_multiplier_share",
+                   "max_multiplier")
 
 
 def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:

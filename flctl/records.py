@@ -7,15 +7,15 @@ an epoch replaces that epoch's file instead of appending duplicate rows.
 
 from __future__ import annotations
 
-import os
-import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from flctl.fs import atomic_path
 
 SCHEMA = pa.schema(
     [
@@ -70,12 +70,8 @@ def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table])
     folder = run_dir(root, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"epoch={epoch:05d}.parquet"
-    tmp = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
-    try:
+    with atomic_path(final) as tmp:
         pq.write_table(pa.concat_tables(tables), tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
     return final
 
 

@@ -12,9 +12,9 @@ import subprocess
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from flctl import records
 from flctl.config import RunConfig

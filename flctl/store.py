@@ -11,12 +11,26 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
-from sqlalchemy import (JSON, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, func,
-                        inspect, select, update)
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    func,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
@@ -68,7 +82,7 @@ class Run(Base):
     diverged_at: Mapped[dict | None] = mapped_column(JSON)
     lambda_capped: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    artifacts: Mapped[list["Artifact"]] = relationship(back_populates="run", cascade="all, delete-orphan",
+    artifacts: Mapped[list[Artifact]] = relationship(back_populates="run", cascade="all, delete-orphan",
                                                        lazy="selectin")
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,7 +121,7 @@ class SweepCell(Base):
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def normalize_url(url: str) -> str:
@@ -157,7 +171,7 @@ def _is_stale(run: Any, stale_after: float) -> bool:
     if beat is None:
         return True
     if beat.tzinfo is None:  # SQLite returns naive datetimes; we store UTC
-        beat = beat.replace(tzinfo=timezone.utc)
+        beat = beat.replace(tzinfo=UTC)
     return (now() - beat).total_seconds() > stale_after
 
 
@@ -174,7 +188,7 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str) -> "Store":
+    def open(cls, url: str) -> Store:
         url = normalize_url(url)
         try:
             parsed = make_url(url)

@@ -9,21 +9,20 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
+from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.store import normalize_url
 
-SPLITS = ("train", "test")
-METRICS = ("avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
-           "max_multiplier")
 TERMINAL = ("completed", "diverged", "failed")
 # A trial's parameters: every field a sweep may vary (flctl.config.FIELDS), so distinct runs are distinct trials.
 PARAM_FIELDS = AXIS_FIELDS
 
 
 def check_objective(objective: str, direction: str) -> None:
-    valid = [f"{s}.{m}" for s in SPLITS for m in METRICS]
+    valid = [f"{s}.{m}" for s in SPLITS for m in SUMMARY_METRICS]
     if objective not in valid:
         raise ConfigError(f"unknown objective {objective!r}; choose one of: {', '.join(valid)}")
     if direction not in ("min", "max"):

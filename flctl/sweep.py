@@ -11,9 +11,10 @@ import hashlib
 import itertools
 import math
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from flctl.config import AXIS_FIELDS, FIELDS, ConfigError, RunConfig, resolve
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
 # the policy's log-ratio margin and the targets hold the frozen reference's (see per_sample_loss in train.py).

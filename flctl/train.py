@@ -7,13 +7,12 @@ eval, records, checkpoint. No database, no submitit, no typer here: callers reco
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,9 +21,11 @@ import torch.nn.functional as F
 from flctl import records
 from flctl.config import RunConfig
 from flctl.data import Split, batches, epoch_order
+from flctl.fs import atomic_path
 from flctl.methods import LAMBDA_CAP, get_method
 from flctl.metrics import flatten, split_summary
 from flctl.tasks import Task, get_task
+
 
 @dataclass(frozen=True)
 class EpochStats:
@@ -183,7 +184,7 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = 
 def _summarize_and_record(
     cfg: RunConfig, task: Task, records_root: Path, epoch: int,
     train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
-    writer: "_Writer | None" = None,
+    writer: _Writer | None = None,
 ) -> dict[str, float]:
     """Write one eval epoch's per-sample records (through ``writer`` when given) and return its flattened
     summary metrics."""
@@ -234,7 +235,7 @@ class _Writer:
         for future in pending:
             future.result()
 
-    def __enter__(self) -> "_Writer":
+    def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -256,18 +257,16 @@ def _snapshot(obj: Any) -> Any:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:
     if not extras:
         return {}
     path = run_dir / "extras.npz"
-    tmp = run_dir / f".extras.{uuid.uuid4().hex}.npz"
-    np.savez(tmp, **extras)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **extras)
     return {"extras": str(path)}
 
 
@@ -322,6 +321,17 @@ def _load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]
     missing = sorted(set(missing) & _trained_names(model))
     if unexpected or missing:
         raise RuntimeError(f"checkpoint does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def _numpy_rng_state() -> tuple:
+    """numpy's global RNG state with its key array as a tensor, which a weights_only load accepts."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached
+
+
+def _numpy_rng_from(state: tuple) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return name, keys.numpy().astype(np.uint32), pos, has_gauss, cached
 
 
 def _seed_everything(seed: int) -> None:
@@ -464,7 +474,9 @@ def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device
     if checkpoint.exists():
         # Loaded on the CPU: load_state_dict copies each tensor to where its parameter lives, and the RNG
         # setters need CPU byte tensors (mapping the whole checkpoint to CUDA broke every resume on a GPU).
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        # weights_only: tensors and plain containers only, so a results folder on a shared file system is no
+        # place to plant a pickle that runs code when a run resumes.
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         _load_trainable_state(model, state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -473,14 +485,14 @@ def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device
         if device.type == "cuda" and state.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(state["cuda_rng"], device)
         random.setstate(state["py_rng"])
-        np.random.set_state(state["np_rng"])
+        np.random.set_state(_numpy_rng_from(state["np_rng"]))
         start_epoch, history = state["epoch"], state["history"]
     result = RunResult(cfg.run_id, "completed", start_epoch, {}, history, resumed_from=start_epoch)
     return _Run(cfg, model, optimizer, scheduler, schedule_per_step, method, run_dir, result, start_epoch,
                 torch.empty(n_train, device=device))
 
 
-def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Path, writer: "_Writer",
+def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Path, writer: _Writer,
                on_epoch: Callable[[EpochStats], None] | None, checkpoint_every: float,
                stop: Callable[[], bool] | None) -> None:
     """After one run's epoch: divergence check, eval and records, checkpoint, report."""
@@ -531,7 +543,7 @@ def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Pat
             "optimizer": _snapshot(r.optimizer.state_dict()), "scheduler": _snapshot(r.scheduler.state_dict()),
             "method": r.method.state_dict(), "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "py_rng": random.getstate(), "np_rng": np.random.get_state(),
+            "py_rng": random.getstate(), "np_rng": _numpy_rng_state(),
         }, r.checkpoint)
         r.last_save = time.monotonic()
         if stopping:

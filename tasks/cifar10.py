@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np

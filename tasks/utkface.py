@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -130,18 +128,14 @@ def _read_cache(path: Path, names: list[str], size: int) -> np.ndarray | None:
 
 
 def _write_cache(path: Path, images: np.ndarray, ages: np.ndarray, names: list[str]) -> bool:
-    """Atomic write: a unique temporary file in the same folder, then os.replace. False when not writable."""
-    tmp = None
+    """Atomic write (flctl.fs.atomic_path). False when the folder is not writable."""
+    from flctl.fs import atomic_path
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, images=images, ages=ages, names=np.asarray(names, dtype=str))
-        os.replace(tmp, path)
         return True
     except OSError:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         return False
 
 

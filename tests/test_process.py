@@ -117,7 +117,7 @@ def test_sigterm_stops_a_run_at_an_epoch_boundary_and_it_resumes_to_identical_re
     assert f"stopped after epoch {row['epochs_done']}, checkpointed" in out, out
     import torch
 
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["epoch"] == row["epochs_done"]
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == row["epochs_done"]
 
     resumed = flctl(stopped, *args)
     assert resumed.returncode == 0, resumed.stderr

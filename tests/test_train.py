@@ -87,6 +87,27 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, task: st
     assert not (tmp_path / "b" / "runs" / cfg.run_id / "checkpoint.pt").exists()
 
 
+class _Planted:
+    """A pickle that would run code when loaded: what someone could leave in a shared results folder."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_pickle_in_a_checkpoint_is_refused_not_run(tmp_path: Path) -> None:
+    cfg = config("two-moons", "fl", epochs=2)
+    run_dir = tmp_path / "runs" / cfg.run_id
+    run_dir.mkdir(parents=True)
+    marker = tmp_path / "pwned"
+    torch.save({"epoch": 1, "payload": _Planted(marker)}, run_dir / "checkpoint.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        run(cfg, tmp_path)
+    assert not marker.exists()
+
+
 def test_same_seed_same_records_other_seed_differs(tmp_path: Path) -> None:
     cfg = config("two-moons", "fl", epochs=3, eval_every=3)
     run(cfg, tmp_path / "a")

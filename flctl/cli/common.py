@@ -5,8 +5,9 @@ from __future__ import annotations
 import inspect
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from flctl.cli.common import console, existing_store, fail, results_root
+from flctl.fs import atomic_path, write_text_atomic
 
 SELECT_PANEL = "Which runs"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def report(
@@ -87,7 +76,7 @@ def _emit_table(built, fmt: str, out: Path | None, digits: int) -> None:
 
     text = render(built, fmt, digits)
     if out is not None:
-        _write_atomic(out, text)
+        write_text_atomic(out, text)
         console.print(f"wrote {out}")
     else:
         print(text, end="")
@@ -111,13 +100,8 @@ def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seed
         result = sq.diff(runs, records_root, pair, split=split or "test", top=top)
     else:
         raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(sq.QUERIES)}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    with atomic_path(out) as tmp:
         pq.write_table(result, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     shown = Table(*result.column_names, title=f"{query}: {len(result)} rows")
     for row in result.slice(0, 30).to_pylist():
         shown.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))

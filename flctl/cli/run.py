@@ -12,7 +12,6 @@ from flctl.cli.common import config_options, console, ensure_writable, fail, ope
 from flctl.config import PANELS
 
 
-
 def parse_options(pairs: list[str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for pair in pairs or []:
@@ -114,7 +113,7 @@ def run(
                              stop=stop.is_set)
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id}")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except Exception as exc:
             fail(f"run {cfg.run_id} failed: {type(exc).__name__}: {exc} (see `flctl show {cfg.run_id}`)", code=1)
     if result is None:
@@ -178,8 +177,9 @@ def print_summary(run: dict) -> None:
 
 
 def _metric_order(name: str) -> tuple[int, str]:
-    order = ["avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
-             "max_multiplier"]
+    from flctl.metrics import SUMMARY_METRICS
+
+    order = SUMMARY_METRICS
     return (order.index(name) if name in order else len(order), name)
 
 

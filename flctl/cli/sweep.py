@@ -11,7 +11,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import config_options, console, ensure_writable, existing_store, fail, open_store, db_url, results_root
+from flctl.cli.common import (
+    config_options,
+    console,
+    db_url,
+    ensure_writable,
+    existing_store,
+    fail,
+    open_store,
+    results_root,
+)
 from flctl.cli.info import JSON_OPT
 from flctl.cli.run import parse_options, with_model
 from flctl.config import AXIS_FIELDS
@@ -309,7 +318,8 @@ def cancel(
     Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held go
     back to queued without counting an attempt.
     """
-    from flctl.launch import cancel as cancel_sweep, live_workers, submitted_jobs
+    from flctl.launch import cancel as cancel_sweep
+    from flctl.launch import live_workers, submitted_jobs
 
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")

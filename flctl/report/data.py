@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from flctl import records
 from flctl.config import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 REPORTABLE = ("completed", "diverged")
 
@@ -70,7 +74,7 @@ def all_epochs(records_root: Path, run_ids: Sequence[str], columns: Sequence[str
 
 
 def final_losses(records_root: Path, run_ids: Sequence[str], splits: Sequence[str] = ("train", "test"),
-                 threads: int = 4) -> dict[tuple[str, str], "np.ndarray"]:
+                 threads: int = 4) -> dict[tuple[str, str], np.ndarray]:
     """{(run_id, split): final per-sample losses (finite, float64)} with one small two-column read per run.
 
     Per-run reads in a few threads beat reading all runs into one table and grouping ~10^7 rows by run id.

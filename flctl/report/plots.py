@@ -10,24 +10,24 @@ fast; torch is never imported (reports run where no training stack is installed)
 from __future__ import annotations
 
 import math
-import os
-import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.report.data import all_epochs, final_losses, final_records
+from flctl.fs import atomic_path
 from flctl.method_info import method_info
+from flctl.metrics import SPLITS
+from flctl.report.data import all_epochs, final_losses, final_records
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics")
-SPLITS = ("train", "test")
 IMAGE_TASKS = ("digits", "cifar10", "utkface")
 DPI = 150
 # Config keys that never split runs into curves: seeds are what the median and band summarize, eps and alpha
@@ -84,17 +84,10 @@ def save(fig: Figure, out: Path) -> list[Path]:
     when both rendered, so a failure leaves no half-written or half-updated figure."""
     if out.suffix in (".png", ".pdf"):   # a full file name given where a stem is expected
         out = out.with_suffix("")
-    out.parent.mkdir(parents=True, exist_ok=True)
     finals = [out.parent / f"{out.name}.{ext}" for ext in ("png", "pdf")]
-    temps = [out.parent / f".{p.name}.{uuid.uuid4().hex}.tmp" for p in finals]
-    try:
-        for tmp, final in zip(temps, finals):
-            fig.savefig(tmp, format=final.suffix[1:], dpi=DPI)
-        for tmp, final in zip(temps, finals):
-            os.replace(tmp, final)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+    with atomic_path(finals[0]) as png, atomic_path(finals[1]) as pdf:   # renamed only when both rendered
+        fig.savefig(png, format="png", dpi=DPI)
+        fig.savefig(pdf, format="pdf", dpi=DPI)
     return finals
 
 
@@ -303,7 +296,7 @@ def _distribution(runs: list[dict], records_root: Path, split: str | None, kind:
 
 
 def _cdf_panel(ax: Axes, per_group: list[tuple[Group, list[np.ndarray]]]) -> None:
-    every = np.concatenate([l for _, ls in per_group for l in ls])
+    every = np.concatenate([losses for _, ls in per_group for losses in ls])
     log = _spans_decades(every)
     if log:   # losses near zero (interpolated training data) only show on a log axis
         positive = every[every > 0]
@@ -311,7 +304,7 @@ def _cdf_panel(ax: Axes, per_group: list[tuple[Group, list[np.ndarray]]]) -> Non
     else:
         grid = np.linspace(every.min(), every.max(), 500)
     for g, ls in per_group:
-        curves = np.stack([np.searchsorted(np.sort(l), grid, side="right") / len(l) for l in ls])
+        curves = np.stack([np.searchsorted(np.sort(losses), grid, side="right") / len(losses) for losses in ls])
         _band(ax, grid, curves, g)
     if log:
         ax.set_xscale("log")
@@ -322,7 +315,7 @@ def _cdf_panel(ax: Axes, per_group: list[tuple[Group, list[np.ndarray]]]) -> Non
 
 def _cvar_panel(ax: Axes, per_group: list[tuple[Group, list[np.ndarray]]]) -> None:
     qs = np.linspace(0.0, 1.0, 201)[:-1]     # q in [0, 1): CVaR(0) is the mean, CVaR(q -> 1) the max
-    curves_of = [(g, np.stack([_cvar_curve(l, qs) for l in ls])) for g, ls in per_group]
+    curves_of = [(g, np.stack([_cvar_curve(losses, qs) for losses in ls])) for g, ls in per_group]
     for g, curves in curves_of:
         _band(ax, qs, curves, g)
     if _spans_decades(np.concatenate([c.ravel() for _, c in curves_of])):

@@ -10,20 +10,18 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
 from flctl.config import ConfigError
 from flctl.method_info import method_info
+from flctl.metrics import SPLITS, SUMMARY_METRICS
 
 TABLES = ("main", "ablation", "llm", "runs")
 FORMATS = ("rich", "markdown", "latex", "csv")
-SPLITS = ("train", "test")
-# Summary metrics recorded per run (flctl.metrics), and which direction is better.
-SUMMARY = ("avg_loss", "max_loss", "cvar_0.9", "accuracy", "violation_rate", "zero_multiplier_share",
-           "max_multiplier")
+SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
 TAIL = ("cvar", "quantile")   # computed from the records at a chosen q: train.cvar@0.95, test.quantile@0.99
 
