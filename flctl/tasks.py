@@ -54,6 +54,12 @@ class Task:
     # Cells of this task may train together as one stacked model (flctl.train.train_together): small models
     # without buffers (no BatchNorm statistics), no augmentation randomness shared across cells.
     batched: bool = False
+    # Per-method departures from ``defaults`` (e.g. the paper's CSERM step size of lr/10 on CIFAR-10 and UTKFace).
+    method_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def defaults_for(self, method: str) -> dict[str, Any]:
+        """The paper's values of the run fields for ``method`` on this task; given values override them."""
+        return {**self.defaults, **self.method_defaults.get(method, {})}
 
     @property
     def supported_methods(self) -> tuple[str, ...]:

@@ -25,16 +25,18 @@ def write_cifar10(root: Path, per_batch: int = 8, seed: int = 0) -> Path:
     return Path(root)
 
 
-def write_utkface(root: Path, n: int = 40, seed: int = 0) -> Path:
+def write_utkface(root: Path, n: int = 40, seed: int = 0, ages: list[int] | None = None) -> Path:
     """A folder of UTKFace JPEGs named AGE_GENDER_RACE_DATETIME.jpg (some as the aligned&cropped release's
-    `.jpg.chip.jpg`), 24x24 RGB random images, plus 2 malformed .jpg names and a non-image file to skip."""
+    `.jpg.chip.jpg`), 24x24 RGB random images, plus 2 malformed .jpg names and a non-image file to skip.
+    ``ages``: the age of each image (n = len(ages)) instead of random ages in 1..99."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     folder = Path(root)
     folder.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
+    for i in range(n if ages is None else len(ages)):
         age, gender, race = int(rng.integers(1, 100)), int(rng.integers(0, 2)), int(rng.integers(0, 5))
+        age = age if ages is None else ages[i]
         suffix = ".jpg.chip.jpg" if i % 3 == 0 else ".jpg"
         name = f"{age}_{gender}_{race}_2017010402{i:07d}{suffix}"
         Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(folder / name, quality=90)

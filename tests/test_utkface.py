@@ -19,7 +19,7 @@ from tests.fixtures import write_utkface
 from tests.helpers import files_under
 
 runner = CliRunner()
-OPTS = {"width": 8, "size": 32, "data_seed": 0}
+OPTS = {"width": 8, "size": 32, "data_seed": 0, "split": "70-30"}
 
 
 @pytest.fixture
@@ -39,7 +39,24 @@ def test_loader_skips_malformed_names_and_documents_the_split_sizes(faces: Path)
     assert data.meta["train_names"] == sorted(data.meta["train_names"])        # ids follow file order
     from flctl_tasks.utkface import split_sizes
 
-    assert split_sizes(23708) == (16595, 4149, 7113)
+    assert split_sizes(23708, 2167, "70-30") == (23708, 16595, 4149, 7113)
+    # the authors' procedure on the real release's counts gives the paper's 4,438 training samples
+    assert split_sizes(23708, 2167) == (22191, 17752, 4438, 4439)
+
+
+def test_paper_code_split_keeps_30_percent_of_the_youngest(tmp_path: Path) -> None:
+    # A histogram we choose: 20 faces aged 1-4, 30 older. floor(3 * 20 / 10) = 6 young kept: N' = 36;
+    # floor(8 * 36 / 10) = 28 training-part images, ceil(28 / 4) = 7 kept, 36 - 28 = 8 test.
+    ages = [1, 2, 3, 4] * 5 + list(range(5, 95, 3))
+    folder = write_utkface(tmp_path / "faces", ages=ages)
+    data = get_task("utkface").load({**OPTS, "split": "paper-code"}, str(folder))
+    assert data.meta["n_used"] == 36 and (len(data.train), len(data.test)) == (7, 8)
+    used = data.meta["train_names"] + data.meta["test_names"]
+    assert sum(int(n.split("_")[0]) <= 4 for n in used) <= 6
+    again = get_task("utkface").load({**OPTS, "split": "paper-code"}, str(folder))
+    assert again.meta["train_names"] == data.meta["train_names"]               # seeded
+    other = get_task("utkface").load({**OPTS, "split": "paper-code", "data_seed": 1}, str(folder))
+    assert other.meta["train_names"] != data.meta["train_names"]
 
 
 def test_split_is_seeded_and_ages_are_z_scored_with_training_statistics(faces: Path) -> None:
@@ -74,7 +91,7 @@ def test_cache_is_reused_without_decoding(faces: Path, monkeypatch) -> None:
 CHILD = """
 import hashlib, sys
 from flctl.tasks import get_task
-d = get_task("utkface").load({"width": 8, "size": 32, "data_seed": 0}, sys.argv[1])
+d = get_task("utkface").load({"width": 8, "size": 32, "data_seed": 0, "split": "70-30"}, sys.argv[1])
 h = hashlib.sha256(d.train.x.numpy().tobytes() + d.test.x.numpy().tobytes() + d.train.y.numpy().tobytes())
 print(h.hexdigest(), "|".join(d.meta["train_names"]))
 """
@@ -118,7 +135,7 @@ def test_flctl_run_utkface_rfl(faces: Path, results: Path) -> None:
                               "--batch-size", "8"])
     assert res.exit_code == 0, res.output
     [row] = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
-    assert row["status"] == "completed" and row["config"]["options"] == {"width": 8, "size": 32, "data_seed": 0}
+    assert row["status"] == "completed" and row["config"]["options"] == {"width": 8, "size": 32, "data_seed": 0, "split": "paper-code"}
 
 
 @pytest.mark.parametrize("args,needle", [

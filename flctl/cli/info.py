@@ -17,7 +17,8 @@ def tasks(as_json: JSON_OPT = False) -> None:
     from flctl.tasks import all_tasks
 
     rows = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
-             "defaults": dict(t.defaults), "options": dict(t.options)} for t in all_tasks().values()]
+             "defaults": dict(t.defaults), "method_defaults": {m: dict(d) for m, d in t.method_defaults.items()},
+             "options": dict(t.options)} for t in all_tasks().values()]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -26,7 +27,9 @@ def tasks(as_json: JSON_OPT = False) -> None:
     table = Table("task", "kind", "description", "defaults", "options (-o KEY=VALUE)")
     for r in rows:
         table.add_row(r["name"], r["kind"], r["description"],
-                      ", ".join(f"{k}={v}" for k, v in r["defaults"].items()),
+                      ", ".join(f"{k}={v}" for k, v in r["defaults"].items())
+                      + "".join(f"; {m}: " + ", ".join(f"{k}={v}" for k, v in d.items())
+                                for m, d in r["method_defaults"].items()),
                       ", ".join(f"{k}={v}" for k, v in r["options"].items()))
     console.print(table)
 
