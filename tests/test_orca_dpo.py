@@ -7,6 +7,7 @@ JSONL/Parquet files in the columns of argilla/distilabel-intel-orca-dpo-pairs (t
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -324,14 +325,14 @@ def test_empty_file_is_rejected(tmp_path: Path) -> None:
 def test_cuda_bf16_and_4bit_paths(pairs: Path, tmp_path: Path) -> None:
     # The tiny model on CUDA (bf16 autocast), and a saved model folder loaded in 4-bit NF4 by bitsandbytes.
     cfg = config("orca-dpo", "rfl", epochs=2, data_dir=str(pairs), options={"model": "tiny"})
-    cfg = cfg.__class__(**{**cfg.__dict__, "device": "cuda"})
+    cfg = dataclasses.replace(cfg, device="cuda")
     assert train(cfg, tmp_path / "r1", tmp_path / "run1").status == "completed"
     tok = orca_dpo.load_tokenizer(OPTS)
     folder = tmp_path / "m"
     orca_dpo._base_model(OPTS, torch.device("cpu")).save_pretrained(folder)
     tok.save_pretrained(folder)
     cfg4 = config("orca-dpo", "rfl", epochs=2, data_dir=str(pairs), options={"model": str(folder)})
-    cfg4 = cfg4.__class__(**{**cfg4.__dict__, "device": "cuda"})
+    cfg4 = dataclasses.replace(cfg4, device="cuda")
     result = train(cfg4, tmp_path / "r2", tmp_path / "run2")
     assert result.status == "completed" and math.isfinite(result.metrics["train.avg_loss"])
 
@@ -347,7 +348,7 @@ def test_cuda_4bit_adapter_only_checkpoint_resumes(pairs: Path, tmp_path: Path) 
     orca_dpo.load_tokenizer(OPTS).save_pretrained(folder)
     cfg = config("orca-dpo", "rfl", epochs=4, eval_every=2, lr=1e-3, warmup_steps=0, batch_size=4, micro_batch=2,
                  data_dir=str(pairs), options={"model": str(folder)})
-    cfg = cfg.__class__(**{**cfg.__dict__, "device": "cuda"})
+    cfg = dataclasses.replace(cfg, device="cuda")
     _, resumed, checkpoint = interrupted_and_resumed(cfg, tmp_path, at_epoch=2)
     assert checkpoint["model"] and all("lora" in k for k in checkpoint["model"])
     assert resumed.resumed_from == 2 and resumed.status == "completed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ def test_cifar10_trains_on_cuda_channels_last_with_float32_losses(tmp_path: Path
     data = write_cifar10(tmp_path / "data", per_batch=64)
     cfg = config("cifar10", "fl", epochs=2, eval_every=1, batch_size=32, precision=precision,
                  data_dir=str(data), options={"width": 16})
-    cfg = cfg.__class__(**{**cfg.__dict__, "device": "cuda"})
+    cfg = dataclasses.replace(cfg, device="cuda")
     result = train(cfg, tmp_path / "records", tmp_path / "run")
     assert result.status == "completed" and np.isfinite(result.metrics["train.avg_loss"])
     table = records.read(tmp_path / "records", [cfg.run_id], split="train")
