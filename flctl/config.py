@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
@@ -207,7 +207,7 @@ def resolve(
 
 
 def validate(cfg: RunConfig) -> None:
-    def bad(msg: str) -> None:
+    def bad(msg: str) -> NoReturn:
         raise ConfigError(msg)
 
     if cfg.epochs < 1:
@@ -232,9 +232,9 @@ def validate(cfg: RunConfig) -> None:
         bad(f"unknown precision {cfg.precision!r}; choose one of: {', '.join(PRECISIONS)}")
     used = METHOD_INFO[cfg.method].reads
     if "eps" in used:
-        eps = cfg.eps if isinstance(cfg.eps, tuple) else (cfg.eps,)
         if cfg.eps is None:
             bad(f"method {cfg.method!r} needs a constraint level: pass --eps (or --p-min)")
+        eps = cfg.eps if isinstance(cfg.eps, tuple) else (cfg.eps,)
         if any(not math.isfinite(e) or e < 0 for e in eps):
             bad(f"--eps must be a finite number >= 0, got {cfg.eps}")
     if "alpha" in used and (cfg.alpha is None or not math.isfinite(cfg.alpha) or cfg.alpha <= 0):

@@ -68,6 +68,9 @@ def random_crop_flip(x: Tensor, generator: torch.Generator, pad: int = 4) -> Ten
 class Normalize(torch.nn.Module):
     """uint8 images -> float, per-channel standardized; the first layer, so data can stay uint8 on the device."""
 
+    mean: Tensor
+    std: Tensor
+
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1) * 255.0)

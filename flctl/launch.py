@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,19 +175,23 @@ class Worker(submitit.helpers.Checkpointable):
         """The next cell, and up to ``batch_runs - 1`` more that can train together with it."""
         from flctl.tasks import get_task
 
-        claim = dict(max_attempts=self.max_attempts, stale_after=self.stale_after, job_id=job_id, git_sha=git_sha)
-        first = store.claim_next(self.sweep_id, **claim)
+        def claim(accept=None) -> RunConfig | None:
+            run_id = store.claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
+                                      job_id=job_id, git_sha=git_sha, accept=accept)
+            run = None if run_id is None else store.get_run(run_id)
+            return None if run is None else RunConfig.from_json(run["config"])
+
+        first = claim()
         if first is None:
             return []
-        cfgs = [RunConfig.from_json(store.get_run(first)["config"])]
+        cfgs = [first]
         if self.batch_runs > 1 and get_task(cfgs[0].task).batched:
             key = cfgs[0].together_key()
             while len(cfgs) < self.batch_runs:
-                more = store.claim_next(self.sweep_id, **claim,
-                                        accept=lambda config: RunConfig.from_json(config).together_key() == key)
+                more = claim(lambda config: RunConfig.from_json(config).together_key() == key)
                 if more is None:
                     break
-                cfgs.append(RunConfig.from_json(store.get_run(more)["config"]))
+                cfgs.append(more)
         return cfgs
 
     def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
@@ -430,7 +434,7 @@ class LaunchSettings:
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     @classmethod
-    def resolve(cls, spec_launch: dict[str, Any], flags: dict[str, Any]) -> LaunchSettings:
+    def resolve(cls, spec_launch: Mapping[str, Any], flags: Mapping[str, Any]) -> LaunchSettings:
         """The command line wins over the spec's [launch] table; keys are the flags' names."""
         slurm_keys = {f for f in SlurmOptions.__dataclass_fields__ if f != "extra"} | {"sbatch"}
         own = {f for f in cls.__dataclass_fields__ if f != "slurm"}

@@ -44,8 +44,10 @@ class Method:
     ) -> None:
         self.n_samples = n_samples
         self.eps = eps.to(device) if isinstance(eps, Tensor) else float(eps)
-        self.alpha = alpha
-        self.dual_lr = dual_lr
+        # NaN where not given: config validation gives every method the knobs it reads, and a method that reads
+        # one it was not given turns its objective into NaN, which the loop stops on, rather than running on.
+        self.alpha: float = math.nan if alpha is None else float(alpha)
+        self.dual_lr: float = math.nan if dual_lr is None else float(dual_lr)
         # One multiplier per training sample, lambda_0 = 0; None for methods without a dual.
         self.multipliers: Tensor | None = None
 
@@ -120,6 +122,7 @@ class _PrimalDual(Method):
     """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first."""
 
     reduction = "sum"
+    multipliers: Tensor
 
     def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
                  dual_lr: float | None = None, device: torch.device | str = "cpu") -> None:

@@ -11,9 +11,10 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -25,8 +26,10 @@ from sqlalchemy import (
     String,
     Text,
     create_engine,
+    delete,
     event,
     func,
+    insert,
     inspect,
     select,
     update,
@@ -35,7 +38,9 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
-SCHEMA_VERSION = 1
+# 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
+# A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
+SCHEMA_VERSION = 2
 STATUSES = ("queued", "running", "completed", "failed", "diverged")
 # A running run whose heartbeat is older than this is presumed lost (killed, node gone) and may be re-claimed.
 STALE_AFTER_S = float(os.environ.get("FLCTL_STALE_AFTER", "300"))
@@ -220,24 +225,37 @@ class Store:
                              "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
         return store
 
-    def _check_schema(self) -> None:
+    def _check_schema(self, scripts: Path | None = None) -> None:
+        """Create a new database, or upgrade an flctl one in place (flctl.migrations); refuse anything else."""
+        from flctl import migrations
+
+        scripts = scripts or migrations.SCRIPTS
         with self.engine.connect() as conn:
             tables = set(inspect(conn).get_table_names())
-            if "flctl_meta" in tables:
-                row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
-                version = int(row) if row is not None else None
-                if version != SCHEMA_VERSION:
-                    raise StoreError(
-                        f"database schema v{version} but this flctl expects v{SCHEMA_VERSION}: "
-                        + ("upgrade flctl to read it" if version and version > SCHEMA_VERSION
-                           else "point --db at a new database"))
-                return
+            row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar() \
+                if "flctl_meta" in tables else None
+        if "flctl_meta" not in tables:
             if tables:
                 raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
                                  "database; point --db at an empty or flctl database")
-        Base.metadata.create_all(self.engine)
-        with self.session() as s:
-            s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            with self.engine.begin() as conn:        # one transaction: a database is created whole or not at all
+                Base.metadata.create_all(conn)
+                conn.execute(delete(Meta).where(Meta.key == "schema_version"))
+                conn.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+                migrations.stamp_new(conn, scripts)
+            return
+        version = int(row) if row is not None and str(row).isdigit() else None
+        if version is None or version > SCHEMA_VERSION:
+            raise StoreError(f"database schema v{row} is newer than this flctl (v{SCHEMA_VERSION}): "
+                             "upgrade flctl (pip install -U flctl) to open it")
+        try:
+            migrations.upgrade(self.engine, scripts)
+        except migrations.NewerSchema as exc:
+            raise StoreError(f"database schema revision {exc} is newer than this flctl knows: upgrade flctl "
+                             "(pip install -U flctl) to open it") from None
+        if version < SCHEMA_VERSION:
+            with self.session() as s:
+                s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -303,7 +321,7 @@ class Store:
                         pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
                         heartbeat_at=stamp, finished_at=None)
                 .execution_options(synchronize_session=False))
-            return res.rowcount == 1
+            return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return self.write(fn)
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
@@ -329,8 +347,8 @@ class Store:
                 return r.id
         return None
 
-    def hand_back(self, sweep_id: str, reason: str, *, pids: set[int] = frozenset(),
-                  job_prefixes: set[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
+    def hand_back(self, sweep_id: str, reason: str, *, pids: Collection[int] = frozenset(),
+                  job_prefixes: Collection[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
         """Re-queue the sweep's running cells held by the given local pids or Slurm jobs (by array id), or by
         any lost worker, without counting the attempt. Returns their ids."""
         host = socket.gethostname()
@@ -348,7 +366,7 @@ class Store:
                                                   Run.attempts == run.attempts)
                                 .values(status="queued", error=reason, attempts=max(run.attempts - 1, 0))
                                 .execution_options(synchronize_session=False))
-                if res.rowcount == 1:
+                if res.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
                     ids.append(run.id)
             return ids
         return self.write(fn)
@@ -363,7 +381,8 @@ class Store:
             q = select(Run).where(Run.status == "running")
             if run_ids is not None:
                 q = q.where(Run.id.in_(list(run_ids)))
-            requeued, failed = [], []
+            requeued: list[str] = []
+            failed: list[str] = []
             for run in s.scalars(q).all():
                 if not _is_stale(run, stale_after):
                     continue
@@ -374,7 +393,7 @@ class Store:
                             error=(f"worker lost (heartbeat stale); gave up after {run.attempts} attempts"
                                    if give_up else "worker lost (heartbeat stale); re-queued"))
                     .execution_options(synchronize_session=False))
-                if res.rowcount == 1:
+                if res.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
                     (failed if give_up else requeued).append(run.id)
             return requeued, failed
         return self.write(fn)
@@ -405,6 +424,7 @@ class Store:
                    duration_s: float) -> None:
         def fn(s: Session) -> None:
             run = s.get(Run, run_id)
+            assert run is not None, run_id     # a claimed run is never deleted
             run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
             run.diverged_at, run.lambda_capped = diverged_at, lambda_capped
             run.finished_at = run.heartbeat_at = now()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
 from flctl.metrics import SPLITS, SUMMARY_METRICS
@@ -29,7 +29,7 @@ def check_objective(objective: str, direction: str) -> None:
         raise ConfigError(f"--direction must be min or max, got {direction!r}")
 
 
-def _direction(direction: str) -> str:
+def _direction(direction: str) -> Literal["minimize", "maximize"]:
     return "minimize" if direction == "min" else "maximize"
 
 
@@ -64,7 +64,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
               direction: str = "min") -> int:
     """Add the sweep's newly finished cells to its study; returns how many trials were added."""
     import optuna
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -73,7 +73,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
                                 direction=_direction(direction), sampler=optuna.samplers.GridSampler(space))
     study.set_user_attr("objective", objective)
     known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)}
-    dists = {k: CategoricalDistribution(v) for k, v in space.items()}
+    dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(v) for k, v in space.items()}
     added = 0
     for cfg in configs:
         run = runs.get(cfg.run_id)

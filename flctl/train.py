@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -127,7 +128,7 @@ def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.opti
 
 
 def batched_step(task: Task, runs: list, xs: list[torch.Tensor], ys: list[torch.Tensor],
-                 step_ids: list[torch.Tensor]) -> list[torch.Tensor]:
+                 step_ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``train_step`` for several runs of one small model at once: their parameters are stacked (stacking is
     differentiable, so each run's own parameters get its gradient) and one vmapped forward and one backward
     serve them all; then each run's own dual step, objective and optimizer step, as alone. Returns each run's g.
@@ -219,7 +220,7 @@ class _Writer:
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flctl-writer")
         self._pending: list = []
-        self._checkpoint = None
+        self._checkpoint: Future | None = None
 
     def submit(self, fn: Callable, *args: Any) -> None:
         self._pending.append(self._pool.submit(fn, *args))
@@ -266,7 +267,7 @@ def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]
         return {}
     path = run_dir / "extras.npz"
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **extras)
+        np.savez(f, **extras)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle
     return {"extras": str(path)}
 
 
@@ -325,7 +326,7 @@ def _load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor]
 
 def _numpy_rng_state() -> tuple:
     """numpy's global RNG state with its key array as a tensor, which a weights_only load accepts."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))
     return name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached
 
 
@@ -450,13 +451,13 @@ def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device
     checkpoint when there is one."""
     run_dir.mkdir(parents=True, exist_ok=True)
     n_train = len(data.train)
-    eps: float | torch.Tensor | None = cfg.eps
-    if isinstance(cfg.eps, tuple):
-        if len(cfg.eps) != n_train:
-            raise ValueError(f"per-sample eps has {len(cfg.eps)} entries; task {cfg.task} has {n_train} samples")
-        eps = torch.tensor(cfg.eps, dtype=torch.float32)
+    eps: float | torch.Tensor = 0.0 if cfg.eps is None else cfg.eps if not isinstance(cfg.eps, tuple) else \
+        torch.tensor(cfg.eps, dtype=torch.float32)
+    if isinstance(eps, torch.Tensor) and len(eps) != n_train:
+        raise ValueError(f"per-sample eps has {len(eps)} entries; task {cfg.task} has {n_train} samples")
 
     _seed_everything(cfg.seed)
+    assert task.build_model is not None      # tasks without a model are solved by _run_solver
     model = task.build_model(cfg.opts, data).to(device)
     if device.type == "cuda" and data.train.x.dim() == 4:
         model = model.to(memory_format=torch.channels_last)   # faster convolutions with tensor cores
@@ -574,6 +575,7 @@ def _finish(r: _Run, task: Task, data, records_root: Path) -> RunResult:
 def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path) -> RunResult:
     """Tasks solved in closed form or by a convex solver: one 'epoch', same records and summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    assert task.solve is not None
     sol: Solution = task.solve(cfg, data)
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])

@@ -145,7 +145,7 @@ def test_schema_version_mismatch_is_reported(results: Path) -> None:
     assert flctl("run", "polyfit", "-m", "erm").exit_code == 0
     with sqlite3.connect(results / "flctl.db") as conn:
         conn.execute("UPDATE flctl_meta SET value = '99' WHERE key = 'schema_version'")
-    assert_rejected(flctl("runs"), "schema v99", "expects v1")
+    assert_rejected(flctl("runs"), "schema v99 is newer than this flctl (v2)", "upgrade flctl")
 
 
 def test_show_unknown_run_and_listing_without_database(results: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,7 +16,7 @@ def tasks(as_json: JSON_OPT = False) -> None:
     """List the tasks with their paper defaults and options."""
     from flctl.tasks import all_tasks
 
-    rows = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
+    rows: list[dict[str, Any]] = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
              "defaults": dict(t.defaults), "method_defaults": {m: dict(d) for m, d in t.method_defaults.items()},
              "options": dict(t.options)} for t in all_tasks().values()]
     if as_json:
@@ -38,7 +38,7 @@ def methods(as_json: JSON_OPT = False) -> None:
     """List the methods and the update rule each one applies."""
     from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
-    rows = [{"name": m.name, "label": m.label, "rule": m.rule, **{f"uses_{k}": k in m.reads for k in METHOD_FIELDS}}
+    rows: list[dict[str, Any]] = [{"name": m.name, "label": m.label, "rule": m.rule, **{f"uses_{k}": k in m.reads for k in METHOD_FIELDS}}
             for m in sorted(METHOD_INFO.values(), key=lambda m: m.order)]
     if as_json:
         print(json.dumps(rows, indent=2))

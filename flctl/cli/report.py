@@ -65,6 +65,7 @@ def report(
             paths = make_plot(plot, runs, records_root, out or root / "reports" / plot, split=split, k=k)
             console.print("wrote " + ", ".join(str(p) for p in paths))
         else:
+            assert samples is not None      # exactly one of table, plot, samples was checked above
             _samples(samples, runs, records_root, out or root / "reports" / f"samples-{samples}.parquet",
                      split=split, min_seeds=min_seeds, eps=eps, methods=methods, top=top)
     except ConfigError as exc:

@@ -33,7 +33,7 @@ DPI = 150
 # Config keys that never split runs into curves: seeds are what the median and band summarize, eps and alpha
 # are always in the label, and device/data_dir say where a run executed, not what it computed.
 NOT_CURVE_KEYS = frozenset({"task", "method", "seed", "eps", "alpha", "device", "data_dir"})
-STYLE = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+STYLE: dict[Any, Any] = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
          "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "legend.framealpha": 0.9,
          "savefig.dpi": DPI}
 BAND = "median over seeds; band: min–max"
@@ -115,10 +115,10 @@ def group_runs(runs: Sequence[dict], ignore: Sequence[str] = ()) -> list[Group]:
     flat = [_flat_config(r["config"]) for r in runs]
     values: dict[str, set[str]] = {}
     for cfg in flat:
-        for key, v in cfg.items():
-            if key not in NOT_CURVE_KEYS and key not in ignore and v is not None:
-                values.setdefault(key, set()).add(fmt(v))
-    varying = sorted(key for key, vs in values.items() if len(vs) > 1)
+        for name, v in cfg.items():
+            if name not in NOT_CURVE_KEYS and name not in ignore and v is not None:
+                values.setdefault(name, set()).add(fmt(v))
+    varying = sorted(name for name, vs in values.items() if len(vs) > 1)
 
     buckets: dict[tuple, list[dict]] = {}
     for run, cfg in zip(runs, flat):
@@ -348,8 +348,8 @@ def _heatmap(runs: list[dict]) -> Figure:
                           f"--lr 1e-3,1e-2 --dual-lr 1e-3,1e-2`; these runs all use lr={fmt(lrs[0])}")
     panels = []
     for g in group_runs(runs, ignore=("lr", "dual_lr")):
-        rows = sorted({float(r["config"]["dual_lr"]) for r in g.runs if r["config"].get("dual_lr") is not None})
-        rows = rows or [None]   # ERM and CSERM have no dual learning rate: a single row
+        duals_here = sorted({float(r["config"]["dual_lr"]) for r in g.runs if r["config"].get("dual_lr") is not None})
+        rows: list[float | None] = list(duals_here) or [None]   # ERM and CSERM have no dual lr: a single row
         cells = {(i, j): _Cell([]) for i in range(len(rows)) for j in range(len(lrs))}
         for r in g.runs:
             dual = r["config"].get("dual_lr")
@@ -364,16 +364,17 @@ def _heatmap(runs: list[dict]) -> Figure:
     means = [np.mean(c.values) for _, _, cells in panels for c in cells.values() if c.values]
     positive = [m for m in means if m > 0]
     # One log colour scale shared by all panels, so equal colours mean equal losses across methods.
-    lo, hi = (min(positive), max(positive)) if positive else (1e-3, 1.0)
-    norm = LogNorm(lo / 1.5, hi * 1.5) if math.isclose(lo, hi) else LogNorm(lo, hi)
+    lo, hi = (float(min(positive)), float(max(positive))) if positive else (1e-3, 1.0)
+    vmin, vmax = (lo / 1.5, hi * 1.5) if math.isclose(lo, hi) else (lo, hi)
+    norm = LogNorm(vmin, vmax)
     cmap = _cmap("viridis")
 
-    cell = 0.8   # inches per cell: room for a 3-digit value or "diverged ×n"
+    inches = 0.8   # per cell: room for a 3-digit value or "diverged ×n"
     rows_max = max(len(rows) for _, rows, _ in panels)
     # Up to three panels side by side; more (ERM, CSERM, FL, RFL) wrap onto two rows.
     cols = len(panels) if len(panels) <= 3 else math.ceil(len(panels) / 2)
     nrows = math.ceil(len(panels) / cols)
-    fig = _figure(cols * (cell * len(lrs) + 1.2) + 1.3, nrows * (cell * rows_max + 1.5) + 0.6)
+    fig = _figure(cols * (inches * len(lrs) + 1.2) + 1.3, nrows * (inches * rows_max + 1.5) + 0.6)
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     for ax in axes[len(panels):]:
         ax.set_visible(False)
@@ -383,7 +384,7 @@ def _heatmap(runs: list[dict]) -> Figure:
         grid = np.full((len(rows), len(lrs)), np.nan)
         for (i, j), c in cells.items():
             if c.values:
-                grid[i, j] = max(np.mean(c.values), norm.vmin)
+                grid[i, j] = max(float(np.mean(c.values)), vmin)
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, origin="lower", aspect="equal")
         for (i, j), c in cells.items():
             if c.values:
@@ -400,11 +401,12 @@ def _heatmap(runs: list[dict]) -> Figure:
         ax.set_title(_with_seeds(g.label, max(len(c.values) + c.diverged for c in cells.values())))
         ax.grid(False)
         ax.spines[:].set_visible(False)
+    assert image is not None                 # at least one panel
     bar = fig.colorbar(image, ax=list(axes), label="final train avg loss (log scale)", shrink=0.9)
     # Plain numbers on the log colour bar; under a decade only minor ticks exist, and matplotlib would label
     # them "6×10⁻¹". Over several decades the minor ticks stay unlabelled (they would crowd the bar).
     bar.ax.yaxis.set_major_formatter(lambda v, _: f"{v:.2g}")
-    if norm.vmax / norm.vmin < 10:
+    if vmax / vmin < 10:
         bar.ax.yaxis.set_minor_formatter(lambda v, _: f"{v:.2g}")
     fig.suptitle(f"{task}: final average train loss, mean over seeds (grey: diverged)")
     return fig
@@ -458,6 +460,7 @@ def _multipliers(runs: list[dict], records_root: Path) -> Figure:
         ax.set_aspect("equal")
     for ax in axes[len(chosen):]:
         ax.set_visible(False)
+    assert contours is not None
     fig.colorbar(contours, ax=list(axes), label="predicted P(class 1)", shrink=0.8)
     fig.legend(handles=_multiplier_legend(), loc="outside lower center", ncols=5, frameon=False)
     fig.suptitle(f"{chosen[0]['task']}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
@@ -610,7 +613,10 @@ def _top_table(top: dict[str, np.ndarray], title: str) -> Figure:
     body = [[str(i + 1), str(int(top["sample_id"][i]))] + [f"{top[c][i]:.4g}" for c in
                                                             ("target", "prediction", "loss", "multiplier")]
             for i in range(n)]
-    table = ax.table(cellText=body, colLabels=header, bbox=(0, 0, 1, 1), cellLoc="right", colLoc="right")
+    from matplotlib.transforms import Bbox
+
+    table = ax.table(cellText=body, colLabels=header, bbox=Bbox.from_bounds(0, 0, 1, 1), cellLoc="right",
+                     colLoc="right")
     table.auto_set_font_size(False)
     table.set_fontsize(8)
     for (row, _), cell in table.get_celld().items():

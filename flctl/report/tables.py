@@ -71,7 +71,7 @@ def _is_q(text: str) -> bool:
         return False
 
 
-def aggregate(values: Sequence[float]) -> tuple[float | None, float | None]:
+def aggregate(values: Sequence[float | None]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (ddof 1; 0 for a single seed) of the finite values."""
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
     if len(v) == 0:

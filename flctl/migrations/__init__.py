@@ -1,0 +1,76 @@
+"""Schema migrations of the run database, through Alembic (as Optuna does for its tables).
+
+A new database gets today's tables (``Base.metadata.create_all``) and is stamped with the newest revision. An
+existing one is upgraded in place to the newest revision when it is opened. One written before migrations
+existed (schema v1: ``flctl_meta`` but no ``alembic_version``) is first stamped with the baseline revision,
+which is exactly that schema. A database stamped with a revision this flctl does not know was written by a newer
+flctl and is refused.
+
+A schema change is: the new column or table in ``flctl/store.py`` and one revision file under ``versions/`` that
+makes the same change to an existing database; ``alembic -c flctl/migrations/alembic.ini revision -m "..."``
+writes one from script.py.mako.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection, Engine
+
+SCRIPTS = Path(__file__).parent
+BASELINE = "0001"          # the schema of flctl_meta schema_version 1
+# Not Alembic's default "alembic_version": Optuna keeps its own schema revision there, in the same database.
+VERSION_TABLE = "flctl_alembic_version"
+
+
+class NewerSchema(RuntimeError):
+    """The database was written by a newer flctl (its revision is not among ours)."""
+
+
+def _config(connection: Connection, scripts: Path) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(scripts))
+    cfg.attributes["connection"] = connection     # env.py migrates on this connection, in its transaction
+    return cfg
+
+
+def head(scripts: Path = SCRIPTS) -> str:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(scripts))
+    found = ScriptDirectory.from_config(cfg).get_current_head()
+    assert found is not None
+    return found
+
+
+def current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def stamp_new(connection: Connection, scripts: Path = SCRIPTS) -> None:
+    """Mark a database just created from today's tables (in this connection's transaction) as being at the newest
+    revision."""
+    command.stamp(_config(connection, scripts), "head")
+
+
+def upgrade(engine: Engine, scripts: Path = SCRIPTS) -> list[str]:
+    """Bring an existing flctl database to the newest revision, in one transaction; returns the revisions it
+    passed through ([] when it was current). Raises NewerSchema for a revision we do not know."""
+    with engine.begin() as conn:
+        cfg = _config(conn, scripts)
+        known = ScriptDirectory.from_config(cfg)
+        at = current(conn)
+        if at is None:                                   # written before migrations existed
+            command.stamp(cfg, BASELINE)
+            at = BASELINE
+        if at not in {s.revision for s in known.walk_revisions()}:
+            raise NewerSchema(at)
+        target = known.get_current_head()
+        if at == target:
+            return []
+        steps = [s.revision for s in known.iterate_revisions(target, at)][::-1]
+        command.upgrade(cfg, "head")
+        return steps

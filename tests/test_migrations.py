@@ -1,0 +1,86 @@
+"""The run database's schema moves forward in place (Alembic revisions in flctl/migrations); a newer one is refused."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from flctl.store import Base, Meta, Store, StoreError
+from tests.helpers import config
+from tests.test_concurrency import pg_database
+
+NEXT = '''"""A next version's change: a note per run.
+
+Revision ID: 0002
+Revises: 0001
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.add_column("runs", sa.Column("note", sa.Text(), nullable=True))
+'''
+
+
+def url_for(backend: str, tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+
+
+def revision(url: str) -> str:
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT version_num FROM flctl_alembic_version")).scalar_one()
+    engine.dispose()
+    return found
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_path: Path, backend: str) -> None:
+    url = url_for(backend, tmp_path)
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    Base.metadata.create_all(engine)                         # what flctl wrote before: tables and schema v1
+    with engine.begin() as conn:
+        conn.execute(sa.insert(Meta).values(key="schema_version", value="1"))
+    engine.dispose()
+    Store(sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))).add_runs(
+        [config("two-moons", "fl")])
+
+    store = Store.open(url)
+    assert revision(url) == "0001"
+    assert [r["id"] for r in store.list_runs()] == [config("two-moons", "fl").run_id]
+    store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_next_version_upgrades_in_place_and_this_one_refuses_it(tmp_path: Path, backend: str) -> None:
+    url = url_for(backend, tmp_path)
+    store = Store.open(url)
+    store.add_runs([config("two-moons", "fl")])
+    assert revision(url) == "0001"
+
+    scripts = tmp_path / "next"                               # the next flctl: today's revisions plus one
+    shutil.copytree(Path(__import__("flctl.migrations").migrations.SCRIPTS), scripts)
+    (scripts / "versions" / "0002_note.py").write_text(NEXT)
+    store._check_schema(scripts)
+    assert revision(url) == "0002"
+    with store.engine.connect() as conn:
+        assert "note" in {c["name"] for c in sa.inspect(conn).get_columns("runs")}
+    assert len(store.list_runs()) == 1                        # nothing lost
+    store._check_schema(scripts)                              # at head: nothing to do
+    store.close()
+
+    with pytest.raises(StoreError, match="revision 0002 is newer than this flctl knows: upgrade flctl"):
+        Store.open(url)
+    res = CliRunner().invoke(app, ["runs", "--db", url])
+    assert res.exit_code == 2 and "upgrade flctl" in res.stderr and len(res.stderr.strip().splitlines()) == 1
