@@ -104,6 +104,19 @@ def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return random_crop_flip(x, generator, pad=4)
 
 
+# Training images are saved with a run (for the top-multipliers figure) up to this size: a small or fake CIFAR-10,
+# not the full 150 MB training set with every run; those figures show a table instead.
+EXTRAS_IMAGE_BYTES = 16 * 2**20
+
+
+def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict:
+    """``train_images`` [N, 32, 32, 3] uint8 by sample id (docs/design.md), when at most EXTRAS_IMAGE_BYTES."""
+    x = data.train.x
+    if x.numel() > EXTRAS_IMAGE_BYTES:
+        return {}
+    return {"train_images": x.permute(0, 2, 3, 1).cpu().numpy()}
+
+
 TASK = Task(
     name="cifar10",
     kind="classification",
@@ -116,5 +129,6 @@ TASK = Task(
     load=load,
     build_model=build_model,
     augment=augment,
+    extras=extras,
     check=check,
 )

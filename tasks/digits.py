@@ -38,6 +38,11 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     return small_cnn(1, 10, width=options["width"])
 
 
+def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict:
+    """The 8x8 training images by sample id (``train_images``, docs/design.md), for the top-multipliers figure."""
+    return {"train_images": data.train.x[:, 0].cpu().numpy()}
+
+
 TASK = Task(
     batched=True,
     name="digits",
@@ -48,4 +53,5 @@ TASK = Task(
     options=dict(test_size=0.25, data_seed=0, width=32),
     load=load,
     build_model=build_model,
+    extras=extras,
 )

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from flctl.cli import app
 from flctl.config import ConfigError
 from flctl.report.data import select_runs
-from flctl.report.plots import PLOTS, plot
+from flctl.report.plots import PLOTS, figure, plot
 from flctl.store import Store
 
 runner = CliRunner()
@@ -68,8 +68,8 @@ CASES = [
     ("cvar", "polyfit", {"split": "test"}),
     ("heatmap", "diabetes", {}),
     ("multipliers", "two-moons", {}),
-    ("top-multipliers", "digits", {"k": 6}),          # digit images re-created with scikit-learn
-    ("top-multipliers", "two-moons", {}),             # not an image task: a table
+    ("top-multipliers", "digits", {"k": 6}),          # the digits' own images, from the run's extras
+    ("top-multipliers", "two-moons", {}),             # no images in its extras: a table
     ("polyfit", "polyfit", {}),
     ("dynamics", "two-moons", {}),
 ]
@@ -84,6 +84,42 @@ def test_plot_writes_png_and_pdf(made: Path, tmp_path: Path, name: str, task: st
     out = tmp_path / "reports" / name
     paths = plot(name, runs_of(made, task), made / "records", out, **kwargs)
     assert_figure_files(paths, out)
+
+
+# What each figure draws, read off the returned Figure: legend labels, lines per panel, axis scales, images, tables.
+THREE = ["ERM (2 seeds)", "FL ε=0.1 (2 seeds)", "RFL ε=0.1 α=0.1 (2 seeds)"]
+EXPECTED = {
+    "cdf-two-moons": dict(labels=THREE, lines=[3, 3]),
+    "cdf-diabetes": dict(labels=["ERM (1 seed)", "FL ε=0.25 dual_lr=0.01 (1 seed)", "FL ε=0.25 dual_lr=0.1 (1 seed)"],
+                         lines=[3], xscale=["log"]),              # losses over more than two decades
+    "cvar-two-moons": dict(labels=THREE, lines=[3, 3]),
+    "cvar-polyfit": dict(lines=[4], yscale=["log"]),
+    "heatmap-diabetes": dict(images=2, labels=[]),                # one panel per method, one colour bar
+    "multipliers-two-moons": dict(labels=["class 0", "class 1", "λ = max λ", "λ = max λ / 2",
+                                          "decision boundary (P = 0.5)"]),
+    "top-multipliers-digits": dict(images=6, tables=0),
+    "top-multipliers-two-moons": dict(images=0, tables=1),
+    "polyfit-polyfit": dict(labels=["ground truth cos(πx)", "ERM", "FL ε=0.2", "training data"], lines=[3, 3]),
+    "dynamics-two-moons": dict(labels=THREE, lines=[3, 3, 2]),    # no multipliers for ERM in the third panel
+}
+
+
+@pytest.mark.parametrize(("name", "task", "kwargs"), CASES, ids=[f"{n}-{t}" for n, t, _ in CASES])
+def test_figure_draws_what_it_should(made: Path, name: str, task: str, kwargs: dict) -> None:
+    fig = figure(name, runs_of(made, task), made / "records", **kwargs)
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+    want = EXPECTED[f"{name}-{task}"]
+    if "labels" in want:
+        assert [t.get_text() for legend in fig.legends for t in legend.get_texts()] == want["labels"]
+    if "lines" in want:
+        assert [len(ax.get_lines()) for ax in axes] == want["lines"]
+    for axis in ("xscale", "yscale"):
+        if axis in want:
+            assert [getattr(ax, f"get_{axis}")() for ax in axes] == want[axis]
+    if "images" in want:
+        assert sum(len(ax.get_images()) for ax in axes) == want["images"]
+    if "tables" in want:
+        assert sum(len(ax.tables) for ax in axes) == want["tables"]
 
 
 def test_heatmap_data_has_diverged_cells(made: Path) -> None:

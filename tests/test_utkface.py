@@ -157,7 +157,7 @@ def test_p_min_is_rejected_for_regression(faces: Path, results: Path) -> None:
 
 def test_top_multipliers_shows_the_faces_by_file_name(tmp_path: Path, results: Path) -> None:
     from flctl.report.data import select_runs
-    from flctl.report.plots import _task_images, plot
+    from flctl.report.plots import _extras_images, plot
     from flctl.store import Store
 
     data = write_utkface(tmp_path / "faces", n=40)
@@ -166,7 +166,7 @@ def test_top_multipliers_shows_the_faces_by_file_name(tmp_path: Path, results: P
     assert res.exit_code == 0, res.output
     runs = select_runs(Store.open(f"sqlite:///{results / 'flctl.db'}"), task="utkface")
     top = {"sample_id": np.array([0, 3]), "target": np.zeros(2), "prediction": np.zeros(2)}
-    faces = _task_images(runs[0], top)
+    faces = _extras_images(runs[0], top)
     assert faces.shape == (2, 64, 64, 3) and faces.dtype == np.uint8
     paths = plot("top-multipliers", runs, results / "records", tmp_path / "top", k=4)
     assert all(p.stat().st_size > 0 for p in paths)

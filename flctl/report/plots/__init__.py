@@ -1,0 +1,83 @@
+"""The paper's figures from finished runs: loss CDF/CVaR, lr heatmaps, two-moons multipliers, top multipliers,
+polynomial fits and training dynamics.
+
+``plot(name, runs, records_root, out)`` draws one figure and writes ``out.png`` and ``out.pdf`` atomically;
+``figure(...)`` returns it unwritten. One module per figure; what they share is in ``common``. Per-sample data
+comes only through ``flctl.report.data`` (final records, all epochs) and the runs' extras, under the keys
+docs/design.md lists: no figure names a task. matplotlib is imported inside functions so that ``flctl --help``
+stays fast; torch is never imported (reports run where no training stack is installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flctl.config import ConfigError
+from flctl.fs import atomic_path
+from flctl.metrics import SPLITS
+from flctl.report.plots.common import DPI, STYLE
+from flctl.report.plots.distribution import _cvar_curve, _distribution
+from flctl.report.plots.dynamics import _dynamics
+from flctl.report.plots.heatmap import _heatmap
+from flctl.report.plots.multipliers import _multipliers
+from flctl.report.plots.polyfit import _polyfit
+from flctl.report.plots.top import _extras_images, _top_multipliers
+
+__all__ = ["PLOTS", "figure", "plot", "save", "_cvar_curve", "_extras_images"]
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics")
+
+
+def plot(name: str, runs: list[dict], records_root: Path, out: Path, *, split: str | None = None,
+         k: int = 16) -> list[Path]:
+    """Draw the named figure from ``runs`` and write ``out.png`` and ``out.pdf``; returns both paths.
+
+    Raises ConfigError (one line) for an unknown name, a bad split or k, or runs the figure cannot use."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        return save(figure(name, runs, records_root, split=split, k=k), Path(out))
+
+
+def figure(name: str, runs: list[dict], records_root: Path, *, split: str | None = None, k: int = 16) -> Figure:
+    """The named figure, not yet written (see ``plot``)."""
+    if name not in PLOTS:
+        raise ConfigError(f"unknown plot {name!r}; choose one of: {', '.join(PLOTS)}")
+    if split not in (None, *SPLITS):
+        raise ConfigError(f"split must be train or test, got {split!r}")
+    if k < 1:
+        raise ConfigError(f"k must be at least 1, got {k}")
+    if not runs:
+        raise ConfigError("no runs to plot; list them with `flctl runs`")
+
+    import matplotlib
+    matplotlib.use("Agg")   # files only: batch nodes have no display, and Agg needs none
+
+    builders: dict[str, Callable[[], Figure]] = {
+        "cdf": lambda: _distribution(runs, Path(records_root), split, "cdf"),
+        "cvar": lambda: _distribution(runs, Path(records_root), split, "cvar"),
+        "heatmap": lambda: _heatmap(runs),
+        "multipliers": lambda: _multipliers(runs, Path(records_root)),
+        "top-multipliers": lambda: _top_multipliers(runs, Path(records_root), k),
+        "polyfit": lambda: _polyfit(runs),
+        "dynamics": lambda: _dynamics(runs, Path(records_root), split),
+    }
+    with matplotlib.rc_context(STYLE):
+        return builders[name]()
+
+
+def save(fig: Figure, out: Path) -> list[Path]:
+    """Write ``out.png`` and ``out.pdf``: both go to hidden temp names first and are renamed into place only
+    when both rendered, so a failure leaves no half-written or half-updated figure."""
+    if out.suffix in (".png", ".pdf"):   # a full file name given where a stem is expected
+        out = out.with_suffix("")
+    finals = [out.parent / f"{out.name}.{ext}" for ext in ("png", "pdf")]
+    with atomic_path(finals[0]) as png, atomic_path(finals[1]) as pdf:   # renamed only when both rendered
+        fig.savefig(png, format="png", dpi=DPI)
+        fig.savefig(pdf, format="pdf", dpi=DPI)
+    return finals

@@ -1,0 +1,90 @@
+"""Max train loss, violation rate and max multiplier per eval epoch."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flctl.config import ConfigError
+from flctl.report.data import all_epochs
+from flctl.report.plots.common import (
+    Group,
+    _completed,
+    _figure,
+    _figure_legend,
+    _one_task,
+    _spans_decades,
+    _with_seeds,
+    group_runs,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def _dynamics(runs: list[dict], records_root: Path, split: str | None) -> Figure:
+    import pyarrow.compute as pc
+    from matplotlib.ticker import MaxNLocator
+
+    task = _one_task(runs, "dynamics")
+    done, note = _completed(runs, "dynamics")
+    split = split or "train"
+    table = all_epochs(records_root, [r["id"] for r in done], ["run_id", "split", "epoch", "loss", "multiplier"])
+    stats = (table.filter(pc.equal(table["split"], split))
+             .group_by(["run_id", "epoch"])
+             .aggregate([("loss", "mean"), ("loss", "max"), ("multiplier", "max")]))
+    if stats.num_rows == 0:
+        raise ConfigError(f"no {split} records for the selected runs; pass --split train or test")
+    # Multipliers live on the train split only: take them from there whatever split the losses come from.
+    lam = (table.filter(pc.equal(table["split"], "train")).group_by(["run_id", "epoch"])
+           .aggregate([("multiplier", "max")]))
+    series = {c: _by_run_epoch(stats, c) for c in ("loss_mean", "loss_max")}
+    series["multiplier_max"] = _by_run_epoch(lam, "multiplier_max")
+
+    fig = _figure(12.0, 3.6)
+    axes = fig.subplots(1, 3)
+    panels = (("loss_mean", f"average {split} loss"), ("loss_max", f"max {split} loss"),
+              ("multiplier_max", "max multiplier λ"))
+    groups = group_runs(done)
+    epochs = sorted({e for d in series["loss_mean"].values() for e in d})
+    for ax, (column, ylabel) in zip(axes, panels):
+        drawn = [_mean_over_seeds(ax, g, series[column]) for g in groups]
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # epochs are whole numbers
+        if len(epochs) == 1:   # a single eval epoch would get a ±0.1 axis of fractional epochs
+            ax.set_xlim(epochs[0] - 1, epochs[0] + 1)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.set_title(ylabel[0].upper() + ylabel[1:])
+        if not any(drawn):
+            ax.text(0.5, 0.5, "no multipliers\n(ERM/CSERM runs only)", ha="center", va="center",
+                    transform=ax.transAxes, color="0.4")
+        elif _spans_decades(np.array([v for d in series[column].values() for v in d.values()])):
+            ax.set_yscale("log")
+    _figure_legend(fig, axes[0], "mean over seeds" if any(len(g.runs) > 1 for g in groups) else None)
+    fig.suptitle(f"{task}: training dynamics at eval epochs{note}")
+    return fig
+
+
+def _by_run_epoch(stats, column: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for run_id, epoch, value in zip(stats["run_id"].to_pylist(), stats["epoch"].to_pylist(),
+                                    stats[column].to_pylist()):
+        if value is not None and math.isfinite(value):
+            out.setdefault(run_id, {})[int(epoch)] = float(value)
+    return out
+
+
+def _mean_over_seeds(ax: Axes, group: Group, values: dict[str, dict[int, float]]) -> bool:
+    """Plot the seeds' mean at each eval epoch (seeds missing an epoch are left out there); False if empty."""
+    per_run = [values[r["id"]] for r in group.runs if values.get(r["id"])]
+    if not per_run:
+        return False
+    epochs = sorted({e for d in per_run for e in d})
+    mean = [np.mean([d[e] for d in per_run if e in d]) for e in epochs]
+    ax.plot(epochs, mean, marker="o", ms=3, lw=1.5, ls=group.linestyle, color=group.color,
+            label=_with_seeds(group.label, len(per_run)))
+    return True

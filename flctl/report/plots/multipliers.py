@@ -1,0 +1,113 @@
+"""Decision regions with each training sample's multiplier (paper Fig. 3, two-moons)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flctl.config import ConfigError
+from flctl.method_info import method_info
+from flctl.report.data import final_records
+from flctl.report.plots.common import _figure, _load_extras, group_runs
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")
+
+
+def _multipliers(runs: list[dict], records_root: Path) -> Figure:
+    candidates = [r for r in runs if method_info(r["method"]).has_multipliers and r["status"] == "completed"]
+    with_grid = [(r, e) for r in candidates if (e := _load_extras(r, GRID_KEYS)) is not None]
+    if not with_grid:
+        raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "
+                          "e.g. `flctl sweep two-moons -m fl,rfl`; select them with --task two-moons")
+    extras = {r["id"]: e for r, e in with_grid}
+    chosen = _one_seed_per_group([r for r, _ in with_grid], limit=4)
+    table = final_records(records_root, [r["id"] for r in chosen], ["run_id", "sample_id", "multiplier"],
+                          split="train")
+
+    cols = 1 if len(chosen) == 1 else 2   # two-moons panels are wide: 1, 2 or a 2x2 grid
+    rows = math.ceil(len(chosen) / cols)
+    fig = _figure(4.6 * cols + 0.9, 3.2 * rows + 0.9)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    contours = None
+    labels = {r["id"]: g.label for g in group_runs(candidates) for r in g.runs}
+    for ax, run in zip(axes, chosen):
+        e = extras[run["id"]]
+        lam = _aligned_multipliers(table, run["id"], len(e["train_x"]))
+        contours = ax.contourf(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=np.linspace(0, 1, 11),
+                               cmap="RdBu_r", alpha=0.35)
+        ax.contour(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=[0.5], colors="k", linewidths=1.2)
+        _multiplier_scatter(ax, e["train_x"], e["train_y"], lam)
+        ax.set_title(f"{labels[run['id']]}, seed {run['seed']} (max λ = {np.nanmax(lam):.2g})")
+        ax.set_xlabel("$x_1$")
+        ax.set_ylabel("$x_2$")
+        ax.grid(False)
+        ax.set_aspect("equal")
+    for ax in axes[len(chosen):]:
+        ax.set_visible(False)
+    assert contours is not None
+    fig.colorbar(contours, ax=list(axes), label="predicted P(class 1)", shrink=0.8)
+    fig.legend(handles=_multiplier_legend(), loc="outside lower center", ncols=5, frameon=False)
+    fig.suptitle(f"{chosen[0]['task']}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
+                 "predicted probabilities")
+    return fig
+
+
+def _one_seed_per_group(runs: list[dict], limit: int) -> list[dict]:
+    """Round-robin over the groups (lowest seed first): one run of each method/config before a second seed."""
+    groups = [list(g.runs) for g in group_runs(runs)]
+    picked: list[dict] = []
+    while len(picked) < limit and any(groups):
+        for g in groups:
+            if g and len(picked) < limit:
+                picked.append(g.pop(0))
+    return picked
+
+
+def _aligned_multipliers(table, run_id: str, n: int) -> np.ndarray:
+    """The run's final multipliers indexed by sample id (train ids are positions in the training split)."""
+    import pyarrow.compute as pc
+
+    rows = table.filter(pc.equal(table["run_id"], run_id))
+    ids = rows["sample_id"].to_numpy()
+    lam = rows["multiplier"].to_numpy(zero_copy_only=False).astype(np.float64)
+    if len(ids) != n or ids.max(initial=-1) >= n:
+        raise ConfigError(f"run {run_id}: {len(ids)} train records for {n} training points in its extras; "
+                          "were the records overwritten by another run? re-run it with --rerun")
+    out = np.full(n, np.nan)
+    out[ids] = lam
+    if np.isnan(out).all():
+        raise ConfigError(f"run {run_id} recorded no multipliers; the multipliers plot needs fl or rfl runs")
+    return out
+
+
+def _marker_area(lam: np.ndarray, top: float) -> np.ndarray:
+    # Area ∝ λ; a small floor keeps zero-multiplier points visible as dots (as in the paper's Fig. 3).
+    return 2.0 + 90.0 * np.nan_to_num(lam) / (top if top > 0 else 1.0)
+
+
+def _multiplier_scatter(ax: Axes, x: np.ndarray, y: np.ndarray, lam: np.ndarray) -> None:
+    # Large markers (boundary points) first, so the small ones drawn after them are not hidden.
+    order = np.argsort(-np.nan_to_num(lam))
+    colors = np.where(y[order] == 1, "tab:red", "tab:blue")
+    ax.scatter(x[order, 0], x[order, 1], s=_marker_area(lam[order], np.nanmax(lam)), c=colors, edgecolors="k",
+               linewidths=0.3, alpha=0.85)
+
+
+def _multiplier_legend() -> list:
+    from matplotlib.lines import Line2D
+
+    def dot(color: str, area: float, label: str) -> Line2D:
+        return Line2D([], [], ls="", marker="o", ms=math.sqrt(area), mfc=color, mec="k", mew=0.3, label=label)
+
+    return [dot("tab:blue", 20, "class 0"), dot("tab:red", 20, "class 1"),
+            dot("0.6", float(_marker_area(np.array([1.0]), 1.0)[0]), "λ = max λ"),
+            dot("0.6", float(_marker_area(np.array([0.5]), 1.0)[0]), "λ = max λ / 2"),
+            Line2D([], [], color="k", lw=1.2, label="decision boundary (P = 0.5)")]
