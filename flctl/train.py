@@ -68,27 +68,41 @@ class Solution:
     multipliers: np.ndarray | None = None
 
 
-def per_sample_loss(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """g_i for each sample of the batch. [B, ...] -> [B].
+def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
 
-    classification: cross-entropy; regression: squared error; preference (DPO, sigmoid loss): the model
-    outputs the policy margin beta*(log pi(y+|x) - log pi(y-|x)) and y holds the reference's, so
-    g = -log sigmoid(beta*[log pi/ref (y+) - log pi/ref (y-)]) = -log sigmoid(out - y).
-    """
-    if task.kind == "classification":
-        return F.cross_entropy(out, y, reduction="none")
-    if task.kind == "preference":
-        return -F.logsigmoid(out - y)
+
+def _squared_error(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (out.squeeze(-1) - y).square()
 
 
-def _prediction(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """What the records keep as the prediction: the class, the value, or DPO's implicit reward margin."""
-    if task.kind == "classification":
-        return out.argmax(-1)
-    if task.kind == "preference":
-        return out - y        # > 0: the policy prefers the chosen answer more than the reference does
-    return out.squeeze(-1)
+def _dpo_sigmoid(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    # The model outputs the policy margin beta*(log pi(y+|x) - log pi(y-|x)) and y holds the reference's, so
+    # g = -log sigmoid(beta*[log pi/ref (y+) - log pi/ref (y-)]) = -log sigmoid(out - y).
+    return -F.logsigmoid(out - y)
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """What a task kind (flctl.tasks.Kind) means for training and records."""
+
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]         # g_i of each sample: [B, ...] -> [B]
+    prediction: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]   # what records keep as the prediction
+    correct: Callable[[np.ndarray, np.ndarray], np.ndarray] | None     # (prediction, target) -> bool, or none
+
+
+LOSS_KINDS: dict[str, LossKind] = {
+    "classification": LossKind(_cross_entropy, lambda out, y: out.argmax(-1), lambda pred, target: pred == target),
+    "regression": LossKind(_squared_error, lambda out, y: out.squeeze(-1), None),
+    # prediction: DPO's implicit reward margin (> 0: the policy prefers the chosen answer more than the reference
+    # does), which is also its reward accuracy's test
+    "preference": LossKind(_dpo_sigmoid, lambda out, y: out - y, lambda pred, target: pred > 0),
+}
+
+
+def per_sample_loss(task: Task, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """g_i for each sample of the batch. [B, ...] -> [B]: cross-entropy, squared error or DPO's sigmoid loss."""
+    return LOSS_KINDS[task.kind].loss(out, y)
 
 
 def model_output(model: torch.nn.Module, x: torch.Tensor, precision: str = "auto") -> torch.Tensor:
@@ -164,21 +178,20 @@ def batched_step(task: Task, runs: list, xs: list[torch.Tensor], ys: list[torch.
 def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = "auto") -> dict[str, np.ndarray]:
     """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
     model.eval()
+    kind = LOSS_KINDS[task.kind]
     losses, preds = [], []
     for start in range(0, len(split), task.eval_chunk):
         x, y = split.x[start:start + task.eval_chunk], split.y[start:start + task.eval_chunk]
         out = model_output(model, x, precision)
-        losses.append(per_sample_loss(task, out, y))
-        preds.append(_prediction(task, out, y))
+        losses.append(kind.loss(out, y))
+        preds.append(kind.prediction(out, y))
     result = {
         "loss": torch.cat(losses).cpu().numpy(),
         "prediction": torch.cat(preds).cpu().numpy(),
         "target": split.y.cpu().numpy(),
     }
-    if task.kind == "classification":
-        result["correct"] = result["prediction"] == result["target"]
-    elif task.kind == "preference":
-        result["correct"] = result["prediction"] > 0      # DPO's reward accuracy
+    if kind.correct is not None:
+        result["correct"] = kind.correct(result["prediction"], result["target"])
     return result
 
 

@@ -70,3 +70,13 @@ def test_paper_defaults_of_two_moons() -> None:
     assert len(data.train) == 1000 and not torch.equal(data.train.x, data.test.x)
     model = t.build_model(dict(t.options), data)
     assert [m.out_features for m in model if isinstance(m, torch.nn.Linear)] == [70, 70, 2]
+
+
+def test_every_task_kind_has_one_loss_kind() -> None:
+    import typing
+
+    from flctl.tasks import Kind
+    from flctl.train import LOSS_KINDS
+
+    assert set(LOSS_KINDS) == set(typing.get_args(Kind))
+    assert {t.kind for t in all_tasks().values()} <= set(LOSS_KINDS)
