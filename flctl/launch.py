@@ -179,7 +179,7 @@ class Worker(submitit.helpers.Checkpointable):
             run_id = store.claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
                                       job_id=job_id, git_sha=git_sha, accept=accept)
             run = None if run_id is None else store.get_run(run_id)
-            return None if run is None else RunConfig.from_json(run["config"])
+            return None if run is None else RunConfig.from_json(run.config)
 
         first = claim()
         if first is None:

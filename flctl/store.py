@@ -7,12 +7,14 @@ status, timings, host, git revision, summary metrics and artifact paths. The sch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+
+from flctl.config import RunConfig
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
@@ -90,12 +94,52 @@ class Run(Base):
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="run", cascade="all, delete-orphan",
                                                        lazy="selectin")
 
-    def as_dict(self) -> dict[str, Any]:
+    def record(self) -> RunRecord:
         d = {c.key: getattr(self, c.key) for c in inspect(Run).column_attrs}
         for k in ("created_at", "started_at", "finished_at", "heartbeat_at"):
             d[k] = d[k].isoformat() if d[k] else None
+        d["metrics"] = d["metrics"] or {}
         d["artifacts"] = {a.kind: a.path for a in self.artifacts}
-        return d
+        return RunRecord(**d)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as the database holds it: what reports and commands read. Its fields are the ``runs`` table's
+    columns (times as ISO strings) plus ``artifacts``; ``cfg`` is its configuration as a RunConfig."""
+
+    id: str
+    config_hash: str
+    task: str
+    method: str
+    seed: int
+    config: dict[str, Any]            # the RunConfig as stored (JSON)
+    status: str
+    epochs_done: int
+    attempts: int
+    host: str | None
+    pid: int | None
+    job_id: str | None
+    git_sha: str | None
+    device: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    heartbeat_at: str | None
+    duration_s: float | None
+    metrics: dict[str, float]          # summary metrics, "train.avg_loss", ...; {} until the run ends
+    diverged_at: dict | None
+    lambda_capped: int | None
+    error: str | None
+    artifacts: dict[str, str]          # kind (records, model, extras) -> path
+
+    @property
+    def cfg(self) -> RunConfig:
+        return RunConfig.from_json(self.config)
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for --json output."""
+        return dataclasses.asdict(self)
 
 
 class Artifact(Base):
@@ -489,7 +533,7 @@ class Store:
                              .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()
             return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after)) for r in rows]
 
-    def get_run(self, run_id_or_prefix: str) -> dict[str, Any] | None:
+    def get_run(self, run_id_or_prefix: str) -> RunRecord | None:
         with self.session() as s:
             run = s.get(Run, run_id_or_prefix)
             if run is None:
@@ -497,10 +541,10 @@ class Store:
                 if len(matches) > 1:
                     raise StoreError(f"run id prefix {run_id_or_prefix!r} is ambiguous; give more characters")
                 run = matches[0] if matches else None
-            return None if run is None else run.as_dict()
+            return None if run is None else run.record()
 
     def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
-                  seed: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+                  seed: int | None = None, limit: int | None = None) -> list[RunRecord]:
         q = select(Run).order_by(Run.created_at.desc())
         for col, val in ((Run.task, task), (Run.method, method), (Run.status, status), (Run.seed, seed)):
             if val is not None:
@@ -508,5 +552,5 @@ class Store:
         if limit:
             q = q.limit(limit)
         with self.session() as s:
-            return [r.as_dict() for r in s.scalars(q).all()]
+            return [r.record() for r in s.scalars(q).all()]
 

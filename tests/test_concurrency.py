@@ -77,6 +77,6 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path, backend: str) -> None
 
     assert sorted(claimed) == sorted(ids)                       # each run claimed by exactly one worker
     runs = store.list_runs()
-    assert len(runs) == RUNS and all(r["status"] == "completed" and r["attempts"] == 1 for r in runs)
-    assert all(r["artifacts"] == {"records": "r"} for r in runs)
+    assert len(runs) == RUNS and all(r.status == "completed" and r.attempts == 1 for r in runs)
+    assert all(r.artifacts == {"records": "r"} for r in runs)
     assert store.get_sweep("shared")["submissions"] == WORKERS * BUMPS   # no lost increment

@@ -58,7 +58,7 @@ def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_pat
 
     store = Store.open(url)
     assert revision(url) == "0001"
-    assert [r["id"] for r in store.list_runs()] == [config("two-moons", "fl").run_id]
+    assert [r.id for r in store.list_runs()] == [config("two-moons", "fl").run_id]
     store.close()
 
 

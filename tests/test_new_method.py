@@ -13,7 +13,9 @@ from flctl import method_info, methods
 from flctl.cli import app
 from flctl.method_info import MethodInfo, describe
 from flctl.methods import FL, register
+from flctl.report.data import select_runs
 from flctl.report.plots import figure
+from flctl.store import Store
 
 runner = CliRunner()
 
@@ -60,7 +62,7 @@ def test_a_method_described_once_runs_sweeps_and_reports(fl_double, results: Pat
     rows = [line.split(",")[0] for line in table.splitlines()]
     assert rows.index("FL") < rows.index("FL×2")              # in its described order, under its label
 
-    fig = figure("cdf", runs, results / "records")
+    fig = figure("cdf", select_runs(Store.open(f"sqlite:///{results / 'flctl.db'}")), results / "records")
     labels = [text.get_text() for legend in fig.legends for text in legend.get_texts()]
     assert any(label.startswith("FL×2") for label in labels), labels
     assert any(label.startswith("FL ") for label in labels), labels

@@ -124,7 +124,7 @@ def test_figure_draws_what_it_should(made: Path, name: str, task: str, kwargs: d
 
 def test_heatmap_data_has_diverged_cells(made: Path) -> None:
     runs = runs_of(made, "diabetes")
-    diverged = {(r["method"], r["config"]["lr"]) for r in runs if r["status"] == "diverged"}
+    diverged = {(r.method, r.config["lr"]) for r in runs if r.status == "diverged"}
     assert diverged == {("erm", 1e3), ("fl", 1e3)}
 
 
@@ -155,7 +155,7 @@ def test_runs_the_plot_cannot_use(made: Path, tmp_path: Path, name: str, task: s
     if task == "all":
         runs = runs_of(made, "two-moons") + runs_of(made, "polyfit")
     elif task == "erm-only":
-        runs = [r for r in runs_of(made, "two-moons") if r["method"] == "erm"]
+        runs = [r for r in runs_of(made, "two-moons") if r.method == "erm"]
     else:
         runs = runs_of(made, task)
     out_dir = tmp_path / "reports"

@@ -12,14 +12,19 @@ from flctl.cli import app
 from flctl.config import ConfigError
 from flctl.metrics import cvar, split_summary
 from flctl.report.tables import aggregate, build, render
+from flctl.store import RunRecord
 
 runner = CliRunner()
 
 
-def run(method: str, seed: int, eps=None, alpha=None, status="completed", **metrics) -> dict:
-    return {"id": f"{method}{eps}{alpha}{seed}", "method": method, "seed": seed, "status": status,
-            "config": {"method": method, "seed": seed, "eps": eps, "alpha": alpha, "lr": 0.1, "options": {}},
-            "metrics": {f"{k.replace('__', '.')}": v for k, v in metrics.items()}}
+def run(method: str, seed: int, eps=None, alpha=None, status="completed", **metrics) -> RunRecord:
+    run_id = f"{method}{eps}{alpha}{seed}"
+    return RunRecord(id=run_id, config_hash=run_id, task="two-moons", method=method, seed=seed,
+                     config={"method": method, "seed": seed, "eps": eps, "alpha": alpha, "lr": 0.1, "options": {}},
+                     status=status, epochs_done=1, attempts=1, host=None, pid=None, job_id=None, git_sha=None,
+                     device=None, created_at="", started_at=None, finished_at=None, heartbeat_at=None,
+                     duration_s=None, metrics={f"{k.replace('__', '.')}": v for k, v in metrics.items()},
+                     diverged_at=None, lambda_capped=None, error=None, artifacts={})
 
 
 RUNS = [
@@ -145,8 +150,8 @@ def test_report_tables_from_the_database_and_records(finished: Path, tmp_path: P
 
     store = Store.open(f"sqlite:///{finished / 'flctl.db'}")
     fl = [r for r in store.list_runs(method="fl")]
-    recs = final_records(finished / "records", [r["id"] for r in fl], ["run_id", "loss"], split="test")
-    per_run = [cvar(recs.filter(recs["run_id"].to_numpy(zero_copy_only=False) == r["id"])["loss"].to_numpy(), 0.95)
+    recs = final_records(finished / "records", [r.id for r in fl], ["run_id", "loss"], split="test")
+    per_run = [cvar(recs.filter(recs["run_id"].to_numpy(zero_copy_only=False) == r.id)["loss"].to_numpy(), 0.95)
                for r in fl]
     csv_out = runner.invoke(app, ["report", "--table", "main", "--format", "csv", "--columns", "test.cvar@0.95"])
     row = [line for line in csv_out.stdout.splitlines() if line.startswith("FL,")][0].split(",")

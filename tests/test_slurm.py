@@ -80,7 +80,7 @@ def statuses(results: Path) -> Counter:
     and polling with it would take CPU from the jobs on a small machine)."""
     store = Store.open(f"sqlite:///{results / 'flctl.db'}")
     try:
-        return Counter(r["status"] for r in store.list_runs())
+        return Counter(r.status for r in store.list_runs())
     finally:
         store.close()
 
@@ -187,17 +187,17 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
     leftovers["jobs"].append(job)
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
     [run] = store.list_runs()
-    rid = run["id"]
+    rid = run.id
 
     wait_until(lambda: len(record_files(tmp_path, rid)) >= 3, "the job to train a few epochs", interval=0.1,
                logs=tmp_path / "jobs")
     before = store.get_run(rid)
-    assert before["status"] == "running" and before["job_id"] == job, before    # one worker: a plain job
+    assert before.status == "running" and before.job_id == job, before    # one worker: a plain job
     assert subprocess.run(["scancel", job], capture_output=True).returncode == 0
     wait_until(lambda: [s.split()[0] for _, s in sacct(job)] == ["CANCELLED"], "sacct to show the job cancelled")
     wait_until(lambda: not Path(f"/proc/{before['pid']}").exists(), "the worker process to be gone", timeout=30)
     files = record_files(tmp_path, rid)
-    assert store.get_run(rid)["status"] == "running"                # nobody told the database...
+    assert store.get_run(rid).status == "running"                # nobody told the database...
     # ...but its pid, on this host, is dead: stale at once (not after FLCTL_STALE_AFTER, 300 s by default).
     assert ledger(tmp_path)["total"]["stale"] == 1
 
@@ -210,8 +210,8 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
     wait_until(lambda: statuses(tmp_path)["completed"] == 1, "the resumed run to complete", logs=tmp_path / "jobs")
     assert ledger(tmp_path)["total"]["completed"] == 1
     after = store.get_run(rid)
-    assert after["status"] == "completed" and after["attempts"] == 2 and after["job_id"] == job2, after
-    assert after["epochs_done"] == epochs
+    assert after.status == "completed" and after.attempts == 2 and after.job_id == job2, after
+    assert after.epochs_done == epochs
     assert_resumed(files, record_files(tmp_path, rid))
     assert_complete_records(tmp_path, rid, epochs, every)
     assert not (tmp_path / "runs" / rid / "checkpoint.pt").exists()
@@ -244,9 +244,9 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
 
     wait_until(lambda: len(record_files(results, cfg.run_id)) >= 3, "the job to train a few epochs",
                interval=0.1, logs=folder)
-    assert store.get_run(cfg.run_id)["status"] == "running"
+    assert store.get_run(cfg.run_id).status == "running"
     job._interrupt()                                         # preemption: SIGTERM, then USR2 -> checkpoint()
-    wait_until(lambda: store.get_run(cfg.run_id)["status"] == "queued", "the run to be handed back", timeout=30,
+    wait_until(lambda: store.get_run(cfg.run_id).status == "queued", "the run to be handed back", timeout=30,
                interval=0.1, logs=folder)
     files = record_files(results, cfg.run_id)
 
@@ -256,7 +256,7 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
     assert outcome == {cfg.run_id: "completed"}, outcome
     run = store.get_run(cfg.run_id)
     # A preempted attempt is handed back (store.requeue) and does not count against --max-attempts.
-    assert run["status"] == "completed" and run["attempts"] == 1 and run["job_id"] == job.job_id, run
+    assert run.status == "completed" and run.attempts == 1 and run.job_id == job.job_id, run
     log = Path(job.paths.stdout).read_text() + Path(job.paths.stderr).read_text()
     assert "this job is preempted" in log and "Requeued job" in log, log[-3000:]
     base = job.job_id.split("_")[0]
@@ -271,10 +271,10 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
     out, _ = reference.communicate(timeout=240)
     assert reference.returncode == 0, out
     [ref_run] = Store.open(f"sqlite:///{ref_dir / 'flctl.db'}").list_runs()
-    assert ref_run["id"] == cfg.run_id                                # same config, same run
+    assert ref_run.id == cfg.run_id                                # same config, same run
     a = records.read(ref_dir / "records", [cfg.run_id]).sort_by(RECORD_ORDER)
     assert a.equals(b), "records of the preempted run differ from an uninterrupted run"
-    assert run["metrics"] == pytest.approx(ref_run["metrics"])
+    assert run.metrics == pytest.approx(ref_run.metrics)
     store.close()
 
 
@@ -287,8 +287,8 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     array = submitted_job(first.stdout)
     leftovers["jobs"].append(array)
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
-    wait_until(lambda: sum(r["status"] == "running" for r in store.list_runs()) == 2
-               and all(len(record_files(tmp_path, r["id"])) >= 3 for r in store.list_runs() if r["status"] == "running"),
+    wait_until(lambda: sum(r.status == "running" for r in store.list_runs()) == 2
+               and all(len(record_files(tmp_path, r.id)) >= 3 for r in store.list_runs() if r.status == "running"),
                "both workers to train a few epochs", interval=0.2, logs=tmp_path / "jobs")
     [sid] = [p.name for p in (tmp_path / "jobs").iterdir()]
 
@@ -298,9 +298,9 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     squeue = subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout
     assert squeue.strip() == "", squeue                                       # no job left
     runs = store.list_runs()
-    assert not any(r["status"] == "running" for r in runs), runs
-    handed_back = [r for r in runs if r["epochs_done"] > 0 and r["status"] == "queued"]
-    assert handed_back and all(r["attempts"] == 0 for r in handed_back)
+    assert not any(r.status == "running" for r in runs), runs
+    handed_back = [r for r in runs if r.epochs_done > 0 and r.status == "queued"]
+    assert handed_back and all(r.attempts == 0 for r in handed_back)
     files = record_files(tmp_path, handed_back[0]["id"])
 
     resumed = flctl(tmp_path, *args)
@@ -309,7 +309,7 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     wait_until(lambda: statuses(tmp_path)["completed"] == 3, "the re-run to finish the sweep", timeout=300,
                logs=tmp_path / "jobs")
     rid = handed_back[0]["id"]
-    assert store.get_run(rid)["attempts"] == 1
+    assert store.get_run(rid).attempts == 1
     assert_resumed(files, record_files(tmp_path, rid))
     assert_complete_records(tmp_path, rid, epochs, every)
     store.close()

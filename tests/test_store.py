@@ -33,7 +33,7 @@ def test_a_run_is_claimed_once_until_its_worker_is_lost(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     age_heartbeat(store, rid, 0, pid=int(dead.stdout))         # its pid is gone: stale at once
     assert store.claim_run(rid, stale_after=60)
-    assert store.get_run(rid)["attempts"] == 2
+    assert store.get_run(rid).attempts == 2
 
 
 def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path) -> None:
@@ -43,12 +43,12 @@ def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path
     assert store.reap(stale_after=60) == ([], [])              # recent heartbeat: still alive
     age_heartbeat(store, rid, 120)
     assert store.reap(stale_after=60, max_attempts=3) == ([rid], [])
-    assert store.get_run(rid)["status"] == "queued"
+    assert store.get_run(rid).status == "queued"
     assert store.claim_run(rid) and store.claim_run(rid, allow=("queued",)) is False
     age_heartbeat(store, rid, 120)
     assert store.reap(stale_after=60, max_attempts=2) == ([], [rid])
     row = store.get_run(rid)
-    assert row["status"] == "failed" and "gave up after 2 attempts" in row["error"]
+    assert row.status == "failed" and "gave up after 2 attempts" in row.error
     assert not store.claim_run(rid, max_attempts=2)
 
 
@@ -57,7 +57,7 @@ def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
     assert store.claim_run(rid, max_attempts=1)
     store.requeue(rid, "preempted")
     row = store.get_run(rid)
-    assert (row["status"], row["attempts"]) == ("queued", 0)
+    assert (row.status, row.attempts) == ("queued", 0)
     assert store.claim_run(rid, max_attempts=1)                # the requeued job can take it again
 
 
@@ -69,4 +69,16 @@ def test_completed_runs_are_never_claimed_again(tmp_path: Path) -> None:
     age_heartbeat(store, rid, 10_000)
     assert not store.claim_run(rid) and store.reap(stale_after=1) == ([], [])
     store.fail_run(rid, "late failure report", 1.0)            # only a running run can fail
-    assert store.get_run(rid)["status"] == "completed"
+    assert store.get_run(rid).status == "completed"
+
+
+def test_run_record_fields_are_the_runs_table_columns() -> None:
+    # RunRecord is what the store hands out; it mirrors the table, so a new column shows up in both or fails here.
+    import dataclasses
+
+    from sqlalchemy import inspect
+
+    from flctl.store import Run, RunRecord
+
+    columns = [c.key for c in inspect(Run).column_attrs]
+    assert [f.name for f in dataclasses.fields(RunRecord)] == [*columns, "artifacts"]

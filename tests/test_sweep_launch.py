@@ -114,16 +114,16 @@ def test_killed_worker_cell_is_finished_by_the_survivor_with_identical_records(t
     # Wait until a worker has written a few records of its cell, then kill it with SIGKILL (no cleanup).
     files = lambda: list((results / "records").glob("run_id=*/epoch=*.parquet"))   # noqa: E731
     wait_until(lambda: len(files()) >= 3, interval=0.01)
-    victim = next(r for r in store.list_runs() if r["status"] == "running")
-    os.kill(victim["pid"], signal.SIGKILL)
+    victim = next(r for r in store.list_runs() if r.status == "running")
+    os.kill(victim.pid, signal.SIGKILL)
     # The dead pid makes the cell stale at once; the surviving worker claims it after its own cell.
     wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the survivor to finish all three cells")
-    run = store.get_run(victim["id"])
-    assert run["status"] == "completed" and run["attempts"] == 2 and run["pid"] != victim["pid"]
-    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(victim["seed"]))
+    run = store.get_run(victim.id)
+    assert run.status == "completed" and run.attempts == 2 and run.pid != victim.pid
+    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(victim.seed))
     assert reference.returncode == 0, reference.stderr
-    assert len(records.read(results / "records", [victim["id"]])) == 40 * 2 * 1000
-    assert same_records(tmp_path / "ref", results, victim["id"])                 # no lost, no duplicated rows
+    assert len(records.read(results / "records", [victim.id])) == 40 * 2 * 1000
+    assert same_records(tmp_path / "ref", results, victim.id)                 # no lost, no duplicated rows
 
 
 def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     results = tmp_path / "sweep"
     assert flctl(results, *args).returncode == 0
     store = Store.open(f"sqlite:///{results / 'flctl.db'}")
-    wait_until(lambda: sum(r["status"] == "running" for r in store.list_runs()) == 2
+    wait_until(lambda: sum(r.status == "running" for r in store.list_runs()) == 2
                and len(list((results / "records").glob("run_id=*/epoch=*.parquet"))) >= 4, interval=0.05)
     [sid] = [p.name for p in (results / "jobs").iterdir()]
 
@@ -143,21 +143,21 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     assert len(stopped["stopped"]) == 2 and stopped["killed"] == []              # both stopped cleanly
     assert not worker_pids(results)
     runs = store.list_runs()
-    assert not any(r["status"] == "running" for r in runs)
-    interrupted = [r for r in runs if r["status"] == "queued" and r["epochs_done"] > 0]
-    assert interrupted and all(r["attempts"] == 0 for r in interrupted)          # a handed-back attempt is not counted
-    assert all((results / "runs" / r["id"] / "checkpoint.pt").exists() for r in interrupted)
+    assert not any(r.status == "running" for r in runs)
+    interrupted = [r for r in runs if r.status == "queued" and r.epochs_done > 0]
+    assert interrupted and all(r.attempts == 0 for r in interrupted)          # a handed-back attempt is not counted
+    assert all((results / "runs" / r.id / "checkpoint.pt").exists() for r in interrupted)
     again = flctl(results, "cancel", sid)
     assert again.returncode == 0 and "nothing to cancel" in again.stdout
 
     resumed = flctl(results, *args)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the re-run to finish the sweep")
-    run = store.get_run(interrupted[0]["id"])
-    assert run["attempts"] == 1                                                  # one counted attempt in all
-    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(run["seed"]))
+    run = store.get_run(interrupted[0].id)
+    assert run.attempts == 1                                                  # one counted attempt in all
+    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(run.seed))
     assert reference.returncode == 0, reference.stderr
-    assert same_records(tmp_path / "ref", results, run["id"])
+    assert same_records(tmp_path / "ref", results, run.id)
 
 
 @pytest.mark.gpu

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flctl.store import RunRecord
+
 import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
@@ -97,11 +102,11 @@ def run(
 
     layout = Layout(root)
     previous = store.get_run(cfg.run_id)
-    if previous is not None and previous["status"] == "completed" and not rerun:
+    if previous is not None and previous.status == "completed" and not rerun:
         console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
         print_summary(previous)
         return
-    if rerun or (previous is not None and previous["status"] == "diverged"):
+    if rerun or (previous is not None and previous.status == "diverged"):
         layout.clear(cfg.run_id)   # a diverged run restarts from scratch; its checkpoint was removed
 
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
@@ -118,8 +123,9 @@ def run(
             fail(f"run {cfg.run_id} failed: {type(exc).__name__}: {exc} (see `flctl show {cfg.run_id}`)", code=1)
     if result is None:
         held = store.get_run(cfg.run_id)
-        fail(f"run {cfg.run_id} is being trained by {held['host']} pid {held['pid']} (last heartbeat "
-             f"{held['heartbeat_at']}); wait for it, or see `flctl show {cfg.run_id}`", code=1)
+        assert held is not None
+        fail(f"run {cfg.run_id} is being trained by {held.host} pid {held.pid} (last heartbeat "
+             f"{held.heartbeat_at}); wait for it, or see `flctl show {cfg.run_id}`", code=1)
     if result.status == "stopped":
         console.print(f"[yellow]stopped[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the same "
                       f"options resumes run {cfg.run_id}")
@@ -153,25 +159,25 @@ class _progress:
         self.progress.stop()
 
 
-def print_summary(run: dict) -> None:
+def print_summary(run: RunRecord) -> None:
     from rich.table import Table
 
-    status_style = {"completed": "green", "diverged": "yellow", "failed": "red"}.get(run["status"], "white")
-    console.print(f"run [bold]{run['id']}[/] [{status_style}]{run['status']}[/] after {run['epochs_done']} epochs"
-                  + (f" in {run['duration_s']:.1f}s" if run.get("duration_s") else ""))
-    if run.get("diverged_at"):
-        d = run["diverged_at"]
+    status_style = {"completed": "green", "diverged": "yellow", "failed": "red"}.get(run.status, "white")
+    console.print(f"run [bold]{run.id}[/] [{status_style}]{run.status}[/] after {run.epochs_done} epochs"
+                  + (f" in {run.duration_s:.1f}s" if run.duration_s else ""))
+    if run.diverged_at:
+        d = run.diverged_at
         console.print(f"[yellow]non-finite loss at epoch {d['epoch']}, step {d['step']}[/]")
-    if run.get("lambda_capped"):
-        console.print(f"[yellow]{run['lambda_capped']} multipliers reached the cap (infeasible at this ε?)[/]")
-    metrics = run.get("metrics") or {}
+    if run.lambda_capped:
+        console.print(f"[yellow]{run.lambda_capped} multipliers reached the cap (infeasible at this ε?)[/]")
+    metrics = run.metrics
     if metrics:
         names = sorted({k.split(".", 1)[1] for k in metrics}, key=_metric_order)
         table = Table("metric", "train", "test", title=None)
         for name in names:
             table.add_row(name, *(_fmt(metrics.get(f"{split}.{name}")) for split in ("train", "test")))
         console.print(table)
-    records = (run.get("artifacts") or {}).get("records")
+    records = run.artifacts.get("records")
     if records:
         console.print(f"records: {records}")
 

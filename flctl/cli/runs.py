@@ -33,18 +33,18 @@ def runs(
     store = existing_store(db, results_root(results_dir))
     rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit)
     if as_json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
         return
     from rich.table import Table
 
     table = Table("id", "task", "method", "ε", "α", "seed", "status", "epochs", "train avg", "train max",
                   "test avg", "test acc", "time")
     for r in rows:
-        m, c = r.get("metrics") or {}, r["config"]
-        table.add_row(r["id"], r["task"], r["method"], _num(c.get("eps")), _num(c.get("alpha")), str(r["seed"]),
-                      r["status"], str(r["epochs_done"]), _num(m.get("train.avg_loss")), _num(m.get("train.max_loss")),
+        m, c = r.metrics, r.config
+        table.add_row(r.id, r.task, r.method, _num(c.get("eps")), _num(c.get("alpha")), str(r.seed),
+                      r.status, str(r.epochs_done), _num(m.get("train.avg_loss")), _num(m.get("train.max_loss")),
                       _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
-                      f"{r['duration_s']:.1f}s" if r.get("duration_s") else "")
+                      f"{r.duration_s:.1f}s" if r.duration_s else "")
     console.print(table)
     console.print(f"{len(rows)} run(s)")
 
@@ -66,24 +66,24 @@ def show(
     if run is None:
         fail(f"no run {run_id!r} in the database; list them with `flctl runs`")
     if as_json:
-        print(json.dumps(run, indent=2, default=str))
+        print(json.dumps(run.to_json(), indent=2, default=str))
         return
     from rich.table import Table
 
     from flctl.cli.run import print_summary
 
     cfg = Table("config", "value", show_header=False)
-    for k, v in sorted(run["config"].items()):
+    for k, v in sorted(run.config.items()):
         if isinstance(v, list) and len(v) > 8:
             v = f"[{len(v)} values]"
         cfg.add_row(k, str(v))
     console.print(cfg)
-    console.print(f"host {run['host']} · git {run['git_sha'] or '-'} · attempts {run['attempts']} · "
-                  f"started {run['started_at']} · finished {run['finished_at'] or '-'}")
-    if run.get("error"):
-        console.print(f"[red]{run['error']}[/]")
+    console.print(f"host {run.host} · git {run.git_sha or '-'} · attempts {run.attempts} · "
+                  f"started {run.started_at} · finished {run.finished_at or '-'}")
+    if run.error:
+        console.print(f"[red]{run.error}[/]")
     print_summary(run)
-    for kind, path in sorted((run.get("artifacts") or {}).items()):
+    for kind, path in sorted(run.artifacts.items()):
         console.print(f"{kind}: {path}")
 
 

@@ -15,11 +15,13 @@ from flctl.config import ConfigError
 if TYPE_CHECKING:
     import numpy as np
 
+    from flctl.store import RunRecord
+
 REPORTABLE = ("completed", "diverged")
 
 
 def select_runs(store, *, sweep: str | None = None, task: str | None = None,
-                statuses: Iterable[str] = REPORTABLE) -> list[dict]:
+                statuses: Iterable[str] = REPORTABLE) -> list[RunRecord]:
     """Finished runs of a sweep (id, prefix or name) or a task; ConfigError when nothing matches."""
     statuses = set(statuses)
     if sweep is not None:
@@ -27,12 +29,12 @@ def select_runs(store, *, sweep: str | None = None, task: str | None = None,
         if found is None:
             raise ConfigError(f"no sweep {sweep!r}; list them with `flctl sweeps`")
         ids = {r["id"] for r in store.sweep_runs(found["id"])}
-        runs = [r for r in store.list_runs(task=task) if r["id"] in ids]
-        if not any(r["status"] == "completed" for r in runs):
+        runs = [r for r in store.list_runs(task=task) if r.id in ids]
+        if not any(r.status == "completed" for r in runs):
             raise ConfigError(f"sweep {found['id']} has no completed cells yet; see `flctl status {found['id']}`")
     else:
         runs = store.list_runs(task=task)
-    runs = [r for r in runs if r["status"] in statuses]
+    runs = [r for r in runs if r.status in statuses]
     if not runs:
         what = f"task {task!r}" if task else "the database"
         raise ConfigError(f"no finished runs match in {what}; list them with `flctl runs`")

@@ -3,6 +3,11 @@ between two methods (paired by sample id). Results are pyarrow tables (shown and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flctl.store import RunRecord
+
 from pathlib import Path
 
 import numpy as np
@@ -15,27 +20,27 @@ from flctl.report.data import final_records
 QUERIES = ("violators", "diff")
 
 
-def _label(run: dict) -> str:
-    c = run["config"]
-    parts = [run["method"]] + [f"{k}={c[k]:g}" for k in ("eps", "alpha") if isinstance(c.get(k), float)]
+def _label(run: RunRecord) -> str:
+    c = run.config
+    parts = [run.method] + [f"{k}={c[k]:g}" for k in ("eps", "alpha") if isinstance(c.get(k), float)]
     return " ".join(parts)
 
 
-def violators(runs: list[dict], records_root: Path, *, split: str = "train", min_seeds: int = 1,
+def violators(runs: list[RunRecord], records_root: Path, *, split: str = "train", min_seeds: int = 1,
               eps: float | None = None) -> pa.Table:
     """Per (method, ε, α) group: samples whose final loss exceeds ε in at least ``min_seeds`` of its seeds.
 
     ``eps`` overrides each run's level (needed for ERM, which has none)."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[RunRecord]] = {}
     for r in runs:
-        if r["status"] == "completed":
+        if r.status == "completed":
             groups.setdefault(_label(r), []).append(r)
     out = []
     for label, group in sorted(groups.items()):
-        level = eps if eps is not None else group[0]["config"].get("eps")
+        level = eps if eps is not None else group[0].config.get("eps")
         if level is None or isinstance(level, list):
             continue
-        t = final_records(records_root, [r["id"] for r in group], ["run_id", "sample_id", "loss"], split=split)
+        t = final_records(records_root, [r.id for r in group], ["run_id", "sample_id", "loss"], split=split)
         t = t.append_column("violates", pc.greater(t["loss"], level))
         agg = t.group_by("sample_id").aggregate([("violates", "sum"), ("loss", "mean"), ("loss", "max")])
         agg = agg.filter(pc.greater_equal(agg["violates_sum"], min_seeds))
@@ -49,15 +54,15 @@ def violators(runs: list[dict], records_root: Path, *, split: str = "train", min
     return table.sort_by([("group", "ascending"), ("seeds_violating", "descending"), ("mean_loss", "descending")])
 
 
-def diff(runs: list[dict], records_root: Path, methods: tuple[str, str], *, split: str = "test",
+def diff(runs: list[RunRecord], records_root: Path, methods: tuple[str, str], *, split: str = "test",
          top: int = 20) -> pa.Table:
     """Samples whose seed-mean final loss differs most between two methods, paired by sample id."""
     means = {}
     for m in methods:
-        ids = [r["id"] for r in runs if r["method"] == m and r["status"] == "completed"]
+        ids = [r.id for r in runs if r.method == m and r.status == "completed"]
         if not ids:
             raise ConfigError(f"no completed {m} runs among the selected runs; --methods takes two of: "
-                              + ", ".join(sorted({r['method'] for r in runs})))
+                              + ", ".join(sorted({r.method for r in runs})))
         t = final_records(records_root, ids, ["sample_id", "loss"], split=split)
         means[m] = t.group_by("sample_id").aggregate([("loss", "mean")]).sort_by("sample_id")
     a, b = means[methods[0]], means[methods[1]]

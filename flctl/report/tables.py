@@ -7,6 +7,11 @@ cell with fewer seeds than its siblings is flagged (†) and named in the notes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flctl.store import RunRecord
+
 import csv
 import io
 import math
@@ -87,17 +92,17 @@ def _key_value(v) -> str:
     return str(v)
 
 
-def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
-          value: Callable[[dict, str], float | None] | None = None) -> Table:
+def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None,
+          value: Callable[[RunRecord, str], float | None] | None = None) -> Table:
     """Group finished runs into the named table. ``value(run, column)`` reads a column (default: summary)."""
     if name not in TABLES:
         raise ConfigError(f"unknown table {name!r}; choose one of: {', '.join(TABLES)}")
-    value = value or (lambda run, col: (run.get("metrics") or {}).get(col))
-    classification = any((r.get("metrics") or {}).get("train.accuracy") is not None for r in runs)
+    value = value or (lambda run, col: run.metrics.get(col))
+    classification = any(r.metrics.get("train.accuracy") is not None for r in runs)
     if columns is None:
         per_split = ["avg_loss", "max_loss"] + (["accuracy"] if classification and name == "main" else [])
         if name == "runs":
-            per_split = [m for m in SUMMARY if any(f"train.{m}" in (r.get("metrics") or {}) for r in runs)]
+            per_split = [m for m in SUMMARY if any(f"train.{m}" in r.metrics for r in runs)]
         columns = [f"{s}.{m}" for s in SPLITS for m in per_split]
     for c in columns:
         check_column(c)
@@ -105,12 +110,12 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
 
     if name == "runs":
         table = Table("Runs", ["Run", "Method", "ε", "α", "Seed", "Status"], columns)
-        for r in sorted(runs, key=lambda r: (method_info(r["method"]).order, str(r["config"].get("eps")),
-                                             str(r["config"].get("alpha")), r["seed"])):
+        for r in sorted(runs, key=lambda r: (method_info(r.method).order, str(r.config.get("eps")),
+                                             str(r.config.get("alpha")), r.seed)):
             cells = [Cell(value(r, c), None, 1) for c in columns]
-            table.rows.append(([r["id"], method_info(r["method"]).label,
-                                _key_value(r["config"].get("eps")), _key_value(r["config"].get("alpha")),
-                                str(r["seed"]), r["status"]], cells))
+            table.rows.append(([r.id, method_info(r.method).label,
+                                _key_value(r.config.get("eps")), _key_value(r.config.get("alpha")),
+                                str(r.seed), r.status], cells))
         return table
 
     # Cells: everything that identifies a configuration except the seed. Besides method, eps and alpha, only
@@ -118,17 +123,18 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
     fixed = ("seed", "method", "eps", "alpha", "device", "data_dir")
     values_of: dict[str, set[str]] = {}
     for r in runs:
-        for k, v in r["config"].items():
-            if k not in fixed and v is not None:
-                values_of.setdefault(k, set()).add(_key_value(v) if not isinstance(v, dict) else str(sorted(v.items())))
-    split_by = sorted(k for k, vs in values_of.items() if len(vs) > 1)
-    groups: dict[tuple, list[dict]] = {}
+        for config_key, v in r.config.items():
+            if config_key not in fixed and v is not None:
+                values_of.setdefault(config_key, set()).add(_key_value(v) if not isinstance(v, dict) else
+                                                       str(sorted(v.items())))
+    split_by = sorted(config_key for config_key, vs in values_of.items() if len(vs) > 1)
+    groups: dict[tuple, list[RunRecord]] = {}
     for r in runs:
-        cfg = r["config"]
-        rest = tuple((k, _key_value(cfg.get(k)) if not isinstance(cfg.get(k), dict) else
-                      ",".join(f"{a}={b}" for a, b in sorted(cfg[k].items()))) for k in split_by)
+        cfg = r.config
+        rest = tuple((config_key, _key_value(cfg.get(config_key)) if not isinstance(cfg.get(config_key), dict) else
+                      ",".join(f"{a}={b}" for a, b in sorted(cfg[config_key].items()))) for config_key in split_by)
         model = (cfg.get("options") or {}).get("model")
-        key = (method_info(r["method"]).order, r["method"], cfg.get("eps"), cfg.get("alpha"), model, rest)
+        key = (method_info(r.method).order, r.method, cfg.get("eps"), cfg.get("alpha"), model, rest)
         groups.setdefault(key, []).append(r)
     varying_rest = bool(split_by)
 
@@ -154,7 +160,7 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
     for k in sorted(groups, key=sort_key):
         _, method, eps, alpha, model, rest = k
         group = groups[k]
-        done = [r for r in group if r["status"] == "completed"]
+        done = [r for r in group if r.status == "completed"]
         cells = []
         for c in columns:
             mean, std = aggregate([value(r, c) for r in done])
@@ -171,7 +177,7 @@ def build(name: str, runs: list[dict], columns: Sequence[str] | None = None,
             row.append(", ".join(f"{a}={b}" for a, b in rest))
         table.rows.append((row, cells))
         if len(done) < expected:
-            diverged = sum(r["status"] == "diverged" for r in group)
+            diverged = sum(r.status == "diverged" for r in group)
             table.notes.append(f"† {' '.join(row[:3])}: {len(done)} of {expected} seeds"
                                + (f" ({diverged} diverged)" if diverged else ""))
     return table
@@ -244,7 +250,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
     return console.export_text(styles=False)
 
 
-def record_values(runs: list[dict], records_root, columns: Sequence[str]) -> Callable[[dict, str], float | None]:
+def record_values(runs: list[RunRecord], records_root, columns: Sequence[str]) -> Callable[[RunRecord, str], float | None]:
     """A column reader that computes tail columns (cvar@q, quantile@q) from each run's final records and
     takes the rest from the recorded summary metrics."""
     from flctl.metrics import cvar
@@ -253,7 +259,7 @@ def record_values(runs: list[dict], records_root, columns: Sequence[str]) -> Cal
     tails = [c for c in columns if "@" in c]
     computed: dict[tuple[str, str], float] = {}
     if tails:
-        done = [r["id"] for r in runs if r["status"] == "completed"]
+        done = [r.id for r in runs if r.status == "completed"]
         losses = final_losses(records_root, done, sorted({c.split(".", 1)[0] for c in tails}))
         for (run_id, split), chunk in losses.items():
             for c in tails:
@@ -262,8 +268,8 @@ def record_values(runs: list[dict], records_root, columns: Sequence[str]) -> Cal
                     kind, _, q = metric.partition("@")
                     computed[(run_id, c)] = cvar(chunk, float(q)) if kind == "cvar" else float(np.quantile(chunk, float(q)))
 
-    def value(run: dict, column: str) -> float | None:
+    def value(run: RunRecord, column: str) -> float | None:
         if "@" in column:
-            return computed.get((run["id"], column))
-        return (run.get("metrics") or {}).get(column)
+            return computed.get((run.id, column))
+        return run.metrics.get(column)
     return value

@@ -30,10 +30,12 @@ __all__ = ["PLOTS", "figure", "plot", "save", "_cvar_curve", "_extras_images"]
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
+
 PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics")
 
 
-def plot(name: str, runs: list[dict], records_root: Path, out: Path, *, split: str | None = None,
+def plot(name: str, runs: list[RunRecord], records_root: Path, out: Path, *, split: str | None = None,
          k: int = 16) -> list[Path]:
     """Draw the named figure from ``runs`` and write ``out.png`` and ``out.pdf``; returns both paths.
 
@@ -44,7 +46,7 @@ def plot(name: str, runs: list[dict], records_root: Path, out: Path, *, split: s
         return save(figure(name, runs, records_root, split=split, k=k), Path(out))
 
 
-def figure(name: str, runs: list[dict], records_root: Path, *, split: str | None = None, k: int = 16) -> Figure:
+def figure(name: str, runs: list[RunRecord], records_root: Path, *, split: str | None = None, k: int = 16) -> Figure:
     """The named figure, not yet written (see ``plot``)."""
     if name not in PLOTS:
         raise ConfigError(f"unknown plot {name!r}; choose one of: {', '.join(PLOTS)}")

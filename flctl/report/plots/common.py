@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
+
 DPI = 150
 # Config keys that never split runs into curves: seeds are what the median and band summarize, eps and alpha
 # are always in the label, and device/data_dir say where a run executed, not what it computed.
@@ -35,7 +37,7 @@ class Group:
     """Runs that differ only by seed: one curve (median over seeds) or one heatmap panel."""
     label: str
     method: str
-    runs: tuple[dict, ...]
+    runs: tuple[RunRecord, ...]
     color: tuple[float, float, float, float]
 
     @property
@@ -43,13 +45,13 @@ class Group:
         return method_info(self.method).linestyle
 
 
-def group_runs(runs: Sequence[dict], ignore: Sequence[str] = ()) -> list[Group]:
+def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> list[Group]:
     """Group runs by method, ε, α and every other config field (``options.X`` for task options) that takes
     several values among them, except those in ``ignore``; sorted ERM, FL, RFL, CSERM, then by value.
 
     Labels read like "RFL ε=0.1 α=0.01" plus the varying fields ("lr=1e-3"), so a sweep over a field that
     is not a seed is never silently averaged as if it were seeds."""
-    flat = [_flat_config(r["config"]) for r in runs]
+    flat = [_flat_config(r.config) for r in runs]
     values: dict[str, set[str]] = {}
     for cfg in flat:
         for name, v in cfg.items():
@@ -57,9 +59,9 @@ def group_runs(runs: Sequence[dict], ignore: Sequence[str] = ()) -> list[Group]:
                 values.setdefault(name, set()).add(fmt(v))
     varying = sorted(name for name, vs in values.items() if len(vs) > 1)
 
-    buckets: dict[tuple, list[dict]] = {}
+    buckets: dict[tuple, list[RunRecord]] = {}
     for run, cfg in zip(runs, flat):
-        key = (run["method"], cfg.get("eps"), cfg.get("alpha"), *(cfg.get(v) for v in varying))
+        key = (run.method, cfg.get("eps"), cfg.get("alpha"), *(cfg.get(v) for v in varying))
         buckets.setdefault(_hashable(key), []).append(run)
 
     def order(key: tuple) -> tuple:
@@ -75,7 +77,7 @@ def group_runs(runs: Sequence[dict], ignore: Sequence[str] = ()) -> list[Group]:
         parts += [f"α={fmt(alpha)}"] if alpha is not None else []
         parts += [f"{name.removeprefix('options.')}={fmt(v)}" for name, v in zip(varying, rest) if v is not None]
         siblings = per_method[method]
-        groups.append(Group(" ".join(parts), method, tuple(sorted(buckets[key], key=lambda r: r["seed"])),
+        groups.append(Group(" ".join(parts), method, tuple(sorted(buckets[key], key=lambda r: r.seed)),
                             _shade(method, siblings.index(key), len(siblings))))
     return groups
 
@@ -136,17 +138,17 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained", dpi=DPI)
 
 
-def _one_task(runs: Sequence[dict], name: str) -> str:
-    tasks = sorted({r["task"] for r in runs})
+def _one_task(runs: Sequence[RunRecord], name: str) -> str:
+    tasks = sorted({r.task for r in runs})
     if len(tasks) > 1:
         raise ConfigError(f"the {name} plot compares runs of one task, got {', '.join(tasks)}; "
                           "select one with --task or --sweep")
     return tasks[0]
 
 
-def _completed(runs: Sequence[dict], name: str) -> tuple[list[dict], str]:
+def _completed(runs: Sequence[RunRecord], name: str) -> tuple[list[RunRecord], str]:
     """Completed runs (diverged ones have no final records) and a note on how many were left out."""
-    done = [r for r in runs if r["status"] == "completed"]
+    done = [r for r in runs if r.status == "completed"]
     if not done:
         raise ConfigError(f"the {name} plot needs completed runs; all {len(runs)} selected runs diverged")
     left = len(runs) - len(done)
@@ -184,8 +186,8 @@ def _band(ax: Axes, x: np.ndarray, curves: np.ndarray, group: Group) -> None:
         ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=group.color, alpha=0.2, lw=0)
 
 
-def _load_extras(run: dict, needed: Sequence[str]) -> dict[str, np.ndarray] | None:
-    path = (run.get("artifacts") or {}).get("extras")
+def _load_extras(run: RunRecord, needed: Sequence[str]) -> dict[str, np.ndarray] | None:
+    path = (run.artifacts or {}).get("extras")
     if not path or not Path(path).is_file():
         return None
     with np.load(path) as data:

@@ -27,10 +27,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
 
-def _final_losses(records_root: Path, runs: Sequence[dict], split: str | None) -> dict[tuple[str, str], np.ndarray]:
+
+def _final_losses(records_root: Path, runs: Sequence[RunRecord], split: str | None) -> dict[tuple[str, str], np.ndarray]:
     """{(run_id, split): final per-sample losses}."""
-    return final_losses(records_root, [r["id"] for r in runs], [split] if split else list(SPLITS))
+    return final_losses(records_root, [r.id for r in runs], [split] if split else list(SPLITS))
 
 
 def _cvar_curve(losses: np.ndarray, qs: np.ndarray) -> np.ndarray:
@@ -41,7 +43,7 @@ def _cvar_curve(losses: np.ndarray, qs: np.ndarray) -> np.ndarray:
     return suffix_sum[start] / (len(s) - start)
 
 
-def _distribution(runs: list[dict], records_root: Path, split: str | None, kind: str) -> Figure:
+def _distribution(runs: list[RunRecord], records_root: Path, split: str | None, kind: str) -> Figure:
     task = _one_task(runs, kind)
     done, note = _completed(runs, kind)
     splits = [split] if split else list(SPLITS)
@@ -51,7 +53,7 @@ def _distribution(runs: list[dict], records_root: Path, split: str | None, kind:
     fig = _figure(max(6.0, 5.0 * len(splits)), 3.8)
     axes = fig.subplots(1, len(splits), squeeze=False)[0]
     for ax, sp in zip(axes, splits):
-        per_group = [(g, [losses[(r["id"], sp)] for r in g.runs if len(losses.get((r["id"], sp), ())) > 0])
+        per_group = [(g, [losses[(r.id, sp)] for r in g.runs if len(losses.get((r.id, sp), ())) > 0])
                      for g in groups]
         per_group = [(g, ls) for g, ls in per_group if ls]
         if not per_group:

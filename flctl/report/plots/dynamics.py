@@ -25,15 +25,17 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
 
-def _dynamics(runs: list[dict], records_root: Path, split: str | None) -> Figure:
+
+def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> Figure:
     import pyarrow.compute as pc
     from matplotlib.ticker import MaxNLocator
 
     task = _one_task(runs, "dynamics")
     done, note = _completed(runs, "dynamics")
     split = split or "train"
-    table = all_epochs(records_root, [r["id"] for r in done], ["run_id", "split", "epoch", "loss", "multiplier"])
+    table = all_epochs(records_root, [r.id for r in done], ["run_id", "split", "epoch", "loss", "multiplier"])
     stats = (table.filter(pc.equal(table["split"], split))
              .group_by(["run_id", "epoch"])
              .aggregate([("loss", "mean"), ("loss", "max"), ("multiplier", "max")]))
@@ -80,7 +82,7 @@ def _by_run_epoch(stats, column: str) -> dict[str, dict[int, float]]:
 
 def _mean_over_seeds(ax: Axes, group: Group, values: dict[str, dict[int, float]]) -> bool:
     """Plot the seeds' mean at each eval epoch (seeds missing an epoch are left out there); False if empty."""
-    per_run = [values[r["id"]] for r in group.runs if values.get(r["id"])]
+    per_run = [values[r.id] for r in group.runs if values.get(r.id)]
     if not per_run:
         return False
     epochs = sorted({e for d in per_run for e in d})

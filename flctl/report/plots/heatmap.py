@@ -14,6 +14,8 @@ from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_see
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
+
 
 @dataclass
 class _Cell:
@@ -21,29 +23,29 @@ class _Cell:
     diverged: int = 0
 
 
-def _heatmap(runs: list[dict]) -> Figure:
+def _heatmap(runs: list[RunRecord]) -> Figure:
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
-    runs = [r for r in runs if r["status"] in ("completed", "diverged")]   # queued/running/failed: no value yet
+    runs = [r for r in runs if r.status in ("completed", "diverged")]   # queued/running/failed: no value yet
     if not runs:
         raise ConfigError("the heatmap plot needs completed or diverged runs; see `flctl runs`")
     task = _one_task(runs, "heatmap")
-    lrs = sorted({float(r["config"]["lr"]) for r in runs})
-    duals = sorted({float(r["config"]["dual_lr"]) for r in runs if r["config"].get("dual_lr") is not None})
+    lrs = sorted({float(r.config["lr"]) for r in runs})
+    duals = sorted({float(r.config["dual_lr"]) for r in runs if r.config.get("dual_lr") is not None})
     if len(lrs) < 2 and len(duals) < 2:
         raise ConfigError("the heatmap plot needs runs that vary lr and dual_lr, e.g. `flctl sweep TASK -m erm,fl "
                           f"--lr 1e-3,1e-2 --dual-lr 1e-3,1e-2`; these runs all use lr={fmt(lrs[0])}")
     panels = []
     for g in group_runs(runs, ignore=("lr", "dual_lr")):
-        duals_here = sorted({float(r["config"]["dual_lr"]) for r in g.runs if r["config"].get("dual_lr") is not None})
+        duals_here = sorted({float(r.config["dual_lr"]) for r in g.runs if r.config.get("dual_lr") is not None})
         rows: list[float | None] = list(duals_here) or [None]   # ERM and CSERM have no dual lr: a single row
         cells = {(i, j): _Cell([]) for i in range(len(rows)) for j in range(len(lrs))}
         for r in g.runs:
-            dual = r["config"].get("dual_lr")
-            cell = cells[(rows.index(None if dual is None else float(dual)), lrs.index(float(r["config"]["lr"])))]
-            loss = (r.get("metrics") or {}).get("train.avg_loss")
-            if r["status"] == "diverged" or (loss is not None and not math.isfinite(loss)):
+            dual = r.config.get("dual_lr")
+            cell = cells[(rows.index(None if dual is None else float(dual)), lrs.index(float(r.config["lr"])))]
+            loss = r.metrics.get("train.avg_loss")
+            if r.status == "diverged" or (loss is not None and not math.isfinite(loss)):
                 cell.diverged += 1
             elif loss is not None:
                 cell.values.append(float(loss))

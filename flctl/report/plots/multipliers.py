@@ -17,19 +17,21 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
+
 
 GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")
 
 
-def _multipliers(runs: list[dict], records_root: Path) -> Figure:
-    candidates = [r for r in runs if method_info(r["method"]).has_multipliers and r["status"] == "completed"]
+def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
+    candidates = [r for r in runs if method_info(r.method).has_multipliers and r.status == "completed"]
     with_grid = [(r, e) for r in candidates if (e := _load_extras(r, GRID_KEYS)) is not None]
     if not with_grid:
         raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "
                           "e.g. `flctl sweep two-moons -m fl,rfl`; select them with --task two-moons")
-    extras = {r["id"]: e for r, e in with_grid}
+    extras = {r.id: e for r, e in with_grid}
     chosen = _one_seed_per_group([r for r, _ in with_grid], limit=4)
-    table = final_records(records_root, [r["id"] for r in chosen], ["run_id", "sample_id", "multiplier"],
+    table = final_records(records_root, [r.id for r in chosen], ["run_id", "sample_id", "multiplier"],
                           split="train")
 
     cols = 1 if len(chosen) == 1 else 2   # two-moons panels are wide: 1, 2 or a 2x2 grid
@@ -37,15 +39,15 @@ def _multipliers(runs: list[dict], records_root: Path) -> Figure:
     fig = _figure(4.6 * cols + 0.9, 3.2 * rows + 0.9)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     contours = None
-    labels = {r["id"]: g.label for g in group_runs(candidates) for r in g.runs}
+    labels = {r.id: g.label for g in group_runs(candidates) for r in g.runs}
     for ax, run in zip(axes, chosen):
-        e = extras[run["id"]]
-        lam = _aligned_multipliers(table, run["id"], len(e["train_x"]))
+        e = extras[run.id]
+        lam = _aligned_multipliers(table, run.id, len(e["train_x"]))
         contours = ax.contourf(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=np.linspace(0, 1, 11),
                                cmap="RdBu_r", alpha=0.35)
         ax.contour(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=[0.5], colors="k", linewidths=1.2)
         _multiplier_scatter(ax, e["train_x"], e["train_y"], lam)
-        ax.set_title(f"{labels[run['id']]}, seed {run['seed']} (max λ = {np.nanmax(lam):.2g})")
+        ax.set_title(f"{labels[run.id]}, seed {run.seed} (max λ = {np.nanmax(lam):.2g})")
         ax.set_xlabel("$x_1$")
         ax.set_ylabel("$x_2$")
         ax.grid(False)
@@ -55,15 +57,15 @@ def _multipliers(runs: list[dict], records_root: Path) -> Figure:
     assert contours is not None
     fig.colorbar(contours, ax=list(axes), label="predicted P(class 1)", shrink=0.8)
     fig.legend(handles=_multiplier_legend(), loc="outside lower center", ncols=5, frameon=False)
-    fig.suptitle(f"{chosen[0]['task']}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
+    fig.suptitle(f"{chosen[0].task}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
                  "predicted probabilities")
     return fig
 
 
-def _one_seed_per_group(runs: list[dict], limit: int) -> list[dict]:
+def _one_seed_per_group(runs: list[RunRecord], limit: int) -> list[RunRecord]:
     """Round-robin over the groups (lowest seed first): one run of each method/config before a second seed."""
     groups = [list(g.runs) for g in group_runs(runs)]
-    picked: list[dict] = []
+    picked: list[RunRecord] = []
     while len(picked) < limit and any(groups):
         for g in groups:
             if g and len(picked) < limit:

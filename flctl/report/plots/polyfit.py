@@ -12,27 +12,29 @@ from flctl.report.plots.common import _figure, _figure_legend, _load_extras, _so
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
+
 
 CURVE_KEYS = ("curve_x", "curve_y", "truth_y", "train_x", "train_y")
 
 
-def _polyfit(runs: list[dict]) -> Figure:
-    fits = [(r, e) for r in runs if r["task"] == "polyfit" and r["status"] == "completed"
+def _polyfit(runs: list[RunRecord]) -> Figure:
+    fits = [(r, e) for r in runs if r.task == "polyfit" and r.status == "completed"
             and (e := _load_extras(r, CURVE_KEYS)) is not None]
     if not fits:
         raise ConfigError("the polyfit plot needs completed polyfit runs with extras, e.g. "
                           "`flctl sweep polyfit -m erm,fl -o degree=10,20,30`; select them with --task polyfit")
-    extras = {r["id"]: e for r, e in fits}
-    degrees = sorted({(r["config"].get("options") or {}).get("degree") for r, _ in fits}, key=_sortable)
+    extras = {r.id: e for r, e in fits}
+    degrees = sorted({(r.config.get("options") or {}).get("degree") for r, _ in fits}, key=_sortable)
 
     fig = _figure(4.0 * len(degrees), 3.5)
     axes = fig.subplots(1, len(degrees), squeeze=False, sharey=True)[0]
     for ax, degree in zip(axes, degrees):
-        panel = [r for r, _ in fits if (r["config"].get("options") or {}).get("degree") == degree]
-        first = extras[panel[0]["id"]]
+        panel = [r for r, _ in fits if (r.config.get("options") or {}).get("degree") == degree]
+        first = extras[panel[0].id]
         ax.plot(first["curve_x"], first["truth_y"], "k--", lw=1.2, label="ground truth cos(πx)")
         for g in group_runs(panel, ignore=("options.degree",)):
-            e = extras[g.runs[0]["id"]]   # seeds do not change a convex solve: one curve per config
+            e = extras[g.runs[0].id]   # seeds do not change a convex solve: one curve per config
             ax.plot(e["curve_x"], e["curve_y"], color=g.color, ls=g.linestyle, lw=1.8, label=g.label)
         ax.scatter(first["train_x"], first["train_y"], s=16, c="k", zorder=3, label="training data")
         ax.set_ylim(*_sensible_ylim(first))

@@ -16,21 +16,23 @@ from flctl.report.plots.common import _figure, _load_extras, group_runs
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from flctl.store import RunRecord
 
-def _top_multipliers(runs: list[dict], records_root: Path, k: int) -> Figure:
-    run = next((r for r in runs if method_info(r["method"]).has_multipliers and r["status"] == "completed"), None)
+
+def _top_multipliers(runs: list[RunRecord], records_root: Path, k: int) -> Figure:
+    run = next((r for r in runs if method_info(r.method).has_multipliers and r.status == "completed"), None)
     if run is None:
         raise ConfigError("the top-multipliers plot needs a completed fl or rfl run; select one with --task or "
                           "--sweep (e.g. `flctl run digits -m fl`)")
-    table = final_records(records_root, [run["id"]], ["sample_id", "loss", "multiplier", "prediction", "target"],
+    table = final_records(records_root, [run.id], ["sample_id", "loss", "multiplier", "prediction", "target"],
                           split="train")
     lam = table["multiplier"].to_numpy(zero_copy_only=False).astype(np.float64)
     if np.isnan(lam).all():
-        raise ConfigError(f"run {run['id']} recorded no multipliers")
+        raise ConfigError(f"run {run.id} recorded no multipliers")
     order = np.argsort(-np.nan_to_num(lam, nan=-np.inf), kind="stable")[:k]
     top = {c: table[c].to_numpy(zero_copy_only=False)[order] for c in table.column_names}
     label = group_runs([run])[0].label
-    title = f"{run['task']}: top-{len(order)} final multipliers, {label} (run {run['id'][:8]}, train split)"
+    title = f"{run.task}: top-{len(order)} final multipliers, {label} (run {run.id[:8]}, train split)"
     images = _extras_images(run, top)
     if images is None:
         return _top_table(top, title + " — the run's extras hold no training images: table")
@@ -43,14 +45,14 @@ IMAGES_KEY = "train_images"
 FILE_KEYS = ("train_names", "folder")
 
 
-def _extras_images(run: dict, top: dict[str, np.ndarray]) -> np.ndarray | None:
+def _extras_images(run: RunRecord, top: dict[str, np.ndarray]) -> np.ndarray | None:
     """The top samples' images from the run's extras; None when the task saved none."""
     ids = top["sample_id"].astype(int)
     extras = _load_extras(run, (IMAGES_KEY,))
     if extras is not None:
         images = extras[IMAGES_KEY]
         if ids.max() >= len(images):
-            raise ConfigError(f"run {run['id']}: its extras hold {len(images)} training images but its records "
+            raise ConfigError(f"run {run.id}: its extras hold {len(images)} training images but its records "
                               f"name sample {ids.max()}")
         return images[ids]
     files = _load_extras(run, FILE_KEYS)
@@ -63,7 +65,7 @@ def _extras_images(run: dict, top: dict[str, np.ndarray]) -> np.ndarray | None:
         return np.stack([np.asarray(Image.open(folder / str(n)).convert("RGB").resize((64, 64)))
                          for n in files["train_names"][ids]])
     except OSError as exc:
-        raise ConfigError(f"cannot read the images of run {run['id']} from {folder}: {exc}") from None
+        raise ConfigError(f"cannot read the images of run {run.id} from {folder}: {exc}") from None
 
 
 def _value(v: float) -> str:
