@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import socket
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -40,7 +41,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
-from flctl.config import RunConfig
+from flctl.config import ConfigError, RunConfig
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
@@ -222,6 +223,24 @@ def _is_stale(run: Any, stale_after: float) -> bool:
     if beat.tzinfo is None:  # SQLite returns naive datetimes; we store UTC
         beat = beat.replace(tzinfo=UTC)
     return (now() - beat).total_seconds() > stale_after
+
+
+ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
+
+
+def is_id_prefix(text: str) -> bool:
+    """Run and sweep ids are hex; a reference to one gives at least 4 and at most 64 of its digits."""
+    return ID_PREFIX.fullmatch(text) is not None
+
+
+def shown(text: str, limit: int = 24) -> str:
+    """``text`` quoted for a one-line message, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
+def _ambiguous(what: str, prefix: str, ids: list[str]) -> str:
+    more = ", ..." if len(ids) > 5 else ""
+    return f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); give more digits"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -504,10 +523,18 @@ class Store:
                                        .values(submissions=Sweep.submissions + 1)))
 
     def get_sweep(self, sweep_id_or_name: str) -> dict[str, Any] | None:
+        """A sweep by its id, its name (the latest of that name) or a unique hex prefix of its id (4 digits or
+        more, matched literally); None when nothing matches. ConfigError for an ambiguous prefix."""
         with self.session() as s:
             sweep = s.get(Sweep, sweep_id_or_name) or s.scalars(
-                select(Sweep).where((Sweep.name == sweep_id_or_name) | Sweep.id.startswith(sweep_id_or_name))
-                .order_by(Sweep.created_at.desc())).first()
+                select(Sweep).where(Sweep.name == sweep_id_or_name).order_by(Sweep.created_at.desc())).first()
+            if sweep is None and is_id_prefix(sweep_id_or_name):
+                prefix = sweep_id_or_name.lower()
+                matches = s.scalars(select(Sweep).where(Sweep.id.startswith(prefix, autoescape=True))
+                                    .order_by(Sweep.id).limit(6)).all()
+                if len(matches) > 1:
+                    raise ConfigError(_ambiguous("sweep", prefix, [m.id for m in matches]))
+                sweep = matches[0] if matches else None
             if sweep is None:
                 return None
             return {"id": sweep.id, "name": sweep.name, "task": sweep.task, "spec": sweep.spec,
@@ -534,12 +561,18 @@ class Store:
             return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after)) for r in rows]
 
     def get_run(self, run_id_or_prefix: str) -> RunRecord | None:
+        """A run by its id or a unique hex prefix of it (4 to 64 digits, matched literally: no wildcards); None
+        when none matches. ConfigError for anything that is not such a prefix, or one several runs share."""
+        if not is_id_prefix(run_id_or_prefix):
+            raise ConfigError(f"run id {shown(run_id_or_prefix)}: give 4 to 64 hex digits of it (see `flctl runs`)")
+        prefix = run_id_or_prefix.lower()
         with self.session() as s:
-            run = s.get(Run, run_id_or_prefix)
+            run = s.get(Run, prefix)
             if run is None:
-                matches = s.scalars(select(Run).where(Run.id.startswith(run_id_or_prefix)).limit(2)).all()
+                matches = s.scalars(select(Run).where(Run.id.startswith(prefix, autoescape=True))
+                                    .order_by(Run.id).limit(6)).all()
                 if len(matches) > 1:
-                    raise StoreError(f"run id prefix {run_id_or_prefix!r} is ambiguous; give more characters")
+                    raise ConfigError(_ambiguous("run", prefix, [m.id for m in matches]))
                 run = matches[0] if matches else None
             return None if run is None else run.record()
 

@@ -152,4 +152,14 @@ def test_show_unknown_run_and_listing_without_database(results: Path) -> None:
     assert_rejected(flctl("runs"), "no run database")
     assert flctl("run", "polyfit", "-m", "erm").exit_code == 0
     assert_rejected(flctl("show", "ffffffff"), "no run 'ffffffff'")
+    run_id = json.loads(flctl("runs", "--json").stdout)[0]["id"]
+    assert json.loads(flctl("show", run_id[:4].upper(), "--json").stdout)["id"] == run_id
+    # ids are hex prefixes matched literally: no LIKE wildcards, no 100,000-character queries
+    for bad in ("_" + run_id[1:8], "%", "", run_id[:3], run_id[:3] + "%", "x" * 100_000):
+        res = flctl("show", bad)
+        assert_rejected(res, "give 4 to 64 hex digits")
+        assert len(res.stderr) < 200
+    for ref in ("%", "", "_"):
+        assert_rejected(flctl("status", ref), "no sweep")
+        assert_rejected(flctl("report", "--table", "main", "--sweep", ref), "no sweep")
     assert_rejected(flctl("runs", "--status", "done"), "unknown status")

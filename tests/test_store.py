@@ -7,6 +7,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import update
 
 from flctl.store import Run, Store, now
@@ -82,3 +83,23 @@ def test_run_record_fields_are_the_runs_table_columns() -> None:
 
     columns = [c.key for c in inspect(Run).column_attrs]
     assert [f.name for f in dataclasses.fields(RunRecord)] == [*columns, "artifacts"]
+
+
+def test_id_prefixes_are_hex_matched_literally_and_an_ambiguous_one_lists_candidates(tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from flctl.config import ConfigError
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    with store.session() as s:
+        for tail in ("1", "2"):
+            s.execute(sa.insert(Run).values(id="abcd00000000000" + tail, config_hash="abcd" + "0" * 59 + tail,
+                                            task="two-moons", method="fl", seed=0, config={}, status="queued",
+                                            epochs_done=0, attempts=0, created_at=now()))
+    with pytest.raises(ConfigError, match=r"matches several runs \(abcd000000000001, abcd000000000002\)"):
+        store.get_run("abcd")
+    assert store.get_run("ABCD000000000002").id == "abcd000000000002"
+    assert store.get_run("abcd0000000000019") is None
+    for bad in ("abc", "abc%", "ab_d", "%", "", "g" * 8, "a" * 65):
+        with pytest.raises(ConfigError, match="give 4 to 64 hex digits"):
+            store.get_run(bad)
+    assert store.get_sweep("%") is None and store.get_sweep("") is None

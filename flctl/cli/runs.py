@@ -56,15 +56,16 @@ def show(
     results_dir: RESULTS_OPT = None,
 ) -> None:
     """Show one run: configuration, status, metrics and artifact paths."""
-    from flctl.store import StoreError
+    from flctl.config import ConfigError
+    from flctl.store import shown
 
     store = existing_store(db, results_root(results_dir))
     try:
         run = store.get_run(run_id)
-    except StoreError as exc:
+    except ConfigError as exc:
         fail(str(exc))
     if run is None:
-        fail(f"no run {run_id!r} in the database; list them with `flctl runs`")
+        fail(f"no run {shown(run_id)} in the database; list them with `flctl runs`")
     if as_json:
         print(json.dumps(run.to_json(), indent=2, default=str))
         return

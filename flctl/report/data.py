@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 
 from flctl import records
 from flctl.config import ConfigError
+from flctl.store import shown
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,7 +28,7 @@ def select_runs(store, *, sweep: str | None = None, task: str | None = None,
     if sweep is not None:
         found = store.get_sweep(sweep)
         if found is None:
-            raise ConfigError(f"no sweep {sweep!r}; list them with `flctl sweeps`")
+            raise ConfigError(f"no sweep {shown(sweep)}; list them with `flctl sweeps`")
         ids = {r["id"] for r in store.sweep_runs(found["id"])}
         runs = [r for r in store.list_runs(task=task) if r.id in ids]
         if not any(r.status == "completed" for r in runs):
