@@ -32,6 +32,12 @@ SCHEMA = pa.schema(
 )
 
 
+# As written: run_id dictionary-encoded, the type pyarrow gives the hive partition folder ``run_id=<id>``, so that
+# readers that merge the folder name with the column (pandas.read_parquet, pyarrow.parquet.read_table) agree
+# with the files. flctl reads with SCHEMA (plain strings), which also reads files written before this change.
+FILE_SCHEMA = SCHEMA.set(0, pa.field("run_id", pa.dictionary(pa.int32(), pa.string())))
+
+
 def run_dir(root: Path, run_id: str) -> Path:
     return Path(root) / f"run_id={run_id}"
 
@@ -49,7 +55,7 @@ def split_table(
     n = len(loss)
     return pa.table(
         {
-            "run_id": pa.array([run_id] * n, pa.string()),
+            "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([run_id])),
             "split": pa.array([split] * n, pa.string()),
             "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
             "sample_id": pa.array(np.arange(n, dtype=np.int64)),
@@ -61,7 +67,7 @@ def split_table(
             "target": pa.array(np.asarray(target, dtype=np.float64)),
             "correct": pa.array(np.asarray(correct, dtype=bool)) if correct is not None else pa.nulls(n, pa.bool_()),
         },
-        schema=SCHEMA,
+        schema=FILE_SCHEMA,
     )
 
 

@@ -195,7 +195,7 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
     assert before.status == "running" and before.job_id == job, before    # one worker: a plain job
     assert subprocess.run(["scancel", job], capture_output=True).returncode == 0
     wait_until(lambda: [s.split()[0] for _, s in sacct(job)] == ["CANCELLED"], "sacct to show the job cancelled")
-    wait_until(lambda: not Path(f"/proc/{before['pid']}").exists(), "the worker process to be gone", timeout=30)
+    wait_until(lambda: not Path(f"/proc/{before.pid}").exists(), "the worker process to be gone", timeout=30)
     files = record_files(tmp_path, rid)
     assert store.get_run(rid).status == "running"                # nobody told the database...
     # ...but its pid, on this host, is dead: stale at once (not after FLCTL_STALE_AFTER, 300 s by default).
@@ -301,14 +301,14 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     assert not any(r.status == "running" for r in runs), runs
     handed_back = [r for r in runs if r.epochs_done > 0 and r.status == "queued"]
     assert handed_back and all(r.attempts == 0 for r in handed_back)
-    files = record_files(tmp_path, handed_back[0]["id"])
+    files = record_files(tmp_path, handed_back[0].id)
 
     resumed = flctl(tmp_path, *args)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     leftovers["jobs"].append(submitted_job(resumed.stdout))
     wait_until(lambda: statuses(tmp_path)["completed"] == 3, "the re-run to finish the sweep", timeout=300,
                logs=tmp_path / "jobs")
-    rid = handed_back[0]["id"]
+    rid = handed_back[0].id
     assert store.get_run(rid).attempts == 1
     assert_resumed(files, record_files(tmp_path, rid))
     assert_complete_records(tmp_path, rid, epochs, every)

@@ -67,8 +67,9 @@ def final_records(records_root: Path, run_ids: Sequence[str], columns: Sequence[
 
 
 def all_epochs(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
-    """Every eval epoch of the runs (for dynamics plots); partition pruning by the run_id folders."""
-    data = ds.dataset(str(records_root), format="parquet", partitioning="hive")
+    """Every eval epoch of the runs (for dynamics plots), reading only their folders."""
+    files = [str(p) for r in run_ids for p in sorted(records.run_dir(records_root, r).glob("epoch=*.parquet"))]
+    data = ds.dataset(files, format="parquet", schema=records.SCHEMA)
     try:
         return data.to_table(columns=list(columns) if columns else None,
                              filter=ds.field("run_id").isin(list(run_ids)))
