@@ -128,3 +128,13 @@ def test_sigterm_stops_a_run_at_an_epoch_boundary_and_it_resumes_to_identical_re
     assert len(a) == 30 * 2 * 1000 and a.equals(b)
     row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
     assert row["status"] == "completed" and row["attempts"] == 1
+
+
+def test_piped_output_keeps_whole_cells_and_completion_is_offered(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    assert flctl(tmp_path, "run", "digits", "-m", "fl", "--epochs", "1", env=env).returncode == 0
+    listing = flctl(tmp_path, "runs", env=env)                     # stdout is a pipe here, not a terminal
+    run_id = json.loads(flctl(tmp_path, "runs", "--json", env=env).stdout)[0]["id"]
+    assert run_id in listing.stdout and "digits" in listing.stdout and "…" not in listing.stdout
+    help_text = subprocess.run([*FLCTL, "--help"], capture_output=True, text=True, env=env).stdout
+    assert "--install-completion" in help_text

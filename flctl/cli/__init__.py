@@ -12,7 +12,6 @@ app = typer.Typer(
     help="Feasible Learning experiment orchestrator: train ERM, CSERM, FL and RFL, keep every sample's loss "
     "and multiplier, and turn runs into the paper's tables and figures.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",   # not "rich": a help text's "[default: 60]" must print, not be read as markup
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Annotated, Any, NoReturn, Optional
 import typer
 from rich.console import Console
 
-console = Console()
+# Piped or redirected output (`flctl runs > file`) gets no terminal width to fit: rich would cut tables at 80
+# columns ("be…"), so off a terminal the lines are as wide as their content (COLUMNS still wins when set).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 10_000)
 err_console = Console(stderr=True)
 
 DEFAULT_RESULTS = "results"
