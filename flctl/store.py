@@ -57,6 +57,10 @@ class StoreError(RuntimeError):
     """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
 
 
+class _Unopenable(StoreError):
+    """SQLite could not open the file at all (e.g. a read-only folder for a read-only open)."""
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -192,6 +196,18 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _sqlite_pragmas_readonly(dbapi_conn, _record) -> None:
+    # As _sqlite_pragmas, without switching the journal mode (a write) on a database opened read-only.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def _sqlite_begin_readonly(conn) -> None:
+    conn.exec_driver_sql("BEGIN")
+
+
 def _sqlite_begin(conn) -> None:
     # BEGIN IMMEDIATE takes the write lock up front (waiting up to busy_timeout). A deferred transaction that
     # reads and then writes can instead fail at once with SQLITE_BUSY when another process wrote in between.
@@ -253,30 +269,51 @@ class Store:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.readonly = False
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str) -> Store:
+    def open(cls, url: str, *, readonly: bool = False) -> Store:
+        """Open (creating or upgrading as needed) the run database at ``url``. ``readonly``: for commands that
+        only read (reports, listings): nothing is created, upgraded or written; SQLite opens the file read-only
+        (and immutable when its folder cannot take the lock files), PostgreSQL in read-only transactions."""
         url = normalize_url(url)
         try:
             parsed = make_url(url)
         except Exception:
             raise StoreError(f"not a database URL: {url!r} (e.g. sqlite:///results/flctl.db, "
                              "postgresql://user@host/db)") from None
-        shown = parsed.render_as_string(hide_password=True)
+        shown_url = parsed.render_as_string(hide_password=True)
+        sqlite = parsed.get_backend_name() == "sqlite"
+        attempts = [url]
+        if readonly and sqlite and parsed.database:
+            target = f"sqlite:///file:{Path(parsed.database).resolve()}?uri=true&mode=ro"
+            attempts = [target, target + "&immutable=1"]
+        for target in attempts[:-1]:
+            try:
+                return cls._open(target, sqlite, shown_url, readonly)
+            except _Unopenable:   # a read-only folder cannot take SQLite's lock files: read it as immutable
+                pass
+        return cls._open(attempts[-1], sqlite, shown_url, readonly)
+
+    @classmethod
+    def _open(cls, url: str, sqlite: bool, shown_url: str, readonly: bool) -> Store:
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if parsed.get_backend_name() == "sqlite":
+        if sqlite:
             kwargs["connect_args"] = {"timeout": 30}
-        elif parsed.get_backend_name() == "postgresql":
+        elif url.startswith("postgresql"):
             kwargs["connect_args"] = {"connect_timeout": 10}
+            if readonly:
+                kwargs["connect_args"]["options"] = "-c default_transaction_read_only=on"
         try:
             engine = create_engine(url, **kwargs)
         except Exception as exc:  # unknown dialect or driver
-            raise StoreError(f"cannot use database {shown}: {_one_line(exc)}") from None
-        if parsed.get_backend_name() == "sqlite":
-            event.listen(engine, "connect", _sqlite_pragmas)
-            event.listen(engine, "begin", _sqlite_begin)
+            raise StoreError(f"cannot use database {shown_url}: {_one_line(exc)}") from None
+        if sqlite:
+            event.listen(engine, "connect", _sqlite_pragmas_readonly if readonly else _sqlite_pragmas)
+            event.listen(engine, "begin", _sqlite_begin_readonly if readonly else _sqlite_begin)
         store = cls(engine)
+        store.readonly = readonly
         try:
             store._check_schema()
         except StoreError:
@@ -284,8 +321,9 @@ class Store:
             raise
         except (SQLAlchemyError, DBAPIError) as exc:
             engine.dispose()
-            raise StoreError(f"cannot open database {shown}: {_one_line(exc)} "
-                             "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
+            error = _Unopenable if readonly and "unable to open database file" in str(exc) else StoreError
+            raise error(f"cannot open database {shown_url}: {_one_line(exc)} "
+                        "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
         return store
 
     def _check_schema(self, scripts: Path | None = None) -> None:
@@ -297,6 +335,19 @@ class Store:
             tables = set(inspect(conn).get_table_names())
             row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar() \
                 if "flctl_meta" in tables else None
+        if row is not None and (not str(row).isdigit() or int(row) > SCHEMA_VERSION):
+            raise StoreError(f"database schema v{row} is newer than this flctl (v{SCHEMA_VERSION}): "
+                             "upgrade flctl (pip install -U flctl) to open it")
+        try:
+            older = "flctl_meta" in tables and migrations.needs_upgrade(self.engine, scripts)
+        except migrations.NewerSchema as exc:
+            raise StoreError(f"database schema revision {exc} is newer than this flctl knows: upgrade flctl "
+                             "(pip install -U flctl) to open it") from None
+        if self.readonly and ("flctl_meta" not in tables or row != str(SCHEMA_VERSION) or older):
+            raise StoreError("the database is " + ("empty: not an flctl database yet" if not tables else
+                             "not an flctl database" if "flctl_meta" not in tables else
+                             "from an older flctl: a command that writes (flctl run, flctl sweep) upgrades it")
+                             + "; this command only reads")
         if "flctl_meta" not in tables:
             if tables:
                 raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "

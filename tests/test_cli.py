@@ -163,3 +163,21 @@ def test_show_unknown_run_and_listing_without_database(results: Path) -> None:
         assert_rejected(flctl("status", ref), "no sweep")
         assert_rejected(flctl("report", "--table", "main", "--sweep", ref), "no sweep")
     assert_rejected(flctl("runs", "--status", "done"), "unknown status")
+
+
+def test_reads_never_write(results: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    assert flctl("sweep", "polyfit", "-m", "erm,fl", "--executor", "debug").exit_code == 0
+    db = results / "flctl.db"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    run_id = json.loads(flctl("runs", "--json").stdout)[0]["id"]
+    for args in (["runs"], ["show", run_id], ["status"], ["sweeps"], ["report", "--table", "main"]):
+        res = flctl(*args)
+        assert res.exit_code == 0, (args, res.output)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    for args in (["runs"], ["status"], ["report", "--table", "main"]):
+        assert_rejected(flctl(*args, "--db", f"sqlite:///{empty}"), "empty: not an flctl database yet")
+    assert empty.read_bytes() == b""

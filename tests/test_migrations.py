@@ -56,6 +56,8 @@ def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_pat
     Store(sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))).add_runs(
         [config("two-moons", "fl")])
 
+    with pytest.raises(StoreError, match="older flctl: a command that writes .* upgrades it"):
+        Store.open(url, readonly=True)                        # a read leaves it as it is
     store = Store.open(url)
     assert revision(url) == "0001"
     assert [r.id for r in store.list_runs()] == [config("two-moons", "fl").run_id]

@@ -58,12 +58,17 @@ def open_store(db: str | None, root: Path):
         fail(str(exc))
 
 
-def existing_store(db: str | None, root: Path):
-    """Open the database for reading without creating one where none exists."""
+def existing_store(db: str | None, root: Path, *, readonly: bool = True):
+    """Open an existing database without creating one; ``readonly`` (listings, reports) writes nothing to it."""
+    from flctl.store import Store, StoreError
+
     url = db_url(db, root)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         fail(f"no run database at {url[len('sqlite:///'):]}; run `flctl run TASK` first or pass --db")
-    return open_store(db, root)
+    try:
+        return Store.open(url, readonly=readonly)
+    except StoreError as exc:
+        fail(str(exc))
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:

@@ -336,7 +336,7 @@ def cancel(
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
     root = results_root(results_dir)
-    store = existing_store(db, root)
+    store = existing_store(db, root, readonly=False)
     found = _find_sweep(store, sweep_ref)
     sid = found["id"]
     running = [r["id"] for r in store.sweep_runs(sid) if r["status"] == "running"]

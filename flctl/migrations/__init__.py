@@ -56,6 +56,19 @@ def stamp_new(connection: Connection, scripts: Path = SCRIPTS) -> None:
     command.stamp(_config(connection, scripts), "head")
 
 
+def needs_upgrade(engine: Engine, scripts: Path = SCRIPTS) -> bool:
+    """The database is not at our newest revision (older, or from before migrations); NewerSchema when its revision
+    is not one of ours."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(scripts))
+    known = ScriptDirectory.from_config(cfg)
+    with engine.connect() as conn:
+        at = current(conn)
+    if at is not None and at not in {s.revision for s in known.walk_revisions()}:
+        raise NewerSchema(at)
+    return at != known.get_current_head()
+
+
 def upgrade(engine: Engine, scripts: Path = SCRIPTS) -> list[str]:
     """Bring an existing flctl database to the newest revision, in one transaction; returns the revisions it
     passed through ([] when it was current). Raises NewerSchema for a revision we do not know."""
