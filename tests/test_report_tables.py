@@ -17,9 +17,9 @@ from flctl.store import RunRecord
 runner = CliRunner()
 
 
-def run(method: str, seed: int, eps=None, alpha=None, status="completed", **metrics) -> RunRecord:
+def run(method: str, seed: int, eps=None, alpha=None, status="completed", task="two-moons", **metrics) -> RunRecord:
     run_id = f"{method}{eps}{alpha}{seed}"
-    return RunRecord(id=run_id, config_hash=run_id, task="two-moons", method=method, seed=seed,
+    return RunRecord(id=run_id, config_hash=run_id, task=task, method=method, seed=seed,
                      config={"method": method, "seed": seed, "eps": eps, "alpha": alpha, "lr": 0.1, "options": {}},
                      status=status, epochs_done=1, attempts=1, host=None, pid=None, job_id=None, git_sha=None,
                      device=None, created_at="", started_at=None, finished_at=None, heartbeat_at=None,
@@ -65,7 +65,7 @@ GOLDEN_MARKDOWN = """\
 | FL | 0.50 | — | 0.320 ± 0.028 | **0.700** ± 0.141 | 0.420 ± 0.028 | **1.400** ± 0.141 |
 | RFL | 0.50 | 1.00 | 0.250† | 0.900† | 0.410† | 1.900† |
 
-† RFL 0.50 1.00: 1 of 2 seeds (1 diverged)
+† RFL · 0.50 · 1.00: 1 of 2 seeds (1 diverged)
 """
 
 GOLDEN_LATEX = r"""\begin{table}[t]
@@ -80,7 +80,7 @@ FL & 0.50 & -- & 0.32 {\color{gray}\scriptsize $\pm$ 0.03} & \textbf{1.40} {\col
 RFL & 0.50 & 1.00 & 0.25$^\dagger$ & 1.90$^\dagger$ \\
 \bottomrule
 \end{tabular}
-\\[2pt]{\footnotesize $^\dagger$ RFL 0.50 1.00: 1 of 2 seeds (1 diverged)}
+\\[2pt]{\footnotesize $^\dagger$ RFL · 0.50 · 1.00: 1 of 2 seeds (1 diverged)}
 \end{table}
 """
 
@@ -103,6 +103,16 @@ def test_csv_keeps_full_precision_and_seed_counts() -> None:
 def test_ablation_orders_erm_fl_as_alpha_infinity_then_rfl() -> None:
     table = build("ablation", RUNS, ["train.avg_loss"])
     assert [row[:3] for row, _ in table.rows] == [["—", "ERM", "—"], ["0.50", "FL", "∞"], ["0.50", "RFL", "1.00"]]
+
+
+def test_every_tied_best_value_is_bold_and_tasks_are_not_mixed() -> None:
+    runs = [run("erm", 0, train__avg_loss=0.101, train__max_loss=1.0, test__avg_loss=0.3, test__max_loss=2.0),
+            run("fl", 0, eps=0.1, train__avg_loss=0.104, train__max_loss=1.0, test__avg_loss=0.4, test__max_loss=2.5)]
+    text = render(build("main", runs), "markdown")
+    assert text.count("**0.10**") == 2 and text.count("**1.00**") == 2    # equal as shown: both are best
+    assert text.count("**0.30**") == 1 and "**0.40**" not in text
+    with pytest.raises(ConfigError, match=r"of 2 tasks \(digits, two-moons\); pick one with --task or --sweep"):
+        build("main", runs + [run("erm", 1, task="digits", train__avg_loss=0.2)])
 
 
 def test_unknown_table_format_and_column() -> None:

@@ -81,8 +81,9 @@ def _emit_table(built, fmt: str, out: Path | None, digits: int) -> None:
         console.print(f"wrote {out}")
     else:
         print(text, end="")
-    for note in built.notes:
-        console.print(f"[yellow]warning:[/] {note}", highlight=False)
+    if out is not None or fmt == "csv":   # rich, markdown and LaTeX text carry the notes under the table
+        for note in built.notes:
+            console.print(f"[yellow]warning:[/] {note}", highlight=False)
 
 
 def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seeds, eps, methods, top) -> None:

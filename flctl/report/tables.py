@@ -47,16 +47,18 @@ class Table:
     rows: list[tuple[list[str], list[Cell]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def best(self) -> list[int | None]:
-        """Row index of the best mean in each column (None when no row has a value)."""
-        out: list[int | None] = []
+    def best(self, digits: int = 2) -> list[set[int]]:
+        """Rows holding the best mean of each column, as shown with ``digits`` decimals: every tied row is
+        best (empty when no row, or only one, has a value)."""
+        out: list[set[int]] = []
         for j, col in enumerate(self.columns):
-            values = [(r[1][j].mean, i) for i, r in enumerate(self.rows) if r[1][j].mean is not None]
-            if not values or len(self.rows) < 2:
-                out.append(None)
+            values = {i: round(m, digits) for i, r in enumerate(self.rows) if (m := r[1][j].mean) is not None}
+            if len(values) < 2:
+                out.append(set())
                 continue
             pick = max if col.split(".")[-1].split("@")[0] in HIGHER_IS_BETTER else min
-            out.append(pick(values)[1])
+            top = pick(values.values())
+            out.append({i for i, v in values.items() if v == top})
         return out
 
 
@@ -97,6 +99,9 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
     """Group finished runs into the named table. ``value(run, column)`` reads a column (default: summary)."""
     if name not in TABLES:
         raise ConfigError(f"unknown table {name!r}; choose one of: {', '.join(TABLES)}")
+    tasks = sorted({r.task for r in runs})
+    if len(tasks) > 1:   # "best" across tasks means nothing: one task per table
+        raise ConfigError(f"these runs are of {len(tasks)} tasks ({', '.join(tasks)}); pick one with --task or --sweep")
     value = value or (lambda run, col: run.metrics.get(col))
     classification = any(r.metrics.get("train.accuracy") is not None for r in runs)
     if columns is None:
@@ -178,7 +183,7 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
         table.rows.append((row, cells))
         if len(done) < expected:
             diverged = sum(r.status == "diverged" for r in group)
-            table.notes.append(f"† {' '.join(row[:3])}: {len(done)} of {expected} seeds"
+            table.notes.append(f"† {' · '.join(row)}: {len(done)} of {expected} seeds"
                                + (f" ({diverged} diverged)" if diverged else ""))
     return table
 
@@ -191,7 +196,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
     """The table as text in one of FORMATS ('rich' renders to plain text of rich's table)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-    best = table.best()
+    best = table.best(digits)
     if fmt == "csv":
         out = io.StringIO()
         w = csv.writer(out, lineterminator="\n")
@@ -212,7 +217,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
                  "| " + " | ".join(table.keys + table.columns) + " |",
                  "|" + "---|" * len(table.keys) + "---:|" * len(table.columns)]
         for i, (key, cells) in enumerate(table.rows):
-            texts = [cell_text(c, best[j] == i, lambda s: f"**{s}**", lambda s: f" ± {s}")
+            texts = [cell_text(c, i in best[j], lambda s: f"**{s}**", lambda s: f" ± {s}")
                      for j, c in enumerate(cells)]
             lines.append("| " + " | ".join(key + texts) + " |")
         lines += [""] + [f"{n}  " for n in table.notes] if table.notes else []
@@ -227,7 +232,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
                  r"\begin{tabular}{" + "l" * len(table.keys) + "c" * len(table.columns) + "}", r"\toprule",
                  " & ".join(esc(k) for k in table.keys + table.columns) + r" \\", r"\midrule"]
         for i, (key, cells) in enumerate(table.rows):
-            texts = [esc(cell_text(c, best[j] == i, lambda s: rf"\textbf{{{s}}}",
+            texts = [esc(cell_text(c, i in best[j], lambda s: rf"\textbf{{{s}}}",
                                    lambda s: rf" {{\color{{gray}}\scriptsize $\pm$ {s}}}"))
                      for j, c in enumerate(cells)]
             lines.append(" & ".join([esc(k) for k in key] + texts) + r" \\")
@@ -241,7 +246,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
 
     rt = RichTable(*table.keys, *table.columns, title=table.title)
     for i, (key, cells) in enumerate(table.rows):
-        rt.add_row(*key, *(cell_text(c, best[j] == i, lambda s: f"[bold]{s}[/bold]", lambda s: f" ± {s}")
+        rt.add_row(*key, *(cell_text(c, i in best[j], lambda s: f"[bold]{s}[/bold]", lambda s: f" ± {s}")
                            for j, c in enumerate(cells)))
     console = Console(record=True, width=200, file=io.StringIO())
     console.print(rt)
