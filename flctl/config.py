@@ -196,6 +196,13 @@ def resolve(
 
     values: dict[str, Any] = {**task_defaults, **overrides}
     used = METHOD_INFO[method].reads
+    # A value given for a field this method ignores is dropped below, but still has to make sense: `-m erm
+    # --eps -5` is a mistake, not a no-op.
+    ignored = {k: overrides[k] for k in METHOD_FIELDS if k not in used and k in overrides}
+    if ignored:
+        knobs: dict[str, Any] = {"eps": 0.0, "alpha": 1.0, "dual_lr": 0.0}
+        knobs.update({k: tuple(v) if isinstance(v, list) else v for k, v in ignored.items()})
+        validate(RunConfig(task=task_name, method="rfl", **knobs))   # rfl reads all three
     for k in METHOD_FIELDS:
         if k not in used:
             values[k] = None
@@ -206,10 +213,33 @@ def resolve(
     return cfg
 
 
+# Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
+# SQL integer); far above anything the paper runs.
+MAX_EPOCHS = 1_000_000
+MAX_SEED = 2**31 - 1
+MAX_BATCH = 10**8
+
+
 def validate(cfg: RunConfig) -> None:
     def bad(msg: str) -> NoReturn:
         raise ConfigError(msg)
 
+    # Types first, from each field's declared kind: an integer field holds an integer, not 2.5, "3" or True.
+    for f in FIELDS.values():
+        v = getattr(cfg, f.name)
+        if v is None or (f.name == "eps" and isinstance(v, tuple)):
+            continue
+        ok = (isinstance(v, int) and not isinstance(v, bool)) if f.kind is int else \
+            (isinstance(v, (int, float)) and not isinstance(v, bool)) if f.kind is float else isinstance(v, str)
+        if not ok:
+            bad(f"{f.flag} must be {'an integer' if f.kind is int else 'a number' if f.kind is float else 'text'}, "
+                f"got {v!r}")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        bad(f"--seed must be in 0..{MAX_SEED}, got {cfg.seed}")
+    if cfg.epochs > MAX_EPOCHS:
+        bad(f"--epochs must be at most {MAX_EPOCHS:,}, got {cfg.epochs}")
+    if cfg.batch_size > MAX_BATCH:
+        bad(f"--batch-size must be at most {MAX_BATCH:,}, got {cfg.batch_size}")
     if cfg.epochs < 1:
         bad(f"--epochs must be at least 1, got {cfg.epochs}")
     if cfg.batch_size < 1:

@@ -22,6 +22,10 @@ from flctl.config import AXIS_FIELDS, FIELDS, ConfigError, RunConfig, resolve
 AXES = (*AXIS_FIELDS, "p_min")
 FLOAT_AXES = tuple(a for a in AXES if a == "p_min" or FIELDS[a].kind is float)
 INT_AXES = tuple(a for a in AXES if a != "p_min" and FIELDS[a].kind is int)
+# A log range gives at most this many points, and a grid over MAX_CELLS cells needs an explicit yes: a typo
+# (1e-4..1:100000) should not plan for minutes or fill a cluster.
+MAX_AXIS_POINTS = 10_000
+MAX_CELLS = 10_000
 # Keys a spec file may hold besides the axes.
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
              "device"}
@@ -46,6 +50,8 @@ def parse_float_axis(name: str, text: str) -> list[float]:
                 n = int(n_text)
             except ValueError:
                 raise ConfigError(f"--{_flag(name)} {text!r}: the point count after ':' must be an integer") from None
+            if n > MAX_AXIS_POINTS:
+                raise ConfigError(f"--{_flag(name)} {text!r}: at most {MAX_AXIS_POINTS:,} points")
             if n < 1 or (n == 1 and lo != hi):
                 raise ConfigError(f"--{_flag(name)} {text!r}: needs at least 2 points between different ends")
         else:
@@ -124,8 +130,8 @@ def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None =
     if seeds is not None:
         if "seed" in axes:
             raise ConfigError("give either --seeds N or --seed LIST, not both")
-        if int(seeds) < 1:
-            raise ConfigError(f"--seeds must be at least 1, got {seeds}")
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_AXIS_POINTS:
+            raise ConfigError(f"seeds must be a whole number of seeds in 1..{MAX_AXIS_POINTS:,}, got {seeds!r}")
         axes["seed"] = tuple(range(int(seeds)))
     if "eps" in axes and "p_min" in axes:
         raise ConfigError("sweep either eps or p_min, not both")
@@ -147,6 +153,12 @@ def load_spec(path: Path) -> SweepSpec:
                           f"valid: {', '.join(sorted(SPEC_KEYS | set(AXES)))}")
     if "task" not in data:
         raise ConfigError(f"spec {str(path)!r} names no task")
+    kinds = {"task": str, "name": str, "description": str, "device": str, "data_dir": str, "objective": str,
+             "tune": int, "seeds": int, "options": dict, "launch": dict}
+    for key, kind in kinds.items():
+        if key in data and (not isinstance(data[key], kind) or isinstance(data[key], bool)):
+            what = {str: "a string", int: "an integer", dict: "a table ([" + key + "])"}[kind]
+            raise ConfigError(f"spec {str(path)!r}: {key} must be {what}, got {data[key]!r}")
     axes = {k: data[k] for k in AXES if k in data}
     fields = {k: data[k] for k in ("name", "description", "device", "data_dir", "launch", "tune", "objective")
               if k in data}
@@ -172,11 +184,15 @@ def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
     return resolve(spec.task, method, task.defaults_for(method), task.options, task.kind, task.supported_methods, cell, p_min)
 
 
-def plan(spec: SweepSpec, check_data: bool = True) -> list[RunConfig]:
-    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid, and
-    (with ``check_data``) for a missing dataset; a dry run plans without the data, e.g. on a laptop."""
+def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False) -> list[RunConfig]:
+    """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid, for a
+    grid over MAX_CELLS cells unless ``allow_large``, and (with ``check_data``) for a missing dataset; a dry run
+    plans without the data, e.g. on a laptop."""
     names = list(spec.axes) + [f"opt.{k}" for k in spec.options]
     choices = list(spec.axes.values()) + list(spec.options.values())
+    cells = math.prod(len(c) for c in choices)
+    if cells > MAX_CELLS and not allow_large:
+        raise ConfigError(f"the grid has {cells:,} cells (over {MAX_CELLS:,}); pass --yes if you mean it")
     seen: dict[str, RunConfig] = {}
     for values in itertools.product(*choices):
         cfg = resolve_cell(spec, dict(zip(names, values)))

@@ -95,6 +95,15 @@ def assert_rejected(res, *needles: str) -> None:
     (["run", "two-moons", "-o", "width=3"], ["unknown option(s) width", "hidden"]),
     (["run", "polyfit", "-m", "rfl"], ["supports methods erm, fl"]),
     (["run", "two-moons", "--eps", "0.1", "--p-min", "0.6"], ["either --eps or --p-min"]),
+    # values a method ignores are still checked; bounds a typo would cross
+    (["run", "two-moons", "-m", "erm", "--eps", "-5"], ["--eps must be", ">= 0"]),
+    (["run", "two-moons", "-m", "fl", "--alpha", "0"], ["--alpha must be", "> 0"]),
+    (["run", "two-moons", "--seed", "99999999999"], ["--seed must be in 0..2147483647"]),
+    (["run", "two-moons", "--epochs", "2000000"], ["--epochs must be at most 1,000,000"]),
+    (["sweep", "two-moons", "--lr", "1e-4..1:1000000", "--dry-run"], ["at most 10,000 points"]),
+    (["sweep", "two-moons", "--lr", "1e-4..1:100", "--dual-lr", "1e-4..1:101", "--dry-run"],
+     ["10,100 cells", "--yes"]),
+    (["sweep", "two-moons", "-m", "erm", "--alpha", "0", "--dry-run"], ["--alpha must be"]),
 ])
 def test_bad_run_options_are_rejected_before_anything_is_written(results: Path, args, needles) -> None:
     assert_rejected(flctl(*args, "--epochs", "1") if "--epochs" not in args else flctl(*args), *needles)
@@ -181,3 +190,17 @@ def test_reads_never_write(results: Path, tmp_path: Path) -> None:
     for args in (["runs"], ["status"], ["report", "--table", "main"]):
         assert_rejected(flctl(*args, "--db", f"sqlite:///{empty}"), "empty: not an flctl database yet")
     assert empty.read_bytes() == b""
+
+
+@pytest.mark.parametrize("body,needle", [
+    ('seeds = "three"', "seeds must be an integer, got 'three'"),
+    ("seeds = 2.5", "seeds must be an integer, got 2.5"),
+    ('options = "x"', "options must be a table ([options]), got 'x'"),
+    ('launch = "local"', "launch must be a table ([launch]), got 'local'"),
+    ("seeds = 0", "seeds must be a whole number of seeds in 1..10,000"),
+])
+def test_bad_spec_values_are_one_line_errors(results: Path, tmp_path: Path, body: str, needle: str) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text(f'task = "two-moons"\n{body}\n')
+    assert_rejected(flctl("sweep", "--spec", str(spec)), needle)
+    assert not results.exists()

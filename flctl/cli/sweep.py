@@ -48,6 +48,7 @@ def sweep(
                                                  rich_help_panel=AXES_PANEL)] = None,
     name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Accept a grid of more than 10,000 cells.")] = False,
     executor: Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
                                                     "[default: the spec's, else local].",
                                                     rich_help_panel=LAUNCH_PANEL)] = None,
@@ -115,7 +116,7 @@ def sweep(
             sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=with_model(parse_options(option), model),
                                           name=name,
                                           device=device, data_dir=data_dir)
-        configs = plan(sweep_spec, check_data=not dry_run)
+        configs = plan(sweep_spec, check_data=not dry_run, allow_large=yes)
         sid = sweep_id(sweep_spec, configs)
         settings = LaunchSettings.resolve(sweep_spec.launch, dict(
             executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
