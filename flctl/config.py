@@ -162,6 +162,7 @@ def resolve(
     supported_methods: tuple[str, ...],
     overrides: Mapping[str, Any] | None = None,
     p_min: float | None = None,
+    option_ranges: Mapping[str, tuple[float | None, float | None]] | None = None,
 ) -> RunConfig:
     """Fill a config from the task's paper defaults and the user's overrides, then validate it.
 
@@ -189,6 +190,16 @@ def resolve(
         valid = ", ".join(sorted(task_options)) or "none"
         raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))} for task {task_name!r}; valid: {valid}")
     opts = {**task_options, **{k: _coerce_like(task_options[k], v, k) for k, v in user_opts.items()}}
+    for k, v in opts.items():   # a task option keeps its default's type (a float option takes an integer too)
+        kind = type(task_options[k])
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not (number if kind is float else isinstance(v, kind) and (kind is bool or not isinstance(v, bool))):
+            raise ConfigError(f"-o {k}={v!r}: task {task_name!r} takes {kind.__name__} values for {k}")
+        lo, hi = (option_ranges or {}).get(k, (None, None))
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (
+                not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi)):
+            bounds = f"at least {lo}" if hi is None else f"at most {hi}" if lo is None else f"in [{lo}, {hi}]"
+            raise ConfigError(f"-o {k}={v}: task {task_name!r} needs {k} {bounds}")
 
     unknown_fields = set(overrides) - {f.name for f in dataclasses.fields(RunConfig)}
     if unknown_fields:

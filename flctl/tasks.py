@@ -54,6 +54,8 @@ class Task:
     # Cells of this task may train together as one stacked model (flctl.train.train_together): small models
     # without buffers (no BatchNorm statistics), no augmentation randomness shared across cells.
     batched: bool = False
+    # Inclusive (low, high) bounds of numeric options (None: open); checked before anything is written.
+    option_ranges: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
     # Per-method departures from ``defaults`` (e.g. the paper's CSERM step size of lr/10 on CIFAR-10 and UTKFace).
     method_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 

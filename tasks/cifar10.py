@@ -124,6 +124,7 @@ TASK = Task(
     defaults=dict(epochs=200, batch_size=128, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4,
                   scheduler="cosine", eval_every=10, eps=0.5108256237659907, alpha=1.0, dual_lr=1e-4),
     options=dict(width=64),
+    option_ranges=dict(width=(1, None)),
     # paper, primal hyper-parameters table: CSERM takes a step size of lr/10 "to address numerical issues"
     method_defaults={"cserm": dict(lr=0.01)},
     load=load,

@@ -50,6 +50,7 @@ TASK = Task(
     defaults=dict(epochs=100, batch_size=64, optimizer="adamw", lr=1e-3, weight_decay=0.0,
                   scheduler="constant", eval_every=10, eps=0.25, alpha=1.0, dual_lr=1e-2),
     options=dict(test_size=0.2, data_seed=0, hidden=64),
+    option_ranges=dict(test_size=(0.05, 0.95), data_seed=(0, None), hidden=(1, None)),
     load=load,
     build_model=build_model,
 )

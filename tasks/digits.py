@@ -51,6 +51,7 @@ TASK = Task(
     defaults=dict(epochs=30, batch_size=64, optimizer="adamw", lr=1e-3, weight_decay=0.0,
                   scheduler="cosine", eval_every=5, eps=0.51, alpha=1.0, dual_lr=1e-2),
     options=dict(test_size=0.25, data_seed=0, width=32),
+    option_ranges=dict(test_size=(0.05, 0.95), data_seed=(0, None), width=(1, None)),
     load=load,
     build_model=build_model,
     extras=extras,

@@ -90,6 +90,7 @@ TASK = Task(
     # No gradient loop: epochs and learning rates are placeholders (FL is solved by SCS, not dual ascent).
     defaults=dict(epochs=1, batch_size=20, optimizer="sgd", lr=0.0, eval_every=1, eps=0.2, dual_lr=0.0),
     options=dict(degree=10, n_train=20, n_test=200, noise=0.2, data_seed=0),
+    option_ranges=dict(degree=(0, 100), n_train=(1, None), n_test=(1, None), noise=(0, None), data_seed=(0, None)),
     methods=("erm", "fl"),
     load=load,
     solve=solve,

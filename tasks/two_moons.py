@@ -65,6 +65,7 @@ TASK = Task(
     defaults=dict(epochs=250, batch_size=512, optimizer="adamw", lr=5e-4, weight_decay=0.0,
                   scheduler="constant", eval_every=25, eps=0.1, alpha=1.0, dual_lr=1e-2),
     options=dict(n_train=1000, n_test=1000, noise=0.1, data_seed=0, hidden=70),
+    option_ranges=dict(n_train=(2, None), n_test=(1, None), noise=(0, None), data_seed=(0, None), hidden=(1, None)),
     load=load,
     build_model=build_model,
     extras=extras,

@@ -248,6 +248,7 @@ TASK = Task(
                   scheduler="constant", eval_every=10, eps=0.02, alpha=0.1, dual_lr=1e-3),
     # size: the paper does not state the input resolution; 64x64 is our choice (the JPEGs are 200x200).
     options=dict(width=64, size=200, data_seed=0, split="paper-code"),
+    option_ranges=dict(width=(1, None), size=(8, None), data_seed=(0, None)),
     # paper, primal hyper-parameters table: CSERM takes a step size of lr/10 "to address numerical issues"
     method_defaults={"cserm": dict(lr=1e-5)},
     load=load,

@@ -104,6 +104,12 @@ def assert_rejected(res, *needles: str) -> None:
     (["sweep", "two-moons", "--lr", "1e-4..1:100", "--dual-lr", "1e-4..1:101", "--dry-run"],
      ["10,100 cells", "--yes"]),
     (["sweep", "two-moons", "-m", "erm", "--alpha", "0", "--dry-run"], ["--alpha must be"]),
+    # task options: each task declares their bounds
+    (["run", "polyfit", "-m", "erm", "-o", "degree=-3"], ["-o degree=-3", "degree in [0, 100]"]),
+    (["run", "two-moons", "-o", "hidden=0"], ["hidden at least 1"]),
+    (["run", "two-moons", "-o", "n_train=0"], ["n_train at least 2"]),
+    (["run", "two-moons", "-o", "noise=-1"], ["noise at least 0"]),
+    (["sweep", "polyfit", "-m", "erm", "-o", "degree=10,-1", "--dry-run"], ["degree in [0, 100]"]),
 ])
 def test_bad_run_options_are_rejected_before_anything_is_written(results: Path, args, needles) -> None:
     assert_rejected(flctl(*args, "--epochs", "1") if "--epochs" not in args else flctl(*args), *needles)

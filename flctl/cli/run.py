@@ -43,7 +43,8 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None)
 
     try:
         spec = get_task(task)
-        cfg = resolve(task, method, spec.defaults_for(method), spec.options, spec.kind, spec.supported_methods, overrides, p_min)
+        cfg = resolve(task, method, spec.defaults_for(method), spec.options, spec.kind, spec.supported_methods, overrides, p_min,
+                      spec.option_ranges)
         if spec.check is not None:
             spec.check(cfg.opts, cfg.data_dir)
         return cfg
