@@ -106,7 +106,7 @@ def bad(args: list[str], *needles: str) -> None:
     (["sweep", "two-moons", "--seed", ","], ["--seed is empty"]),
     (["sweep", "two-moons", "--method", "fl,sgd"], ["unknown method 'sgd'"]),
     (["sweep", "two-moons", "--eps", "-1"], ["--eps must be"]),
-    (["sweep", "two-moons", "--seeds", "0"], ["--seeds must be at least 1"]),
+    (["sweep", "two-moons", "--seeds", "0"], ["seeds must be a whole number of seeds in 1..10,000"]),
     (["sweep", "two-moons", "--executor", "pbs"], ["unknown executor 'pbs'", "debug, local, slurm"]),
     (["sweep", "two-moons", "--workers", "0"], ["--workers must be an integer of at least 1"]),
     (["sweep", "two-moons", "--threads", "0"], ["--threads must be an integer of at least 1"]),

@@ -8,7 +8,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -96,3 +96,21 @@ def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any
         return command
 
     return decorate
+
+
+T = TypeVar("T")
+
+
+def find(lookup: Callable[[str], T | None], ref: str, what: str) -> T:
+    """``lookup(ref)`` (a run or sweep by id, unique id prefix or name), or a one-line error: a malformed or
+    ambiguous reference, or none found (``what``: "run" or "sweep", whose listing command is named)."""
+    from flctl.config import ConfigError
+    from flctl.store import shown
+
+    try:
+        found = lookup(ref)
+    except ConfigError as exc:
+        fail(str(exc))
+    if found is None:
+        fail(f"no {what} {shown(ref)} in the database; list them with `flctl {what}s`")
+    return found

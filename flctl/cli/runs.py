@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import console, existing_store, fail, results_root
+from flctl.cli.common import console, existing_store, fail, find, results_root
 from flctl.cli.info import JSON_OPT
 
 DB_OPT = Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")]
@@ -56,16 +56,8 @@ def show(
     results_dir: RESULTS_OPT = None,
 ) -> None:
     """Show one run: configuration, status, metrics and artifact paths."""
-    from flctl.config import ConfigError
-    from flctl.store import shown
-
     store = existing_store(db, results_root(results_dir))
-    try:
-        run = store.get_run(run_id)
-    except ConfigError as exc:
-        fail(str(exc))
-    if run is None:
-        fail(f"no run {shown(run_id)} in the database; list them with `flctl runs`")
+    run = find(store.get_run, run_id, "run")
     if as_json:
         print(json.dumps(run.to_json(), indent=2, default=str))
         return

@@ -18,6 +18,7 @@ from flctl.cli.common import (
     ensure_writable,
     existing_store,
     fail,
+    find,
     open_store,
     results_root,
 )
@@ -218,20 +219,6 @@ def _print_plan(sid: str, spec, configs) -> None:
     console.print(f"{len(configs)} runs; nothing was written")
 
 
-def _find_sweep(store, ref: str) -> dict:
-    """The sweep ``ref`` names (id, unique id prefix or name), or a one-line error."""
-    from flctl.config import ConfigError
-    from flctl.store import shown
-
-    try:
-        found = store.get_sweep(ref)
-    except ConfigError as exc:
-        fail(str(exc))
-    if found is None:
-        fail(f"no sweep {shown(ref)}; list them with `flctl sweeps`")
-    return found
-
-
 def _fmt(v) -> str:
     return "—" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
 
@@ -289,7 +276,7 @@ def status(
         if not sweeps:
             fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
         sweep_ref = sweeps[0]["id"]
-    found = _find_sweep(store, sweep_ref)
+    found = find(store.get_sweep, sweep_ref, "sweep")
     if as_json:
         print(json.dumps(ledger(store, found["id"]), indent=2))
         return
@@ -338,7 +325,7 @@ def cancel(
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
     root = results_root(results_dir)
     store = existing_store(db, root, readonly=False)
-    found = _find_sweep(store, sweep_ref)
+    found = find(store.get_sweep, sweep_ref, "sweep")
     sid = found["id"]
     running = [r["id"] for r in store.sweep_runs(sid) if r["status"] == "running"]
     slurm = any(j["executor"] == "slurm" for j in submitted_jobs(root, sid))
