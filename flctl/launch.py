@@ -452,6 +452,19 @@ class LaunchSettings:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
         if not (isinstance(settings.checkpoint_every, (int, float)) and settings.checkpoint_every >= 0):
             raise ConfigError(f"--checkpoint-every must be a number of seconds >= 0, got {settings.checkpoint_every!r}")
+        # Slurm's own options, checked here rather than by sbatch after the cells were recorded
+        for name, kind, least in (("gpus", int, 0), ("cpus", int, 1), ("time_min", int, 1),
+                                  ("array_parallelism", int, 1), ("mem_gb", float, 0)):
+            value = getattr(slurm, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if value is not None and (not number or (kind is int and not isinstance(value, int)) or value < least
+                                      or (name == "mem_gb" and value == 0)):
+                what = "an integer of at least" if kind is int else "a number above"
+                raise ConfigError(f"--{name.replace('_', '-')} must be {what} {least}, got {value!r}")
+        for name in ("partition", "account", "qos"):
+            value = getattr(slurm, name)
+            if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
+                raise ConfigError(f"--{name} must be one word, got {value!r}")
         return settings
 
     def slots(self, cells: int, device: str) -> list[Slot]:

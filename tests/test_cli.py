@@ -110,6 +110,11 @@ def assert_rejected(res, *needles: str) -> None:
     (["run", "two-moons", "-o", "n_train=0"], ["n_train at least 2"]),
     (["run", "two-moons", "-o", "noise=-1"], ["noise at least 0"]),
     (["sweep", "polyfit", "-m", "erm", "-o", "degree=10,-1", "--dry-run"], ["degree in [0, 100]"]),
+    # Slurm options are checked before anything reaches sbatch
+    (["sweep", "two-moons", "--gpus", "-1", "--dry-run"], ["--gpus must be an integer of at least 0"]),
+    (["sweep", "two-moons", "--mem-gb", "0", "--dry-run"], ["--mem-gb must be a number above 0"]),
+    (["sweep", "two-moons", "--time-min", "0", "--dry-run"], ["--time-min must be an integer of at least 1"]),
+    (["sweep", "two-moons", "--partition", "a b", "--dry-run"], ["--partition must be one word"]),
 ])
 def test_bad_run_options_are_rejected_before_anything_is_written(results: Path, args, needles) -> None:
     assert_rejected(flctl(*args, "--epochs", "1") if "--epochs" not in args else flctl(*args), *needles)

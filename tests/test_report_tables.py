@@ -192,12 +192,29 @@ def test_report_samples_queries(finished: Path, tmp_path: Path) -> None:
     (["--table", "main", "--format", "html"], "unknown format 'html'"),
     (["--samples", "diff", "--methods", "erm"], "needs --methods A,B"),
     (["--table", "main", "--plot", "cdf"], "exactly one of"),
+    (["--table", "main", "--digits", "-1"], "--digits must be in 0..12"),
+    (["--samples", "diff", "--methods", "erm,fl", "--top", "-5"], "--top must be at least 1"),
+    (["--samples", "violators", "--min-seeds", "0"], "--min-seeds must be at least 1"),
+    (["--table", "main", "--columns", ","], "--columns is empty"),
 ])
 def test_bad_report_input(finished: Path, tmp_path: Path, args, needle) -> None:
     out = tmp_path / "out.txt"
     res = runner.invoke(app, ["report", *args, "--out", str(out)])
     assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--table", "main", "--out", "{tmp}"], "is a directory"),
+    (["--table", "main", "--out", "{tmp}/a-file/table.md"], "which is a file"),
+    (["--plot", "cdf", "--out", "/proc/flctl/fig"], "cannot write in '/proc'"),
+])
+def test_output_paths_are_checked_before_any_work(finished: Path, tmp_path: Path, args, needle) -> None:
+    (tmp_path / "a-file").write_text("")
+    before = sorted(tmp_path.rglob("*"))
+    res = runner.invoke(app, ["report", *(a.format(tmp=tmp_path) for a in args)])
+    assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.output
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_missing_records_and_a_sweep_without_completed_cells(finished: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import console, existing_store, fail, results_root
+from flctl.cli.common import check_output, console, existing_store, fail, results_root
 from flctl.fs import atomic_path, write_text_atomic
 
 SELECT_PANEL = "Which runs"
@@ -44,6 +44,15 @@ def report(
         fail("give exactly one of --table, --plot or --samples")
     if split not in (None, "train", "test"):
         fail(f"--split must be train or test, got {split!r}")
+    for flag, value, lo, hi in (("--digits", digits, 0, 12), ("--top", top, 1, None), ("--min-seeds", min_seeds, 1, None),
+                                ("-k", k, 1, None)):
+        if value < lo or (hi is not None and value > hi):
+            fail(f"{flag} must be {'in ' + str(lo) + '..' + str(hi) if hi is not None else 'at least ' + str(lo)}, "
+                 f"got {value}")
+    if columns is not None and not [c for c in columns.split(",") if c.strip()]:
+        fail("--columns is empty; give e.g. train.avg_loss,test.max_loss")
+    if out is not None:
+        check_output(out if plot is None else out.with_suffix(".png"))   # a plot's --out is a stem
     root = results_root(results_dir)
     store = existing_store(db, root)
     try:
