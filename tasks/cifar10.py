@@ -60,19 +60,23 @@ def _read(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
                 batch = pickle.load(f, encoding="latin1")
             xs.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(batch["labels"], dtype=np.int64))
-        except (pickle.UnpicklingError, KeyError, ValueError, EOFError) as exc:
+            if len(xs[-1]) != len(ys[-1]) or not ((ys[-1] >= 0) & (ys[-1] < 10)).all():
+                raise ValueError(f"{len(xs[-1])} images, {len(ys[-1])} labels, labels in 0..9 expected")
+        except (pickle.UnpicklingError, KeyError, ValueError, EOFError, TypeError) as exc:
             raise ConfigError(f"{path} is not a CIFAR-10 python batch ({type(exc).__name__}: {exc})") from None
     return np.concatenate(xs), np.concatenate(ys)
 
 
 def check(options: dict, data_dir: str | None) -> Path:
-    """The dataset folder, after making sure every batch file is there (downloading when allowed)."""
+    """The dataset folder, after making sure every batch file is there (downloading when allowed) and that the
+    test batch decodes as CIFAR-10 (before a run row exists; the others are read when the run loads its data)."""
     folder = _find(data_dir)
     if not folder.is_dir():
         raise ConfigError(f"no CIFAR-10 folder at {folder}; pass --data-dir pointing at a folder with {FOLDER}/")
     missing = [n for n in TRAIN_FILES + TEST_FILES if not (folder / n).is_file()]
     if missing:
         raise ConfigError(f"CIFAR-10 folder {folder} is incomplete: missing {', '.join(missing)}")
+    _read(folder, TEST_FILES)
     return folder
 
 

@@ -102,6 +102,9 @@ def check(options: dict, data_dir: str | None) -> Path:
     if not names:
         raise ConfigError(f"UTKFace folder {folder} has no valid images (AGE_GENDER_RACE_DATETIME.jpg; "
                           f"{skipped} malformed .jpg names skipped)")
+    size = int(options["size"])
+    if not any((d / _cache_name(names, size)).is_file() for d in _cache_dirs(folder)):
+        _decode(folder, names[:1] + names[-1:], size)   # not decoded before: a sample must decode, now
     return folder
 
 

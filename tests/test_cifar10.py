@@ -77,6 +77,8 @@ def test_flctl_run_cifar10_fl_with_p_min(cifar: Path, results: Path) -> None:
 @pytest.mark.parametrize("damage,needle", [
     (lambda d: shutil.rmtree(d / "cifar-10-batches-py"), "no CIFAR-10 folder"),
     (lambda d: (d / "cifar-10-batches-py" / "test_batch").unlink(), "incomplete: missing test_batch"),
+    (lambda d: (d / "cifar-10-batches-py" / "test_batch").write_bytes(b"garbage"),
+     "test_batch is not a CIFAR-10 python batch"),
 ])
 def test_missing_or_partial_dataset_is_rejected_before_anything_is_written(cifar: Path, results: Path, damage,
                                                                            needle) -> None:

@@ -117,6 +117,16 @@ def test_corrupt_image_is_a_clear_error(faces: Path) -> None:
         get_task("utkface").load(OPTS, str(faces))
 
 
+def test_a_folder_of_garbage_jpegs_is_rejected_before_anything_is_written(tmp_path: Path, results: Path) -> None:
+    folder = tmp_path / "garbage"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"{20 + i}_0_1_2017010402{i:07d}.jpg").write_bytes(b"not a jpeg")
+    res = runner.invoke(app, ["run", "utkface", "--data-dir", str(folder), "-o", "width=8", "--epochs", "1"])
+    assert res.exit_code == 2 and "is not a readable image" in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1 and files_under(results) == []
+
+
 def test_model_has_one_output_and_an_imagenet_stem(faces: Path) -> None:
     task = get_task("utkface")
     data = task.load(OPTS, str(faces))
