@@ -195,3 +195,11 @@ def test_plotting_never_imports_torch(made: Path, tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_heatmap_without_sweep_takes_the_latest_lr_sweep_or_asks_for_one(made: Path, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["report", "--plot", "heatmap", "--results-dir", str(made), "--out", str(tmp_path / "h")])
+    assert res.exit_code == 0, res.output
+    assert "the latest that varies lr" in res.stdout and (tmp_path / "h.png").is_file()
+    res = runner.invoke(app, ["report", "--plot", "heatmap", "--task", "two-moons", "--results-dir", str(made)])
+    assert res.exit_code == 2 and "of two-moons varies lr" in res.stderr and len(res.stderr.strip().splitlines()) == 1

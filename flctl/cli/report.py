@@ -60,6 +60,8 @@ def report(
             raise ConfigError(f"unknown table {table!r}; choose one of: {', '.join(tables.TABLES)}")
         if table is not None and fmt not in tables.FORMATS:
             raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(tables.FORMATS)}")
+        if plot == "heatmap" and sweep is None:
+            sweep = _latest_lr_sweep(store, task)
         runs = select_runs(store, sweep=sweep, task=task)
         records_root = root / "records"
         if table is not None:
@@ -79,6 +81,22 @@ def report(
                      split=split, min_seeds=min_seeds, eps=eps, methods=methods, top=top)
     except ConfigError as exc:
         fail(str(exc))
+
+
+def _latest_lr_sweep(store, task: str | None) -> str:
+    """The heatmap is of one lr x dual-lr grid: without --sweep, the latest sweep (of --task) that varies lr."""
+    from flctl.config import ConfigError
+
+    for row in store.list_sweeps():   # newest first
+        if task is not None and row["task"] != task:
+            continue
+        found = store.get_sweep(row["id"])
+        if found is not None and len(found["spec"].get("axes", {}).get("lr", [])) > 1:
+            console.print(f"heatmap of sweep {row['id']} ({row['name'] or row['task']}), the latest that varies lr")
+            return row["id"]
+    raise ConfigError("the heatmap draws one lr x dual-lr sweep and none of the database's sweeps"
+                      + (f" of {task}" if task else "") + " varies lr; run one (`flctl sweep TASK --lr 1e-4..1e-2 "
+                      "--dual-lr 1e-3..1e-1`) or pass --sweep")
 
 
 def _emit_table(built, fmt: str, out: Path | None, digits: int) -> None:
