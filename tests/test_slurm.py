@@ -22,6 +22,10 @@ from flctl import records
 from flctl.store import Store
 from tests import helpers
 
+# A real cluster on a loaded 2-core machine: each test bounds its own waits (wait_until), so the per-test
+# pytest-timeout (300 s) is raised here rather than cutting a slow but progressing re-run short.
+pytestmark = pytest.mark.timeout(900)
+
 FLCTL = [sys.executable, "-m", "flctl"]
 RECORD_ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
 ROWS_PER_EVAL = 2 * 1000                                  # two-moons: train + test split, 1000 samples each
