@@ -45,8 +45,7 @@ class Stop(Exception):
 
 
 def config(task: str, method: str, device: str, **overrides):
-    spec = get_task(task)
-    cfg = resolve(task, method, spec.defaults_for(method), spec.options, spec.kind, spec.supported_methods, overrides)
+    cfg = resolve(get_task(task), method, overrides)
     return dataclasses.replace(cfg, device=device)
 
 

@@ -98,8 +98,7 @@ class Runner:
             self.task.prepare(self.model, data, options)
         self.model.train()
         # The optimizer exactly as flctl.train builds it for this task's paper defaults.
-        cfg = resolve(spec.task, method_name, defaults, options, self.task.kind, self.task.methods,
-                      {"batch_size": spec.batch_size})
+        cfg = resolve(self.task, method_name, {"batch_size": spec.batch_size, "options": spec.options})
         self.micro_batch = cfg.micro_batch
         self.optimizer = build_optimizer(cfg, [p for p in self.model.parameters() if p.requires_grad])
         device = data.train.x.device

@@ -12,9 +12,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
+
+if TYPE_CHECKING:
+    from flctl.tasks import Task
 
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("constant", "cosine")
@@ -153,22 +156,16 @@ FIELDS: dict[str, FieldSpec] = {f.name: _spec(f) for f in dataclasses.fields(Run
 AXIS_FIELDS = tuple(name for name, f in FIELDS.items() if f.axis)
 NOT_IDENTITY = frozenset(name for name, f in FIELDS.items() if not f.identity)
 
-def resolve(
-    task_name: str,
-    method: str,
-    task_defaults: Mapping[str, Any],
-    task_options: Mapping[str, Any],
-    task_kind: str,
-    supported_methods: tuple[str, ...],
-    overrides: Mapping[str, Any] | None = None,
-    p_min: float | None = None,
-    option_ranges: Mapping[str, tuple[float | None, float | None]] | None = None,
-) -> RunConfig:
-    """Fill a config from the task's paper defaults and the user's overrides, then validate it.
+def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
+            p_min: float | None = None) -> RunConfig:
+    """Fill a config from the task's paper defaults (for this method) and the user's overrides, then validate it.
 
-    ``overrides`` holds RunConfig fields (None means "not given"); an ``options`` entry holds task options.
+    ``overrides`` holds RunConfig fields (None means "not given"); an ``options`` entry holds task options, checked
+    against the task's declared options, their types and ``option_ranges``.
     Raises ConfigError with a one-line message for any bad value.
     """
+    task_name, task_options, option_ranges = task.name, task.options, task.option_ranges
+    supported_methods = task.supported_methods
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if method not in METHOD_INFO:
         raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHOD_INFO)}")
@@ -178,8 +175,8 @@ def resolve(
     if p_min is not None:
         if "eps" in overrides:
             raise ConfigError("give either --eps or --p-min, not both")
-        if task_kind != "classification":
-            raise ConfigError(f"--p-min applies to classification tasks; {task_name!r} is {task_kind}: use --eps")
+        if task.kind != "classification":
+            raise ConfigError(f"--p-min applies to classification tasks; {task_name!r} is {task.kind}: use --eps")
         if not (0.0 < p_min <= 1.0) or math.isnan(p_min):
             raise ConfigError(f"--p-min must be in (0, 1], got {p_min}")
         overrides["eps"] = math.log(1.0 / p_min)
@@ -195,7 +192,7 @@ def resolve(
         number = isinstance(v, (int, float)) and not isinstance(v, bool)
         if not (number if kind is float else isinstance(v, kind) and (kind is bool or not isinstance(v, bool))):
             raise ConfigError(f"-o {k}={v!r}: task {task_name!r} takes {kind.__name__} values for {k}")
-        lo, hi = (option_ranges or {}).get(k, (None, None))
+        lo, hi = option_ranges.get(k, (None, None))
         if isinstance(v, (int, float)) and not isinstance(v, bool) and (
                 not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi)):
             bounds = f"at least {lo}" if hi is None else f"at most {hi}" if lo is None else f"in [{lo}, {hi}]"
@@ -205,7 +202,7 @@ def resolve(
     if unknown_fields:
         raise ConfigError(f"unknown run field(s): {', '.join(sorted(unknown_fields))}")
 
-    values: dict[str, Any] = {**task_defaults, **overrides}
+    values: dict[str, Any] = {**task.defaults_for(method), **overrides}
     used = METHOD_INFO[method].reads
     # A value given for a field this method ignores is dropped below, but still has to make sense: `-m erm
     # --eps -5` is a mistake, not a no-op.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flctl import records
 from flctl.config import RunConfig
+from flctl.status import TO_DO
 from flctl.store import HEARTBEAT_S, STALE_AFTER_S, Store
 
 
@@ -69,17 +70,31 @@ class _Heartbeat(threading.Thread):
                     pass
 
 
+class StopRequest:
+    """Set by the first stop signal; remembers which one, for the exit code (128 + its number)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def is_set(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+
 @contextlib.contextmanager
-def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[threading.Event]:
-    """One of ``signals`` sets the returned event: training stops at the next epoch boundary, checkpointed, and
-    the run is handed back. A second signal interrupts at once (KeyboardInterrupt; the run resumes from its
-    last checkpoint). Previous handlers come back on exit. Main thread only."""
-    requested = threading.Event()
+def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[StopRequest]:
+    """One of ``signals`` sets the returned request: training stops at the next epoch boundary, checkpointed, and
+    the run is handed back (interrupted). A second signal interrupts at once (KeyboardInterrupt; the run resumes
+    from its last checkpoint). Previous handlers come back on exit. Main thread only."""
+    requested = StopRequest()
 
     def handler(signum, _frame) -> None:
         if requested.is_set():
             raise KeyboardInterrupt
-        requested.set()
+        requested.signum = signum
 
     previous = {sig: signal.signal(sig, handler) for sig in (getattr(signal, name) for name in signals)}
     try:
@@ -90,7 +105,7 @@ def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[
 
 
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
-            allow: Iterable[str] = ("queued", "failed"), max_attempts: int | None = None,
+            allow: Iterable[str] = (*TO_DO, "failed"), max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = 0.0,
             stop: Callable[[], bool] | None = None):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
@@ -105,7 +120,7 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
 def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch: Callable | None = None, *,
                   checkpoint_every: float = 0.0, stop: Callable[[], bool] | None = None) -> list:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
-    record how each ended: finished, handed back (stopped or interrupted: queued again, the attempt not counted,
+    record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
     resumable from its checkpoint) or failed."""
     from flctl.train import train_together  # torch is imported here, not at CLI start-up
 

@@ -42,11 +42,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 from flctl.config import ConfigError, RunConfig
+from flctl.status import TO_DO
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
 SCHEMA_VERSION = 2
-STATUSES = ("queued", "running", "completed", "failed", "diverged")
 # A running run whose heartbeat is older than this is presumed lost (killed, node gone) and may be re-claimed.
 STALE_AFTER_S = float(os.environ.get("FLCTL_STALE_AFTER", "300"))
 HEARTBEAT_S = float(os.environ.get("FLCTL_HEARTBEAT", "30"))
@@ -411,7 +411,7 @@ class Store:
         return self.write(fn)
 
     def claim_run(self, run_id: str, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
-                  allow: Iterable[str] = ("queued", "failed"), job_id: str | None = None,
+                  allow: Iterable[str] = (*TO_DO, "failed"), job_id: str | None = None,
                   git_sha: str | None = None, device: str | None = None) -> bool:
         """Atomically take a run for this process; False if someone else holds it or it is not claimable.
 
@@ -451,7 +451,7 @@ class Store:
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
-                                    Run.status.in_(("queued", "failed", "running")))
+                                    Run.status.in_((*TO_DO, "failed", "running")))
                              .order_by(Run.id)).all()
         for r in rows:
             if (r.status == "running" and not _is_stale(r, stale_after)) or (accept and not accept(r.config)):
@@ -463,8 +463,8 @@ class Store:
 
     def hand_back(self, sweep_id: str, reason: str, *, pids: Collection[int] = frozenset(),
                   job_prefixes: Collection[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
-        """Re-queue the sweep's running cells held by the given local pids or Slurm jobs (by array id), or by
-        any lost worker, without counting the attempt. Returns their ids."""
+        """Hand back the sweep's running cells held by the given local pids or Slurm jobs (by array id), or by
+        any lost worker: interrupted, the attempt not counted. Returns their ids."""
         host = socket.gethostname()
 
         def fn(s: Session) -> list[str]:
@@ -478,7 +478,7 @@ class Store:
                     continue
                 res = s.execute(update(Run).where(Run.id == run.id, Run.status == "running",
                                                   Run.attempts == run.attempts)
-                                .values(status="queued", error=reason, attempts=max(run.attempts - 1, 0))
+                                .values(status="interrupted", error=reason, attempts=max(run.attempts - 1, 0))
                                 .execution_options(synchronize_session=False))
                 if res.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
                     ids.append(run.id)
@@ -513,13 +513,13 @@ class Store:
         return self.write(fn)
 
     def requeue(self, run_id: str, reason: str, duration_s: float = 0.0, epochs_done: int | None = None) -> None:
-        """Hand a running run back (stopped, preempted, timed out): the next claim resumes it from its
-        checkpoint. The time it trained counts towards its duration.
+        """Hand a running run back (stopped, preempted, timed out): interrupted, and the next claim resumes it
+        from its checkpoint. The time it trained counts towards its duration.
 
         A handed-back attempt is not a failed one, so it is given back too; otherwise a cell preempted
         ``max_attempts`` times would stay queued with no attempt left to claim it.
         """
-        values: dict[str, Any] = {"status": "queued", "error": reason, "attempts": Run.attempts - 1,
+        values: dict[str, Any] = {"status": "interrupted", "error": reason, "attempts": Run.attempts - 1,
                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
         if epochs_done is not None:
             values["epochs_done"] = epochs_done
@@ -547,7 +547,7 @@ class Store:
         self.write(fn)
 
     def fail_run(self, run_id: str, error: str, duration_s: float) -> None:
-        # Only a run still marked running fails: one handed back by a preempted job stays queued.
+        # Only a run still marked running fails: one handed back by a preempted job stays interrupted.
         self.write(lambda s: s.execute(
             update(Run).where(Run.id == run_id, Run.status == "running")
             .values(status="failed", error=error, finished_at=now(),
@@ -605,7 +605,7 @@ class Store:
         """The runs of a sweep's cells (status, attempts, heartbeat, metrics), without their artifacts;
         ``stale`` marks running runs whose worker is gone."""
         cols = (Run.id, Run.method, Run.seed, Run.status, Run.attempts, Run.epochs_done, Run.heartbeat_at,
-                Run.host, Run.pid, Run.metrics, Run.config, Run.error)
+                Run.host, Run.pid, Run.metrics, Run.config, Run.error, Run.finished_at, Run.duration_s)
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()

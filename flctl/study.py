@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
@@ -81,11 +82,20 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
             continue
         value = (run.get("metrics") or {}).get(objective)
         ok = run["status"] == "completed" and value is not None
-        study.add_trial(create_trial(params=params_of(cfg, list(space)), distributions=dists,
-                                     value=value if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL,
-                                     user_attrs={"run_id": cfg.run_id, "status": run["status"]}))
+        trial = create_trial(params=params_of(cfg, list(space)), distributions=dists, value=value if ok else None,
+                             state=TrialState.COMPLETE if ok else TrialState.FAIL,
+                             user_attrs={"run_id": cfg.run_id, "status": run["status"]})
+        if run.get("finished_at") is not None:       # the run's own times, not those of this sync
+            trial.datetime_complete = _optuna_time(run["finished_at"])
+            trial.datetime_start = trial.datetime_complete - timedelta(seconds=run.get("duration_s") or 0.0)
+        study.add_trial(trial)
         added += 1
     return added
+
+
+def _optuna_time(stamp: datetime) -> datetime:
+    """A stored time (UTC; SQLite gives it back naive) the way Optuna keeps its own: naive local time."""
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
 
 
 def tune(spec, n_trials: int, objective: str, direction: str, *, url: str, resolve_cell: Callable,

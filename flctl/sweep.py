@@ -181,8 +181,7 @@ def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
     method = cell.pop("method", "fl")
     p_min = cell.pop("p_min", None)
     cell.update(options=opts, device=spec.device, data_dir=spec.data_dir)
-    return resolve(spec.task, method, task.defaults_for(method), task.options, task.kind, task.supported_methods, cell, p_min,
-                   task.option_ranges)
+    return resolve(task, method, cell, p_min)
 
 
 def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False) -> list[RunConfig]:

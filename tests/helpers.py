@@ -10,10 +10,8 @@ from flctl.tasks import get_task
 
 def config(task: str, method: str, **overrides) -> RunConfig:
     """A validated RunConfig from the task's defaults, as `flctl run` builds it."""
-    spec = get_task(task)
     p_min = overrides.pop("p_min", None)
-    return resolve(task, method, spec.defaults_for(method), spec.options, spec.kind, spec.supported_methods, overrides, p_min,
-                   spec.option_ranges)
+    return resolve(get_task(task), method, overrides, p_min)
 
 
 def files_under(root: Path) -> list[Path]:

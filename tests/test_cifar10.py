@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -79,6 +80,8 @@ def test_flctl_run_cifar10_fl_with_p_min(cifar: Path, results: Path) -> None:
     (lambda d: (d / "cifar-10-batches-py" / "test_batch").unlink(), "incomplete: missing test_batch"),
     (lambda d: (d / "cifar-10-batches-py" / "test_batch").write_bytes(b"garbage"),
      "test_batch is not a CIFAR-10 python batch"),
+    (lambda d: (d / "cifar-10-batches-py" / "data_batch_4").write_bytes(pickle.dumps({"data": [1, 2], "labels": [3]})),
+     "data_batch_4 is not a CIFAR-10 python batch"),
 ])
 def test_missing_or_partial_dataset_is_rejected_before_anything_is_written(cifar: Path, results: Path, damage,
                                                                            needle) -> None:

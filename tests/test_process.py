@@ -96,38 +96,44 @@ def test_planning_a_sweep_imports_no_torch(task: str) -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
-def test_sigterm_stops_a_run_at_an_epoch_boundary_and_it_resumes_to_identical_records(tmp_path: Path) -> None:
+def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_records(tmp_path: Path) -> None:
     args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "1500", "--eval-every", "50",
             "--checkpoint-every", "3600")          # by time: never; the checkpoints are the eval epochs' and the stop's
     whole = flctl(tmp_path / "a", *args)
     assert whole.returncode == 0, whole.stderr
-
-    stopped = tmp_path / "b"
-    proc = subprocess.Popen([*FLCTL, *args, "--results-dir", str(stopped)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((stopped / "records").glob("run_id=*/epoch=*.parquet"))) < 3:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out
-    [run_dir] = list((stopped / "runs").iterdir())
-    row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
-    assert row["status"] == "queued" and row["attempts"] == 0, row            # handed back, not failed
-    assert f"stopped after epoch {row['epochs_done']}, checkpointed" in out, out
-    import torch
-
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == row["epochs_done"]
-
-    resumed = flctl(stopped, *args)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from epoch {row['epochs_done']}" in resumed.stdout
     order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
-    a = records.read(tmp_path / "a" / "records", [run_dir.name]).sort_by(order)
-    b = records.read(stopped / "records", [run_dir.name]).sort_by(order)
-    assert len(a) == 30 * 2 * 1000 and a.equals(b)
-    row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
-    assert row["status"] == "completed" and row["attempts"] == 1
+
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        stopped = tmp_path / sig.name
+        proc = subprocess.Popen([*FLCTL, *args, "--results-dir", str(stopped)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list((stopped / "records").glob("run_id=*/epoch=*.parquet"))) < 3:
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == code, (sig, out)
+        [run_dir] = list((stopped / "runs").iterdir())
+        row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
+        assert row["status"] == "interrupted" and row["attempts"] == 0, row     # handed back, not failed
+        # One line after the progress bar, which is closed by then: the last line of the output.
+        assert out.strip().splitlines()[-1].startswith(f"interrupted after epoch {row['epochs_done']}, "
+                                                       "checkpointed"), out
+        listed = json.loads(flctl(stopped, "runs", "--status", "interrupted", "--json").stdout)
+        assert [r["id"] for r in listed] == [run_dir.name]
+        import torch
+
+        assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == row["epochs_done"]
+
+        resumed = flctl(stopped, *args)
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"resumed from epoch {row['epochs_done']}" in resumed.stdout
+        a = records.read(tmp_path / "a" / "records", [run_dir.name]).sort_by(order)
+        b = records.read(stopped / "records", [run_dir.name]).sort_by(order)
+        assert len(a) == 30 * 2 * 1000 and a.equals(b)
+        done = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
+        assert done["status"] == "completed" and done["attempts"] == 1
+        assert done["duration_s"] > row["duration_s"] > 0                          # both attempts' time
 
 
 def test_piped_output_keeps_whole_cells_and_completion_is_offered(tmp_path: Path) -> None:

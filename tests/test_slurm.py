@@ -252,7 +252,7 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
                interval=0.1, logs=folder)
     assert store.get_run(cfg.run_id).status == "running"
     job._interrupt()                                         # preemption: SIGTERM, then USR2 -> checkpoint()
-    wait_until(lambda: store.get_run(cfg.run_id).status == "queued", "the run to be handed back", timeout=30,
+    wait_until(lambda: store.get_run(cfg.run_id).status == "interrupted", "the run to be handed back", timeout=30,
                interval=0.1, logs=folder)
     files = record_files(results, cfg.run_id)
 
@@ -305,7 +305,7 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     assert squeue.strip() == "", squeue                                       # no job left
     runs = store.list_runs()
     assert not any(r.status == "running" for r in runs), runs
-    handed_back = [r for r in runs if r.epochs_done > 0 and r.status == "queued"]
+    handed_back = [r for r in runs if r.epochs_done > 0 and r.status == "interrupted"]
     assert handed_back and all(r.attempts == 0 for r in handed_back)
     files = record_files(tmp_path, handed_back[0].id)
 

@@ -58,7 +58,7 @@ def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
     assert store.claim_run(rid, max_attempts=1)
     store.requeue(rid, "preempted")
     row = store.get_run(rid)
-    assert (row.status, row.attempts) == ("queued", 0)
+    assert (row.status, row.attempts) == ("interrupted", 0)
     assert store.claim_run(rid, max_attempts=1)                # the requeued job can take it again
 
 

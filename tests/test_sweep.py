@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,12 @@ def test_grid_sweep_is_mirrored_as_an_optuna_study(results: Path) -> None:
                                                                              ("fl", 30)}
     runs = {r["id"]: r for r in json.loads(runner.invoke(app, ["runs", "--json"]).stdout)}
     for t in trials:
-        assert t.value == runs[t.user_attrs["run_id"]]["metrics"]["test.max_loss"]
+        run = runs[t.user_attrs["run_id"]]
+        assert t.value == run["metrics"]["test.max_loss"]
+        # The run's own end and training time, not the moment the study was synced (Optuna keeps naive local time).
+        finished = datetime.fromisoformat(run["finished_at"])
+        assert t.datetime_complete.astimezone(UTC) == finished.replace(tzinfo=finished.tzinfo or UTC)
+        assert (t.datetime_complete - t.datetime_start).total_seconds() == pytest.approx(run["duration_s"], abs=1e-5)
     runner.invoke(app, ["sweep", "polyfit", "-m", "erm,fl", "-o", "degree=10,30", "--executor", "debug",
                         "--objective", "test.max_loss"])          # syncing again adds no duplicate trial
     assert len(study.get_trials()) == 4

@@ -144,7 +144,7 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     assert not worker_pids(results)
     runs = store.list_runs()
     assert not any(r.status == "running" for r in runs)
-    interrupted = [r for r in runs if r.status == "queued" and r.epochs_done > 0]
+    interrupted = [r for r in runs if r.status == "interrupted" and r.epochs_done > 0]
     assert interrupted and all(r.attempts == 0 for r in interrupted)          # a handed-back attempt is not counted
     assert all((results / "runs" / r.id / "checkpoint.pt").exists() for r in interrupted)
     again = flctl(results, "cancel", sid)

@@ -3,11 +3,52 @@ so that `flctl --help` starts fast."""
 
 from __future__ import annotations
 
+import sys
+
 import typer
+from rich.markup import escape
+from typer.core import TyperGroup
 
 from flctl.cli import info, report, run, runs, sweep
+from flctl.cli.common import err_console
+
+
+def _is(exc: BaseException, name: str) -> bool:
+    # By class name: typer >= 0.29 vendors click (typer._click), older typer uses click itself; the names are the
+    # same in both (typer checks NoArgsIsHelpError the same way).
+    return any(c.__name__ == name for c in type(exc).__mro__)
+
+
+class _OneLineErrors(TyperGroup):
+    """Typer's group, with its own parse errors (a value that is not an integer, a missing argument, an unknown
+    option or command) printed like every other bad input: one `error:` line, exit 2, instead of a usage panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):  # type: ignore[override]
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except Exception as exc:
+            if _is(exc, "NoArgsIsHelpError"):       # the help is printed already
+                sys.exit(2)
+            if _is(exc, "UsageError"):
+                ctx = getattr(exc, "ctx", None)
+                see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+                err_console.print(f"[bold red]error:[/] {escape(exc.format_message().rstrip('.') + see)}",  # type: ignore[attr-defined]
+                                  highlight=False, soft_wrap=True)
+                sys.exit(2)
+            if _is(exc, "ClickException"):
+                exc.show()  # type: ignore[attr-defined]
+                sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            if _is(exc, "Abort"):
+                print("Aborted!", file=sys.stderr)
+                sys.exit(1)
+            raise
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="flctl",
     help="Feasible Learning experiment orchestrator: train ERM, CSERM, FL and RFL, keep every sample's loss "
     "and multiplier, and turn runs into the paper's tables and figures.",

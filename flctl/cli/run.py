@@ -15,6 +15,7 @@ import typer
 
 from flctl.cli.common import config_options, console, ensure_writable, fail, open_store, results_root
 from flctl.config import PANELS
+from flctl.status import TO_DO
 
 
 def parse_options(pairs: list[str] | None) -> dict[str, str]:
@@ -43,8 +44,7 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None)
 
     try:
         spec = get_task(task)
-        cfg = resolve(task, method, spec.defaults_for(method), spec.options, spec.kind, spec.supported_methods, overrides, p_min,
-                      spec.option_ranges)
+        cfg = resolve(spec, method, overrides, p_min)
         if spec.check is not None:
             spec.check(cfg.opts, cfg.data_dir)
         return cfg
@@ -88,7 +88,8 @@ def run(
     """Train TASK with one method and record per-sample losses and multipliers.
 
     The same configuration is the same run: re-running a completed one shows it; an interrupted one resumes
-    from its last checkpoint. Ctrl-C or SIGTERM stops at the end of the epoch, checkpointed; a second one at once.
+    from its last checkpoint. Ctrl-C or SIGTERM stops at the end of the epoch, checkpointed, marks the run interrupted
+    and exits 130 or 143; a second signal stops at once.
     """
     if not checkpoint_every >= 0:
         fail(f"--checkpoint-every must be a number of seconds >= 0, got {checkpoint_every}")
@@ -112,25 +113,32 @@ def run(
 
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
-    allow = ("queued", "failed", "diverged", "completed") if rerun else ("queued", "failed", "diverged")
+    allow = (*TO_DO, "failed", "diverged", "completed") if rerun else (*TO_DO, "failed", "diverged")
+    # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
+    outcome: BaseException | None = None
     with _progress(cfg.epochs, summary_line) as on_epoch, stop_on_signals() as stop:
         try:
             result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow, checkpoint_every=checkpoint_every,
                              stop=stop.is_set)
-        except KeyboardInterrupt:
-            console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id}")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:   # a second signal: stopped at once, resumes from the last checkpoint
+            outcome = exc
         except Exception as exc:
-            fail(f"run {cfg.run_id} failed: {type(exc).__name__}: {exc} (see `flctl show {cfg.run_id}`)", code=1)
+            outcome = exc
+    if isinstance(outcome, KeyboardInterrupt):
+        console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id} from its "
+                      "last checkpoint")
+        raise typer.Exit(stop.exit_code)
+    if outcome is not None:
+        fail(f"run {cfg.run_id} failed: {type(outcome).__name__}: {outcome} (see `flctl show {cfg.run_id}`)", code=1)
     if result is None:
         held = store.get_run(cfg.run_id)
         assert held is not None
         fail(f"run {cfg.run_id} is being trained by {held.host} pid {held.pid} (last heartbeat "
              f"{held.heartbeat_at}); wait for it, or see `flctl show {cfg.run_id}`", code=1)
     if result.status == "stopped":
-        console.print(f"[yellow]stopped[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the same "
-                      f"options resumes run {cfg.run_id}")
-        raise typer.Exit(130)
+        console.print(f"[yellow]interrupted[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the "
+                      f"same options resumes run {cfg.run_id}")
+        raise typer.Exit(stop.exit_code)
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
     print_summary(store.get_run(cfg.run_id))

@@ -10,6 +10,7 @@ import typer
 
 from flctl.cli.common import console, existing_store, fail, find, results_root
 from flctl.cli.info import JSON_OPT
+from flctl.status import STATUSES
 
 DB_OPT = Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")]
 RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help="Results directory [env FLCTL_RESULTS].")]
@@ -18,7 +19,7 @@ RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help="Resu
 def runs(
     task: Annotated[Optional[str], typer.Option(help="Only this task.")] = None,
     method: Annotated[Optional[str], typer.Option(help="Only this method.")] = None,
-    status: Annotated[Optional[str], typer.Option(help="queued, running, completed, failed or diverged.")] = None,
+    status: Annotated[Optional[str], typer.Option(help=f"Only runs in this state: {', '.join(STATUSES)}.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Only this seed.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 50,
     as_json: JSON_OPT = False,
@@ -26,8 +27,6 @@ def runs(
     results_dir: RESULTS_OPT = None,
 ) -> None:
     """List recorded runs, newest first."""
-    from flctl.store import STATUSES
-
     if status is not None and status not in STATUSES:
         fail(f"unknown status {status!r}; choose one of: {', '.join(STATUSES)}")
     store = existing_store(db, results_root(results_dir))

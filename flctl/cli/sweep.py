@@ -25,12 +25,14 @@ from flctl.cli.common import (
 from flctl.cli.info import JSON_OPT
 from flctl.cli.run import parse_options, with_model
 from flctl.config import AXIS_FIELDS
+from flctl.status import STATUSES
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
 LAUNCH_PANEL = "Launch"
 SLURM_PANEL = "Slurm"
 WHERE_PANEL = "Where"
-LEDGER_COLUMNS = ("completed", "running", "stale", "queued", "failed", "diverged", "missing")
+# A run's states, with "stale" (marked running, its worker gone) beside running.
+LEDGER_COLUMNS = ("completed", "running", "stale", *(s for s in STATUSES if s not in ("completed", "running")), "missing")
 
 
 def _axis(help_text: str = ""):
@@ -246,7 +248,7 @@ def _ledger_table(data: dict):
 
 def _settled(data: dict) -> bool:
     t = data["total"]
-    return t["running"] == 0 and t["queued"] == 0 and t["stale"] == 0
+    return t["running"] == t["stale"] == t["queued"] == t["interrupted"] == 0
 
 
 def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
@@ -316,7 +318,7 @@ def cancel(
     """Stop a sweep's workers and hand its running cells back; `flctl sweep` with the same axes resumes it.
 
     Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held go
-    back to queued without counting an attempt.
+    are marked interrupted without counting an attempt.
     """
     from flctl.launch import cancel as cancel_sweep
     from flctl.launch import live_workers, submitted_jobs
@@ -339,7 +341,7 @@ def cancel(
         return
     console.print(f"sweep [bold]{sid}[/]: stopped {len(outcome['stopped'])} worker(s)"
                   + (f" ({len(outcome['killed'])} killed after {timeout:g} s)" if outcome["killed"] else "")
-                  + f", {len(outcome['handed_back'])} running cell(s) handed back to queued; "
+                  + f", {len(outcome['handed_back'])} running cell(s) handed back (interrupted); "
                   f"`flctl sweep` with the same axes resumes it")
     for w in outcome["stopped"]:
         console.print(f"  {w['kind']} {w.get('pid') or ''} job {w.get('job_id') or '-'}")

@@ -1,0 +1,168 @@
+"""Every bad input, in one table: exit code 2, one `error:` line on stderr, no traceback, and the results folder
+(database bytes included) exactly as it was. The commands run against a folder such as a user has: runs of two
+tasks and a finished sweep. Cases that need a dataset on disk live with their task (test_cifar10, test_utkface);
+report output paths in test_report_tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from flctl.store import Store
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("populated") / "results"
+    for args in (["sweep", "two-moons", "-m", "erm,fl", "--epochs", "2", "--executor", "debug", "--name", "moons"],
+                 ["run", "digits", "-m", "fl", "--epochs", "1"]):
+        res = runner.invoke(app, [*args, "--results-dir", str(root)])
+        assert res.exit_code == 0, res.output
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root`` with a hash of its bytes (folders: 'dir')."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def first_run(root: Path) -> str:
+    store = Store.open(f"sqlite:///{root / 'flctl.db'}", readonly=True)
+    try:
+        return store.list_runs()[0].id
+    finally:
+        store.close()
+
+
+CASES: list[tuple[list[str], str]] = [
+    # tasks, methods, run fields
+    (["run", "mnist"], "unknown task 'mnist'"),
+    (["run", "two-moons", "-m", "sgd"], "unknown method 'sgd'"),
+    (["run", "two-moons", "--eps", "-0.1"], "--eps must be"),
+    (["run", "two-moons", "-m", "rfl", "--alpha", "0"], "--alpha must be"),
+    (["run", "two-moons", "-m", "cserm", "--alpha", "-1"], "--alpha must be"),
+    (["run", "two-moons", "--p-min", "0"], "--p-min must be in (0, 1]"),
+    (["run", "two-moons", "--p-min", "1.5"], "--p-min must be in (0, 1]"),
+    (["run", "diabetes", "--p-min", "0.6"], "--p-min applies to classification"),
+    (["run", "two-moons", "--eps", "0.1", "--p-min", "0.6"], "either --eps or --p-min"),
+    (["run", "two-moons", "--lr", "-1e-3"], "--lr must be"),
+    (["run", "two-moons", "--dual-lr", "-1"], "--dual-lr must be"),
+    (["run", "two-moons", "--epochs", "0"], "--epochs must be at least 1"),
+    (["run", "two-moons", "--epochs", "2000000"], "--epochs must be at most 1,000,000"),
+    (["run", "two-moons", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["run", "two-moons", "--batch-size", "1000000000"], "--batch-size must be at most"),
+    (["run", "two-moons", "--seed", "99999999999"], "--seed must be in 0..2147483647"),
+    (["run", "two-moons", "--optimizer", "lbfgs"], "unknown optimizer"),
+    (["run", "two-moons", "--checkpoint-every", "-1"], "--checkpoint-every must be"),
+    (["run", "two-moons", "--device", "tpu"], "unknown device 'tpu'"),
+    (["run", "two-moons", "--device", "cuda"], "CUDA is not available"),
+    (["run", "polyfit", "-m", "rfl"], "supports methods erm, fl"),
+    # values a method ignores are checked too
+    (["run", "two-moons", "-m", "erm", "--eps", "-5"], "--eps must be"),
+    (["run", "two-moons", "-m", "fl", "--alpha", "0"], "--alpha must be"),
+    # typer's own parse errors: one line as well
+    (["run", "two-moons", "--epochs", "1e23"], "Invalid value for '--epochs'"),
+    (["run", "two-moons", "--seed", "1e23"], "Invalid value for '--seed'"),
+    (["run", "two-moons", "--seed", "2.5"], "Invalid value for '--seed'"),
+    (["run", "two-moons", "--bogus", "3"], "No such option: --bogus"),
+    (["run"], "Missing argument 'task'"),
+    (["bogus"], "No such command 'bogus'"),
+    # task options: names, types and each task's bounds
+    (["run", "two-moons", "-o", "width=3"], "unknown option(s) width"),
+    (["run", "two-moons", "-o", "hidden"], "--option expects KEY=VALUE"),
+    (["run", "two-moons", "-o", "hidden=wide"], "hidden='wide' is not a valid int"),
+    (["run", "two-moons", "-o", "hidden=0"], "hidden at least 1"),
+    (["run", "two-moons", "-o", "n_train=0"], "n_train at least 2"),
+    (["run", "two-moons", "-o", "noise=-1"], "noise at least 0"),
+    (["run", "polyfit", "-m", "erm", "-o", "degree=-3"], "degree in [0, 100]"),
+    (["run", "digits", "-o", "width=0"], "width"),
+    # sweeps: axes, grid size, Slurm options (checked before anything reaches sbatch)
+    (["sweep", "two-moons", "--lr", "1e-4..1:1000000", "--dry-run"], "at most 10,000 points"),
+    (["sweep", "two-moons", "--lr", "1e-4..1:100", "--dual-lr", "1e-4..1:101", "--dry-run"], "--yes"),
+    (["sweep", "two-moons", "-m", "erm", "--alpha", "0", "--dry-run"], "--alpha must be"),
+    (["sweep", "polyfit", "-m", "erm", "-o", "degree=10,-1", "--dry-run"], "degree in [0, 100]"),
+    (["sweep", "two-moons", "--seeds", "0"], "seeds must be a whole number of seeds in 1..10,000"),
+    (["sweep", "two-moons", "--executor", "slurm", "--gpus", "-1", "--epochs", "1"], "--gpus must be"),
+    (["sweep", "two-moons", "--executor", "slurm", "--mem-gb", "0", "--epochs", "1"], "--mem-gb must be"),
+    (["sweep", "two-moons", "--executor", "slurm", "--time-min", "0", "--epochs", "1"], "--time-min must be"),
+    (["sweep", "two-moons", "--executor", "slurm", "--partition", "a b", "--epochs", "1"], "one word"),
+    (["sweep", "two-moons", "--executor", "cloud", "--epochs", "1"], "cloud"),
+    # ids: hex prefixes of 4 to 64 digits, matched literally
+    (["show", "%"], "give 4 to 64 hex digits"),
+    (["show", ""], "give 4 to 64 hex digits"),
+    (["show", "_{run1_7}"], "give 4 to 64 hex digits"),
+    (["show", "{run0_3}"], "give 4 to 64 hex digits"),
+    (["show", "x" * 100_000], "give 4 to 64 hex digits"),
+    (["show", "ffffffffffff"], "no run 'ffffffffffff'"),
+    (["status", "%"], "no sweep"),
+    (["status", ""], "no sweep"),
+    (["status", "nope"], "no sweep"),
+    (["cancel", "nope"], "no sweep"),
+    (["runs", "--status", "done"], "unknown status 'done'"),
+    (["runs", "--limit", "x"], "Invalid value for '--limit'"),
+    # reports
+    (["report", "--table", "main"], "2 tasks (digits, two-moons); pick one with --task or --sweep"),
+    (["report", "--table", "figure"], "unknown table 'figure'"),
+    (["report", "--table", "main", "--task", "cifar10"], "no finished runs match"),
+    (["report", "--table", "main", "--sweep", "%"], "no sweep"),
+    (["report", "--table", "main", "--sweep", "nope"], "no sweep 'nope'"),
+    (["report", "--table", "main", "--task", "digits", "--format", "html"], "unknown format 'html'"),
+    (["report", "--table", "main", "--task", "digits", "--digits", "-1"], "--digits must be in 0..12"),
+    (["report", "--table", "main", "--task", "digits", "--columns", ","], "--columns is empty"),
+    (["report", "--table", "main", "--plot", "cdf"], "exactly one of"),
+    (["report", "--samples", "diff", "--methods", "erm"], "needs --methods A,B"),
+    (["report", "--samples", "diff", "--methods", "erm,fl", "--top", "-5"], "--top must be at least 1"),
+    (["report", "--samples", "violators", "--min-seeds", "0"], "--min-seeds must be at least 1"),
+    (["report", "--plot", "heatmap", "--task", "two-moons"], "--sweep"),
+]
+
+
+@pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_bad_input_is_one_line_and_changes_nothing(populated: Path, args: list[str], needle: str) -> None:
+    run_id = first_run(populated)
+    args = [a.format(run1_7=run_id[1:8], run0_3=run_id[:3]) if "{" in a else a for a in args]
+    before = snapshot(populated)
+    res = runner.invoke(app, args, env={"FLCTL_RESULTS": str(populated), "COLUMNS": "200"})
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2, res.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+    assert "Traceback" not in res.output and len(lines[0]) < 400, res.output
+    assert snapshot(populated) == before
+
+
+def test_bad_input_creates_no_results_folder(results: Path) -> None:
+    for args, _ in CASES:
+        if args[0] in ("run", "sweep") and "{" not in "".join(args):
+            assert runner.invoke(app, args).exit_code == 2, args
+    assert not results.exists()
+
+
+SPECS = [
+    ('seeds = "three"', "seeds must be an integer, got 'three'"),
+    ("seeds = 2.5", "seeds must be an integer, got 2.5"),
+    ("seeds = 0", "seeds must be a whole number of seeds in 1..10,000"),
+    ('options = "x"', "options must be a table ([options]), got 'x'"),
+    ('launch = "local"', "launch must be a table ([launch]), got 'local'"),
+    ("epochs = 1e23", "epochs"),
+    ('method = ["fl", "nope"]', "unknown method 'nope'"),
+    ("[axes]\nlr = [0.1", "spec"),
+]
+
+
+@pytest.mark.parametrize("body,needle", SPECS, ids=[b[:30] for b, _ in SPECS])
+def test_bad_spec_is_one_line_and_changes_nothing(populated: Path, tmp_path: Path, body: str, needle: str) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text(f'task = "two-moons"\n{body}\n')
+    before = snapshot(populated)
+    res = runner.invoke(app, ["sweep", "--spec", str(spec)], env={"FLCTL_RESULTS": str(populated)})
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
+    assert snapshot(populated) == before
