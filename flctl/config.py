@@ -23,12 +23,17 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("constant", "cosine")
 # auto: the forward pass runs under bf16 autocast on CUDA (fp32 elsewhere); fp32: never autocast.
 PRECISIONS = ("auto", "fp32")
+# How FL and RFL move their multipliers: gd, projected gradient ascent (the paper); nupi, a PI controller per
+# sample (Sohrabi et al. 2024), see flctl.methods.NuPI. Its gains are read only by nupi.
+DUAL_OPTIMIZERS = ("gd", "nupi")
+NUPI_GAINS = {"kp": 0.0, "ki": 1.0, "nu": 0.0}
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
-LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto"}
+LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS}
 # Fields a cell may vary and still train together with others (flctl.train.train_together): each cell has its own
 # model, optimizer and multipliers. Everything else (task, options, epochs, batch size, schedule, ...) must agree.
-PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum"})
+PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum",
+                             "dual_optimizer", *NUPI_GAINS})
 # Where a field's command-line option is listed in `flctl run --help`.
 PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
 
@@ -72,6 +77,10 @@ class RunConfig:
     eps: float | tuple[float, ...] | None = _field(None, "Constraint level ε on each sample's loss.", "method")
     alpha: float | None = _field(None, "RFL/CSERM relaxation cost α > 0.", "method")
     dual_lr: float | None = _field(None, "Multiplier step size η_λ.", "method")
+    dual_optimizer: str = _field("gd", "Multiplier update of FL/RFL: gd (the paper) or nupi (PI control).", "method")
+    kp: float = _field(NUPI_GAINS["kp"], "nupi: proportional gain K_P >= 0.", "method")
+    ki: float = _field(NUPI_GAINS["ki"], "nupi: integral gain K_I >= 0 (1 with K_P = 0: gd).", "method")
+    nu: float = _field(NUPI_GAINS["nu"], "nupi: EMA coefficient ν in [0, 1) of the error in the P term.", "method")
     options: tuple[tuple[str, Any], ...] = ()   # task-specific options, sorted (key, value) pairs
     # Where a run executes, not what it computes: not part of its identity, not an axis.
     device: str = _field("cpu", "cpu, cuda, cuda:N or auto.", "where", axis=False, identity=False)
@@ -214,6 +223,9 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     for k in METHOD_FIELDS:
         if k not in used:
             values[k] = None
+    if values.get("dual_optimizer", "gd") == "gd":   # gains only nupi reads: checked (validate), then dropped
+        validate(RunConfig(task=task_name, method="erm", **{k: values[k] for k in NUPI_GAINS if k in values}))
+        values.update(NUPI_GAINS)
     if isinstance(values.get("eps"), (list, tuple)):
         values["eps"] = tuple(float(e) for e in values["eps"])
     cfg = RunConfig(task=task_name, method=method, options=tuple(sorted(opts.items())), **values)
@@ -279,6 +291,15 @@ def validate(cfg: RunConfig) -> None:
         bad(f"--alpha must be a finite number > 0 for {cfg.method}, got {cfg.alpha}")
     if "dual_lr" in used and (cfg.dual_lr is None or not math.isfinite(cfg.dual_lr) or cfg.dual_lr < 0):
         bad(f"--dual-lr must be a finite number >= 0, got {cfg.dual_lr}")
+    if cfg.dual_optimizer not in DUAL_OPTIMIZERS:
+        bad(f"unknown dual optimizer {cfg.dual_optimizer!r}; choose one of: {', '.join(DUAL_OPTIMIZERS)}")
+    for name in ("kp", "ki"):
+        if not math.isfinite(getattr(cfg, name)) or getattr(cfg, name) < 0:
+            bad(f"--{name} must be a finite number >= 0, got {getattr(cfg, name)}")
+    if not 0 <= cfg.nu < 1:
+        bad(f"--nu must be in [0, 1), got {cfg.nu}")
+    if cfg.dual_optimizer != "gd" and not METHOD_INFO[cfg.method].has_multipliers:
+        bad(f"--dual-optimizer {cfg.dual_optimizer} moves multipliers; {cfg.method} has none (use fl or rfl)")
 
 
 def _coerce_like(default: Any, value: Any, key: str) -> Any:

@@ -118,21 +118,67 @@ class CSERM(Method):
         return 0.5 * self.alpha * (excess * excess).mean()
 
 
+class NuPI:
+    r"""nuPI (Sohrabi et al. 2024) for per-sample multipliers: a PI controller in place of gradient ascent.
+
+    With the dual gradient e_t of sample i (FL: g_i − ε_i; RFL: g_i − ε_i − λ_i/α), at each step in which i is
+    in the batch:
+
+    .. math::
+        \xi_t = \nu\,\xi_{t-1} + (1-\nu)\,e_t \quad(\xi_{-1} = e_0 \text{ at the first visit}),\qquad
+        \lambda_i \leftarrow [\lambda_i + \eta_\lambda (K_I e_t + K_P (\xi_t - \xi_{t-1}))]_+
+
+    so a sample's first step has no P term. Samples outside the batch keep λ and ξ. K_P = 0, K_I = 1 is gradient
+    ascent, bit for bit (see ``correction``). With ν = 0 this is Cooper's ``nuPI`` (init SGD) on an
+    IndexedMultiplier; with ν > 0 Cooper starts a sample's EMA at 0 (ξ_0 = (1−ν) e_0) where this starts it at e_0.
+    """
+
+    def __init__(self, n_samples: int, kp: float, ki: float, nu: float, device: torch.device | str = "cpu") -> None:
+        self.kp, self.ki, self.nu = float(kp), float(ki), float(nu)
+        self.xi = torch.zeros(n_samples, device=device)                          # ξ of each sample's last visit
+        self.seen = torch.zeros(n_samples, dtype=torch.bool, device=device)     # visited at least once
+
+    def correction(self, error: Tensor, ids: Tensor) -> Tensor:
+        """(K_I − 1) e_t + K_P (ξ_t − ξ_{t−1}) for the batch, and ξ moved on. The method adds η times this to its
+        gradient-ascent step λ + η e_t: the sum is the nuPI step, and with K_P = 0, K_I = 1 the correction is
+        exactly 0 so the multipliers are those of gd to the last bit (RFL's ascent rounds as (1−η/α)λ + η v)."""
+        seen = self.seen.index_select(0, ids)
+        previous = torch.where(seen, self.xi.index_select(0, ids), error)
+        # At a first visit ξ_0 = ν e_0 + (1 − ν) e_0 is e_0 itself: taken as is, so that step has no P term at all
+        # (the sum would round).
+        xi = torch.where(seen, previous * self.nu + error * (1.0 - self.nu), error)
+        self.xi.index_copy_(0, ids, xi)
+        self.seen.index_fill_(0, ids, True)
+        return error * (self.ki - 1.0) + (xi - previous) * self.kp
+
+    def state_dict(self) -> dict:
+        return {"xi": self.xi.clone(), "seen": self.seen.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.xi.copy_(state["xi"])
+        self.seen.copy_(state["seen"])
+
+
 class _PrimalDual(Method):
-    """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first."""
+    """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first (or nuPI)."""
 
     reduction = "sum"
     multipliers: Tensor
 
     def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
-                 dual_lr: float | None = None, device: torch.device | str = "cpu") -> None:
+                 dual_lr: float | None = None, device: torch.device | str = "cpu", nupi: NuPI | None = None) -> None:
         super().__init__(n_samples, eps, alpha, dual_lr, device)
         self.multipliers = torch.zeros(n_samples, device=device)
+        self.nupi = nupi
         # lambda_{t+1} of the current batch, kept for primal_loss so it does not gather twice.
         self._batch_multipliers: Tensor | None = None
 
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         """In-place ascent step on the gathered batch multipliers ``lam`` (before projection)."""
+        raise NotImplementedError
+
+    def _dual_gradient(self, lam: Tensor, violation: Tensor) -> Tensor:
+        """The gradient of the dual objective in λ, which ``_ascent`` steps along (nuPI's error signal)."""
         raise NotImplementedError
 
     def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
@@ -142,9 +188,21 @@ class _PrimalDual(Method):
         # here is recorded anyway. index_select/index_copy_ skip Python's advanced-indexing parser.
         lam = self.multipliers.index_select(0, ids)                   # [B]
         violation = losses.detach() - self.eps_of(ids)                # [B]  g_i - eps_i
-        lam = self._ascent(lam, violation).clamp_(0.0, LAMBDA_CAP)    # projection onto [0, cap]
+        pi = None if self.nupi is None else self.nupi.correction(self._dual_gradient(lam, violation), ids)
+        lam = self._ascent(lam, violation)
+        if pi is not None:
+            lam.add_(pi, alpha=self.dual_lr)
+        lam.clamp_(0.0, LAMBDA_CAP)                                   # projection onto [0, cap]
         self.multipliers.index_copy_(0, ids, lam)
         self._batch_multipliers = lam
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | ({} if self.nupi is None else {"nupi": self.nupi.state_dict()})
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.nupi is not None:
+            self.nupi.load_state_dict(state["nupi"])
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         # Lagrangian's primal part with lambda_{t+1} detached: sum_{i in B} lambda_i * g_i (Eq. 3).
@@ -168,6 +226,9 @@ class FL(_PrimalDual):
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         return lam.add_(violation, alpha=self.dual_lr)
 
+    def _dual_gradient(self, lam: Tensor, violation: Tensor) -> Tensor:
+        return violation
+
 
 @register
 class RFL(_PrimalDual):
@@ -184,6 +245,9 @@ class RFL(_PrimalDual):
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         # lam + eta*(v - lam/alpha) = (1 - eta/alpha)*lam + eta*v, written as two in-place ops.
         return lam.mul_(1.0 - self.dual_lr / self.alpha).add_(violation, alpha=self.dual_lr)
+
+    def _dual_gradient(self, lam: Tensor, violation: Tensor) -> Tensor:
+        return violation - lam / self.alpha
 
 
 def eps_from_p_min(p_min: float) -> float:

@@ -23,7 +23,7 @@ from flctl import records
 from flctl.config import RunConfig
 from flctl.data import Split, batches, epoch_order
 from flctl.fs import atomic_path
-from flctl.methods import LAMBDA_CAP, get_method
+from flctl.methods import LAMBDA_CAP, NuPI, get_method
 from flctl.metrics import flatten, split_summary
 from flctl.tasks import Task, get_task
 
@@ -479,8 +479,9 @@ def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device
     optimizer = build_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
     scheduler, schedule_per_step = build_scheduler(cfg, optimizer, steps_per_epoch)
+    nupi = {} if cfg.dual_optimizer == "gd" else {"nupi": NuPI(n_train, cfg.kp, cfg.ki, cfg.nu, device)}
     method = get_method(cfg.method)(n_train, eps=eps if eps is not None else 0.0, alpha=cfg.alpha,
-                                    dual_lr=cfg.dual_lr, device=device)
+                                    dual_lr=cfg.dual_lr, device=device, **nupi)
 
     # ---- resume: everything the remaining epochs depend on comes back from the checkpoint ----
     checkpoint = run_dir / "checkpoint.pt"

@@ -68,6 +68,14 @@ CASES: list[tuple[list[str], str]] = [
     # values a method ignores are checked too
     (["run", "two-moons", "-m", "erm", "--eps", "-5"], "--eps must be"),
     (["run", "two-moons", "-m", "fl", "--alpha", "0"], "--alpha must be"),
+    # the dual optimizer and its gains (checked for gd too, where they are then dropped)
+    (["run", "two-moons", "--dual-optimizer", "adam"], "unknown dual optimizer 'adam'"),
+    (["run", "two-moons", "--dual-optimizer", "nupi", "--kp", "-1"], "--kp must be a finite number >= 0"),
+    (["run", "two-moons", "--kp", "-1"], "--kp must be a finite number >= 0"),
+    (["run", "two-moons", "--dual-optimizer", "nupi", "--nu", "1"], "--nu must be in [0, 1)"),
+    (["run", "two-moons", "--dual-optimizer", "nupi", "--ki", "nan"], "--ki must be a finite number"),
+    (["run", "two-moons", "-m", "erm", "--dual-optimizer", "nupi"], "erm has none (use fl or rfl)"),
+    (["sweep", "two-moons", "-m", "fl,cserm", "--dual-optimizer", "nupi", "--dry-run"], "cserm has none"),
     # typer's own parse errors: one line as well
     (["run", "two-moons", "--epochs", "1e23"], "Invalid value for '--epochs'"),
     (["run", "two-moons", "--seed", "1e23"], "Invalid value for '--seed'"),

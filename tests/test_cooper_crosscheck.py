@@ -26,6 +26,10 @@ Cooper's own ``nuPI`` dual optimizer does exactly that: with ``Kp=0, Ki=1, ema_n
 for sparse gradients its weight decay touches only the observed rows. (``torch.optim.SGD(weight_decay=...)``
 is no substitute: it rejects sparse gradients, and a dense decay would also shrink the multipliers outside
 the batch.) So RFL is cross-checked too, with nuPI in place of SGD as the dual optimizer.
+
+flctl's own ``--dual-optimizer nupi`` (flctl.methods.NuPI) is checked against Cooper's nuPI (SGD init) for FL with
+a P term and K_I != 1, at nu = 0: with nu > 0 Cooper's sparse nuPI starts a sample's EMA at 0 where flctl starts it
+at the sample's first error (see flctl.methods.NuPI).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch
 cooper = pytest.importorskip("cooper")
 
 from flctl.data import batches, epoch_order  # noqa: E402
-from flctl.methods import FL, RFL  # noqa: E402
+from flctl.methods import FL, RFL, NuPI  # noqa: E402
 from flctl.train import per_sample_loss, train_step  # noqa: E402
 
 # Small steps keep the primal-dual dynamics calm (multipliers stay O(1)), so float32 rounding differences
@@ -47,6 +51,7 @@ from flctl.train import per_sample_loss, train_step  # noqa: E402
 N_SAMPLES, BATCH_SIZE, EPOCHS = 20, 5, 10
 EPS, ALPHA = 0.6, 2.0
 DUAL_LR, PRIMAL_LR = 0.2, 0.1
+KP, KI = 0.5, 0.8               # fl-nupi: a P term that acts, and an I gain other than 1
 TASK = SimpleNamespace(kind="classification")  # train_step only reads task.kind
 
 
@@ -76,6 +81,8 @@ class PerSampleFeasibility(cooper.ConstrainedMinimizationProblem):
 def _dual_optimizer(method_name: str, params) -> torch.optim.Optimizer:
     if method_name == "fl":
         return torch.optim.SGD(params, lr=DUAL_LR, maximize=True)
+    if method_name == "fl-nupi":       # Cooper's nuPI with SGD init; nu = 0, where its EMA start agrees with ours
+        return cooper.optim.nuPI(params, lr=DUAL_LR, Kp=KP, Ki=KI, ema_nu=0.0, maximize=True)
     # RFL's -λ/α term as a weight decay on the observed multipliers (see the module docstring).
     return cooper.optim.nuPI(params, lr=DUAL_LR, weight_decay=1.0 / ALPHA, Kp=0.0, Ki=1.0, ema_nu=0.0,
                              maximize=True)
@@ -94,7 +101,7 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
 
 # torch warns once from inside nuPI's sparse update; it concerns torch's sparse-tensor checks, not the test.
 @pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")
-@pytest.mark.parametrize("method_name", ["fl", "rfl"])
+@pytest.mark.parametrize("method_name", ["fl", "rfl", "fl-nupi"])
 def test_flctl_matches_cooper_alternating_dual_primal(method_name: str) -> None:
     torch.manual_seed(0)
     x, y = _data()
@@ -105,6 +112,8 @@ def test_flctl_matches_cooper_alternating_dual_primal(method_name: str) -> None:
 
     if method_name == "fl":
         method = FL(N_SAMPLES, eps=EPS, dual_lr=DUAL_LR)
+    elif method_name == "fl-nupi":
+        method = FL(N_SAMPLES, eps=EPS, dual_lr=DUAL_LR, nupi=NuPI(N_SAMPLES, kp=KP, ki=KI, nu=0.0))
     else:
         method = RFL(N_SAMPLES, eps=EPS, alpha=ALPHA, dual_lr=DUAL_LR)
     primal_flctl = torch.optim.SGD(model_flctl.parameters(), lr=PRIMAL_LR)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flctl.methods import CSERM, ERM, FL, LAMBDA_CAP, METHODS, RFL, eps_from_p_min, get_method
+from flctl.methods import CSERM, ERM, FL, LAMBDA_CAP, METHODS, RFL, NuPI, eps_from_p_min, get_method
 
 
 def t(*v: float) -> torch.Tensor:
@@ -91,6 +91,57 @@ def test_state_dict_round_trip() -> None:
     b = RFL(4, eps=0.1, alpha=1.0, dual_lr=0.5)
     b.load_state_dict(a.state_dict())
     torch.testing.assert_close(a.multipliers, b.multipliers)
+
+
+def test_nupi_fl_steps_by_hand() -> None:
+    fl = FL(3, eps=0.5, dual_lr=0.1, nupi=NuPI(3, kp=2.0, ki=0.5, nu=0.5))
+    # visit 1 of samples 0, 1: e = g - eps = 1.0, -0.3; a first visit has no P term (xi_-1 = e_0):
+    # lambda = [0 + 0.1 * 0.5 * e]+ = 0.05, 0 ; xi = e
+    fl.dual_step_(t(1.5, 0.2), torch.tensor([0, 1]))
+    torch.testing.assert_close(fl.multipliers, t(0.05, 0.0, 0.0))
+    # sample 0 again, e = 0.4: xi = 0.5 * 1.0 + 0.5 * 0.4 = 0.7, P = 2 * (0.7 - 1.0) = -0.6, I = 0.5 * 0.4 = 0.2,
+    # lambda = [0.05 + 0.1 * (0.2 - 0.6)]+ = 0.01 ; sample 2's first visit, e = 0.8: lambda = 0.1 * 0.5 * 0.8 = 0.04
+    fl.dual_step_(t(0.9, 1.3), torch.tensor([0, 2]))
+    torch.testing.assert_close(fl.multipliers, t(0.01, 0.0, 0.04))
+    # sample 0, e = 0: xi = 0.35, P = 2 * (0.35 - 0.7) = -0.7: lambda = [0.01 - 0.07]+ = 0 ; samples 1, 2 keep xi
+    fl.dual_step_(t(0.5), torch.tensor([0]))
+    torch.testing.assert_close(fl.multipliers, t(0.0, 0.0, 0.04))
+    torch.testing.assert_close(fl.nupi.xi, t(0.35, -0.3, 0.8))
+
+
+def test_nupi_rfl_error_includes_the_dual_decay() -> None:
+    rfl = RFL(2, eps=0.5, alpha=2.0, dual_lr=0.1, nupi=NuPI(2, kp=1.0, ki=1.0, nu=0.0))
+    rfl.multipliers.copy_(t(1.0, 0.0))
+    # e = g - eps - lambda/alpha = 1.0 - 0.5, 0.2 - 0 ; first visits: lambda + 0.1 * e = 1.05, 0.02
+    rfl.dual_step_(t(1.5, 0.7), torch.tensor([0, 1]))
+    torch.testing.assert_close(rfl.multipliers, t(1.05, 0.02))
+    # e = 0 - 1.05 / 2 = -0.525 ; nu = 0: xi = e, P = 1 * (-0.525 - 0.5) ; lambda = 1.05 + 0.1 * (-0.525 - 1.025)
+    rfl.dual_step_(t(0.5), torch.tensor([0]))
+    torch.testing.assert_close(rfl.multipliers, t(0.895, 0.02))
+
+
+@pytest.mark.parametrize("cls,kw", [(FL, {}), (RFL, {"alpha": 0.7})])
+def test_nupi_with_gd_gains_is_gd_bit_for_bit(cls, kw) -> None:
+    gd = cls(50, eps=0.3, dual_lr=0.37, **kw)
+    pi = cls(50, eps=0.3, dual_lr=0.37, nupi=NuPI(50, kp=0.0, ki=1.0, nu=0.0), **kw)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        ids = torch.randperm(50, generator=g)[:16]
+        losses = torch.rand(16, generator=g) * 0.7        # around eps: some multipliers end at 0
+        gd.dual_step_(losses, ids)
+        pi.dual_step_(losses, ids)
+        assert torch.equal(gd.multipliers, pi.multipliers)
+    assert (gd.multipliers > 0).any() and (gd.multipliers == 0).any()
+
+
+def test_nupi_state_round_trip() -> None:
+    a = FL(4, eps=0.1, dual_lr=0.5, nupi=NuPI(4, kp=1.0, ki=1.0, nu=0.3))
+    a.dual_step_(t(1.0, 2.0), torch.tensor([1, 2]))
+    b = FL(4, eps=0.1, dual_lr=0.5, nupi=NuPI(4, kp=1.0, ki=1.0, nu=0.3))
+    b.load_state_dict(a.state_dict())
+    for m in (a, b):
+        m.dual_step_(t(0.4, 3.0), torch.tensor([2, 3]))
+    assert torch.equal(a.multipliers, b.multipliers) and torch.equal(a.nupi.xi, b.nupi.xi)
 
 
 def test_p_min_to_eps() -> None:

@@ -115,6 +115,17 @@ def test_every_tied_best_value_is_bold_and_tasks_are_not_mixed() -> None:
         build("main", runs + [run("erm", 1, task="digits", train__avg_loss=0.2)])
 
 
+def test_gd_and_nupi_runs_of_one_method_are_separate_rows() -> None:
+    import dataclasses
+
+    gd = run("fl", 0, eps=0.5, train__avg_loss=0.3)
+    nupi = dataclasses.replace(run("fl", 0, eps=0.5, train__avg_loss=0.2), id="n",
+                               config={**gd.config, "dual_optimizer": "nupi", "kp": 1.0})   # gd keeps no such keys
+    table = build("main", [gd, nupi], ["train.avg_loss"])
+    assert [(row[-1], cells[0].mean) for row, cells in table.rows] == [("dual_optimizer=gd, kp=0.00", 0.3),
+                                                                       ("dual_optimizer=nupi, kp=1.00", 0.2)]
+
+
 def test_unknown_table_format_and_column() -> None:
     with pytest.raises(ConfigError, match="choose one of: main, ablation, llm, runs"):
         build("figure", RUNS)

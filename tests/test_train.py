@@ -63,9 +63,12 @@ class Interrupt(Exception):
     pass
 
 
-@pytest.mark.parametrize("task,method", [("two-moons", "rfl"), ("digits", "fl")])
-def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, task: str, method: str) -> None:
-    cfg = config(task, method, epochs=6, eval_every=2, **({"batch_size": 256} if task == "digits" else {}))
+@pytest.mark.parametrize("task,method,extra", [
+    ("two-moons", "rfl", {}), ("digits", "fl", {"batch_size": 256}),
+    ("two-moons", "fl", {"dual_optimizer": "nupi", "kp": 1.0, "nu": 0.5}),      # xi comes back too
+])
+def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, task: str, method: str, extra) -> None:
+    cfg = config(task, method, epochs=6, eval_every=2, **extra)
     whole = run(cfg, tmp_path / "a")
 
     def stop_after_3(stats):
@@ -85,6 +88,38 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, task: st
     sb = torch.load(tmp_path / "b" / "runs" / cfg.run_id / "model.pt")
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not (tmp_path / "b" / "runs" / cfg.run_id / "checkpoint.pt").exists()
+
+
+def test_nupi_with_gd_gains_records_exactly_what_gd_records(tmp_path: Path) -> None:
+    for method in ("fl", "rfl"):
+        gd = config("two-moons", method, epochs=3, eval_every=1)
+        pi = config("two-moons", method, epochs=3, eval_every=1, dual_optimizer="nupi")   # kp 0, ki 1, nu 0
+        assert gd.run_id != pi.run_id
+        run(gd, tmp_path)
+        run(pi, tmp_path)
+        a, b = (records.read(tmp_path / "records", [c.run_id]).drop_columns(["run_id"]) for c in (gd, pi))
+        assert a.sort_by([("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]).equals(
+            b.sort_by([("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]))
+
+
+def test_full_batch_nupi_steps_follow_from_the_records(tmp_path: Path) -> None:
+    # Full batch, records every epoch: epoch k's records hold lambda_k and the losses at theta_k, which are the
+    # losses of step k+1. With nu = 0, xi_t = e_t, so for k >= 2
+    #   lambda_{k+1} = [lambda_k + eta (K_I e_{k+1} + K_P (e_{k+1} - e_k))]+,  e_{k+1} = loss_k - eps.
+    eta, eps, kp, ki = 0.05, 0.68, 3.0, 0.5
+    cfg = config("two-moons", "fl", epochs=8, eval_every=1, batch_size=1000, lr=0.02, dual_lr=eta, eps=eps,
+                 dual_optimizer="nupi", kp=kp, ki=ki)
+    run(cfg, tmp_path)
+    rec = {k: train_records(cfg, tmp_path, epoch=k) for k in range(1, 9)}
+    loss = {k: r["loss"].to_numpy().astype(np.float64) for k, r in rec.items()}
+    lam = {k: r["multiplier"].to_numpy().astype(np.float64) for k, r in rec.items()}
+    moved = 0
+    for k in range(2, 8):
+        e_next, e_now = loss[k] - eps, loss[k - 1] - eps
+        expected = np.clip(lam[k] + eta * (ki * e_next + kp * (e_next - e_now)), 0, None)
+        np.testing.assert_allclose(lam[k + 1], expected, rtol=1e-4, atol=1e-6)
+        moved += int(((lam[k] > 0) & (lam[k + 1] == 0)).sum())
+    assert (lam[8] > 0).any() and moved > 0       # both branches of the projection
 
 
 class _Planted:

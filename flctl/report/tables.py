@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.config import LATER_FIELDS, ConfigError
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 
@@ -126,16 +126,19 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
     # Cells: everything that identifies a configuration except the seed. Besides method, eps and alpha, only
     # fields that take several values among the runs that use them (e.g. a swept dual lr) split cells.
     fixed = ("seed", "method", "eps", "alpha", "device", "data_dir")
+    # Fields added later are stored only when not at their default (LATER_FIELDS): put the default back, or a
+    # gd run (no dual_optimizer key) would share a cell with the nupi runs of the same method.
+    configs = {r.id: {**LATER_FIELDS, **r.config} for r in runs}
     values_of: dict[str, set[str]] = {}
     for r in runs:
-        for config_key, v in r.config.items():
+        for config_key, v in configs[r.id].items():
             if config_key not in fixed and v is not None:
                 values_of.setdefault(config_key, set()).add(_key_value(v) if not isinstance(v, dict) else
                                                        str(sorted(v.items())))
     split_by = sorted(config_key for config_key, vs in values_of.items() if len(vs) > 1)
     groups: dict[tuple, list[RunRecord]] = {}
     for r in runs:
-        cfg = r.config
+        cfg = configs[r.id]
         rest = tuple((config_key, _key_value(cfg.get(config_key)) if not isinstance(cfg.get(config_key), dict) else
                       ",".join(f"{a}={b}" for a, b in sorted(cfg[config_key].items()))) for config_key in split_by)
         model = (cfg.get("options") or {}).get("model")
