@@ -27,9 +27,11 @@ PRECISIONS = ("auto", "fp32")
 # sample (Sohrabi et al. 2024), see flctl.methods.NuPI. Its gains are read only by nupi.
 DUAL_OPTIMIZERS = ("gd", "nupi")
 NUPI_GAINS = {"kp": 0.0, "ki": 1.0, "nu": 0.0}
+PRUNE_PATIENCE = 5
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
-LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS}
+LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS,
+                "prune_after": 0, "prune_patience": PRUNE_PATIENCE}
 # Fields a cell may vary and still train together with others (flctl.train.train_together): each cell has its own
 # model, optimizer and multipliers. Everything else (task, options, epochs, batch size, schedule, ...) must agree.
 PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum",
@@ -81,6 +83,10 @@ class RunConfig:
     kp: float = _field(NUPI_GAINS["kp"], "nupi: proportional gain K_P >= 0.", "method")
     ki: float = _field(NUPI_GAINS["ki"], "nupi: integral gain K_I >= 0 (1 with K_P = 0: gd).", "method")
     nu: float = _field(NUPI_GAINS["nu"], "nupi: EMA coefficient ν in [0, 1) of the error in the P term.", "method")
+    # > 0: from this epoch on, samples satisfied at their last prune_patience visits leave the epoch order
+    # (flctl.pruning); eval epochs still record every sample.
+    prune_after: int = _field(0, "Prune satisfied samples after E epochs (0: never).", "optim")
+    prune_patience: int = _field(PRUNE_PATIENCE, "Pruning: satisfied at this many visits in a row.", "optim")
     options: tuple[tuple[str, Any], ...] = ()   # task-specific options, sorted (key, value) pairs
     # Where a run executes, not what it computes: not part of its identity, not an axis.
     device: str = _field("cpu", "cpu, cuda, cuda:N or auto.", "where", axis=False, identity=False)
@@ -132,7 +138,9 @@ class RunConfig:
     def together_key(self) -> str:
         """Cells with equal keys may train together as one stacked model (when their task is ``batched``)."""
         shared = {k: v for k, v in self.identity().items() if k not in PER_CELL_FIELDS}
-        return json.dumps([shared, self.device, self.data_dir], sort_keys=True, default=str)
+        # A pruned epoch order is the run's own (its batches are not the others' in length): it trains alone.
+        alone = self.run_id if self.prune_after > 0 else None
+        return json.dumps([shared, self.device, self.data_dir, alone], sort_keys=True, default=str)
 
 
 
@@ -226,6 +234,9 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     if values.get("dual_optimizer", "gd") == "gd":   # gains only nupi reads: checked (validate), then dropped
         validate(RunConfig(task=task_name, method="erm", **{k: values[k] for k in NUPI_GAINS if k in values}))
         values.update(NUPI_GAINS)
+    if values.get("prune_after", 0) == 0:
+        validate(RunConfig(task=task_name, method="erm", prune_patience=values.get("prune_patience", PRUNE_PATIENCE)))
+        values["prune_patience"] = PRUNE_PATIENCE
     if isinstance(values.get("eps"), (list, tuple)):
         values["eps"] = tuple(float(e) for e in values["eps"])
     cfg = RunConfig(task=task_name, method=method, options=tuple(sorted(opts.items())), **values)
@@ -298,6 +309,12 @@ def validate(cfg: RunConfig) -> None:
             bad(f"--{name} must be a finite number >= 0, got {getattr(cfg, name)}")
     if not 0 <= cfg.nu < 1:
         bad(f"--nu must be in [0, 1), got {cfg.nu}")
+    if not 0 <= cfg.prune_after <= MAX_EPOCHS:
+        bad(f"--prune-after must be a number of epochs in 0..{MAX_EPOCHS:,} (0: never), got {cfg.prune_after}")
+    if cfg.prune_patience < 1:
+        bad(f"--prune-patience must be at least 1, got {cfg.prune_patience}")
+    if cfg.prune_after > 0 and "eps" not in used:
+        bad(f"--prune-after prunes samples satisfied at ε; {cfg.method} has no ε (use fl, rfl or cserm)")
     if cfg.dual_optimizer != "gd" and not METHOD_INFO[cfg.method].has_multipliers:
         bad(f"--dual-optimizer {cfg.dual_optimizer} moves multipliers; {cfg.method} has none (use fl or rfl)")
 

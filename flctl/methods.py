@@ -65,6 +65,10 @@ class Method:
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def satisfied(self, losses: Tensor, ids: Tensor) -> Tensor:
+        """Whether each sample of the batch was satisfied at this step (flctl.pruning): its loss at most ε."""
+        return losses.detach() <= self.eps_of(ids)
+
     def state_dict(self) -> dict:
         return {"multipliers": None if self.multipliers is None else self.multipliers.clone()}
 
@@ -195,6 +199,10 @@ class _PrimalDual(Method):
         lam.clamp_(0.0, LAMBDA_CAP)                                   # projection onto [0, cap]
         self.multipliers.index_copy_(0, ids, lam)
         self._batch_multipliers = lam
+
+    def satisfied(self, losses: Tensor, ids: Tensor) -> Tensor:
+        # After the step's dual update: a zero multiplier puts no weight on the sample.
+        return self.multipliers.index_select(0, ids) == 0
 
     def state_dict(self) -> dict:
         return super().state_dict() | ({} if self.nupi is None else {"nupi": self.nupi.state_dict()})

@@ -9,7 +9,7 @@ SPLITS = ("train", "test")
 # The summary metrics split_summary may return, in the order tables and summaries show them; stored flattened as
 # "<split>.<name>" (flatten) in the run database.
 SUMMARY_METRICS = ("avg_loss", "max_loss", f"cvar_{CVAR_Q}", "accuracy", "violation_rate", "zero_multiplier_share",
-                   "max_multiplier")
+                   "max_multiplier", "pruned_share", "samples_seen")
 
 
 def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
@@ -25,8 +25,10 @@ def split_summary(
     correct: np.ndarray | None = None,
     eps: float | np.ndarray | None = None,
     multipliers: np.ndarray | None = None,
+    pruned: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """avg/max loss, CVaR at 0.9, and where they apply: accuracy, violation rate, share of zero multipliers."""
+    """avg/max loss, CVaR at 0.9, and where they apply: accuracy, violation rate, share of zero multipliers, share
+    of samples pruned from the epoch (``samples_seen`` is added by the training loop: it is not a split's)."""
     losses = np.asarray(losses, dtype=np.float64)
     out = {
         "avg_loss": float(losses.mean()),
@@ -40,6 +42,8 @@ def split_summary(
     if multipliers is not None:
         out["zero_multiplier_share"] = float(np.mean(multipliers == 0))
         out["max_multiplier"] = float(multipliers.max())
+    if pruned is not None:
+        out["pruned_share"] = float(np.mean(pruned))
     return out
 
 

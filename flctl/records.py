@@ -28,6 +28,7 @@ SCHEMA = pa.schema(
         ("prediction", pa.float64()),    # predicted class (classification) or value (regression)
         ("target", pa.float64()),
         ("correct", pa.bool_()),         # classification only; null for regression
+        ("pruned", pa.bool_()),          # train rows of runs with --prune-after: left out of this epoch; else null
     ]
 )
 
@@ -51,6 +52,7 @@ def split_table(
     target: np.ndarray,
     correct: np.ndarray | None = None,
     multiplier: np.ndarray | None = None,
+    pruned: np.ndarray | None = None,
 ) -> pa.Table:
     n = len(loss)
     return pa.table(
@@ -66,6 +68,7 @@ def split_table(
             "prediction": pa.array(np.asarray(prediction, dtype=np.float64)),
             "target": pa.array(np.asarray(target, dtype=np.float64)),
             "correct": pa.array(np.asarray(correct, dtype=bool)) if correct is not None else pa.nulls(n, pa.bool_()),
+            "pruned": pa.array(np.asarray(pruned, dtype=bool)) if pruned is not None else pa.nulls(n, pa.bool_()),
         },
         schema=FILE_SCHEMA,
     )

@@ -25,6 +25,7 @@ from flctl.data import Split, batches, epoch_order
 from flctl.fs import atomic_path
 from flctl.methods import LAMBDA_CAP, NuPI, get_method
 from flctl.metrics import flatten, split_summary
+from flctl.pruning import Pruner
 from flctl.tasks import Task, get_task
 
 
@@ -198,13 +199,14 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = 
 def _summarize_and_record(
     cfg: RunConfig, task: Task, records_root: Path, epoch: int,
     train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
-    writer: _Writer | None = None,
+    writer: _Writer | None = None, *, pruned: np.ndarray | None = None, samples_seen: int | None = None,
 ) -> dict[str, float]:
     """Write one eval epoch's per-sample records (through ``writer`` when given) and return its flattened
-    summary metrics."""
+    summary metrics. ``pruned``: the training samples left out of this epoch (--prune-after);
+    ``samples_seen``: per-sample losses back-propagated so far (``train.samples_seen``)."""
     eps = None if cfg.eps is None else (np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
     tables = [
-        records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, **train_eval),
+        records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
         records.split_table(cfg.run_id, "test", epoch, **test_eval),
     ]
     if writer is not None:
@@ -215,7 +217,8 @@ def _summarize_and_record(
     test_eps = None if eps is None else float(np.mean(eps))
     summary = {
         "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=eps,
-                               multipliers=multipliers),
+                               multipliers=multipliers, pruned=pruned)
+        | ({} if samples_seen is None else {"samples_seen": float(samples_seen)}),
         "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps),
     }
     return flatten(summary)
@@ -386,8 +389,10 @@ class _Run:
     run_dir: Path
     result: RunResult
     epoch: int                                   # the next epoch to train (epochs done so far)
-    epoch_losses: torch.Tensor                   # this epoch's training loss per sample id
+    epoch_losses: torch.Tensor                   # this epoch's training loss per sample id (pruned: last visit's)
     last_save: float = field(default_factory=time.monotonic)
+    pruner: Pruner | None = None                 # --prune-after: the samples left out of the epoch order
+    samples_seen: int = 0                        # per-sample losses back-propagated so far (all epochs)
 
     @property
     def checkpoint(self) -> Path:
@@ -435,6 +440,7 @@ def train_together(
                 if not r.model.training:    # only after an eval epoch: walking the modules every epoch adds up
                     r.model.train()
             orders = [epoch_order(len(data.train), r.cfg.seed, r.epoch).to(device) for r in active]
+            orders = [o if r.pruner is None else r.pruner.epoch_order(o, r.epoch) for r, o in zip(active, orders)]
             aug_gens = [torch.Generator(device=device).manual_seed(r.cfg.seed * 7919 + r.epoch)
                         if task.augment else None for r in active]
             for step_ids in zip(*(batches(order, batch_size) for order in orders)):
@@ -443,8 +449,11 @@ def train_together(
                     xs = [task.augment(x, gen) for x, gen in zip(xs, aug_gens)]
                 if len(active) == 1:
                     r, ids = active[0], step_ids[0]
-                    r.epoch_losses.index_copy_(0, ids, train_step(task, r.model, r.method, r.optimizer, xs[0],
-                                                                  ys[0], ids, r.cfg.micro_batch, r.cfg.precision))
+                    losses = train_step(task, r.model, r.method, r.optimizer, xs[0], ys[0], ids, r.cfg.micro_batch,
+                                        r.cfg.precision)
+                    r.epoch_losses.index_copy_(0, ids, losses)
+                    if r.pruner is not None:    # pruning runs train alone (RunConfig.together_key)
+                        r.pruner.visited(ids, r.method.satisfied(losses, ids))
                 else:
                     for r, ids, losses in zip(active, step_ids, batched_step(task, active, xs, ys, step_ids)):
                         r.epoch_losses.index_copy_(0, ids, losses)
@@ -452,6 +461,7 @@ def train_together(
                     if r.schedule_per_step:
                         r.scheduler.step()
             for r, order in zip(active, orders):
+                r.samples_seen += len(order)
                 if not r.schedule_per_step:
                     r.scheduler.step()
                 _end_epoch(r, task, data, order, records_root, writer, on_epoch, checkpoint_every, stop)
@@ -480,12 +490,14 @@ def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device
     steps_per_epoch = math.ceil(n_train / cfg.batch_size)
     scheduler, schedule_per_step = build_scheduler(cfg, optimizer, steps_per_epoch)
     nupi = {} if cfg.dual_optimizer == "gd" else {"nupi": NuPI(n_train, cfg.kp, cfg.ki, cfg.nu, device)}
+    pruner = Pruner(n_train, cfg.prune_after, cfg.prune_patience, device) if cfg.prune_after > 0 else None
     method = get_method(cfg.method)(n_train, eps=eps if eps is not None else 0.0, alpha=cfg.alpha,
                                     dual_lr=cfg.dual_lr, device=device, **nupi)
 
     # ---- resume: everything the remaining epochs depend on comes back from the checkpoint ----
     checkpoint = run_dir / "checkpoint.pt"
-    start_epoch, history = 0, []
+    start_epoch, history, samples_seen = 0, [], 0
+    epoch_losses = torch.empty(n_train, device=device)
     if checkpoint.exists():
         # Loaded on the CPU: load_state_dict copies each tensor to where its parameter lives, and the RNG
         # setters need CPU byte tensors (mapping the whole checkpoint to CUDA broke every resume on a GPU).
@@ -501,10 +513,14 @@ def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device
             torch.cuda.set_rng_state(state["cuda_rng"], device)
         random.setstate(state["py_rng"])
         np.random.set_state(_numpy_rng_from(state["np_rng"]))
+        if pruner is not None:
+            pruner.load_state_dict(state["pruner"])
+            epoch_losses.copy_(state["epoch_losses"])
         start_epoch, history = state["epoch"], state["history"]
+        samples_seen = state.get("samples_seen", start_epoch * n_train)   # older checkpoints: every sample
     result = RunResult(cfg.run_id, "completed", start_epoch, {}, history, resumed_from=start_epoch)
     return _Run(cfg, model, optimizer, scheduler, schedule_per_step, method, run_dir, result, start_epoch,
-                torch.empty(n_train, device=device))
+                epoch_losses, pruner=pruner, samples_seen=samples_seen)
 
 
 def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Path, writer: _Writer,
@@ -533,10 +549,14 @@ def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Pat
     # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
     metrics = None
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        train_eval = evaluate(task, r.model, data.train, cfg.precision)
+        pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy()   # this epoch's: a copy
         metrics = _summarize_and_record(
-            cfg, task, records_root, epoch + 1, evaluate(task, r.model, data.train, cfg.precision),
-            evaluate(task, r.model, data.test, cfg.precision),
-            None if lam is None else lam.cpu().numpy().copy(), writer)   # a copy: lam moves on while it is written
+            cfg, task, records_root, epoch + 1, train_eval, evaluate(task, r.model, data.test, cfg.precision),
+            None if lam is None else lam.cpu().numpy().copy(), writer,   # a copy: lam moves on while it is written
+            pruned=pruned, samples_seen=r.samples_seen)
+        if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
+            r.pruner.evaluated(train_eval["loss"], np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
         if not all(math.isfinite(v) for v in metrics.values()):
             result.status = "diverged"
             result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
@@ -557,6 +577,9 @@ def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Pat
             "epoch": epoch + 1, "history": list(result.history), "model": _snapshot(_trainable_state(r.model)),
             "optimizer": _snapshot(r.optimizer.state_dict()), "scheduler": _snapshot(r.scheduler.state_dict()),
             "method": r.method.state_dict(), "torch_rng": torch.get_rng_state(),
+            "pruner": None if r.pruner is None else r.pruner.state_dict(), "samples_seen": r.samples_seen,
+            # a pruned sample's entry is its last visit's loss, which the epoch statistics still read
+            "epoch_losses": r.epoch_losses.clone() if r.pruner is not None else None,
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "py_rng": random.getstate(), "np_rng": _numpy_rng_state(),
         }, r.checkpoint)

@@ -76,6 +76,11 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "two-moons", "--dual-optimizer", "nupi", "--ki", "nan"], "--ki must be a finite number"),
     (["run", "two-moons", "-m", "erm", "--dual-optimizer", "nupi"], "erm has none (use fl or rfl)"),
     (["sweep", "two-moons", "-m", "fl,cserm", "--dual-optimizer", "nupi", "--dry-run"], "cserm has none"),
+    # pruning
+    (["run", "two-moons", "--prune-after", "-1"], "--prune-after must be a number of epochs in 0..1,000,000"),
+    (["run", "two-moons", "--prune-after", "5", "--prune-patience", "0"], "--prune-patience must be at least 1"),
+    (["run", "two-moons", "--prune-patience", "0"], "--prune-patience must be at least 1"),
+    (["run", "two-moons", "-m", "erm", "--prune-after", "5"], "erm has no ε (use fl, rfl or cserm)"),
     # typer's own parse errors: one line as well
     (["run", "two-moons", "--epochs", "1e23"], "Invalid value for '--epochs'"),
     (["run", "two-moons", "--seed", "1e23"], "Invalid value for '--seed'"),

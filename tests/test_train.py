@@ -66,6 +66,7 @@ class Interrupt(Exception):
 @pytest.mark.parametrize("task,method,extra", [
     ("two-moons", "rfl", {}), ("digits", "fl", {"batch_size": 256}),
     ("two-moons", "fl", {"dual_optimizer": "nupi", "kp": 1.0, "nu": 0.5}),      # xi comes back too
+    ("two-moons", "fl", {"eps": 0.4, "lr": 5e-3, "prune_after": 1, "prune_patience": 1}),   # streaks, pruned set
 ])
 def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, task: str, method: str, extra) -> None:
     cfg = config(task, method, epochs=6, eval_every=2, **extra)
