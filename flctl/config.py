@@ -32,6 +32,14 @@ PRUNE_PATIENCE = 5
 # runs recorded before they existed do not change.
 LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS,
                 "prune_after": 0, "prune_patience": PRUNE_PATIENCE}
+
+
+def with_later_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run config (``RunConfig.identity``) with the LATER_FIELDS left out at their default put back: the
+    values the run used. Reports group with it, or a gd run (no dual_optimizer key) would join the nupi runs."""
+    return {**LATER_FIELDS, **config}
+
+
 # Fields a cell may vary and still train together with others (flctl.train.train_together): each cell has its own
 # model, optimizer and multipliers. Everything else (task, options, epochs, batch size, schedule, ...) must agree.
 PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum",

@@ -100,7 +100,7 @@ EXPECTED = {
     "top-multipliers-digits": dict(images=6, tables=0),
     "top-multipliers-two-moons": dict(images=0, tables=1),
     "polyfit-polyfit": dict(labels=["ground truth cos(πx)", "ERM", "FL ε=0.2", "training data"], lines=[3, 3]),
-    "dynamics-two-moons": dict(labels=THREE, lines=[3, 3, 2]),    # no multipliers for ERM in the third panel
+    "dynamics-two-moons": dict(labels=THREE, lines=[3, 3, 2, 2]),    # no ε (violation rate) nor λ for ERM
 }
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flctl.config import LATER_FIELDS, ConfigError
+from flctl.config import ConfigError, with_later_defaults
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 
@@ -126,9 +126,7 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
     # Cells: everything that identifies a configuration except the seed. Besides method, eps and alpha, only
     # fields that take several values among the runs that use them (e.g. a swept dual lr) split cells.
     fixed = ("seed", "method", "eps", "alpha", "device", "data_dir")
-    # Fields added later are stored only when not at their default (LATER_FIELDS): put the default back, or a
-    # gd run (no dual_optimizer key) would share a cell with the nupi runs of the same method.
-    configs = {r.id: {**LATER_FIELDS, **r.config} for r in runs}
+    configs = {r.id: with_later_defaults(r.config) for r in runs}
     values_of: dict[str, set[str]] = {}
     for r in runs:
         for config_key, v in configs[r.id].items():

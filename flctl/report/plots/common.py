@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.config import ConfigError, with_later_defaults
 from flctl.method_info import method_info
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> list[Gr
 
 
 def _flat_config(config: dict) -> dict[str, Any]:
-    flat = {k: v for k, v in config.items() if k != "options"}
+    flat = {k: v for k, v in with_later_defaults(config).items() if k != "options"}
     flat.update({f"options.{k}": v for k, v in (config.get("options") or {}).items()})
     return flat
 

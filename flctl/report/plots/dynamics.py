@@ -1,4 +1,5 @@
-"""Max train loss, violation rate and max multiplier per eval epoch."""
+"""Average and max loss, violation rate and max multiplier per eval epoch: how methods, or the gd and nupi dual
+optimizers, approach the feasible set (overshoot shows as a violation rate and losses that fall below what ε asks)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
     task = _one_task(runs, "dynamics")
     done, note = _completed(runs, "dynamics")
     split = split or "train"
-    table = all_epochs(records_root, [r.id for r in done], ["run_id", "split", "epoch", "loss", "multiplier"])
+    table = all_epochs(records_root, [r.id for r in done],
+                       ["run_id", "split", "epoch", "sample_id", "loss", "multiplier"])
     stats = (table.filter(pc.equal(table["split"], split))
              .group_by(["run_id", "epoch"])
              .aggregate([("loss", "mean"), ("loss", "max"), ("multiplier", "max")]))
@@ -46,11 +48,12 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
            .aggregate([("multiplier", "max")]))
     series = {c: _by_run_epoch(stats, c) for c in ("loss_mean", "loss_max")}
     series["multiplier_max"] = _by_run_epoch(lam, "multiplier_max")
+    series["violation_rate"] = _violation_rates(table.filter(pc.equal(table["split"], split)), done, split)
 
-    fig = _figure(12.0, 3.6)
-    axes = fig.subplots(1, 3)
+    fig = _figure(15.0, 3.6)
+    axes = fig.subplots(1, 4)
     panels = (("loss_mean", f"average {split} loss"), ("loss_max", f"max {split} loss"),
-              ("multiplier_max", "max multiplier λ"))
+              ("violation_rate", f"{split} violation rate (loss > ε)"), ("multiplier_max", "max multiplier λ"))
     groups = group_runs(done)
     epochs = sorted({e for d in series["loss_mean"].values() for e in d})
     for ax, (column, ylabel) in zip(axes, panels):
@@ -62,13 +65,31 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
         ax.set_ylabel(ylabel)
         ax.set_title(ylabel[0].upper() + ylabel[1:])
         if not any(drawn):
-            ax.text(0.5, 0.5, "no multipliers\n(ERM/CSERM runs only)", ha="center", va="center",
-                    transform=ax.transAxes, color="0.4")
+            ax.text(0.5, 0.5, "no multipliers\n(ERM/CSERM runs only)" if column == "multiplier_max" else "no ε\n(ERM only)",
+                    ha="center", va="center", transform=ax.transAxes, color="0.4")
         elif _spans_decades(np.array([v for d in series[column].values() for v in d.values()])):
             ax.set_yscale("log")
     _figure_legend(fig, axes[0], "mean over seeds" if any(len(g.runs) > 1 for g in groups) else None)
     fig.suptitle(f"{task}: training dynamics at eval epochs{note}")
     return fig
+
+
+def _violation_rates(table, runs: list[RunRecord], split: str) -> dict[str, dict[int, float]]:
+    """Share of samples with loss above ε per run and eval epoch (runs with an ε; a per-sample ε is indexed by
+    sample id on the train split and averaged on the test split, as the summaries do)."""
+    out: dict[str, dict[int, float]] = {}
+    run_ids = np.asarray(table["run_id"].to_pylist())
+    epochs, ids, losses = (table[c].to_numpy() for c in ("epoch", "sample_id", "loss"))
+    for r in runs:
+        eps = r.config.get("eps")
+        if eps is None:
+            continue
+        mine = run_ids == r.id
+        per_sample = np.asarray(eps, dtype=np.float64)
+        level = per_sample if not per_sample.ndim else per_sample[ids[mine]] if split == "train" else per_sample.mean()
+        violated = losses[mine] > level
+        out[r.id] = {int(e): float(violated[epochs[mine] == e].mean()) for e in np.unique(epochs[mine])}
+    return out
 
 
 def _by_run_epoch(stats, column: str) -> dict[str, dict[int, float]]:
