@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 CVAR_Q = 0.9
+ECE_BINS = 15          # equal-width confidence bins of the expected calibration error (Guo et al. 2017)
 SPLITS = ("train", "test")
 # The summary metrics split_summary may return, in the order tables and summaries show them; stored flattened as
 # "<split>.<name>" (flatten) in the run database.
 SUMMARY_METRICS = ("avg_loss", "max_loss", f"cvar_{CVAR_Q}", "accuracy", "violation_rate", "zero_multiplier_share",
-                   "max_multiplier", "pruned_share", "samples_seen")
+                   "max_multiplier", "ece", "pruned_share", "samples_seen")
 
 
 def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
@@ -19,6 +20,18 @@ def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
     return float(losses[losses >= threshold].mean())
 
 
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Expected calibration error: Σ_b (n_b / n) |accuracy_b − mean confidence_b| over equal-width confidence
+    bins (lo, hi] of [0, 1] (a confidence of exactly 0 goes to the first bin)."""
+    confidence = np.asarray(confidence, dtype=np.float64)
+    correct = np.asarray(correct, dtype=np.float64)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.digitize(confidence, edges[1:-1], right=True)      # edges[b] < confidence <= edges[b + 1]
+    # per bin, Σ correct − Σ confidence = n_b (accuracy_b − confidence_b)
+    gap = np.abs(np.bincount(which, correct, bins) - np.bincount(which, confidence, bins))
+    return float(gap.sum() / len(confidence))
+
+
 def split_summary(
     losses: np.ndarray,
     *,
@@ -26,6 +39,7 @@ def split_summary(
     eps: float | np.ndarray | None = None,
     multipliers: np.ndarray | None = None,
     pruned: np.ndarray | None = None,
+    confidence: np.ndarray | None = None,
 ) -> dict[str, float]:
     """avg/max loss, CVaR at 0.9, and where they apply: accuracy, violation rate, share of zero multipliers, share
     of samples pruned from the epoch (``samples_seen`` is added by the training loop: it is not a split's)."""
@@ -42,6 +56,8 @@ def split_summary(
     if multipliers is not None:
         out["zero_multiplier_share"] = float(np.mean(multipliers == 0))
         out["max_multiplier"] = float(multipliers.max())
+    if confidence is not None and correct is not None:
+        out["ece"] = ece(confidence, correct)
     if pruned is not None:
         out["pruned_share"] = float(np.mean(pruned))
     return out

@@ -28,6 +28,7 @@ SCHEMA = pa.schema(
         ("prediction", pa.float64()),    # predicted class (classification) or value (regression)
         ("target", pa.float64()),
         ("correct", pa.bool_()),         # classification only; null for regression
+        ("confidence", pa.float64()),    # classification: the max softmax probability; null otherwise
         ("pruned", pa.bool_()),          # train rows of runs with --prune-after: left out of this epoch; else null
     ]
 )
@@ -53,6 +54,7 @@ def split_table(
     correct: np.ndarray | None = None,
     multiplier: np.ndarray | None = None,
     pruned: np.ndarray | None = None,
+    confidence: np.ndarray | None = None,
 ) -> pa.Table:
     n = len(loss)
     return pa.table(
@@ -68,6 +70,8 @@ def split_table(
             "prediction": pa.array(np.asarray(prediction, dtype=np.float64)),
             "target": pa.array(np.asarray(target, dtype=np.float64)),
             "correct": pa.array(np.asarray(correct, dtype=bool)) if correct is not None else pa.nulls(n, pa.bool_()),
+            "confidence": pa.array(np.asarray(confidence, dtype=np.float64)) if confidence is not None
+            else pa.nulls(n, pa.float64()),
             "pruned": pa.array(np.asarray(pruned, dtype=bool)) if pruned is not None else pa.nulls(n, pa.bool_()),
         },
         schema=FILE_SCHEMA,

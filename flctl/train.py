@@ -90,10 +90,13 @@ class LossKind:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]         # g_i of each sample: [B, ...] -> [B]
     prediction: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]   # what records keep as the prediction
     correct: Callable[[np.ndarray, np.ndarray], np.ndarray] | None     # (prediction, target) -> bool, or none
+    # the probability the model gives its prediction (calibration: records' confidence, summaries' ece), or none
+    confidence: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 LOSS_KINDS: dict[str, LossKind] = {
-    "classification": LossKind(_cross_entropy, lambda out, y: out.argmax(-1), lambda pred, target: pred == target),
+    "classification": LossKind(_cross_entropy, lambda out, y: out.argmax(-1), lambda pred, target: pred == target,
+                               lambda out: out.float().softmax(-1).amax(-1)),      # max softmax probability
     "regression": LossKind(_squared_error, lambda out, y: out.squeeze(-1), None),
     # prediction: DPO's implicit reward margin (> 0: the policy prefers the chosen answer more than the reference
     # does), which is also its reward accuracy's test
@@ -180,17 +183,21 @@ def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = 
     """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
     model.eval()
     kind = LOSS_KINDS[task.kind]
-    losses, preds = [], []
+    losses, preds, confidences = [], [], []
     for start in range(0, len(split), task.eval_chunk):
         x, y = split.x[start:start + task.eval_chunk], split.y[start:start + task.eval_chunk]
         out = model_output(model, x, precision)
         losses.append(kind.loss(out, y))
         preds.append(kind.prediction(out, y))
+        if kind.confidence is not None:
+            confidences.append(kind.confidence(out))
     result = {
         "loss": torch.cat(losses).cpu().numpy(),
         "prediction": torch.cat(preds).cpu().numpy(),
         "target": split.y.cpu().numpy(),
     }
+    if confidences:
+        result["confidence"] = torch.cat(confidences).cpu().numpy()
     if kind.correct is not None:
         result["correct"] = kind.correct(result["prediction"], result["target"])
     return result
@@ -217,9 +224,10 @@ def _summarize_and_record(
     test_eps = None if eps is None else float(np.mean(eps))
     summary = {
         "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=eps,
-                               multipliers=multipliers, pruned=pruned)
+                               multipliers=multipliers, pruned=pruned, confidence=train_eval.get("confidence"))
         | ({} if samples_seen is None else {"samples_seen": float(samples_seen)}),
-        "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps),
+        "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps,
+                              confidence=test_eval.get("confidence")),
     }
     return flatten(summary)
 

@@ -1,5 +1,5 @@
 """Every bad input, in one table: exit code 2, one `error:` line on stderr, no traceback, and the results folder
-(database bytes included) exactly as it was. The commands run against a folder such as a user has: runs of two
+(database bytes included) exactly as it was. The commands run against a folder such as a user has: runs of three
 tasks and a finished sweep. Cases that need a dataset on disk live with their task (test_cifar10, test_utkface);
 report output paths in test_report_tables.
 """
@@ -22,7 +22,7 @@ runner = CliRunner()
 def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("populated") / "results"
     for args in (["sweep", "two-moons", "-m", "erm,fl", "--epochs", "2", "--executor", "debug", "--name", "moons"],
-                 ["run", "digits", "-m", "fl", "--epochs", "1"]):
+                 ["run", "digits", "-m", "fl", "--epochs", "1"], ["run", "diabetes", "-m", "erm", "--epochs", "1"]):
         res = runner.invoke(app, [*args, "--results-dir", str(root)])
         assert res.exit_code == 0, res.output
     return root
@@ -122,7 +122,8 @@ CASES: list[tuple[list[str], str]] = [
     (["runs", "--status", "done"], "unknown status 'done'"),
     (["runs", "--limit", "x"], "Invalid value for '--limit'"),
     # reports
-    (["report", "--table", "main"], "2 tasks (digits, two-moons); pick one with --task or --sweep"),
+    (["report", "--table", "main"], "3 tasks (diabetes, digits, two-moons); pick one with --task or --sweep"),
+    (["report", "--plot", "reliability", "--task", "diabetes"], "need a classifier's confidences"),
     (["report", "--table", "figure"], "unknown table 'figure'"),
     (["report", "--table", "main", "--task", "cifar10"], "no finished runs match"),
     (["report", "--table", "main", "--sweep", "%"], "no sweep"),

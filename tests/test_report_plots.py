@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
@@ -72,6 +73,8 @@ CASES = [
     ("top-multipliers", "two-moons", {}),             # no images in its extras: a table
     ("polyfit", "polyfit", {}),
     ("dynamics", "two-moons", {}),
+    ("reliability", "two-moons", {}),
+    ("reliability", "digits", {"split": "train"}),
 ]
 
 
@@ -101,6 +104,8 @@ EXPECTED = {
     "top-multipliers-two-moons": dict(images=0, tables=1),
     "polyfit-polyfit": dict(labels=["ground truth cos(πx)", "ERM", "FL ε=0.2", "training data"], lines=[3, 3]),
     "dynamics-two-moons": dict(labels=THREE, lines=[3, 3, 2, 2]),    # no ε (violation rate) nor λ for ERM
+    "reliability-two-moons": dict(lines=[1, 1, 1]),                  # one panel per method, each with its diagonal
+    "reliability-digits": dict(lines=[1], labels=[]),               # its one FL run
 }
 
 
@@ -203,3 +208,23 @@ def test_heatmap_without_sweep_takes_the_latest_lr_sweep_or_asks_for_one(made: P
     assert "the latest that varies lr" in res.stdout and (tmp_path / "h.png").is_file()
     res = runner.invoke(app, ["report", "--plot", "heatmap", "--task", "two-moons", "--results-dir", str(made)])
     assert res.exit_code == 2 and "of two-moons varies lr" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_reliability_bars_are_the_binned_accuracy_and_titles_the_ece(made: Path) -> None:
+    from flctl.metrics import ece
+    from flctl.report.data import final_records
+
+    runs = [r for r in runs_of(made, "two-moons") if r.status == "completed" and r.method == "fl"]
+    fig = figure("reliability", runs, made / "records", split="test")
+    rec = final_records(made / "records", [r.id for r in runs], ["confidence", "correct"], split="test")
+    conf, ok = rec["confidence"].to_numpy(), rec["correct"].to_numpy(zero_copy_only=False)
+    ax = [a for a in fig.axes if "FL" in a.get_title()][0]
+    assert ax.get_title().endswith(f"ECE {ece(conf, ok):.3f}")
+    heights = [round(b.get_height(), 6) for b in ax.patches]
+    lo = np.floor(conf.max() * 15 - 1e-9) / 15                               # the highest filled bin, (lo, lo + 1/15]
+    assert heights[-1] == round(float(ok[conf > lo].mean()), 6)
+
+
+def test_reliability_refuses_a_regression_task(made: Path) -> None:
+    with pytest.raises(ConfigError, match="reliability diagrams need a classifier's confidences; the diabetes"):
+        figure("reliability", runs_of(made, "diabetes"), made / "records")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.config import ConfigError
-from flctl.metrics import cvar, split_summary
+from flctl.metrics import cvar, ece, split_summary
 from flctl.report.tables import aggregate, build, render
 from flctl.store import RunRecord
 
@@ -54,6 +54,18 @@ def test_cvar_and_violation_rate_by_hand() -> None:
                       correct=np.array([1, 0, 1, 1]))
     assert s["violation_rate"] == 0.5 and s["zero_multiplier_share"] == 0.5 and s["accuracy"] == 0.75
     assert s["avg_loss"] == pytest.approx(0.46) and s["max_loss"] == 1.0
+
+
+def test_ece_by_hand() -> None:
+    # 15 bins (k/15, (k+1)/15]: 0.95 -> last bin (2 samples, accuracy 1/2): 2 * |0.5 - 0.95| = 0.9;
+    # 0.6 = 9/15 is the top edge of (8/15, 9/15] (3 samples, accuracy 2/3): 3 * |2/3 - 0.6| = 0.2;
+    # 2/15 -> (1/15, 2/15] (wrong): |0 - 2/15|. ECE = (0.9 + 0.2 + 2/15) / 6
+    conf = np.array([0.95, 0.95, 0.6, 0.6, 0.6, 2 / 15])
+    ok = np.array([1, 0, 1, 1, 0, 0])
+    assert ece(conf, ok) == pytest.approx((0.9 + 0.2 + 2 / 15) / 6)
+    assert ece(np.array([0.7, 0.7]), np.array([1, 0]), bins=1) == pytest.approx(0.2)   # one bin: |0.5 - 0.7|
+    assert split_summary(np.zeros(6), correct=ok, confidence=conf)["ece"] == ece(conf, ok)
+    assert "ece" not in split_summary(np.zeros(6), correct=ok)
 
 
 GOLDEN_MARKDOWN = """\

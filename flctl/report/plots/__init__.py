@@ -1,5 +1,5 @@
 """The paper's figures from finished runs: loss CDF/CVaR, lr heatmaps, two-moons multipliers, top multipliers,
-polynomial fits and training dynamics.
+polynomial fits, training dynamics and reliability diagrams.
 
 ``plot(name, runs, records_root, out)`` draws one figure and writes ``out.png`` and ``out.pdf`` atomically;
 ``figure(...)`` returns it unwritten. One module per figure; what they share is in ``common``. Per-sample data
@@ -23,6 +23,7 @@ from flctl.report.plots.dynamics import _dynamics
 from flctl.report.plots.heatmap import _heatmap
 from flctl.report.plots.multipliers import _multipliers
 from flctl.report.plots.polyfit import _polyfit
+from flctl.report.plots.reliability import _reliability
 from flctl.report.plots.top import _extras_images, _top_multipliers
 
 __all__ = ["PLOTS", "figure", "plot", "save", "_cvar_curve", "_extras_images"]
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
     from flctl.store import RunRecord
 
-PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics")
+PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics", "reliability")
 
 
 def plot(name: str, runs: list[RunRecord], records_root: Path, out: Path, *, split: str | None = None,
@@ -68,6 +69,7 @@ def figure(name: str, runs: list[RunRecord], records_root: Path, *, split: str |
         "top-multipliers": lambda: _top_multipliers(runs, Path(records_root), k),
         "polyfit": lambda: _polyfit(runs),
         "dynamics": lambda: _dynamics(runs, Path(records_root), split),
+        "reliability": lambda: _reliability(runs, Path(records_root), split),
     }
     with matplotlib.rc_context(STYLE):
         return builders[name]()

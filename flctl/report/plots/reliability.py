@@ -1,0 +1,55 @@
+"""Reliability diagrams: accuracy against confidence in equal-width bins, one panel per method (seeds pooled), with
+the expected calibration error of each (flctl.metrics.ece). Classification runs only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flctl.config import ConfigError
+from flctl.metrics import ECE_BINS, ece
+from flctl.report.data import final_records
+from flctl.report.plots.common import _completed, _figure, _one_task, _with_seeds, group_runs
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from flctl.store import RunRecord
+
+
+def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -> Figure:
+    task = _one_task(runs, "reliability")
+    done, note = _completed(runs, "reliability")
+    split = split or "test"
+    table = final_records(records_root, [r.id for r in done], ["run_id", "confidence", "correct"], split=split)
+    if table.num_rows == 0 or table["confidence"].null_count == table.num_rows:
+        raise ConfigError(f"reliability diagrams need a classifier's confidences; the {task} runs have none "
+                          "(regression or preference task)")
+    run_ids = np.asarray(table["run_id"].to_pylist())
+    confidence = table["confidence"].to_numpy(zero_copy_only=False)
+    correct = table["correct"].to_numpy(zero_copy_only=False).astype(np.float64)
+
+    groups = group_runs(done)
+    fig = _figure(3.2 * len(groups) + 0.4, 3.6)
+    axes = np.atleast_1d(fig.subplots(1, len(groups), sharey=True))
+    edges = np.linspace(0.0, 1.0, ECE_BINS + 1)
+    centers, width = (edges[:-1] + edges[1:]) / 2, 1.0 / ECE_BINS
+    for ax, group in zip(axes, groups):
+        mine = np.isin(run_ids, [r.id for r in group.runs])
+        conf, ok = confidence[mine], correct[mine]
+        which = np.digitize(conf, edges[1:-1], right=True)       # the bins ece() uses
+        n_b = np.bincount(which, minlength=ECE_BINS)
+        filled = n_b > 0
+        accuracy = np.bincount(which, ok, ECE_BINS)[filled] / n_b[filled]
+        ax.bar(centers[filled], accuracy, width=width, color=group.color, edgecolor="0.2", linewidth=0.5,
+               label=_with_seeds(group.label, len(group.runs)))
+        ax.plot([0, 1], [0, 1], ls="--", color="0.4", lw=1)          # perfect calibration
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("confidence (max softmax probability)")
+        ax.set_title(f"{_with_seeds(group.label, len(group.runs))}\nECE {ece(conf, ok):.3f}")
+    axes[0].set_ylabel(f"{split} accuracy")
+    fig.suptitle(f"{task}: reliability ({split}, {ECE_BINS} bins){note}")
+    return fig
