@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 CVAR_Q = 0.9
@@ -10,7 +12,7 @@ SPLITS = ("train", "test")
 # The summary metrics split_summary may return, in the order tables and summaries show them; stored flattened as
 # "<split>.<name>" (flatten) in the run database.
 SUMMARY_METRICS = ("avg_loss", "max_loss", f"cvar_{CVAR_Q}", "accuracy", "violation_rate", "zero_multiplier_share",
-                   "max_multiplier", "ece", "pruned_share", "samples_seen")
+                   "max_multiplier", "ece", "worst_group_avg_loss", "pruned_share", "samples_seen")
 
 
 def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
@@ -32,6 +34,13 @@ def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> fl
     return float(gap.sum() / len(confidence))
 
 
+def worst_group_mean(values: np.ndarray, groups: Sequence[np.ndarray]) -> float:
+    """The largest mean of ``values`` over the groups of every labelling in ``groups`` (e.g. UTKFace's genders and
+    races: the worst-off of all 7 groups); each labelling gives one label per sample."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(max(values[labels == g].mean() for labels in groups for g in np.unique(labels)))
+
+
 def split_summary(
     losses: np.ndarray,
     *,
@@ -40,6 +49,7 @@ def split_summary(
     multipliers: np.ndarray | None = None,
     pruned: np.ndarray | None = None,
     confidence: np.ndarray | None = None,
+    groups: Sequence[np.ndarray] = (),
 ) -> dict[str, float]:
     """avg/max loss, CVaR at 0.9, and where they apply: accuracy, violation rate, share of zero multipliers, share
     of samples pruned from the epoch (``samples_seen`` is added by the training loop: it is not a split's)."""
@@ -58,6 +68,8 @@ def split_summary(
         out["max_multiplier"] = float(multipliers.max())
     if confidence is not None and correct is not None:
         out["ece"] = ece(confidence, correct)
+    if len(groups):
+        out["worst_group_avg_loss"] = worst_group_mean(losses, groups)
     if pruned is not None:
         out["pruned_share"] = float(np.mean(pruned))
     return out

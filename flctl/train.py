@@ -207,10 +207,13 @@ def _summarize_and_record(
     cfg: RunConfig, task: Task, records_root: Path, epoch: int,
     train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
     writer: _Writer | None = None, *, pruned: np.ndarray | None = None, samples_seen: int | None = None,
+    groups: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> dict[str, float]:
     """Write one eval epoch's per-sample records (through ``writer`` when given) and return its flattened
     summary metrics. ``pruned``: the training samples left out of this epoch (--prune-after);
-    ``samples_seen``: per-sample losses back-propagated so far (``train.samples_seen``)."""
+    ``samples_seen``: per-sample losses back-propagated so far (``train.samples_seen``); ``groups``: the task's
+    group labels ({attribute: {split: labels by sample id}}) for ``worst_group_avg_loss``."""
+    labels = {split: [v[split] for v in (groups or {}).values()] for split in ("train", "test")}
     eps = None if cfg.eps is None else (np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
     tables = [
         records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
@@ -224,10 +227,11 @@ def _summarize_and_record(
     test_eps = None if eps is None else float(np.mean(eps))
     summary = {
         "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=eps,
-                               multipliers=multipliers, pruned=pruned, confidence=train_eval.get("confidence"))
+                               multipliers=multipliers, pruned=pruned, confidence=train_eval.get("confidence"),
+                               groups=labels["train"])
         | ({} if samples_seen is None else {"samples_seen": float(samples_seen)}),
         "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps,
-                              confidence=test_eval.get("confidence")),
+                              confidence=test_eval.get("confidence"), groups=labels["test"]),
     }
     return flatten(summary)
 
@@ -562,7 +566,7 @@ def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Pat
         metrics = _summarize_and_record(
             cfg, task, records_root, epoch + 1, train_eval, evaluate(task, r.model, data.test, cfg.precision),
             None if lam is None else lam.cpu().numpy().copy(), writer,   # a copy: lam moves on while it is written
-            pruned=pruned, samples_seen=r.samples_seen)
+            pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"))
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
             r.pruner.evaluated(train_eval["loss"], np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
         if not all(math.isfinite(v) for v in metrics.values()):

@@ -53,6 +53,8 @@ STD = (66.17 / 255, 58.67 / 255, 57.36 / 255)
 SPLITS = ("paper-code", "70-30")
 YOUNG_AGE = 4            # paper-code keeps only a seeded 30 % of the images at or below this age
 SUBFOLDER = "UTKFace"          # the folder the real archive extracts to
+GENDERS = ("male", "female")
+RACES = ("White", "Black", "Asian", "Indian", "Others")
 CACHE_VERSION = 2   # 2: Lanczos resampling
 
 
@@ -74,6 +76,19 @@ def _age(name: str) -> int | None:
     if "_" not in name or not field.isdigit():
         return None
     return int(field)
+
+
+def _group_labels(names: list[str]) -> dict[str, np.ndarray]:
+    """Gender and race of each file name (AGE_GENDER_RACE_DATETIME: gender 0 male, 1 female; race 0 White, 1 Black,
+    2 Asian, 3 Indian, 4 Others, per the dataset's documentation); "unknown" where a field is missing or out of
+    range (a few names of the real release lack the race)."""
+    out: dict[str, list[str]] = {"gender": [], "race": []}
+    for name in names:
+        fields = name.split("_")
+        for attr, position, labels in (("gender", 1, GENDERS), ("race", 2, RACES)):
+            field = fields[position] if len(fields) > position + 1 else ""
+            out[attr].append(labels[int(field)] if field.isdigit() and int(field) < len(labels) else "unknown")
+    return {attr: np.asarray(v) for attr, v in out.items()}
 
 
 def _scan(folder: Path) -> tuple[list[str], np.ndarray, int]:
@@ -209,7 +224,9 @@ def load(options: dict, data_dir: str | None) -> Dataset:
         y = ((ages[idx] - mean) / std).astype(np.float32)
         return Split(torch.from_numpy(np.ascontiguousarray(images[idx])), torch.from_numpy(y))
 
+    labels = _group_labels(names)
     return Dataset(split(train_idx), split(test_idx), meta={
+        "groups": {attr: {"train": v[train_idx], "test": v[test_idx]} for attr, v in labels.items()},
         "target_mean": mean, "target_std": std, "skipped": skipped, "n_images": len(names), "n_used": len(pool),
         "train_names": [names[i] for i in train_idx], "test_names": [names[i] for i in test_idx],
         "cache": str(cache) if cache else None, "folder": str(folder),
@@ -228,9 +245,11 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
 
 
 def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict[str, np.ndarray]:
-    """Each sample's file name (by sample id) and the folder, so reports can show the faces without torch."""
+    """Each sample's file name and group labels (by sample id) and the folder, so reports can show the faces and
+    the group table without torch."""
+    groups = {f"{split}_group_{attr}": v[split] for attr, v in data.meta["groups"].items() for split in ("train", "test")}
     return {"train_names": np.array(data.meta["train_names"]), "test_names": np.array(data.meta["test_names"]),
-            "folder": np.array(data.meta["folder"])}
+            "folder": np.array(data.meta["folder"]), **groups}
 
 
 def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -124,6 +124,9 @@ CASES: list[tuple[list[str], str]] = [
     # reports
     (["report", "--table", "main"], "3 tasks (diabetes, digits, two-moons); pick one with --task or --sweep"),
     (["report", "--plot", "reliability", "--task", "diabetes"], "need a classifier's confidences"),
+    (["report", "--table", "groups", "--by", "race", "--task", "digits"], "--by race: its runs label no groups"),
+    (["report", "--table", "groups", "--task", "digits"], "--table groups needs --by ATTRIBUTE"),
+    (["report", "--table", "main", "--by", "race", "--task", "digits"], "--by applies to --table groups"),
     (["report", "--table", "figure"], "unknown table 'figure'"),
     (["report", "--table", "main", "--task", "cifar10"], "no finished runs match"),
     (["report", "--table", "main", "--sweep", "%"], "no sweep"),

@@ -180,3 +180,57 @@ def test_top_multipliers_shows_the_faces_by_file_name(tmp_path: Path, results: P
     assert faces.shape == (2, 64, 64, 3) and faces.dtype == np.uint8
     paths = plot("top-multipliers", runs, results / "records", tmp_path / "top", k=4)
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_group_labels_come_from_the_file_names(tmp_path: Path) -> None:
+    folder = write_utkface(tmp_path / "faces", n=12)
+    data = get_task("utkface").load(OPTS, str(folder))
+    names = data.meta["train_names"] + data.meta["test_names"]
+    gender = np.concatenate([data.meta["groups"]["gender"][s] for s in ("train", "test")])
+    race = np.concatenate([data.meta["groups"]["race"][s] for s in ("train", "test")])
+    for name, g, r in zip(names, gender, race):
+        fields = name.split("_")
+        assert g == ("male", "female")[int(fields[1])]
+        assert r == ("unknown" if len(fields) < 4 else ("White", "Black", "Asian", "Indian", "Others")[int(fields[2])])
+    from flctl_tasks.utkface import _group_labels
+
+    odd = _group_labels(["39_1_20170116174525125.jpg.chip.jpg", "20_7_9_20170109142408075.jpg"])
+    assert odd["gender"].tolist() == ["female", "unknown"] and odd["race"].tolist() == ["unknown", "unknown"]
+
+
+def test_groups_table_by_race_and_worst_group_summary(tmp_path: Path, results: Path) -> None:
+    from flctl.metrics import worst_group_mean
+    from flctl.report.data import final_records
+
+    folder = write_utkface(tmp_path / "faces", n=60)
+    res = runner.invoke(app, ["sweep", "utkface", "-m", "erm,fl", "--eps", "0.5", "--seeds", "2", "--epochs", "1",
+                              "--batch-size", "16", "--data-dir", str(folder), "-o", "width=8", "-o", "size=32",
+                              "-o", "split=70-30", "--executor", "debug"])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
+    out = runner.invoke(app, ["report", "--table", "groups", "--by", "race", "--format", "csv",
+                              "--columns", "test.avg_loss,test.max_loss"])
+    assert out.exit_code == 0, out.output
+    rows = [line.split(",") for line in out.stdout.strip().splitlines()]
+    header, body = rows[0], rows[1:]
+    assert header[:2] == ["Group", "Method"] and "test.avg_loss" in header
+    col = header.index("test.avg_loss")
+
+    # By hand: each run's test losses of a race, averaged over the two seeds; the worst group per run, averaged.
+    per_run: dict[str, dict[str, float]] = {}
+    for r in runs:
+        rec = final_records(results / "records", [r["id"]], ["sample_id", "loss"], split="test")
+        with np.load(r["artifacts"]["extras"]) as extras:
+            race = extras["test_group_race"][rec["sample_id"].to_numpy()]
+        loss = rec["loss"].to_numpy()
+        per_run[r["id"]] = {g: float(loss[race == g].mean()) for g in np.unique(race)}
+        with np.load(r["artifacts"]["extras"]) as extras:
+            labels = [extras[f"test_group_{a}"][rec["sample_id"].to_numpy()] for a in ("gender", "race")]
+        assert r["metrics"]["test.worst_group_avg_loss"] == pytest.approx(worst_group_mean(loss, labels))
+    for method, label in (("erm", "ERM"), ("fl", "FL")):
+        mine = [per_run[r["id"]] for r in runs if r["method"] == method]
+        for group in sorted({g for d in mine for g in d}):
+            [row] = [b for b in body if b[0] == group and b[1] == label]
+            assert float(row[col]) == pytest.approx(np.mean([d[group] for d in mine if group in d]))
+        [worst] = [b for b in body if b[0] == "worst group" and b[1] == label]
+        assert float(worst[col]) == pytest.approx(np.mean([max(d.values()) for d in mine]))

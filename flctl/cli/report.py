@@ -14,9 +14,10 @@ SELECT_PANEL = "Which runs"
 
 
 def report(
-    table: Annotated[Optional[str], typer.Option(help="main, ablation, llm or runs.")] = None,
-    plot: Annotated[Optional[str], typer.Option(help="cdf, cvar, heatmap, multipliers, top-multipliers, polyfit "
-                                                "or dynamics.")] = None,
+    table: Annotated[Optional[str], typer.Option(help="main, ablation, llm, runs or groups (with --by).")] = None,
+    plot: Annotated[Optional[str], typer.Option(help="cdf, cvar, heatmap, multipliers, top-multipliers, polyfit, "
+                                                "dynamics or reliability.")] = None,
+    by: Annotated[Optional[str], typer.Option(help="groups table: the attribute, e.g. race or gender (utkface).")] = None,
     samples: Annotated[Optional[str], typer.Option(help="Per-sample query: violators or diff.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL)] = None,
     task: Annotated[Optional[str], typer.Option(help="Only runs of this task.", rich_help_panel=SELECT_PANEL)] = None,
@@ -42,6 +43,8 @@ def report(
 
     if sum(x is not None for x in (table, plot, samples)) != 1:
         fail("give exactly one of --table, --plot or --samples")
+    if (table == "groups") != (by is not None):
+        fail("--table groups needs --by ATTRIBUTE (e.g. race)" if by is None else "--by applies to --table groups")
     if split not in (None, "train", "test"):
         fail(f"--split must be train or test, got {split!r}")
     for flag, value, lo, hi in (("--digits", digits, 0, 12), ("--top", top, 1, None), ("--min-seeds", min_seeds, 1, None),
@@ -68,7 +71,13 @@ def report(
             cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
             for c in cols or []:
                 tables.check_column(c)
-            built = tables.build(table, runs, cols, tables.record_values(runs, records_root, cols or []))
+            if table == "groups":
+                from flctl.report.groups import groups_table
+
+                assert by is not None
+                built = groups_table(runs, records_root, by, cols)
+            else:
+                built = tables.build(table, runs, cols, tables.record_values(runs, records_root, cols or []))
             _emit_table(built, fmt, out, digits)
         elif plot is not None:
             from flctl.report.plots import plot as make_plot

@@ -24,7 +24,7 @@ from flctl.config import ConfigError, with_later_defaults
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 
-TABLES = ("main", "ablation", "llm", "runs")
+TABLES = ("main", "ablation", "llm", "runs", "groups")    # groups: flctl.report.groups
 FORMATS = ("rich", "markdown", "latex", "csv")
 SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
@@ -46,19 +46,25 @@ class Table:
     columns: list[str]                               # metric columns, e.g. ["train.avg_loss", ...]
     rows: list[tuple[list[str], list[Cell]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Rows compete for "best" only with rows of the same first key (the groups table: methods within a group).
+    best_within_first_key: bool = False
 
     def best(self, digits: int = 2) -> list[set[int]]:
         """Rows holding the best mean of each column, as shown with ``digits`` decimals: every tied row is
         best (empty when no row, or only one, has a value)."""
+        blocks: dict[str, list[int]] = {}
+        for i, (keys, _) in enumerate(self.rows):
+            blocks.setdefault(keys[0] if self.best_within_first_key else "", []).append(i)
         out: list[set[int]] = []
         for j, col in enumerate(self.columns):
-            values = {i: round(m, digits) for i, r in enumerate(self.rows) if (m := r[1][j].mean) is not None}
-            if len(values) < 2:
-                out.append(set())
-                continue
             pick = max if col.split(".")[-1].split("@")[0] in HIGHER_IS_BETTER else min
-            top = pick(values.values())
-            out.append({i for i, v in values.items() if v == top})
+            best: set[int] = set()
+            for rows in blocks.values():
+                values = {i: round(m, digits) for i in rows if (m := self.rows[i][1][j].mean) is not None}
+                if len(values) >= 2:
+                    top = pick(values.values())
+                    best |= {i for i, v in values.items() if v == top}
+            out.append(best)
         return out
 
 
