@@ -58,7 +58,8 @@ def test_every_shipped_spec_parses_and_built_tasks_plan(tmp_path: Path) -> None:
 
     specs = sorted(SWEEPS.glob("*.toml"))
     assert {p.stem for p in specs} >= {"two-moons", "polyfit", "cifar10-main", "cifar10-alpha", "cifar10-lr",
-                                       "utkface-main", "utkface-alpha", "utkface-lr", "orca-dpo"}
+                                       "utkface-main", "utkface-alpha", "utkface-lr", "orca-dpo", "two-moons-nupi",
+                                       "digits-nupi", "two-moons-pruning", "utkface-groups"}
     from flctl.tasks import all_tasks
 
     for path in specs:
