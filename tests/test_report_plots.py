@@ -228,3 +228,19 @@ def test_reliability_bars_are_the_binned_accuracy_and_titles_the_ece(made: Path)
 def test_reliability_refuses_a_regression_task(made: Path) -> None:
     with pytest.raises(ConfigError, match="reliability diagrams need a classifier's confidences; the diabetes"):
         figure("reliability", runs_of(made, "diabetes"), made / "records")
+
+
+def test_dynamics_overlays_gd_and_nupi_as_separate_curves(tmp_path: Path) -> None:
+    from flctl.store import Store
+
+    root = tmp_path / "results"
+    for extra in ([], ["--dual-optimizer", "nupi", "--kp", "5"]):
+        res = runner.invoke(app, ["run", "two-moons", "-m", "fl", "--epochs", "4", "--eval-every", "1",
+                                  "--results-dir", str(root), *extra])
+        assert res.exit_code == 0, res.output
+    runs = select_runs(Store.open(f"sqlite:///{root / 'flctl.db'}", readonly=True), task="two-moons")
+    fig = figure("dynamics", runs, root / "records")
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert labels == ["FL ε=0.1 dual_optimizer=gd kp=0 (1 seed)", "FL ε=0.1 dual_optimizer=nupi kp=5 (1 seed)"]
+    rates = [ax for ax in fig.axes if "violation rate" in ax.get_ylabel()][0]
+    assert len(rates.get_lines()) == 2 and all(len(line.get_xdata()) == 4 for line in rates.get_lines())
