@@ -307,7 +307,7 @@ def validate(cfg: RunConfig) -> None:
         if any(not math.isfinite(e) or e < 0 for e in eps):
             bad(f"--eps must be a finite number >= 0, got {cfg.eps}")
     if "alpha" in used and (cfg.alpha is None or not math.isfinite(cfg.alpha) or cfg.alpha <= 0):
-        bad(f"--alpha must be a finite number > 0 for {cfg.method}, got {cfg.alpha}")
+        bad(f"--alpha must be a finite number > 0, got {cfg.alpha}")
     if "dual_lr" in used and (cfg.dual_lr is None or not math.isfinite(cfg.dual_lr) or cfg.dual_lr < 0):
         bad(f"--dual-lr must be a finite number >= 0, got {cfg.dual_lr}")
     if cfg.dual_optimizer not in DUAL_OPTIMIZERS:

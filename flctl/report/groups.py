@@ -16,7 +16,7 @@ import numpy as np
 from flctl.config import ConfigError
 from flctl.metrics import cvar
 from flctl.report.data import final_records
-from flctl.report.plots.common import _load_extras
+from flctl.report.plots.common import load_extras
 from flctl.report.tables import Table, build, check_column
 from flctl.store import RunRecord
 
@@ -49,7 +49,7 @@ def groups_table(runs: list[RunRecord], records_root: Path, by: str, columns: Se
     labels: dict[str, dict[str, np.ndarray]] = {}
     found: set[str] = set()
     for r in done:
-        extras = _load_extras(r, ()) or {}
+        extras = load_extras(r, ()) or {}
         found |= {k.split("_group_", 1)[1] for k in extras if "_group_" in k}
         if all(f"{s}_group_{by}" in extras for s in ("train", "test")):
             labels[r.id] = {s: extras[f"{s}_group_{by}"] for s in ("train", "test")}

@@ -186,7 +186,7 @@ def _band(ax: Axes, x: np.ndarray, curves: np.ndarray, group: Group) -> None:
         ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=group.color, alpha=0.2, lw=0)
 
 
-def _load_extras(run: RunRecord, needed: Sequence[str]) -> dict[str, np.ndarray] | None:
+def load_extras(run: RunRecord, needed: Sequence[str]) -> dict[str, np.ndarray] | None:
     path = (run.artifacts or {}).get("extras")
     if not path or not Path(path).is_file():
         return None

@@ -11,7 +11,7 @@ import numpy as np
 from flctl.config import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
-from flctl.report.plots.common import _figure, _load_extras, group_runs
+from flctl.report.plots.common import _figure, group_runs, load_extras
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -25,7 +25,7 @@ GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")
 
 def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     candidates = [r for r in runs if method_info(r.method).has_multipliers and r.status == "completed"]
-    with_grid = [(r, e) for r in candidates if (e := _load_extras(r, GRID_KEYS)) is not None]
+    with_grid = [(r, e) for r in candidates if (e := load_extras(r, GRID_KEYS)) is not None]
     if not with_grid:
         raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "
                           "e.g. `flctl sweep two-moons -m fl,rfl`; select them with --task two-moons")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.report.plots.common import _figure, _figure_legend, _load_extras, _sortable, group_runs
+from flctl.report.plots.common import _figure, _figure_legend, _sortable, group_runs, load_extras
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -20,7 +20,7 @@ CURVE_KEYS = ("curve_x", "curve_y", "truth_y", "train_x", "train_y")
 
 def _polyfit(runs: list[RunRecord]) -> Figure:
     fits = [(r, e) for r in runs if r.task == "polyfit" and r.status == "completed"
-            and (e := _load_extras(r, CURVE_KEYS)) is not None]
+            and (e := load_extras(r, CURVE_KEYS)) is not None]
     if not fits:
         raise ConfigError("the polyfit plot needs completed polyfit runs with extras, e.g. "
                           "`flctl sweep polyfit -m erm,fl -o degree=10,20,30`; select them with --task polyfit")

@@ -11,7 +11,7 @@ import numpy as np
 from flctl.config import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
-from flctl.report.plots.common import _figure, _load_extras, group_runs
+from flctl.report.plots.common import _figure, group_runs, load_extras
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -48,14 +48,14 @@ FILE_KEYS = ("train_names", "folder")
 def _extras_images(run: RunRecord, top: dict[str, np.ndarray]) -> np.ndarray | None:
     """The top samples' images from the run's extras; None when the task saved none."""
     ids = top["sample_id"].astype(int)
-    extras = _load_extras(run, (IMAGES_KEY,))
+    extras = load_extras(run, (IMAGES_KEY,))
     if extras is not None:
         images = extras[IMAGES_KEY]
         if ids.max() >= len(images):
             raise ConfigError(f"run {run.id}: its extras hold {len(images)} training images but its records "
                               f"name sample {ids.max()}")
         return images[ids]
-    files = _load_extras(run, FILE_KEYS)
+    files = load_extras(run, FILE_KEYS)
     if files is None:
         return None
     from PIL import Image
