@@ -9,19 +9,19 @@ import typer
 
 from flctl.cli.common import check_output, console, existing_store, fail, results_root
 from flctl.fs import atomic_path, write_text_atomic
+from flctl.report import FORMATS, PLOTS, QUERIES, TABLES, listed
 
 SELECT_PANEL = "Which runs"
 
 
 def report(
-    table: Annotated[Optional[str], typer.Option(help="main, ablation, llm, runs or groups (with --by).")] = None,
-    plot: Annotated[Optional[str], typer.Option(help="cdf, cvar, heatmap, multipliers, top-multipliers, polyfit, "
-                                                "dynamics or reliability.")] = None,
+    table: Annotated[Optional[str], typer.Option(help=f"{listed(TABLES)} (groups: with --by).")] = None,
+    plot: Annotated[Optional[str], typer.Option(help=f"{listed(PLOTS)}.")] = None,
     by: Annotated[Optional[str], typer.Option(help="groups table: the attribute, e.g. race or gender (utkface).")] = None,
-    samples: Annotated[Optional[str], typer.Option(help="Per-sample query: violators or diff.")] = None,
+    samples: Annotated[Optional[str], typer.Option(help=f"Per-sample query: {listed(QUERIES)}.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL)] = None,
     task: Annotated[Optional[str], typer.Option(help="Only runs of this task.", rich_help_panel=SELECT_PANEL)] = None,
-    fmt: Annotated[str, typer.Option("--format", help="rich, markdown, latex or csv.")] = "rich",
+    fmt: Annotated[str, typer.Option("--format", help=f"Table format: {listed(FORMATS)}.")] = "rich",
     out: Annotated[Optional[Path], typer.Option(help="Write to this file (plots: a path stem; .png and .pdf).")] = None,
     columns: Annotated[Optional[str], typer.Option(help="Comma-separated columns, e.g. train.avg_loss,"
                                                    "test.max_loss,test.cvar@0.95,train.quantile@0.99,"
@@ -59,10 +59,10 @@ def report(
     root = results_root(results_dir)
     store = existing_store(db, root)
     try:
-        if table is not None and table not in tables.TABLES:
-            raise ConfigError(f"unknown table {table!r}; choose one of: {', '.join(tables.TABLES)}")
-        if table is not None and fmt not in tables.FORMATS:
-            raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(tables.FORMATS)}")
+        if table is not None and table not in TABLES:
+            raise ConfigError(f"unknown table {table!r}; choose one of: {', '.join(TABLES)}")
+        if table is not None and fmt not in FORMATS:
+            raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
         if plot == "heatmap" and sweep is None:
             sweep = _latest_lr_sweep(store, task)
         runs = select_runs(store, sweep=sweep, task=task)
@@ -137,7 +137,7 @@ def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seed
             raise ConfigError("--samples diff needs --methods A,B (two methods)")
         result = sq.diff(runs, records_root, pair, split=split or "test", top=top)
     else:
-        raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(sq.QUERIES)}")
+        raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(QUERIES)}")
     with atomic_path(out) as tmp:
         pq.write_table(result, tmp)
     shown = Table(*result.column_names, title=f"{query}: {len(result)} rows")

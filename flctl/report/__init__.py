@@ -1,1 +1,15 @@
-"""Reports: the paper's tables and figures from the run database and the Parquet records (never torch)."""
+"""Reports: the paper's tables and figures from the run database and the Parquet records (never torch).
+
+The names `flctl report` takes live here, so that the command line lists them in its help without importing
+numpy or pyarrow; the modules that build each one import them from here.
+"""
+
+TABLES = ("main", "ablation", "llm", "runs", "groups")    # groups: flctl.report.groups
+FORMATS = ("rich", "markdown", "latex", "csv")
+PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics", "reliability")
+QUERIES = ("violators", "diff")
+
+
+def listed(names: tuple[str, ...]) -> str:
+    """'a, b or c': how help texts list a choice."""
+    return f"{', '.join(names[:-1])} or {names[-1]}"

@@ -17,8 +17,6 @@ import pyarrow.compute as pc
 from flctl.config import ConfigError
 from flctl.report.data import final_records
 
-QUERIES = ("violators", "diff")
-
 
 def _label(run: RunRecord) -> str:
     c = run.config

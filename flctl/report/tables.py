@@ -23,9 +23,8 @@ import numpy as np
 from flctl.config import ConfigError, with_later_defaults
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
+from flctl.report import FORMATS, TABLES
 
-TABLES = ("main", "ablation", "llm", "runs", "groups")    # groups: flctl.report.groups
-FORMATS = ("rich", "markdown", "latex", "csv")
 SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
 TAIL = ("cvar", "quantile")   # computed from the records at a chosen q: train.cvar@0.95, test.quantile@0.99

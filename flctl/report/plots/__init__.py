@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from flctl.config import ConfigError
 from flctl.fs import atomic_path
 from flctl.metrics import SPLITS
+from flctl.report import PLOTS
 from flctl.report.plots.common import DPI, STYLE
 from flctl.report.plots.distribution import _cvar_curve, _distribution
 from flctl.report.plots.dynamics import _dynamics
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
     from flctl.store import RunRecord
 
-PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics", "reliability")
 
 
 def plot(name: str, runs: list[RunRecord], records_root: Path, out: Path, *, split: str | None = None,
