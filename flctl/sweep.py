@@ -163,7 +163,10 @@ def load_spec(path: Path) -> SweepSpec:
     fields = {k: data[k] for k in ("name", "description", "device", "data_dir", "launch", "tune", "objective")
               if k in data}
     fields.setdefault("name", Path(path).stem)
-    return spec_from_values(data["task"], axes, seeds=data.get("seeds"), options=data.get("options"), **fields)
+    try:
+        return spec_from_values(data["task"], axes, seeds=data.get("seeds"), options=data.get("options"), **fields)
+    except ConfigError as exc:   # name the file: the values it holds are what is wrong
+        raise ConfigError(f"spec {str(path)!r}: {exc}") from None
 
 
 def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
