@@ -134,10 +134,25 @@ def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch:
         if on_epoch is not None:
             on_epoch(stats)
 
+    recorded: set[str] = set()
+
+    def record(result) -> None:
+        """A cell's outcome into the database, as soon as it is known (its time: from the claim to now)."""
+        beat.epochs_done.pop(result.run_id, None)       # no more beats for it
+        recorded.add(result.run_id)
+        if result.status == "stopped":
+            store.requeue(result.run_id, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
+                          time.perf_counter() - started, epochs_done=result.epochs_done)
+        else:
+            store.finish_run(result.run_id, status=result.status, epochs_done=result.epochs_done,
+                             metrics=result.metrics, diverged_at=result.diverged_at,
+                             lambda_capped=result.lambda_capped, artifacts=result.artifacts,
+                             duration_s=time.perf_counter() - started)
+
     try:
         results = train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
-                                 checkpoint_every=checkpoint_every, stop=stop)
-    except (KeyboardInterrupt, SystemExit):
+                                 checkpoint_every=checkpoint_every, stop=stop, on_done=record)
+    except (KeyboardInterrupt, SystemExit):   # cells recorded already are no longer running: left as they are
         for run_id in ids:
             store.requeue(run_id, "interrupted; resumes from its last checkpoint", time.perf_counter() - started)
         raise
@@ -148,12 +163,6 @@ def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch:
     finally:
         beat.stopped.set()
     for result in results:
-        if result.status == "stopped":
-            store.requeue(result.run_id, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
-                          time.perf_counter() - started, epochs_done=result.epochs_done)
-        else:
-            store.finish_run(result.run_id, status=result.status, epochs_done=result.epochs_done,
-                             metrics=result.metrics, diverged_at=result.diverged_at,
-                             lambda_capped=result.lambda_capped, artifacts=result.artifacts,
-                             duration_s=time.perf_counter() - started)
+        if result.run_id not in recorded:
+            record(result)
     return results

@@ -423,11 +423,14 @@ def train_together(
     *,
     checkpoint_every: float = 0.0,
     stop: Callable[[], bool] | None = None,
+    on_done: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:
     """Train several cells of one task side by side, each exactly as ``train`` would train it alone (its own
     seed, model, optimizer, multipliers, records and checkpoint), with one stacked forward and backward per
     step when more than one is training (``batched_step``). Cells must share ``RunConfig.together_key``; each may
-    resume from its own epoch; one that diverges or finishes leaves the group and the others go on."""
+    resume from its own epoch; one that diverges or finishes leaves the group and the others go on. ``on_done``
+    hears of a cell that leaves while others still train, once its records are on disk (the caller records it
+    then, not when the group ends); the returned list holds every cell's result either way."""
     records_root = Path(records_root)
     task = get_task(cfgs[0].task)
     if len({c.together_key() for c in cfgs}) != 1 or (len(cfgs) > 1 and not task.batched):
@@ -440,6 +443,7 @@ def train_together(
         return [_run_solver(cfg, task, data, records_root, Path(d)) for cfg, d in zip(cfgs, run_dirs)]
     data = data.to(device)
     runs = [_start(cfg, task, data, Path(run_dir), device) for cfg, run_dir in zip(cfgs, run_dirs)]
+    done: dict[str, RunResult] = {}          # cells reported to on_done before the group ended
     x_train, y_train, batch_size = data.train.x, data.train.y, cfgs[0].batch_size
 
     # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
@@ -477,8 +481,18 @@ def train_together(
                 if not r.schedule_per_step:
                     r.scheduler.step()
                 _end_epoch(r, task, data, order, records_root, writer, on_epoch, checkpoint_every, stop)
+            left = [r for r in active if not r.training]
             active = [r for r in active if r.training]
-    return [r.result if r.result.status == "stopped" else _finish(r, task, data, records_root) for r in runs]
+            if left and active and on_done is not None:
+                writer.flush()
+                for r in left:
+                    done[r.cfg.run_id] = _end(r, task, data, records_root)
+                    on_done(done[r.cfg.run_id])
+    return [done.get(r.cfg.run_id) or _end(r, task, data, records_root) for r in runs]
+
+
+def _end(r: _Run, task: Task, data, records_root: Path) -> RunResult:
+    return r.result if r.result.status == "stopped" else _finish(r, task, data, records_root)
 
 
 def _start(cfg: RunConfig, task: Task, data, run_dir: Path, device: torch.device) -> _Run:

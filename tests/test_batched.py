@@ -87,3 +87,25 @@ def test_cells_that_differ_beyond_per_cell_fields_are_refused(tmp_path: Path) ->
     with pytest.raises(ValueError, match="cannot train together"):
         train_together([config("two-moons", "fl", epochs=2), config("two-moons", "fl", epochs=3)], tmp_path,
                        [tmp_path / "a", tmp_path / "b"])
+
+
+def test_a_cell_that_leaves_the_group_is_recorded_then_not_when_the_group_ends(tmp_path: Path) -> None:
+    from flctl.runner import Layout, train_claimed
+    from flctl.store import Store
+
+    sgd = dict(optimizer="sgd", epochs=60, eval_every=20)
+    cfgs = [config("diabetes", "fl", seed=0, lr=1e-2, **sgd), config("diabetes", "fl", seed=1, lr=1e3, **sgd)]
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    store.add_runs(cfgs)
+    assert all(store.claim_run(c.run_id) for c in cfgs)
+    seen: dict[int, str | None] = {}
+
+    def watch(stats) -> None:          # while the first cell trains on, the diverged one is already recorded
+        if stats.run_id == cfgs[0].run_id and stats.epoch == 30:
+            seen[30] = store.get_run(cfgs[1].run_id).status
+
+    train_claimed(cfgs, store, Layout(tmp_path), on_epoch=watch)
+    ok, bad = (store.get_run(c.run_id) for c in cfgs)
+    assert seen[30] == "diverged" and bad.status == "diverged" and ok.status == "completed"
+    assert bad.duration_s < ok.duration_s / 3                     # its own time, not the group's
+    assert bad.artifacts["records"] and ok.epochs_done == 60
