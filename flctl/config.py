@@ -28,6 +28,10 @@ PRECISIONS = ("auto", "fp32")
 DUAL_OPTIMIZERS = ("gd", "nupi")
 NUPI_GAINS = {"kp": 0.0, "ki": 1.0, "nu": 0.0}
 PRUNE_PATIENCE = 5
+# Fields read only while another is switched on (switch: (off value, {field: default})). With the switch off they
+# are still checked, then reset, so runs that differ only in them are one run (like METHOD_FIELDS a method ignores).
+SWITCHED_FIELDS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "dual_optimizer": ("gd", NUPI_GAINS), "prune_after": (0, {"prune_patience": PRUNE_PATIENCE})}
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
 LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS,
@@ -239,12 +243,10 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     for k in METHOD_FIELDS:
         if k not in used:
             values[k] = None
-    if values.get("dual_optimizer", "gd") == "gd":   # gains only nupi reads: checked (validate), then dropped
-        validate(RunConfig(task=task_name, method="erm", **{k: values[k] for k in NUPI_GAINS if k in values}))
-        values.update(NUPI_GAINS)
-    if values.get("prune_after", 0) == 0:
-        validate(RunConfig(task=task_name, method="erm", prune_patience=values.get("prune_patience", PRUNE_PATIENCE)))
-        values["prune_patience"] = PRUNE_PATIENCE
+    for switch, (off, dependent) in SWITCHED_FIELDS.items():
+        if values.get(switch, off) == off:     # read only when switched on: checked, then back to their defaults
+            validate(RunConfig(task=task_name, method="erm", **{k: values[k] for k in dependent if k in values}))
+            values.update(dependent)
     if isinstance(values.get("eps"), (list, tuple)):
         values["eps"] = tuple(float(e) for e in values["eps"])
     cfg = RunConfig(task=task_name, method=method, options=tuple(sorted(opts.items())), **values)

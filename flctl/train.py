@@ -576,7 +576,7 @@ def _end_epoch(r: _Run, task: Task, data, order: torch.Tensor, records_root: Pat
     metrics = None
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         train_eval = evaluate(task, r.model, data.train, cfg.precision)
-        pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy()   # this epoch's: a copy
+        pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy().copy()   # this epoch's set
         metrics = _summarize_and_record(
             cfg, task, records_root, epoch + 1, train_eval, evaluate(task, r.model, data.test, cfg.precision),
             None if lam is None else lam.cpu().numpy().copy(), writer,   # a copy: lam moves on while it is written
