@@ -22,16 +22,21 @@ def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
     return float(losses[losses >= threshold].mean())
 
 
-def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Expected calibration error: Σ_b (n_b / n) |accuracy_b − mean confidence_b| over equal-width confidence
-    bins (lo, hi] of [0, 1] (a confidence of exactly 0 goes to the first bin)."""
+def calibration_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> tuple[np.ndarray, ...]:
+    """Per equal-width confidence bin (lo, hi] of [0, 1] (a confidence of exactly 0 goes to the first bin): the
+    number of samples, the number correct and the sum of confidences; what ``ece`` and reliability diagrams read."""
     confidence = np.asarray(confidence, dtype=np.float64)
     correct = np.asarray(correct, dtype=np.float64)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    which = np.digitize(confidence, edges[1:-1], right=True)      # edges[b] < confidence <= edges[b + 1]
+    which = np.digitize(confidence, np.linspace(0.0, 1.0, bins + 1)[1:-1], right=True)
+    return (np.bincount(which, minlength=bins), np.bincount(which, correct, bins),
+            np.bincount(which, confidence, bins))
+
+
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Expected calibration error: Σ_b (n_b / n) |accuracy_b − mean confidence_b| over ``calibration_bins``."""
+    _, n_correct, sum_confidence = calibration_bins(confidence, correct, bins)
     # per bin, Σ correct − Σ confidence = n_b (accuracy_b − confidence_b)
-    gap = np.abs(np.bincount(which, correct, bins) - np.bincount(which, confidence, bins))
-    return float(gap.sum() / len(confidence))
+    return float(np.abs(n_correct - sum_confidence).sum() / len(confidence))
 
 
 def worst_group_mean(values: np.ndarray, groups: Sequence[np.ndarray]) -> float:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.metrics import ECE_BINS, ece
+from flctl.metrics import ECE_BINS, calibration_bins, ece
 from flctl.report.data import final_records
 from flctl.report.plots.common import _completed, _figure, _one_task, _with_seeds, group_runs
 
@@ -39,10 +39,9 @@ def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -
     for ax, group in zip(axes, groups):
         mine = np.isin(run_ids, [r.id for r in group.runs])
         conf, ok = confidence[mine], correct[mine]
-        which = np.digitize(conf, edges[1:-1], right=True)       # the bins ece() uses
-        n_b = np.bincount(which, minlength=ECE_BINS)
+        n_b, n_correct, _ = calibration_bins(conf, ok)            # the bins ece() uses
         filled = n_b > 0
-        accuracy = np.bincount(which, ok, ECE_BINS)[filled] / n_b[filled]
+        accuracy = n_correct[filled] / n_b[filled]
         ax.bar(centers[filled], accuracy, width=width, color=group.color, edgecolor="0.2", linewidth=0.5,
                label=_with_seeds(group.label, len(group.runs)))
         ax.plot([0, 1], [0, 1], ls="--", color="0.4", lw=1)          # perfect calibration
