@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -196,12 +197,13 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
                logs=tmp_path / "jobs")
     before = store.get_run(rid)
     assert before.status == "running" and before.job_id == job, before    # one worker: a plain job
-    # A plain scancel is SIGTERM, which submitit ignores, then SIGKILL KillWait (5 s) later: a run can finish
-    # inside that wait. SIGKILL to the whole job at once is the same end (the worker dies without a word to the
-    # database) without the race.
-    assert subprocess.run(["scancel", "--signal=KILL", "--full", job], capture_output=True).returncode == 0
-    wait_until(lambda: [s.split()[0] for _, s in sacct(job)] == ["CANCELLED"], "sacct to show the job cancelled")
+    # The worker dies without a word to the database (SIGKILL, as from the OOM killer or a node going away), then the
+    # job is cancelled. Not scancel alone: its SIGTERM is ignored by submitit and the SIGKILL comes KillWait (5 s)
+    # later, or, for the job's steps, after the batch shell is gone: a run can finish inside that wait.
+    os.kill(before.pid, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{before.pid}").exists(), "the worker process to be gone", timeout=30)
+    subprocess.run(["scancel", job], capture_output=True)
+    wait_until(lambda: [s.split()[0] for _, s in sacct(job)] in (["CANCELLED"], ["FAILED"]), "the job to end")
     files = record_files(tmp_path, rid)
     assert store.get_run(rid).status == "running"                # nobody told the database...
     # ...but its pid, on this host, is dead: stale at once (not after FLCTL_STALE_AFTER, 300 s by default).
