@@ -1,0 +1,123 @@
+"""Reference records of the CPU tasks, written down by the training code of 2026-11-23 before the engine rework.
+
+``python -m tests.reference`` rewrites tests/data/reference_records.json (do that only when a change of the numbers
+is intended and said so). tests/test_reference.py trains every case again and checks run ids, metrics and a digest
+of every Parquet value against the file: records must stay bit-identical across refactors of the loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from flctl import records
+from tests.helpers import config
+
+REFERENCE = Path(__file__).parent / "data" / "reference_records.json"
+COLUMNS = ("sample_id", "loss", "multiplier", "prediction", "target", "correct", "confidence", "pruned")
+
+# (name, task, method, overrides): short runs that together reach every branch of the step and the loop.
+CASES: list[tuple[str, str, str, dict]] = [
+    ("two-moons-erm", "two-moons", "erm", dict(epochs=6, eval_every=3)),
+    ("two-moons-fl", "two-moons", "fl", dict(epochs=6, eval_every=3)),
+    ("two-moons-rfl", "two-moons", "rfl", dict(epochs=6, eval_every=3, alpha=0.5)),
+    ("two-moons-cserm", "two-moons", "cserm", dict(epochs=6, eval_every=3, alpha=2.0)),
+    ("two-moons-fl-nupi", "two-moons", "fl", dict(epochs=6, eval_every=3, dual_optimizer="nupi", kp=0.5, ki=0.8,
+                                                  nu=0.3)),
+    ("two-moons-rfl-nupi", "two-moons", "rfl", dict(epochs=6, eval_every=3, alpha=0.5, dual_optimizer="nupi",
+                                                    kp=1.0, ki=1.0, nu=0.0)),
+    ("two-moons-fl-prune", "two-moons", "fl", dict(epochs=8, eval_every=4, prune_after=2, prune_patience=1,
+                                                   eps=0.7, batch_size=64)),
+    ("two-moons-fl-micro", "two-moons", "fl", dict(epochs=3, eval_every=3, micro_batch=100, batch_size=300)),
+    ("two-moons-fl-sgd-warmup", "two-moons", "fl", dict(epochs=3, eval_every=3, optimizer="sgd", lr=0.05,
+                                                        momentum=0.9, weight_decay=1e-3, warmup_steps=2,
+                                                        scheduler="cosine")),
+    ("digits-erm", "digits", "erm", dict(epochs=2, eval_every=1)),
+    ("digits-fl", "digits", "fl", dict(epochs=2, eval_every=1)),
+    ("digits-rfl", "digits", "rfl", dict(epochs=2, eval_every=1)),
+    ("digits-cserm", "digits", "cserm", dict(epochs=2, eval_every=1)),
+    ("diabetes-erm", "diabetes", "erm", dict(epochs=4, eval_every=2)),
+    ("diabetes-fl", "diabetes", "fl", dict(epochs=4, eval_every=2)),
+    ("diabetes-rfl", "diabetes", "rfl", dict(epochs=4, eval_every=2)),
+    ("diabetes-cserm", "diabetes", "cserm", dict(epochs=4, eval_every=2)),
+    ("polyfit-erm", "polyfit", "erm", {}),
+    ("polyfit-fl", "polyfit", "fl", {}),
+]
+
+
+def digest(records_root: Path, run_id: str) -> dict[str, str]:
+    """{"<split>/<epoch>": sha256 of every column's values, rows by sample id}."""
+    table = records.read(records_root, [run_id])
+    out = {}
+    for split in ("train", "test"):
+        for epoch in sorted(set(table["epoch"].to_pylist())):
+            part = table.filter(_mask(table, split, epoch)).sort_by("sample_id")
+            h = hashlib.sha256()
+            for column in COLUMNS:
+                values = part[column].to_numpy(zero_copy_only=False)
+                h.update(column.encode())
+                h.update(repr(values.tolist()).encode() if values.dtype == object else values.tobytes())
+            out[f"{split}/{epoch}"] = h.hexdigest()
+    return out
+
+
+def _mask(table, split: str, epoch: int):
+    import pyarrow.compute as pc
+
+    return pc.and_(pc.equal(table["split"], split), pc.equal(table["epoch"], epoch))
+
+
+def train_case(root: Path, task: str, method: str, overrides: dict) -> tuple:
+    from flctl.train import train
+
+    cfg = config(task, method, **overrides)
+    result = train(cfg, root / "records", root / "runs" / cfg.run_id)
+    return cfg, result
+
+
+# Cells trained in one process (train_together): a two-moons group of mixed methods, seeds and lrs.
+TOGETHER = [("two-moons", "erm", dict(seed=0, lr=1e-3)), ("two-moons", "fl", dict(seed=1, lr=5e-4, dual_lr=2e-2)),
+            ("two-moons", "rfl", dict(seed=2, lr=2e-3, alpha=0.5, dual_lr=1e-2))]
+TOGETHER_SHARED = dict(epochs=4, eval_every=2)
+# An old checkpoint (tests/data/checkpoint-2026-11-23.pt): this case stopped after epoch 2 by today's code.
+OLD_CHECKPOINT = REFERENCE.parent / "checkpoint-2026-11-23.pt"
+OLD_CHECKPOINT_CASE = "two-moons-fl-nupi"
+
+
+def together_configs() -> list:
+    return [config(task, method, **overrides, **TOGETHER_SHARED) for task, method, overrides in TOGETHER]
+
+
+def main() -> None:
+    import shutil
+    import tempfile
+
+    from flctl.train import train, train_together
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfgs = together_configs()
+        results = train_together(cfgs, Path(tmp) / "together", [Path(tmp) / "t" / c.run_id for c in cfgs])
+        out["together"] = [{"run_id": c.run_id, "metrics": r.metrics, "records": digest(Path(tmp) / "together",
+                                                                                       c.run_id)}
+                           for c, r in zip(cfgs, results)]
+        name, task, method, overrides = next(c for c in CASES if c[0] == OLD_CHECKPOINT_CASE)
+        cfg = config(task, method, **overrides)
+        stopped = train(cfg, Path(tmp) / "old", Path(tmp) / "old" / "run", stop=lambda: True)
+        assert stopped.status == "stopped" and stopped.epochs_done == 1, stopped
+        shutil.copy(Path(tmp) / "old" / "run" / "checkpoint.pt", OLD_CHECKPOINT)
+        for name, task, method, overrides in CASES:
+            cfg, result = train_case(Path(tmp), task, method, overrides)
+            out[name] = {"task": task, "method": method, "overrides": overrides, "run_id": cfg.run_id,
+                         "status": result.status, "metrics": result.metrics,
+                         "records": digest(Path(tmp) / "records", cfg.run_id)}
+            print(name, cfg.run_id, file=sys.stderr)
+    REFERENCE.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
