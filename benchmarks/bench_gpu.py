@@ -137,7 +137,7 @@ def cifar_fl_step_setup(args, n: int):
 
 def share_worker(args) -> None:
     """One of K processes: warm up, wait for the common start, count images trained in --seconds."""
-    from flctl.data import batches, epoch_order, random_crop_flip
+    from flctl.data import batches, crop_flip, crop_flip_params, epoch_order
     from flctl.train import train_step
 
     n = 2048 if args.small else 50_000
@@ -153,7 +153,7 @@ def share_worker(args) -> None:
 
     def step() -> int:
         ids = next(it)
-        train_step(task, model, method, opt, random_crop_flip(x[ids], aug), y[ids], ids)
+        train_step(task, model, method, opt, crop_flip(x[ids], crop_flip_params(len(ids), aug, x.device)), y[ids], ids)
         return len(ids)
 
     for _ in range(20):
@@ -186,7 +186,7 @@ def profile(args) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from flctl.data import random_crop_flip
+    from flctl.data import crop_flip, crop_flip_params
     from flctl.train import train_step
 
     n = 4096
@@ -195,7 +195,7 @@ def profile(args) -> dict:
 
     def steps(k: int) -> None:
         for ids in order[:k]:
-            train_step(task, model, method, opt, random_crop_flip(x[ids], gen), y[ids], ids)
+            train_step(task, model, method, opt, crop_flip(x[ids], crop_flip_params(len(ids), gen, x.device)), y[ids], ids)
 
     steps(10)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])

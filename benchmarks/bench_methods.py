@@ -41,11 +41,12 @@ from pathlib import Path
 
 import torch
 
+from flctl.cell import build_optimizer
 from flctl.config import resolve
 from flctl.data import batches, epoch_order
 from flctl.methods import get_method
+from flctl.step import train_step
 from flctl.tasks import get_task
-from flctl.train import build_optimizer, train_step
 
 METHODS = ("erm", "fl", "rfl", "cserm")
 

@@ -2,7 +2,7 @@
 
 Both train the same CIFAR ResNet-18 (reduced --width on CPU) on CIFAR-shaped uint8 data, side by side in one
 process, for --steps steps each, interleaved over --rounds:
-  flctl     : data as one uint8 tensor on the device, x[ids] + batched random_crop_flip, Normalize in the model
+  flctl     : data as one uint8 tensor on the device, x[ids] + batched crop_flip, Normalize in the model
   dataloader: torchvision.datasets-style per-sample PIL images, transforms RandomCrop(32, 4) +
               RandomHorizontalFlip + ToTensor + Normalize, torch.utils.data.DataLoader(shuffle, --workers)
 Also FL, RFL and CSERM step time as a ratio of ERM's on the flctl pipeline. Prints medians and ratios.
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flctl.data import Normalize, batches, epoch_order, random_crop_flip
+from flctl.data import Normalize, batches, crop_flip, crop_flip_params, epoch_order
 from flctl.methods import get_method
 from flctl.models import resnet18
+from flctl.step import train_step
 from flctl.tasks import Task
-from flctl.train import train_step
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 TASK = Task(name="bench", kind="classification", description="", defaults={}, load=lambda *a: None)
@@ -51,7 +51,7 @@ def flctl_steps(x, y, model, method, opt, steps, batch, device, state) -> float:
             state["epoch"] += 1
             state["it"] = iter(batches(epoch_order(len(x), 0, state["epoch"]).to(device), batch))
             ids = next(state["it"])
-        xb = random_crop_flip(x[ids], gen)
+        xb = crop_flip(x[ids], crop_flip_params(len(ids), gen, x.device))
         train_step(TASK, model, method, opt, xb, y[ids], ids)
     sync(device)
     return (time.perf_counter() - t) / steps

@@ -28,6 +28,10 @@ PRECISIONS = ("auto", "fp32")
 DUAL_OPTIMIZERS = ("gd", "nupi")
 NUPI_GAINS = {"kp": 0.0, "ki": 1.0, "nu": 0.0}
 PRUNE_PATIENCE = 5
+# How a cell's step runs (flctl.train): eager; captured, replayed as CUDA graphs (the eager step's kernels, so the
+# same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it).
+ENGINES = ("eager", "captured", "compiled")
+SAME_NUMBERS_ENGINES = ("eager", "captured")
 # Fields read only while another is switched on (switch: (off value, {field: default})). With the switch off they
 # are still checked, then reset, so runs that differ only in them are one run (like METHOD_FIELDS a method ignores).
 SWITCHED_FIELDS: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -35,7 +39,7 @@ SWITCHED_FIELDS: dict[str, tuple[Any, dict[str, Any]]] = {
 # Fields added after the first release, left out of the identity while at their default so that the ids of
 # runs recorded before they existed do not change.
 LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS,
-                "prune_after": 0, "prune_patience": PRUNE_PATIENCE}
+                "prune_after": 0, "prune_patience": PRUNE_PATIENCE, "engine": "eager"}
 
 
 def with_later_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +91,8 @@ class RunConfig:
     # "auto": bf16 autocast for the forward pass on CUDA (losses, multipliers, optimizer state stay float32);
     # "fp32": no autocast. On the CPU both compute the same thing in float32.
     precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where")
+    engine: str = _field("eager", "Step engine: eager, captured (CUDA graphs, CUDA only) or compiled (torch.compile).",
+                         "where")
     eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim")
     eps: float | tuple[float, ...] | None = _field(None, "Constraint level ε on each sample's loss.", "method")
     alpha: float | None = _field(None, "RFL/CSERM relaxation cost α > 0.", "method")
@@ -117,6 +123,8 @@ class RunConfig:
         for k, default in LATER_FIELDS.items():
             if d[k] == default:
                 d.pop(k)
+        if d.get("engine") in SAME_NUMBERS_ENGINES:   # how a step runs, not what it computes
+            d.pop("engine")
         d["options"] = dict(self.options)
         if isinstance(self.eps, tuple):
             d["eps"] = list(self.eps)
@@ -152,7 +160,7 @@ class RunConfig:
         shared = {k: v for k, v in self.identity().items() if k not in PER_CELL_FIELDS}
         # A pruned epoch order is the run's own (its batches are not the others' in length): it trains alone.
         alone = self.run_id if self.prune_after > 0 else None
-        return json.dumps([shared, self.device, self.data_dir, alone], sort_keys=True, default=str)
+        return json.dumps([shared, self.device, self.data_dir, alone, self.engine], sort_keys=True, default=str)
 
 
 
@@ -301,6 +309,12 @@ def validate(cfg: RunConfig) -> None:
         bad(f"unknown scheduler {cfg.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
     if cfg.precision not in PRECISIONS:
         bad(f"unknown precision {cfg.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if cfg.engine not in ENGINES:
+        bad(f"unknown engine {cfg.engine!r}; choose one of: {', '.join(ENGINES)}")
+    if cfg.engine == "captured" and not cfg.device.startswith("cuda"):
+        bad(f"--engine captured replays CUDA graphs; it needs --device cuda, not {cfg.device!r}")
+    if cfg.engine == "captured" and cfg.prune_after > 0:
+        bad("--engine captured needs the same batches every epoch; pruning changes them (use --engine eager)")
     used = METHOD_INFO[cfg.method].reads
     if "eps" in used:
         if cfg.eps is None:

@@ -48,19 +48,22 @@ def batches(order: Tensor, batch_size: int) -> tuple[Tensor, ...]:
     return order.split(batch_size)
 
 
-def random_crop_flip(x: Tensor, generator: torch.Generator, pad: int = 4) -> Tensor:
-    """Batched CIFAR augmentation on the device: zero-pad by ``pad``, random crop back, random horizontal flip.
+def crop_flip_params(b: int, generator: torch.Generator, device: torch.device, pad: int = 4) -> dict[str, Tensor]:
+    """Random crop offsets and horizontal flips of ``b`` images (in this order from the generator)."""
+    dy = torch.randint(0, 2 * pad + 1, (b,), device=device, generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (b,), device=device, generator=generator)
+    flip = torch.rand(b, device=device, generator=generator) < 0.5
+    return {"dy": dy, "dx": dx, "flip": flip}
 
-    x: [B, C, H, W] (any dtype). One gather for the whole batch instead of a per-image Python loop.
-    """
+
+def crop_flip(x: Tensor, params: dict[str, Tensor], pad: int = 4) -> Tensor:
+    """Batched CIFAR augmentation on the device: zero-pad by ``pad``, crop back at the drawn offsets, flip the drawn
+    images horizontally. x: [B, C, H, W] (any dtype). One gather for the whole batch instead of a per-image loop."""
     b, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))                       # [B, C, H+2p, W+2p]
-    dy = torch.randint(0, 2 * pad + 1, (b,), device=x.device, generator=generator)
-    dx = torch.randint(0, 2 * pad + 1, (b,), device=x.device, generator=generator)
-    flip = torch.rand(b, device=x.device, generator=generator) < 0.5
-    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]              # [B, H, 1]
-    cols = dx[:, None] + torch.arange(w, device=x.device)                             # [B, W]
-    cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]                 # [B, 1, W]
+    rows = (params["dy"][:, None] + torch.arange(h, device=x.device))[:, :, None]   # [B, H, 1]
+    cols = params["dx"][:, None] + torch.arange(w, device=x.device)                  # [B, W]
+    cols = torch.where(params["flip"][:, None], cols.flip(1), cols)[:, None, :]      # [B, 1, W]
     batch = torch.arange(b, device=x.device)[:, None, None]
     return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
 

@@ -25,8 +25,19 @@ from torch import Tensor
 LAMBDA_CAP = 1e12
 
 
+def _scalar(value: float | None, device: torch.device | str) -> Tensor:
+    """A hyper-parameter as a 0-dim float32 tensor on the device: a captured or compiled step reads it as data (one
+    graph serves any value, and a cell's value can change without a new capture). Float32 is what the step's
+    arithmetic rounded a Python float to anyway, so the numbers are those of the float. None: NaN (see Method)."""
+    return torch.tensor(math.nan if value is None else float(value), dtype=torch.float32, device=device)
+
+
 class Method:
-    """Base class. ``eps`` is a float or a tensor with one level per training sample (indexed by id)."""
+    """Base class. ``eps`` is a float or a tensor with one level per training sample (indexed by id).
+
+    Every hyper-parameter and every piece of state is a tensor on the device, changed only in place, so the step
+    is graph-safe (flctl.step): no Python number of it enters the step's arithmetic.
+    """
 
     name: ClassVar[str]       # its entry in flctl.method_info.METHOD_INFO
     # How primal_loss reduces over the batch: "mean" or "sum". Gradient accumulation weighs each
@@ -43,17 +54,17 @@ class Method:
         device: torch.device | str = "cpu",
     ) -> None:
         self.n_samples = n_samples
-        self.eps = eps.to(device) if isinstance(eps, Tensor) else float(eps)
+        self.eps: Tensor = eps.to(device) if isinstance(eps, Tensor) else _scalar(eps, device)
         # NaN where not given: config validation gives every method the knobs it reads, and a method that reads
         # one it was not given turns its objective into NaN, which the loop stops on, rather than running on.
-        self.alpha: float = math.nan if alpha is None else float(alpha)
-        self.dual_lr: float = math.nan if dual_lr is None else float(dual_lr)
+        self.alpha: Tensor = _scalar(alpha, device)
+        self.dual_lr: Tensor = _scalar(dual_lr, device)
         # One multiplier per training sample, lambda_0 = 0; None for methods without a dual.
         self.multipliers: Tensor | None = None
 
-    def eps_of(self, ids: Tensor) -> float | Tensor:
-        """The constraint level of each sample in the batch: a scalar, or eps[ids] when per-sample."""
-        return self.eps.index_select(0, ids) if isinstance(self.eps, Tensor) else self.eps
+    def eps_of(self, ids: Tensor) -> Tensor:
+        """The constraint level of each sample in the batch: a 0-dim tensor, or eps[ids] when per-sample."""
+        return self.eps.index_select(0, ids) if self.eps.dim() else self.eps
 
     def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
         """Update the multipliers of the batch in place. No-op for primal-only methods.
@@ -138,7 +149,9 @@ class NuPI:
     """
 
     def __init__(self, n_samples: int, kp: float, ki: float, nu: float, device: torch.device | str = "cpu") -> None:
-        self.kp, self.ki, self.nu = float(kp), float(ki), float(nu)
+        # The gains as the step uses them, each rounded once from the Python value (as a Python scalar would be).
+        self.kp, self.ki_minus_1 = _scalar(kp, device), _scalar(float(ki) - 1.0, device)
+        self.nu, self.one_minus_nu = _scalar(nu, device), _scalar(1.0 - float(nu), device)
         self.xi = torch.zeros(n_samples, device=device)                          # ξ of each sample's last visit
         self.seen = torch.zeros(n_samples, dtype=torch.bool, device=device)     # visited at least once
 
@@ -150,10 +163,10 @@ class NuPI:
         previous = torch.where(seen, self.xi.index_select(0, ids), error)
         # At a first visit ξ_0 = ν e_0 + (1 − ν) e_0 is e_0 itself: taken as is, so that step has no P term at all
         # (the sum would round).
-        xi = torch.where(seen, previous * self.nu + error * (1.0 - self.nu), error)
+        xi = torch.where(seen, previous * self.nu + error * self.one_minus_nu, error)
         self.xi.index_copy_(0, ids, xi)
         self.seen.index_fill_(0, ids, True)
-        return error * (self.ki - 1.0) + (xi - previous) * self.kp
+        return error * self.ki_minus_1 + (xi - previous) * self.kp
 
     def state_dict(self) -> dict:
         return {"xi": self.xi.clone(), "seen": self.seen.clone()}
@@ -195,7 +208,7 @@ class _PrimalDual(Method):
         pi = None if self.nupi is None else self.nupi.correction(self._dual_gradient(lam, violation), ids)
         lam = self._ascent(lam, violation)
         if pi is not None:
-            lam.add_(pi, alpha=self.dual_lr)
+            lam.addcmul_(pi, self.dual_lr)
         lam.clamp_(0.0, LAMBDA_CAP)                                   # projection onto [0, cap]
         self.multipliers.index_copy_(0, ids, lam)
         self._batch_multipliers = lam
@@ -232,7 +245,9 @@ class FL(_PrimalDual):
     name = "fl"
 
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
-        return lam.add_(violation, alpha=self.dual_lr)
+        # addcmul_ with the 0-dim dual lr rounds as add_(violation, alpha=lr) did with a Python float (one fused
+        # multiply-add; tests/test_reference.py holds the records to it)
+        return lam.addcmul_(violation, self.dual_lr)
 
     def _dual_gradient(self, lam: Tensor, violation: Tensor) -> Tensor:
         return violation
@@ -250,9 +265,15 @@ class RFL(_PrimalDual):
 
     name = "rfl"
 
+    def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
+                 dual_lr: float | None = None, device: torch.device | str = "cpu", nupi: NuPI | None = None) -> None:
+        super().__init__(n_samples, eps, alpha, dual_lr, device, nupi)
+        # 1 - eta/alpha computed in double and rounded once, as the Python expression it replaces
+        self.decay = _scalar(None if alpha is None or dual_lr is None else 1.0 - dual_lr / alpha, device)
+
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         # lam + eta*(v - lam/alpha) = (1 - eta/alpha)*lam + eta*v, written as two in-place ops.
-        return lam.mul_(1.0 - self.dual_lr / self.alpha).add_(violation, alpha=self.dual_lr)
+        return lam.mul_(self.decay).addcmul_(violation, self.dual_lr)
 
     def _dual_gradient(self, lam: Tensor, violation: Tensor) -> Tensor:
         return violation - lam / self.alpha

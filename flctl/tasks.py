@@ -14,11 +14,26 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
-# the policy's log-ratio margin and the targets hold the frozen reference's (see per_sample_loss in train.py).
+# the policy's log-ratio margin and the targets hold the frozen reference's (see flctl.losses).
 Kind = Literal["classification", "regression", "preference"]
+
+
+@dataclass(frozen=True)
+class Augment:
+    """A task's random augmentation of training batches, split so that a captured step can replay it: ``draw`` takes
+    one batch's random parameters from a generator (eagerly, at the start of each epoch, batch after batch in the
+    epoch's order: the draws of an augmentation that drew inside the step), ``apply`` uses them inside the step (no
+    generator, no host sync). See flctl.data.crop_flip."""
+
+    draw: Callable[[int, torch.Generator, torch.device], dict[str, torch.Tensor]]   # (batch size, generator, device)
+    apply: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]          # (x [B, ...], parameters) -> x
 
 
 @dataclass(frozen=True)
@@ -36,12 +51,13 @@ class Task:
     options: Mapping[str, Any] = field(default_factory=dict)
     # The methods the task accepts; None: every method described in flctl.method_info (see ``supported``).
     methods: tuple[str, ...] | None = None
-    # augment(x_batch, generator) -> x_batch, applied to training batches only, on the device.
-    augment: Callable[..., Any] | None = None
+    # Random augmentation of training batches on the device (flctl.data.Augment: its parameters are drawn once per
+    # epoch from the cell's own generator, then applied batch by batch inside the step).
+    augment: Augment | None = None
     # extras(model, dataset, options) -> {name: ndarray}, saved next to the records after training
     # (e.g. two-moons class probabilities on a grid, so reports can draw contours without torch).
     extras: Callable[..., dict] | None = None
-    # solve(config, dataset) -> flctl.train.Solution for tasks with their own solver (polyfit: CVXPY).
+    # solve(config, dataset) -> Solution for tasks with their own solver (polyfit: CVXPY).
     solve: Callable[..., Any] | None = None
     # check(options, data_dir) raises ConfigError when the dataset is missing or incomplete; run before
     # anything is written, so bad input leaves no database row behind.
@@ -51,8 +67,9 @@ class Task:
     prepare: Callable[..., None] | None = None
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
     eval_chunk: int = 4096
-    # Cells of this task may train together as one stacked model (flctl.train.train_together): small models
-    # without buffers (no BatchNorm statistics), no augmentation randomness shared across cells.
+    # Cells of this task train together as one vmapped model (flctl.step.batched_step) rather than interleaved step
+    # by step: small models without buffers (no BatchNorm statistics), where one stacked forward measured faster
+    # (benchmarks/bench_stacking.py). Every task with a model can train cells together either way.
     batched: bool = False
     # Inclusive (low, high) bounds of numeric options (None: open); checked before anything is written.
     option_ranges: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
@@ -70,6 +87,20 @@ class Task:
         if self.methods is not None:
             return self.methods
         return tuple(sorted(METHOD_INFO, key=lambda m: METHOD_INFO[m].order))
+
+
+@dataclass
+class Solution:
+    """What a task with its own solver (no gradient loop) returns; see tasks/polyfit.py.
+
+    ``train`` and ``test`` map "loss", "prediction", "target" (and "correct" if it applies) to per-sample
+    arrays ordered by sample id, as flctl.losses.evaluate does for trained models.
+    """
+
+    train: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    multipliers: np.ndarray | None = None
 
 
 def _discover() -> dict[str, Task]:

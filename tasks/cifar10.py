@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.tasks import Task
+from flctl.tasks import Augment, Task
 
 if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
     import torch
@@ -102,10 +102,16 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     return torch.nn.Sequential(Normalize(MEAN, STD), resnet18(10, small_inputs=True, width=options["width"]))
 
 
-def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    from flctl.data import random_crop_flip
+def _draw(b: int, generator: torch.Generator, device: torch.device) -> dict:
+    from flctl.data import crop_flip_params
 
-    return random_crop_flip(x, generator, pad=4)
+    return crop_flip_params(b, generator, device, pad=4)
+
+
+def _apply(x: torch.Tensor, params: dict) -> torch.Tensor:
+    from flctl.data import crop_flip
+
+    return crop_flip(x, params, pad=4)
 
 
 # Training images are saved with a run (for the top-multipliers figure) up to this size: a small or fake CIFAR-10,
@@ -133,7 +139,7 @@ TASK = Task(
     method_defaults={"cserm": dict(lr=0.01)},
     load=load,
     build_model=build_model,
-    augment=augment,
+    augment=Augment(_draw, _apply),   # random crop (zero padding 4) and horizontal flip
     extras=extras,
     check=check,
 )

@@ -301,7 +301,7 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
 @torch.no_grad()
 def prepare(model: DPOPolicy, data: Dataset, options: dict, precision: str = "auto") -> None:
     """Reference margins of every pair: the same forward with the adapter disabled, in eval mode."""
-    from flctl.train import model_output
+    from flctl.losses import model_output
 
     was_training = model.training
     model.eval()

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flctl.tasks import Task
+from flctl.tasks import Solution, Task
 
 if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
     from flctl.data import Dataset, Split
-    from flctl.train import Solution
 
 CURVE_POINTS = 400
 
@@ -47,7 +46,6 @@ def _vander(x: np.ndarray, degree: int) -> np.ndarray:
 def solve(cfg, data: Dataset) -> Solution:
     import cvxpy as cp
 
-    from flctl.train import Solution
 
     degree = cfg.opts["degree"]
     x_tr, y_tr = data.train.x.numpy(), data.train.y.numpy()

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.tasks import Task
+from flctl.tasks import Augment, Task
 
 if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
     import torch
@@ -252,14 +252,19 @@ def extras(model: torch.nn.Module, data: Dataset, options: dict) -> dict[str, np
             "folder": np.array(data.meta["folder"]), **groups}
 
 
-def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random horizontal flip only: a mirrored face has the same age, while random crops/translations would
-    undo the alignment the aligned&cropped release provides (and zero padding adds borders faces never have).
-    This choice is ours; the paper does not detail the augmentation."""
+# Random horizontal flip only: a mirrored face has the same age, while random crops/translations would undo the
+# alignment the aligned&cropped release provides (and zero padding adds borders faces never have). This choice is
+# ours; the paper does not detail the augmentation.
+def _draw_flip(b: int, generator: torch.Generator, device: torch.device) -> dict:
     import torch
 
-    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], x.flip(3), x)
+    return {"flip": torch.rand(b, device=device, generator=generator) < 0.5}
+
+
+def _apply_flip(x: torch.Tensor, params: dict) -> torch.Tensor:
+    import torch
+
+    return torch.where(params["flip"][:, None, None, None], x.flip(3), x)
 
 
 TASK = Task(
@@ -275,7 +280,7 @@ TASK = Task(
     method_defaults={"cserm": dict(lr=1e-5)},
     load=load,
     build_model=build_model,
-    augment=augment,
+    augment=Augment(_draw_flip, _apply_flip),
     extras=extras,
     check=check,
 )

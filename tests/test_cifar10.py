@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.config import ConfigError
-from flctl.data import Normalize, random_crop_flip
+from flctl.data import Normalize
 from flctl.tasks import get_task
 from tests.fixtures import write_cifar10
 from tests.helpers import files_under
@@ -57,8 +57,9 @@ def test_normalization_standardizes_each_channel() -> None:
 
 def test_augmentation_is_a_seeded_padded_crop_with_flips() -> None:
     x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
-    a = random_crop_flip(x, torch.Generator().manual_seed(1))
-    b = random_crop_flip(x, torch.Generator().manual_seed(1))
+    augment = get_task("cifar10").augment
+    a = augment.apply(x, augment.draw(16, torch.Generator().manual_seed(1), x.device))
+    b = augment.apply(x, augment.draw(16, torch.Generator().manual_seed(1), x.device))
     assert torch.equal(a, b) and a.dtype == torch.uint8 and not torch.equal(a, x)
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     for i in range(16):

@@ -43,8 +43,9 @@ import torch
 cooper = pytest.importorskip("cooper")
 
 from flctl.data import batches, epoch_order  # noqa: E402
+from flctl.losses import per_sample_loss  # noqa: E402
 from flctl.methods import FL, RFL, NuPI  # noqa: E402
-from flctl.train import per_sample_loss, train_step  # noqa: E402
+from flctl.step import train_step  # noqa: E402
 
 # Small steps keep the primal-dual dynamics calm (multipliers stay O(1)), so float32 rounding differences
 # between the two implementations are not amplified over the 40 steps.

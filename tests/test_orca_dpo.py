@@ -23,11 +23,14 @@ pytest.importorskip("trl")
 from typer.testing import CliRunner  # noqa: E402
 
 from flctl import records  # noqa: E402
+from flctl.cell import build_scheduler  # noqa: E402
 from flctl.cli import app  # noqa: E402
 from flctl.config import ConfigError  # noqa: E402
+from flctl.losses import per_sample_loss  # noqa: E402
 from flctl.methods import get_method  # noqa: E402
+from flctl.step import train_step  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
-from flctl.train import build_scheduler, per_sample_loss, train, train_step  # noqa: E402
+from flctl.train import train  # noqa: E402
 from flctl_tasks import orca_dpo  # noqa: E402
 from tests.fixtures import orca_rows, write_orca_dpo  # noqa: E402
 from tests.helpers import config, files_under  # noqa: E402

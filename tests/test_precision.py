@@ -11,7 +11,8 @@ import torch
 
 from flctl import records
 from flctl.config import ConfigError
-from flctl.train import model_output, train
+from flctl.losses import model_output
+from flctl.train import train
 from tests.fixtures import write_cifar10
 from tests.helpers import config
 

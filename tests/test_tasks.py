@@ -75,8 +75,8 @@ def test_paper_defaults_of_two_moons() -> None:
 def test_every_task_kind_has_one_loss_kind() -> None:
     import typing
 
+    from flctl.losses import LOSS_KINDS
     from flctl.tasks import Kind
-    from flctl.train import LOSS_KINDS
 
     assert set(LOSS_KINDS) == set(typing.get_args(Kind))
     assert {t.kind for t in all_tasks().values()} <= set(LOSS_KINDS)

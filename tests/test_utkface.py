@@ -135,7 +135,7 @@ def test_model_has_one_output_and_an_imagenet_stem(faces: Path) -> None:
     assert resnet.fc.out_features == 1 and resnet.conv1.kernel_size == (7, 7) and resnet.conv1.stride == (2, 2)
     assert model(data.train.x[:2]).shape == (2, 1)
     x = data.train.x
-    out = task.augment(x, torch.Generator().manual_seed(0))
+    out = task.augment.apply(x, task.augment.draw(len(x), torch.Generator().manual_seed(0), x.device))
     assert all(torch.equal(out[i], x[i]) or torch.equal(out[i], x[i].flip(2)) for i in range(len(x)))
 
 

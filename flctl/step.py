@@ -1,0 +1,194 @@
+"""The training step: one alternating GDA step of one cell (dual step first, then the primal step with λ_{t+1}).
+
+The step is graph-safe, so that on CUDA it can be captured once and replayed (``CapturedStep``) or compiled
+(``compile_objective``) with the numbers of the eager step:
+
+- a cell's batches of an epoch sit in static device buffers (``EpochBatches``), filled once per epoch; the step
+  takes its ids (and augmentation parameters, drawn at the same time from the cell's own generator) by a
+  device-side step counter. The last, partial batch is a shape of its own with its own buffers: every multiplier
+  is visited every epoch, and nothing is padded (padding would move BatchNorm statistics);
+- hyper-parameters are 0-dim device tensors (flctl.methods; the CUDA learning rate, flctl.cell.build_optimizer);
+- state (multipliers, nuPI's ξ, epoch losses, BatchNorm statistics, optimizer state) changes in place only;
+- nothing in an epoch's steps reads a device value on the host.
+
+``batched_step`` is the other way to train cells of a small model together: one vmapped forward for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from flctl.data import Dataset
+from flctl.losses import model_output, per_sample_loss
+from flctl.tasks import Augment, Task
+
+if TYPE_CHECKING:
+    from flctl.cell import Cell
+
+# Steps each batch shape runs eagerly before its capture: they are real training steps, and they let lazily
+# created state (optimizer moments, cuBLAS workspaces, the autograd graph's buffers) exist before capture.
+WARMUP_STEPS = 3
+
+
+def step_objective(task: Task, model: torch.nn.Module, method, x: Tensor, y: Tensor, ids: Tensor,
+                   precision: str = "auto") -> tuple[Tensor, Tensor]:
+    """Forward, per-sample losses g [B], the dual step on λ[ids], and the primal objective (a scalar) to
+    back-propagate: the graph-safe part of a step that ``torch.compile(fullgraph=True)`` takes whole."""
+    losses = per_sample_loss(task, model_output(model, x, precision), y)   # [B]
+    method.dual_step_(losses, ids)                  # λ[ids] moves; no-op for ERM/CSERM
+    return method.primal_loss(losses, ids), losses.detach()                 # mean g, CSERM, or Σ λ g
+
+
+def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.optim.Optimizer,
+               x: Tensor, y: Tensor, ids: Tensor, micro_batch: int = 0, precision: str = "auto",
+               objective: Callable[..., tuple[Tensor, Tensor]] = step_objective) -> Tensor:
+    """One alternating GDA step: dual step first, then the primal step with lambda_{t+1}. Returns g [B].
+
+    With ``micro_batch`` the batch is processed in chunks whose gradients accumulate before the one optimizer
+    step. Every chunk is evaluated at the same parameters and each multiplier depends only on its own sample's
+    loss, so the dual steps and the accumulated gradient are those of the whole batch. ``objective``:
+    ``step_objective`` or its compiled form.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    size = len(ids)
+    chunk = micro_batch if 0 < micro_batch < size else size
+    losses_out = []
+    for start in range(0, size, chunk):
+        part = slice(start, start + chunk)
+        loss, losses = objective(task, model, method, x[part], y[part], ids[part], precision)
+        if chunk < size and method.reduction == "mean":
+            loss = loss * (len(losses) / size)          # this chunk's share of the batch mean
+        loss.backward()
+        losses_out.append(losses)
+    optimizer.step()
+    return losses_out[0] if len(losses_out) == 1 else torch.cat(losses_out)
+
+
+class EpochBatches:
+    """One cell's batches of an epoch in static device buffers: ids [S, B] of the full batches and [R] of the last
+    partial one (R = N mod B), with their augmentation parameters, and the device-side counter of the next full
+    batch. ``fill`` runs once per epoch, eagerly; ``take`` is what the step reads (graph-safe)."""
+
+    def __init__(self, batch_size: int, device: torch.device) -> None:
+        self.batch_size, self.device = batch_size, device
+        self.full = torch.empty(0, batch_size, dtype=torch.long, device=device)
+        self.last = torch.empty(0, dtype=torch.long, device=device)
+        self.full_params: dict[str, Tensor] = {}
+        self.last_params: dict[str, Tensor] = {}
+        self.counter = torch.zeros(1, dtype=torch.long, device=device)
+
+    @property
+    def shapes(self) -> list[bool]:
+        """The epoch's steps in order, as ``last`` flags: S full batches, then the partial one if any."""
+        return [False] * len(self.full) + [True] * bool(len(self.last))
+
+    def fill(self, order: Tensor, augment: Augment | None, generator: torch.Generator | None) -> None:
+        """Copy the epoch's order into the buffers (reallocated only when its length changes: pruning) and draw the
+        augmentation parameters batch after batch, as an augmentation drawing inside each step would."""
+        b = self.batch_size
+        steps, rest = divmod(len(order), b)
+        if self.full.shape[0] != steps or len(self.last) != rest:
+            self.full = torch.empty(steps, b, dtype=torch.long, device=self.device)
+            self.last = torch.empty(rest, dtype=torch.long, device=self.device)
+        # From pinned memory, asynchronously: a pageable host-to-device copy waits for the device.
+        host = order.pin_memory() if self.device.type == "cuda" and not order.is_cuda else order
+        self.full.copy_(host[:steps * b].view(steps, b), non_blocking=True)
+        self.last.copy_(host[steps * b:], non_blocking=True)
+        if augment is not None:
+            assert generator is not None
+            drawn = [augment.draw(b, generator, self.device) for _ in range(steps)]
+            self.full_params = {k: torch.stack([d[k] for d in drawn]) for k in drawn[0]} if drawn else {}
+            self.last_params = augment.draw(rest, generator, self.device) if rest else {}
+        self.counter.zero_()
+
+    def take(self, last: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        """The next batch's ids and augmentation parameters; a full batch moves the counter on."""
+        if last:
+            return self.last, self.last_params
+        ids = self.full.index_select(0, self.counter).view(-1)
+        params = {k: v.index_select(0, self.counter).squeeze(0) for k, v in self.full_params.items()}
+        self.counter.add_(1)
+        return ids, params
+
+
+def cell_step(cell: Cell, task: Task, data: Dataset, batches: EpochBatches, last: bool,
+              objective: Callable[..., tuple[Tensor, Tensor]] = step_objective) -> None:
+    """One step of ``cell`` on its next batch: gather, augment, ``train_step``, keep each sample's loss."""
+    ids, params = batches.take(last)
+    x, y = data.train.x.index_select(0, ids), data.train.y.index_select(0, ids)   # [B, ...], [B]
+    if task.augment is not None:
+        x = task.augment.apply(x, params)
+    losses = train_step(task, cell.model, cell.method, cell.optimizer, x, y, ids, cell.cfg.micro_batch,
+                        cell.cfg.precision, objective)
+    cell.epoch_losses.index_copy_(0, ids, losses)
+    if cell.pruner is not None:        # pruning runs train eagerly and alone (their epochs change length)
+        cell.pruner.visited(ids, cell.method.satisfied(losses, ids))
+
+
+class CapturedStep:
+    """A step replayed as a CUDA graph: ``WARMUP_STEPS`` eager calls (real steps) on the cell's stream, then one
+    capture, replayed from then on. One per cell and batch shape; each has its own memory pool (the shapes'
+    graphs are not replayed in the order they were captured, so they cannot share one)."""
+
+    def __init__(self, step: Callable[[], None], stream: torch.cuda.Stream) -> None:
+        self.step, self.stream = step, stream
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        if self.calls < WARMUP_STEPS:
+            self.calls += 1
+            self.step()
+            return
+        # The step begins with zero_grad(set_to_none=True), so the captured backward allocates the gradients in
+        # the graph's own pool, and every replay writes them there.
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=self.stream):
+            self.step()
+        self.graph.replay()                 # capturing runs nothing: this is the step's real run
+
+
+def compile_objective() -> Callable[..., tuple[Tensor, Tensor]]:
+    """``step_objective`` compiled whole (fullgraph: a graph break would be an error, not a slow path). Its kernels
+    fuse and round differently from eager ones: the engine is part of a run's identity."""
+    return torch.compile(step_objective, fullgraph=True)
+
+
+def batched_step(task: Task, cells: Sequence[Cell], xs: list[Tensor], ys: list[Tensor],
+                 step_ids: Sequence[Tensor]) -> list[Tensor]:
+    """``train_step`` for several cells of one small model at once: their parameters are stacked (stacking is
+    differentiable, so each cell's own parameters get its gradient) and one vmapped forward and one backward
+    serve them all; then each cell's own dual step, objective and optimizer step, as alone. Returns each cell's g.
+
+    Equal to the cells' separate steps up to float rounding (batched matrix products sum in another order).
+    """
+    from torch.func import functional_call
+
+    base = cells[0].model                     # its code runs with each cell's parameters; batched tasks have no buffers
+    params = [dict(c.model.named_parameters()) for c in cells]
+    stacked = {name: torch.stack([p[name] for p in params]) for name in params[0]}     # [R, ...] each
+    x = torch.stack(xs)                                                                 # [R, B, ...]
+    forward = torch.vmap(lambda theta, xb: functional_call(base, theta, (xb,)))
+    if x.device.type == "cuda" and cells[0].cfg.precision == "auto":
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            out = forward(stacked, x).float()
+    else:
+        out = forward(stacked, x)                                                       # [R, B, out]
+    objectives, losses_out = [], []
+    for c, out_c, y, ids in zip(cells, out, ys, step_ids):
+        losses = per_sample_loss(task, out_c, y)                           # [B]
+        c.method.dual_step_(losses, ids)
+        objectives.append(c.method.primal_loss(losses, ids))
+        losses_out.append(losses.detach())
+        c.optimizer.zero_grad(set_to_none=True)
+    torch.stack(objectives).sum().backward()    # cells share no parameter: each gets its own objective's gradient
+    for c in cells:
+        c.optimizer.step()
+    return losses_out
