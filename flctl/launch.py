@@ -187,7 +187,7 @@ class Worker(submitit.helpers.Checkpointable):
         if first is None:
             return []
         cfgs = [first]
-        if self.batch_runs > 1 and get_task(cfgs[0].task).batched:
+        if self.batch_runs > 1 and get_task(cfgs[0].task).build_model is not None:   # every task with a model
             key = cfgs[0].together_key()
             while len(cfgs) < self.batch_runs:
                 more = claim(lambda config: RunConfig.from_json(config).together_key() == key)
@@ -493,7 +493,8 @@ def batch_runs_for(task: str, cells: int, workers: int, device: str) -> int:
     """Cells a worker trains together when --batch-runs is not given: on a GPU, for a ``batched`` task, an even
     share of the cells per worker, at most AUTO_BATCH_RUNS; otherwise 1. On the CPU a small model's step is
     compute-bound and stacking saves only Python overhead: 25 two-moons cells took 18.4 s with 8 per worker vs
-    16.6 s alone (benchmarks/bench_sweep.py), so the CPU default does not stack."""
+    16.6 s alone (benchmarks/bench_sweep.py), so the CPU default does not stack. ResNet cells (cifar10, utkface)
+    stack only when asked (--batch-runs K): how many pay on a GPU has not been measured yet."""
     from flctl.tasks import get_task
 
     if not (device.startswith("cuda") and get_task(task).batched):

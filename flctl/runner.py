@@ -147,7 +147,7 @@ def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch:
             store.finish_run(result.run_id, status=result.status, epochs_done=result.epochs_done,
                              metrics=result.metrics, diverged_at=result.diverged_at,
                              lambda_capped=result.lambda_capped, artifacts=result.artifacts,
-                             duration_s=time.perf_counter() - started)
+                             duration_s=time.perf_counter() - started, trained_with=result.trained_with)
 
     try:
         results = train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,

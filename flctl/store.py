@@ -96,6 +96,8 @@ class Run(Base):
     diverged_at: Mapped[dict | None] = mapped_column(JSON)
     lambda_capped: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    # {"engine": eager | captured | compiled | vmap, "cells_together": K, "device": the device's name}
+    trained_with: Mapped[dict | None] = mapped_column(JSON)
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="run", cascade="all, delete-orphan",
                                                        lazy="selectin")
 
@@ -136,6 +138,7 @@ class RunRecord:
     diverged_at: dict | None
     lambda_capped: int | None
     error: str | None
+    trained_with: dict[str, Any] | None   # engine, cells_together, device (flctl.cell.RunResult)
     artifacts: dict[str, str]          # kind (records, model, extras) -> path
 
     @property
@@ -535,11 +538,12 @@ class Store:
 
     def finish_run(self, run_id: str, *, status: str, epochs_done: int, metrics: dict[str, float],
                    diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],
-                   duration_s: float) -> None:
+                   duration_s: float, trained_with: dict[str, Any] | None = None) -> None:
         def fn(s: Session) -> None:
             run = s.get(Run, run_id)
             assert run is not None, run_id     # a claimed run is never deleted
             run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
+            run.trained_with = trained_with or None
             run.diverged_at, run.lambda_capped = diverged_at, lambda_capped
             run.finished_at = run.heartbeat_at = now()
             run.duration_s = (run.duration_s or 0.0) + duration_s

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import math
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,3 +227,34 @@ def _flag(name: str) -> str:
 def _round_sig(x: float, digits: int = 12) -> float:
     """Round away float noise of 10**k so 1e-4..1 gives exactly 0.0001, 0.001, ... (stable run hashes)."""
     return float(f"{x:.{digits}g}")
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """What a sweep's cells to do would cost on one device, from the database's finished runs (``estimate_cost``)."""
+
+    device_hours: float
+    s_per_epoch: float          # median over the history
+    history: int                # finished runs it is the median of
+    epochs: int                 # epochs left to train over the cells to do
+    cells_per_device: int
+
+
+def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int) -> CostEstimate | None:
+    """Device-hours of the cells of ``configs`` not completed yet: the median seconds per epoch of ``runs`` (store
+    records) that completed on the same task and device, times the epochs left, divided by the cells that share a
+    device. None without such history. Seconds per epoch of a finished run: its duration (every attempt, data loading
+    included) over its epochs, so the estimate errs long rather than short."""
+    import statistics
+
+    task, device = configs[0].task, configs[0].device
+    done = {r.id for r in runs if r.status == "completed"}
+    history = [r.duration_s / r.epochs_done for r in runs
+               if r.task == task and r.device == device and r.status == "completed" and r.duration_s
+               and r.epochs_done]
+    if not history:
+        return None
+    per_epoch = statistics.median(history)
+    epochs = sum(c.epochs for c in configs if c.run_id not in done)
+    return CostEstimate(per_epoch * epochs / max(1, cells_per_device) / 3600, per_epoch, len(history), epochs,
+                        max(1, cells_per_device))

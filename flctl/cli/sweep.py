@@ -62,9 +62,11 @@ def sweep(
                                                    rich_help_panel=LAUNCH_PANEL)] = None,
     per_gpu: Annotated[Optional[int], typer.Option("--per-gpu", help="Workers sharing one GPU [1].",
                                                    rich_help_panel=LAUNCH_PANEL)] = None,
-    batch_runs: Annotated[Optional[int], typer.Option("--batch-runs", help="Cells a worker trains together as one "
-                                                      "stacked model (tasks that allow it) [auto: an even share, "
-                                                      "at most 8].", rich_help_panel=LAUNCH_PANEL)] = None,
+    batch_runs: Annotated[Optional[int], typer.Option("--batch-runs", help="Cells a worker trains together in one "
+                                                      "process, each equal to the cell alone (small models: one "
+                                                      "vmapped model; others: step by step, on CUDA each on its own "
+                                                      "stream) [auto: on a GPU for small models an even share, at "
+                                                      "most 8; else 1].", rich_help_panel=LAUNCH_PANEL)] = None,
     checkpoint_every: Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
                                                               "checkpoints (also at eval epochs) [60].",
                                                               rich_help_panel=LAUNCH_PANEL)] = None,
@@ -142,6 +144,7 @@ def sweep(
 
     if dry_run:
         _print_plan(sid, sweep_spec, configs)
+        console.print(_cost_line(db, results_dir, configs, settings))
         return
 
     root = ensure_writable(results_root(results_dir))
@@ -219,6 +222,33 @@ def _print_plan(sid: str, spec, configs) -> None:
         table.add_row(c.run_id, *(_fmt(getattr(c, k)) for k in varying), *(_fmt(c.opts[k]) for k in opts))
     console.print(table)
     console.print(f"{len(configs)} runs; nothing was written")
+
+
+def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
+    """The plan's device-hours from the database's finished runs of the same task and device, read-only."""
+    from flctl.store import Store, StoreError
+    from flctl.sweep import estimate_cost
+
+    device = configs[0].device
+    together = (settings.batch_runs or 1) * ((settings.per_gpu or 1) if device.startswith("cuda") else 1)
+    url = db_url(db, results_root(results_dir))
+    runs = []
+    if not (url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists()):
+        try:
+            store = Store.open(url, readonly=True)
+            try:
+                runs = store.list_runs(task=configs[0].task)
+            finally:
+                store.close()
+        except StoreError:
+            runs = []
+    cost = estimate_cost(runs, configs, together)
+    if cost is None:
+        return (f"cost: no finished {configs[0].task} runs on {device} in the database yet, so no estimate "
+                "(it comes from their median seconds per epoch)")
+    return (f"cost: about {cost.device_hours:.3g} {device}-hours: {cost.epochs:,} epochs to train x "
+            f"{cost.s_per_epoch:.3g} s per epoch (median of {cost.history} finished {configs[0].task} runs on "
+            f"{device}) / {cost.cells_per_device} cell(s) per device")
 
 
 def _fmt(v) -> str:
