@@ -45,6 +45,7 @@ def test_run_two_moons_fl_records_parquet_and_database(results: Path) -> None:
 
     shown = json.loads(flctl("show", run["id"][:6], "--json").stdout)
     assert shown["id"] == run["id"]
+    assert shown["trained_with"] == {"engine": "eager", "cells_together": 1, "device": "cpu"}
     human = flctl("show", run["id"])
     assert human.exit_code == 0 and "violation_rate" in human.output
 
@@ -160,3 +161,14 @@ def test_reads_never_write(results: Path, tmp_path: Path) -> None:
     for args in (["runs"], ["status"], ["report", "--table", "main"]):
         assert_rejected(flctl(*args, "--db", f"sqlite:///{empty}"), "empty: not an flctl database yet")
     assert empty.read_bytes() == b""
+
+
+def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> None:
+    plan = ["sweep", "two-moons", "-m", "fl", "--lr", "1e-3,1e-2", "--epochs", "40", "--dry-run"]
+    assert "no finished two-moons runs on cpu" in flctl(*plan).output
+    assert flctl("run", "two-moons", "-m", "erm", "--epochs", "4").exit_code == 0
+    run = json.loads(flctl("runs", "--json").stdout)[0]
+    out = flctl(*plan).output.replace("\n", " ")
+    per_epoch = run["duration_s"] / 4
+    assert "80 epochs to train" in out and "median of 1 finished two-moons runs on cpu" in out
+    assert f"about {per_epoch * 80 / 3600:.3g} cpu-hours" in out

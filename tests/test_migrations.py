@@ -9,21 +9,24 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from flctl import migrations
 from flctl.cli import app
 from flctl.store import Base, Meta, Store, StoreError
 from tests.helpers import config
 from tests.test_concurrency import pg_database
 
-NEXT = '''"""A next version's change: a note per run.
+HEAD = migrations.head()
+NEXT_REVISION = f"{int(HEAD) + 1:04d}"
+NEXT = f'''"""A next version's change: a note per run.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: {NEXT_REVISION}
+Revises: {HEAD}
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "{NEXT_REVISION}"
+down_revision = "{HEAD}"
 branch_labels = None
 depends_on = None
 
@@ -31,6 +34,10 @@ depends_on = None
 def upgrade() -> None:
     op.add_column("runs", sa.Column("note", sa.Text(), nullable=True))
 '''
+
+
+# Columns of the runs table that revisions after the baseline added (0002: trained_with).
+V1_LATER_COLUMNS = ("trained_with",)
 
 
 def url_for(backend: str, tmp_path: Path) -> str:
@@ -51,6 +58,8 @@ def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_pat
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     Base.metadata.create_all(engine)                         # what flctl wrote before: tables and schema v1
     with engine.begin() as conn:
+        for column in V1_LATER_COLUMNS:                       # added by revisions after the baseline
+            conn.execute(sa.text(f"ALTER TABLE runs DROP COLUMN {column}"))
         conn.execute(sa.insert(Meta).values(key="schema_version", value="1"))
     engine.dispose()
     Store(sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))).add_runs(
@@ -59,7 +68,7 @@ def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_pat
     with pytest.raises(StoreError, match="older flctl: a command that writes .* upgrades it"):
         Store.open(url, readonly=True)                        # a read leaves it as it is
     store = Store.open(url)
-    assert revision(url) == "0001"
+    assert revision(url) == HEAD
     assert [r.id for r in store.list_runs()] == [config("two-moons", "fl").run_id]
     store.close()
 
@@ -69,20 +78,20 @@ def test_the_next_version_upgrades_in_place_and_this_one_refuses_it(tmp_path: Pa
     url = url_for(backend, tmp_path)
     store = Store.open(url)
     store.add_runs([config("two-moons", "fl")])
-    assert revision(url) == "0001"
+    assert revision(url) == HEAD
 
     scripts = tmp_path / "next"                               # the next flctl: today's revisions plus one
     shutil.copytree(Path(__import__("flctl.migrations").migrations.SCRIPTS), scripts)
-    (scripts / "versions" / "0002_note.py").write_text(NEXT)
+    (scripts / "versions" / f"{NEXT_REVISION}_note.py").write_text(NEXT)
     store._check_schema(scripts)
-    assert revision(url) == "0002"
+    assert revision(url) == NEXT_REVISION
     with store.engine.connect() as conn:
         assert "note" in {c["name"] for c in sa.inspect(conn).get_columns("runs")}
     assert len(store.list_runs()) == 1                        # nothing lost
     store._check_schema(scripts)                              # at head: nothing to do
     store.close()
 
-    with pytest.raises(StoreError, match="revision 0002 is newer than this flctl knows: upgrade flctl"):
+    with pytest.raises(StoreError, match=f"revision {NEXT_REVISION} is newer than this flctl knows: upgrade flctl"):
         Store.open(url)
     res = CliRunner().invoke(app, ["runs", "--db", url])
     assert res.exit_code == 2 and "upgrade flctl" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -1,0 +1,89 @@
+"""The captured engine on CUDA (marked gpu; skipped without CUDA): replayed steps equal eager ones bit for bit with
+deterministic kernels, K cells stacked on one GPU equal each cell alone, and an epoch's steps never sync."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from flctl.cell import Cell
+from flctl.data import epoch_order
+from flctl.step import WARMUP_STEPS, CapturedStep, EpochBatches, cell_step
+from flctl.tasks import get_task
+from flctl.train import train, train_together
+from tests.fixtures import write_cifar10
+from tests.helpers import config
+from tests.reference import digest
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with CUDA_VISIBLE_DEVICES set)")]
+
+# 40 images per batch file: 200 training images, 16 full batches of 12 and one of 8 per epoch
+CIFAR = dict(epochs=2, eval_every=1, batch_size=12, options={"width": 8}, device="cuda")
+
+
+@pytest.fixture(autouse=True)
+def deterministic():
+    """Deterministic cuDNN/cuBLAS kernels: what bit-for-bit equality costs (no autotuned convolutions)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before
+
+
+def cells(data_dir: str, **kw) -> list:
+    return [config("cifar10", m, seed=s, lr=lr, data_dir=data_dir, **CIFAR, **kw)
+            for m, s, lr in (("fl", 0, 0.05), ("erm", 1, 0.02), ("rfl", 2, 0.03), ("cserm", 3, 0.01))]
+
+
+def test_replay_equals_eager_over_two_epochs(tmp_path: Path) -> None:
+    data = str(write_cifar10(tmp_path / "data", per_batch=40))
+    eager = cells(data)[0]
+    captured = cells(data, engine="captured")[0]
+    assert eager.run_id == captured.run_id
+    a = train(eager, tmp_path / "eager", tmp_path / "a")
+    b = train(captured, tmp_path / "captured", tmp_path / "b")
+    assert b.trained_with["engine"] == "captured" and a.trained_with["engine"] == "eager"
+    assert a.metrics == b.metrics
+    assert digest(tmp_path / "eager", eager.run_id) == digest(tmp_path / "captured", eager.run_id)
+
+
+def test_four_stacked_cells_equal_each_alone(tmp_path: Path) -> None:
+    data = str(write_cifar10(tmp_path / "data", per_batch=40))
+    cfgs = cells(data, engine="captured")
+    together = train_together(cfgs, tmp_path / "together", [tmp_path / "t" / c.run_id for c in cfgs])
+    for cfg, result in zip(cfgs, together):
+        alone = train(cfg, tmp_path / "alone", tmp_path / "a" / cfg.run_id)
+        assert result.trained_with["cells_together"] == 4
+        assert result.metrics == alone.metrics, cfg.method
+        assert digest(tmp_path / "together", cfg.run_id) == digest(tmp_path / "alone", cfg.run_id), cfg.method
+
+
+def test_an_epoch_of_captured_steps_never_syncs_with_the_host(tmp_path: Path) -> None:
+    data_dir = str(write_cifar10(tmp_path / "data", per_batch=40))
+    cfg = cells(data_dir, engine="captured")[0]
+    task = get_task("cifar10")
+    data = task.load(cfg.opts, cfg.data_dir).to("cuda")
+    cell = Cell.build(cfg, task, data, tmp_path / "run", torch.device("cuda"))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    batches = EpochBatches(cfg.batch_size, torch.device("cuda"))
+    steps = {last: CapturedStep(lambda last=last: cell_step(cell, task, data, batches, last), stream)
+             for last in (False, True)}
+    with torch.cuda.stream(stream):
+        for epoch in range(WARMUP_STEPS + 2):     # the last shape is captured after WARMUP_STEPS epochs
+            generator = torch.Generator(device="cuda").manual_seed(epoch)
+            batches.fill(epoch_order(len(data.train), cfg.seed, epoch), task.augment, generator)
+            if epoch == WARMUP_STEPS + 1:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                for last in batches.shapes:
+                    steps[last]()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    assert all(s.graph is not None for s in steps.values())
+    assert torch.isfinite(cell.epoch_losses).all()
