@@ -1,29 +1,36 @@
-"""GPU proof: paper-scale timings of the CUDA paths, written as one JSON file per section.
+"""GPU proof: the suite with CUDA visible and paper-scale timings of the CUDA paths, one JSON file per section.
 
-Each section trains through flctl's own ``train()`` (the loop `flctl run` uses) on data written in the dataset's
-real on-disk format, so the loaders, the on-device pipelines and the checkpoints are all in the timings.
+Every timing trains through flctl's own code (``train()`` or ``flctl sweep``) on data written in the dataset's real
+on-disk format, so the loaders, the on-device pipelines, the store and the checkpoints are all in the numbers.
 
-    python benchmarks/bench_gpu.py cifar --out DIR         # epoch time per method, 50k/10k CIFAR-format batches
-    python benchmarks/bench_gpu.py share --k 1,2,4          # K processes training on one GPU: aggregate images/s
-    python benchmarks/bench_gpu.py profile                  # torch.profiler summary of FL steps
-    python benchmarks/bench_gpu.py precision                # bf16 autocast vs fp32, two-moons and digits, 3 seeds
-    python benchmarks/bench_gpu.py dpo                      # orca-dpo: tiny on CUDA, a saved LM in 4-bit NF4
-    python benchmarks/bench_gpu.py utkface                  # 4,438 training JPEGs at the default 64 px
+    python benchmarks/bench_gpu.py suite --out DIR      # python -m pytest with CUDA visible (junit + log)
+    python benchmarks/bench_gpu.py cifar                # 50k/10k CIFAR-format batches: ERM/FL s/epoch per engine, precision
+    python benchmarks/bench_gpu.py profile              # torch.profiler over one FL epoch: GPU busy vs wall, per engine
+    python benchmarks/bench_gpu.py share                # flctl sweep on one GPU: K cells together vs K processes
+    python benchmarks/bench_gpu.py moons                # 1,000-cell two-moons grid through flctl sweep, stacked vs not
+    python benchmarks/bench_gpu.py utkface              # 22,190 JPEGs (4,438 training images) at the default 200 px
+    python benchmarks/bench_gpu.py dpo                  # orca-dpo: a ~1B causal LM in 4-bit NF4 with LoRA, length 1024
+    python benchmarks/bench_gpu.py collect DIR...       # merge sections into benchmarks/results/gpu-<date>-<device>.json
 
-``--small`` shrinks every size so the whole file runs on a CPU in a couple of minutes (a check of this script,
-not a measurement). Epoch times are medians of the epochs after the first (which pays cuDNN's and the
-allocator's warm-up); an epoch that evaluates is timed separately and its extra cost reported as ``eval_s``.
+``--small`` shrinks every size so the sections run on a CPU in minutes (a check of this script, not a measurement).
+Epoch times are medians of the epochs after the first (which pays cuDNN's, the allocator's, graph capture's and
+the compiler's warm-up); an epoch that evaluates is timed separately and its extra cost reported as ``eval_s``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
+import os
+import re
+import sqlite3
 import statistics
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +44,7 @@ from flctl.tasks import get_task  # noqa: E402
 from flctl.train import EpochStats, train  # noqa: E402
 from tests.fixtures import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
 
-METHODS = ("erm", "fl", "rfl", "cserm")
+PAPER_EVAL_EVERY = 10      # the issue's paper schedule for CIFAR-10: 200 epochs, evaluated every 10
 
 
 class Stop(Exception):
@@ -49,264 +56,249 @@ def config(task: str, method: str, device: str, **overrides):
     return dataclasses.replace(cfg, device=device)
 
 
-def timed_epochs(cfg, work: Path, epochs: int) -> dict:
+def cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def sync(device: str) -> None:
+    if cuda(device):
+        torch.cuda.synchronize()
+
+
+def timed_epochs(cfg, work: Path, epochs: int, on_epoch=None) -> dict:
     """Train ``cfg`` for ``epochs`` epochs (of its full schedule) and time each one from the callback."""
     marks: list[tuple[float, bool]] = []
     start = time.perf_counter()
 
-    def on_epoch(stats: EpochStats) -> None:
-        if cfg.device.startswith("cuda"):
-            torch.cuda.synchronize()
+    def callback(stats: EpochStats) -> None:
+        sync(cfg.device)
         marks.append((time.perf_counter(), stats.metrics is not None))
+        if on_epoch is not None:
+            on_epoch(len(marks))
         if len(marks) >= epochs:
             raise Stop
 
-    if cfg.device.startswith("cuda"):
+    if cuda(cfg.device):
         torch.cuda.reset_peak_memory_stats()
     status = "timed"
     try:
-        status = train(cfg, work / "records", work / cfg.run_id, on_epoch=on_epoch).status
+        status = train(cfg, work / "records", work / cfg.run_id, on_epoch=callback).status
     except Stop:
         pass
-    if len(marks) < 3:
-        return {"status": status, "epochs_done": len(marks)}
     times = [b - a for (a, _), (b, _) in zip([(start, False)] + marks[:-1], marks)]
     plain = [t for t, (_, ev) in zip(times[1:], marks[1:]) if not ev]
     with_eval = [t for t, (_, ev) in zip(times[1:], marks[1:]) if ev]
+    if not plain:
+        return {"status": status, "epochs_done": len(marks), "epoch_times_s": times}
     epoch_s = statistics.median(plain)
     return {"status": status, "epoch_s": epoch_s, "epoch_times_s": [round(t, 4) for t in times],
-            "first_epoch_s": times[0],          # includes data loading, model build, warm-up
+            "first_epoch_s": times[0],          # includes data loading, model build, warm-up, capture, compile
             "eval_s": (statistics.median(with_eval) - epoch_s) if with_eval else None,
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if cfg.device.startswith("cuda") else None,
-            # what stays allocated between steps: weights, optimizer state, multipliers, the data on the device
-            "resident_mem_gb": torch.cuda.memory_allocated() / 2**30 if cfg.device.startswith("cuda") else None}
+            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda(cfg.device) else None}
 
 
-def extrapolate(t: dict, cfg) -> float:
+def whole_run_s(t: dict, epochs: int, eval_every: int) -> float:
     """Whole-run seconds: first epoch + the remaining epochs + one eval per eval_every (and the final one)."""
-    evals = len({e for e in range(cfg.eval_every, cfg.epochs + 1, cfg.eval_every)} | {cfg.epochs})
-    return t["first_epoch_s"] + (cfg.epochs - 1) * t["epoch_s"] + evals * (t["eval_s"] or 0.0)
+    evals = len(set(range(eval_every, epochs + 1, eval_every)) | {epochs})
+    return t["first_epoch_s"] + (epochs - 1) * t["epoch_s"] + evals * (t["eval_s"] or 0.0)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | None, float]:
+    """Run ``cmd`` with output appended to ``log``; kill its process group at ``timeout``. (rc or None, seconds)."""
+    t0 = time.perf_counter()
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = None
+    return rc, time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------------------------------------ sections
 
-def cifar(args) -> dict:
+def suite(args) -> dict:
+    """The whole suite, CUDA visible. pytest-xdist spreads it over processes when it is installed."""
+    junit = args.out / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-ra"]
+    try:
+        import xdist  # noqa: F401
+        cmd += ["-n", str(args.workers)]
+    except ImportError:
+        pass
+    cmd += args.pytest_args
+    rc, seconds = run_logged(cmd, args.out / "pytest.log", args.timeout)
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    failures = []
+    if junit.exists():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+            key = {"failure": "failed", "error": "errors"}.get(kind, kind)
+            counts[key] += 1
+            if kind in ("failure", "error"):
+                failures.append(f"{case.get('classname')}::{case.get('name')}")
+    return {**counts, "failures": failures, "rc": rc, "seconds": seconds,
+            "command": " ".join(["python", "-m", "pytest"] + cmd[cmd.index("pytest") + 1:]).replace(str(junit),
+                                                                                                  "junit.xml")}
+
+
+def cifar_data(args) -> Path:
     per_batch = 200 if args.small else 10_000           # 5 x 10,000 train + 10,000 test, as the real batches
-    data = write_cifar10(args.work / "cifar", per_batch=per_batch)
-    out = {"images_train": 5 * per_batch, "images_test": per_batch, "precision": args.precision, "methods": {}}
+    return write_cifar10(args.work / f"cifar-{per_batch}", per_batch=per_batch)
+
+
+def cifar(args) -> dict:
+    data = cifar_data(args)
+    n = 1000 if args.small else 50_000
     width = 8 if args.small else 64
-    for m in args.methods.split(","):
-        # eval every 5 epochs so that epoch 5 of the 6 timed ones shows the evaluation's cost
-        # CSERM steps at lr/10 (the paper's primal table); at the full lr it diverges on random labels
-        lr = {"lr": get_task("cifar10").defaults["lr"] / 10} if m == "cserm" else {}
-        cfg = config("cifar10", m, args.device, data_dir=str(data), eval_every=5, options={"width": width},
-                     precision=args.precision, **lr)
-        t = timed_epochs(cfg, args.work / "runs", 6)
-        full = config("cifar10", m, args.device, data_dir=str(data), options={"width": width})   # paper schedule
-        out["methods"][m] = t
-        if "epoch_s" not in t:
-            print(f"cifar10 {m}: {t}", flush=True)
-            continue
-        t["images_per_s"] = 5 * per_batch / t["epoch_s"]
-        t["paper_run_min"] = extrapolate(t, full) / 60
-        print(f"cifar10 {m}: {t['epoch_s']:.2f} s/epoch, {t['images_per_s']:.0f} img/s, eval {t['eval_s']}, "
-              f"200 epochs ~ {t['paper_run_min']:.1f} min", flush=True)
-    if "epoch_s" in out["methods"].get("erm", {}):
-        erm = out["methods"]["erm"]["epoch_s"]
-        out["epoch_time_ratio_to_erm"] = {m: t["epoch_s"] / erm for m, t in out["methods"].items() if "epoch_s" in t}
-    return out
+    out: dict = {"images_train": n, "width": width, "runs": {}}
+    for engine in args.engines.split(","):
+        for precision in args.precisions.split(","):
+            if engine == "compiled" and precision == "fp32" and not args.small:
+                continue     # one compile per method is what the lease affords; bf16 is the default
+            for m in ("erm", "fl"):
+                # eval at the last timed epoch, so it shows the evaluation's cost
+                cfg = config("cifar10", m, args.device, data_dir=str(data), eval_every=args.epochs,
+                             options={"width": width}, precision=precision, engine=engine)
+                key = f"{engine}/{precision}/{m}"
+                torch._dynamo.reset()      # each configuration compiles afresh, as in its own process
+                try:
+                    t = timed_epochs(cfg, args.work / "runs", args.epochs)
+                except Exception as exc:          # one broken engine must not cost the others' numbers
+                    import traceback
 
-
-def cifar_fl_step_setup(args, n: int):
-    """What the step-level sections train: n random CIFAR-sized images on the device, the task's ResNet-18
-    (channels-last on CUDA), FL's multipliers, the paper's SGD, and an augmentation generator."""
-    from flctl.methods import get_method
-    from flctl_tasks.cifar10 import build_model
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g).to(args.device)
-    y = torch.randint(0, 10, (n,), generator=g).to(args.device)
-    torch.manual_seed(0)
-    model = build_model({"width": 8 if args.small else 64}, None).to(args.device)
-    if args.device.startswith("cuda"):
-        model = model.to(memory_format=torch.channels_last)
-    method = get_method("fl")(n, eps=0.51, alpha=1.0, dual_lr=1e-4, device=args.device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=True)
-    return get_task("cifar10"), x, y, model, method, opt, torch.Generator(device=args.device).manual_seed(0)
-
-
-def share_worker(args) -> None:
-    """One of K processes: warm up, wait for the common start, count images trained in --seconds."""
-    from flctl.data import batches, crop_flip, crop_flip_params, epoch_order
-    from flctl.train import train_step
-
-    n = 2048 if args.small else 50_000
-    task, x, y, model, method, opt, aug = cifar_fl_step_setup(args, n)
-
-    def stream():
-        epoch = 0
-        while True:
-            yield from batches(epoch_order(n, 0, epoch).to(args.device), 128)
-            epoch += 1
-
-    it = stream()
-
-    def step() -> int:
-        ids = next(it)
-        train_step(task, model, method, opt, crop_flip(x[ids], crop_flip_params(len(ids), aug, x.device)), y[ids], ids)
-        return len(ids)
-
-    for _ in range(20):
-        step()
-    torch.cuda.synchronize() if args.device.startswith("cuda") else None
-    while time.time() < args.start_at:
-        time.sleep(0.005)
-    t0, images = time.perf_counter(), 0
-    while time.perf_counter() - t0 < args.seconds:
-        images += step()
-    torch.cuda.synchronize() if args.device.startswith("cuda") else None
-    print(json.dumps({"images": images, "seconds": time.perf_counter() - t0}))
-
-
-def share(args) -> dict:
-    out = {}
-    for k in [int(v) for v in args.k.split(",")]:
-        start_at = time.time() + (20 if not args.small else 8)   # every worker's warm-up is done by then
-        cmd = [sys.executable, __file__, "share-worker", "--device", args.device, "--seconds", str(args.seconds),
-               "--start-at", str(start_at)] + (["--small"] if args.small else [])
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(k)]
-        results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-        total = sum(r["images"] / r["seconds"] for r in results)
-        out[str(k)] = {"aggregate_images_per_s": total, "per_process": [r["images"] / r["seconds"] for r in results]}
-        print(f"share K={k}: {total:.0f} img/s aggregate", flush=True)
+                    traceback.print_exc()
+                    out["runs"][key] = {"error": f"{type(exc).__name__}: {exc}"}
+                    continue
+                out["runs"][key] = t
+                if "epoch_s" in t:
+                    t["images_per_s"] = n / t["epoch_s"]
+                    t["minutes_200_epochs"] = whole_run_s(t, 200, PAPER_EVAL_EVERY) / 60
+                    print(f"cifar10 {key}: {t['epoch_s']:.2f} s/epoch ({t['epoch_times_s']}), eval {t['eval_s']}, "
+                          f"200 epochs ~ {t['minutes_200_epochs']:.1f} min", flush=True)
+                else:
+                    print(f"cifar10 {key}: {t}", flush=True)
     return out
 
 
 def profile(args) -> dict:
+    """One FL epoch of CIFAR-10 (bf16) under torch.profiler per engine, and the same epoch unprofiled."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from flctl.data import crop_flip, crop_flip_params
-    from flctl.train import train_step
-
-    n = 4096
-    task, x, y, model, method, opt, gen = cifar_fl_step_setup(args, n)
-    order = torch.randperm(n).to(args.device).split(128)
-
-    def steps(k: int) -> None:
-        for ids in order[:k]:
-            train_step(task, model, method, opt, crop_flip(x[ids], crop_flip_params(len(ids), gen, x.device)), y[ids], ids)
-
-    steps(10)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
-    with torch_profile(activities=activities) as prof:
-        steps(20)
-        torch.cuda.synchronize() if args.device.startswith("cuda") else None
-    sort = "cuda_time_total" if args.device.startswith("cuda") else "cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=20)
-    (args.out / "profile.txt").write_text(table)
-    events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events) if args.device.startswith("cuda") else None
-    t0 = time.perf_counter()
-    steps(20)
-    torch.cuda.synchronize() if args.device.startswith("cuda") else None
-    wall_us = (time.perf_counter() - t0) * 1e6
-    print(table, flush=True)
-    bench = {}
-    if args.device.startswith("cuda"):     # cuDNN's autotuner (shapes are fixed within an epoch)
-        for flag in (False, True, False, True):
-            torch.backends.cudnn.benchmark = flag
-            steps(10)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            steps(30)
-            torch.cuda.synchronize()
-            bench.setdefault(str(flag), []).append((time.perf_counter() - t0) / 30 * 1e3)
-        torch.backends.cudnn.benchmark = False
-        print(f"cudnn.benchmark ms/step: {bench}", flush=True)
-    return {"steps": 20, "wall_ms_per_step": wall_us / 20 / 1e3, "cudnn_benchmark_ms_per_step": bench,
-            "gpu_busy_ms_per_step": None if device_us is None else device_us / 20 / 1e3,
-            "kernels_per_step": sum(e.count for e in events if e.device_type.name == "CUDA") / 20
-            if args.device.startswith("cuda") else None}
-
-
-def precision(args) -> dict:
-    import pyarrow.parquet as pq
-
+    data = cifar_data(args)
     out: dict = {}
-    seeds = (0, 1, 2)
-    for task, method in (("two-moons", "fl"), ("digits", "fl")):
-        for prec in ("auto", "fp32"):
-            rows = []
-            for seed in seeds:
-                over = {"epochs": 20} if args.small else {}
-                cfg = config(task, method, args.device, seed=seed, precision=prec, **over)
-                t0 = time.perf_counter()
-                res = train(cfg, args.work / "prec" / "records", args.work / "prec" / cfg.run_id)
-                files = sorted((args.work / "prec" / "records" / f"run_id={cfg.run_id}").glob("epoch=*.parquet"))
-                schema = pq.read_schema(files[-1])
-                rows.append({"seed": seed, "seconds": time.perf_counter() - t0, "status": res.status,
-                             **{k: res.metrics[k] for k in ("train.avg_loss", "train.max_loss", "train.accuracy",
-                                                            "test.accuracy", "test.avg_loss", "train.violation_rate")},
-                             "record_types": {f: str(schema.field(f).type) for f in ("loss", "multiplier")}})
-            summary = {}
-            for k in ("train.avg_loss", "train.max_loss", "train.accuracy", "test.accuracy", "test.avg_loss",
-                      "train.violation_rate"):
-                vals = [r[k] for r in rows]
-                summary[k] = {"mean": statistics.mean(vals), "std": statistics.stdev(vals)}
-            out[f"{task}/{method}/{'bf16' if prec == 'auto' else 'fp32'}"] = {"summary": summary, "runs": rows}
-            print(f"{task} {method} {prec}: " + ", ".join(f"{k} {v['mean']:.4f}±{v['std']:.4f}"
-                                                          for k, v in summary.items()), flush=True)
+    tables = []
+    for engine in args.engines.split(","):
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda(args.device) else [])
+        prof = torch_profile(activities=activities)
+        cfg = config("cifar10", "fl", args.device, data_dir=str(data), eval_every=100,
+                     options={"width": 8 if args.small else 64}, engine=engine)
+        torch._dynamo.reset()
+        state = {}
+
+        def on_epoch(done: int) -> None:       # epoch 2 unprofiled, epoch 3 profiled
+            if done == 2:
+                prof.start()
+                state["t0"] = time.perf_counter()
+            if done == 3:
+                prof.stop()
+                state["wall"] = time.perf_counter() - state["t0"]
+
+        try:
+            t = timed_epochs(cfg, args.work / "prof", 3, on_epoch=on_epoch)
+        except Exception as exc:
+            out[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        events = prof.key_averages()
+        steps = -(-(1000 if args.small else 50_000) // cfg.batch_size)
+        device_us = sum(e.self_device_time_total for e in events) if cuda(args.device) else 0.0
+        kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+        sort = "self_cuda_time_total" if cuda(args.device) else "self_cpu_time_total"
+        tables.append(f"== engine {engine}: one FL epoch of CIFAR-10, {steps} steps\n"
+                      + events.table(sort_by=sort, row_limit=25))
+        out[engine] = {"steps": steps, "wall_ms_per_step": t["epoch_times_s"][1] / steps * 1e3,
+                       "profiled_wall_ms_per_step": state["wall"] / steps * 1e3,
+                       "gpu_busy_ms_per_step": device_us / steps / 1e3,
+                       "gpu_busy_share": device_us / 1e6 / t["epoch_times_s"][1],
+                       "device_events_per_step": kernels / steps}
+        print(f"profile {engine}: {out[engine]}", flush=True)
+    (args.out / "profile.txt").write_text("\n\n".join(tables))
     return out
 
 
-def dpo(args) -> dict:
-    from flctl_tasks import orca_dpo
+def _ledger(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as con:
+        return dict(con.execute("select status, count(*) from runs group by status").fetchall())
 
-    out: dict = {}
-    rows = orca_rows(16) * (4 if args.small else 32)            # repeated pairs: 11 kept per 16 rows
-    for i, r in enumerate(rows):
-        r["input"] = f"{r['input']} (question {i})"
-    data = write_orca_dpo(args.work / "orca", rows=rows)
-    opts = {k: v for k, v in get_task("orca-dpo").options.items()}
-    tiny = {**opts, "model": "tiny"}
-    folder = args.work / "lm"
-    if not folder.exists():   # a small Llama with random weights, saved as a local model folder
-        from transformers import LlamaConfig, LlamaForCausalLM
 
-        tok = orca_dpo.load_tokenizer(tiny)
-        lm_cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256 if args.small else 1024,
-                             intermediate_size=512 if args.small else 2816, num_hidden_layers=2 if args.small else 8,
-                             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-                             tie_word_embeddings=False)
-        torch.manual_seed(0)
-        LlamaForCausalLM(lm_cfg).save_pretrained(folder)
-        tok.save_pretrained(folder)
-    for name, model in (("tiny", "tiny"), ("saved-4bit" if args.device.startswith("cuda") else "saved", str(folder))):
-        for m in METHODS:
-            cfg = config("orca-dpo", m, args.device, data_dir=str(data), epochs=20, warmup_steps=0, lr=1e-4,
-                         eval_every=3, options={"model": model})
-            t = timed_epochs(cfg, args.work / "dpo", 4)
-            if "epoch_s" not in t:
-                out[f"{name}/{m}"] = t
-                continue
-            n_train = t["n_train"] = len(orca_dpo.load(cfg.opts, cfg.data_dir).train)
-            t["pairs_per_s"] = n_train / t["epoch_s"]
-            if t["peak_mem_gb"] is not None:   # activations of one micro-batch, per pair
-                t["activation_mem_mb_per_pair"] = (t["peak_mem_gb"] - t["resident_mem_gb"]) * 1024 / cfg.micro_batch
-            out[f"{name}/{m}"] = t
-            print(f"orca-dpo {name} {m}: {t['pairs_per_s']:.1f} pairs/s, peak {t['peak_mem_gb']} GB", flush=True)
+def flctl_sweep(args, name: str, task_args: list[str], launch: list[str], timeout: float) -> dict:
+    """``flctl sweep ... --wait`` in a fresh results folder; wall seconds and what the ledger says at the end."""
+    results = args.work / "sweeps" / name
+    if results.exists():
+        import shutil
+
+        shutil.rmtree(results)
+    cmd = [sys.executable, "-m", "flctl", "sweep", *task_args, "--device", args.device, "--wait",
+           "--results-dir", str(results), *launch]
+    env = {**os.environ, "FLCTL_DB": f"sqlite:///{results}/flctl.db", "TERM": "dumb"}
+    rc, seconds = run_logged(cmd, args.out / "sweeps.log", timeout, env=env)
+    ledger = _ledger(results / "flctl.db") if (results / "flctl.db").exists() else {}
+    row = {"command": "flctl sweep " + " ".join(task_args + launch), "rc": rc, "seconds": seconds,
+           "ledger": ledger, "timed_out": rc is None}
+    print(f"{name}: {row}", flush=True)
+    return row
+
+
+def share(args) -> dict:
+    """The same grid of 8 CIFAR-10 cells (10,000 training images, 2 epochs each) on one GPU: K cells stacked in one
+    worker (--batch-runs K) against K workers (--per-gpu K). Aggregate images/s = cells x epochs x images / wall."""
+    per_batch = 200 if args.small else 2_000
+    data = write_cifar10(args.work / f"cifar-{per_batch}", per_batch=per_batch)
+    cells, epochs = 8, 2
+    grid = ["cifar10", "-m", "fl", "--seeds", str(cells), "--epochs", str(epochs), "--eval-every", str(epochs),
+            "--data", str(data)] + (["-o", "width=8"] if args.small else [])
+    images = cells * epochs * 5 * per_batch
+    out: dict = {"cells": cells, "epochs": epochs, "images_train": 5 * per_batch, "stacked": {}, "per_gpu": {}}
+    for k in (1, 2, 4, 8):
+        row = flctl_sweep(args, f"stacked-{k}", grid, ["--workers", "1", "--batch-runs", str(k)], args.timeout)
+        row["images_per_s"] = images / row["seconds"] if row["ledger"].get("completed") == cells else None
+        out["stacked"][str(k)] = row
+    for k in (1, 2, 4):
+        row = flctl_sweep(args, f"per-gpu-{k}", grid, ["--per-gpu", str(k), "--batch-runs", "1"], args.timeout)
+        row["images_per_s"] = images / row["seconds"] if row["ledger"].get("completed") == cells else None
+        out["per_gpu"][str(k)] = row
     return out
 
 
-def _write_faces(folder: Path, n: int, size: int, start: int, stop: int) -> None:
+def moons(args) -> dict:
+    """lr x dual lr x seeds = 10 x 10 x 10 FL cells of two-moons (paper schedule, 250 epochs) through flctl sweep.
+    Stacked: 8 workers, each training its cells 8 at a time (one vmapped model); not stacked: 8 workers, one cell
+    each, on the first 100 cells (one seed) where the whole grid would outlast the lease. cells/s from the ledger."""
+    n = 3 if args.small else 10
+    grid = ["two-moons", "-m", "fl", "--lr", f"1e-4..1e-2:{n}", "--dual-lr", f"1e-3..1:{n}"]
+    over = ["--epochs", "20"] if args.small else []
+    share = ["--per-gpu", "8"] if cuda(args.device) else []
+    out = {}
+    for name, s, launch in (("stacked", n, share), ("one_per_worker", 1, share + ["--batch-runs", "1"])):
+        row = flctl_sweep(args, f"moons-{name}", grid + ["--seeds", str(s)] + over, launch, args.timeout)
+        row["cells"] = n * n * s
+        row["cells_per_s"] = row["ledger"].get("completed", 0) / row["seconds"]
+        out[name] = row
+    return out
+
+
+def _write_faces(folder: Path, size: int, start: int, stop: int) -> None:
     from PIL import Image
 
     rng = np.random.default_rng(start)
     yy, xx = np.mgrid[0:size, 0:size]
     for i in range(start, stop):
-        age, gender, race = int(rng.integers(1, 100)), int(rng.integers(0, 2)), int(rng.integers(0, 5))
+        age, gender, race = int(rng.integers(5, 100)), int(rng.integers(0, 2)), int(rng.integers(0, 5))
         base = rng.integers(0, 256, 3)
         img = (base[None, None, :] + 0.5 * (xx + yy)[:, :, None] * rng.uniform(0.2, 1, 3)) % 256
         Image.fromarray(img.astype(np.uint8)).save(folder / f"{age}_{gender}_{race}_2017{i:013d}.jpg.chip.jpg",
@@ -316,63 +308,214 @@ def _write_faces(folder: Path, n: int, size: int, start: int, stop: int) -> None
 def utkface(args) -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
-    # n_train = ceil(floor(0.7 N) / 4): N = 25,360 gives the paper's 4,438 training images (7,608 test).
-    n = 400 if args.small else 25_360
-    folder = args.work / "utkface"
+    from flctl_tasks import utkface as utk
+
+    # paper-code split, no age <= 4: n_train = ceil(floor(0.8 N) / 4), so N = 22,190 gives the paper's 4,438.
+    n = 400 if args.small else 22_190
+    folder = args.work / f"utkface-{n}"
     if not folder.exists():
         folder.mkdir(parents=True)
         t0 = time.perf_counter()
         parts = np.linspace(0, n, 17).astype(int)
         with ProcessPoolExecutor(16) as pool:
-            list(pool.map(_write_faces, [folder] * 16, [n] * 16, [200] * 16, parts[:-1], parts[1:]))
+            list(pool.map(_write_faces, [folder] * 16, [200] * 16, parts[:-1], parts[1:]))
         print(f"wrote {n} 200x200 JPEGs in {time.perf_counter() - t0:.1f} s", flush=True)
-    from flctl_tasks import utkface as utk
-
+    opts = {"width": 8, "size": 32} if args.small else {}
     t0 = time.perf_counter()
-    # The text's 70/30 reading at 64 px: N = 25,360 random-age faces give 4,438 training images, as measured before
-    # the authors' split became the default.
-    opts = {"split": "70-30", "size": 64}
     data = utk.load({**get_task("utkface").options, **opts}, str(folder))
-    decode_s = time.perf_counter() - t0
-    out = {"images": n, "n_train": len(data.train), "n_test": len(data.test), "decode_and_cache_s": decode_s,
-           "methods": {}}
+    out = {"images": n, "n_train": len(data.train), "n_test": len(data.test),
+           "decode_and_cache_s": time.perf_counter() - t0, "size": get_task("utkface").options["size"], "methods": {}}
     for m in ("erm", "rfl"):
-        cfg = config("utkface", m, args.device, data_dir=str(folder), eval_every=3,
-                     options={**opts, "width": 8} if args.small else opts)
-        t = timed_epochs(cfg, args.work / "utk", 5)
+        cfg = config("utkface", m, args.device, data_dir=str(folder), eval_every=args.epochs, options=opts)
+        t = timed_epochs(cfg, args.work / "utk", args.epochs)
         out["methods"][m] = t
-        if "epoch_s" not in t:
-            continue
-        full = config("utkface", m, args.device, data_dir=str(folder), options=opts)
-        t["paper_run_min"] = extrapolate(t, full) / 60
-        print(f"utkface {m}: {t['epoch_s']:.2f} s/epoch, 150 epochs ~ {t['paper_run_min']:.1f} min", flush=True)
+        if "epoch_s" in t:
+            t["minutes_paper_run"] = whole_run_s(t, cfg.epochs, 1) / 60
+            print(f"utkface {m}: {t['epoch_s']:.2f} s/epoch ({t['epoch_times_s']})", flush=True)
     return out
 
 
-SECTIONS = {"cifar": cifar, "share": share, "profile": profile, "precision": precision, "dpo": dpo,
-            "utkface": utkface}
+def dpo(args) -> dict:
+    """A ~1B-parameter Llama (random weights, built from transformers' config classes, saved as a local model
+    folder), loaded by the task in 4-bit NF4 with LoRA; pairs long enough to fill the paper's max length 1024."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from flctl_tasks import orca_dpo
+
+    rows = orca_rows(16) * (2 if args.small else 8)     # 11 kept per 16 rows
+    filler = " ".join(f"step {j}: consider the facts given and reason with care." for j in range(16))
+    for i, r in enumerate(rows):                          # byte-level tokens: ~1 per character
+        r["input"] = f"{r['input']} (question {i}) {filler}"
+        r["chosen"] = f"{r['chosen']} {filler}"
+        r["rejected"] = f"{r['rejected']} {filler}"
+    data = write_orca_dpo(args.work / "orca", rows=rows)
+    tok = orca_dpo.load_tokenizer({"model": "tiny"})
+    folder = args.work / ("lm-small" if args.small else "lm-1b")
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2) if args.small else \
+        dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=16,
+             num_key_value_heads=4)                     # TinyLlama's shape: ~1.0B parameters with this vocabulary
+    lm_cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=False, **shape)
+    if not folder.exists():
+        t0 = time.perf_counter()
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            lm = LlamaForCausalLM(lm_cfg).to(torch.bfloat16)
+        params = sum(p.numel() for p in lm.parameters())
+        lm.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        (folder / "flctl-params.txt").write_text(str(params))
+        del lm
+        torch.cuda.empty_cache() if cuda(args.device) else None
+        print(f"built and saved a {params / 1e9:.2f}B Llama in {time.perf_counter() - t0:.0f} s", flush=True)
+    params = int((folder / "flctl-params.txt").read_text())
+    out: dict = {"params": params, "shape": shape, "quantized": cuda(args.device)}
+    cfg = config("orca-dpo", "fl", args.device, data_dir=str(data), epochs=20, warmup_steps=0, lr=1e-4,
+                 eval_every=args.epochs, options={"model": str(folder)})
+    t = timed_epochs(cfg, args.work / "dpo", args.epochs)
+    n_train = len(orca_dpo.load(cfg.opts, cfg.data_dir).train)
+    out.update(t, n_train=n_train, max_length=cfg.opts["max_length"], micro_batch=cfg.micro_batch,
+               batch_size=cfg.batch_size)
+    if "epoch_s" in t:
+        out["pairs_per_s"] = n_train / t["epoch_s"]
+        print(f"orca-dpo 1B fl: {out['pairs_per_s']:.2f} pairs/s, peak {t['peak_mem_gb']} GB", flush=True)
+    return out
+
+
+SECTIONS = {"suite": suite, "cifar": cifar, "profile": profile, "share": share, "moons": moons, "utkface": utkface,
+            "dpo": dpo}
+
+
+# ------------------------------------------------------------------------------------------------ collect
+
+def _programme(sections: dict) -> dict:
+    """Device-hours of every spec in sweeps/ (and the paper's full CIFAR robustness grid): cells x hours per cell
+    from the measured figures, today's engine (eager, bf16, one cell per GPU) against the best measured one."""
+    from flctl.sweep import load_spec, plan
+
+    cif, utk, moon, share_, dpo_ = (sections.get(k, {}) for k in ("cifar", "utkface", "moons", "share", "dpo"))
+    runs = cif.get("runs", {})
+    s_epoch = {k: v["epoch_s"] for k, v in runs.items() if "epoch_s" in v}
+    stacked = {k: v["images_per_s"] for k, v in share_.get("stacked", {}).items() if v.get("images_per_s")}
+    gain = max(stacked.values()) / stacked["1"] if stacked.get("1") else 1.0
+    hours: dict[str, dict] = {}
+
+    def per_cell(task: str, method: str, epochs: int, model: str | None) -> tuple[float, float] | None:
+        """(today, best) hours of one cell, or None where nothing was measured for the task."""
+        m = "erm" if method in ("erm", "cserm") else "fl"
+        if task == "cifar10" and f"eager/auto/{m}" in s_epoch:
+            today = epochs * s_epoch[f"eager/auto/{m}"] / 3600
+            best = epochs * min(v for k, v in s_epoch.items() if k.endswith(f"/{m}")) / 3600 / gain
+            return today, best
+        if task == "utkface" and "epoch_s" in utk.get("methods", {}).get("rfl" if m == "fl" else "erm", {}):
+            today = epochs * utk["methods"]["rfl" if m == "fl" else "erm"]["epoch_s"] / 3600
+            return today, today / gain
+        if task in ("two-moons",) and moon.get("stacked", {}).get("cells_per_s"):
+            scale = epochs / 250
+            return (scale / moon["one_per_worker"]["cells_per_s"] / 3600,
+                    scale / moon["stacked"]["cells_per_s"] / 3600)
+        if task == "orca-dpo" and dpo_.get("pairs_per_s"):
+            # compute per pair grows with the parameters: the measured ~1B model scaled to the named one
+            size = 8.0e9 if "8B" in (model or "") else 3.0e9 if "3b" in (model or "").lower() else 8.0e9
+            pairs = 12_859          # the paper's training-set size (its dataset table)
+            h = epochs * pairs / (dpo_["pairs_per_s"] * dpo_["params"] / size) / 3600
+            return h, h
+        return None
+
+    specs = sorted((ROOT / "sweeps").glob("*.toml"))
+    extra = {"cifar10-robustness-full (paper: 11 primal x 6 dual lrs x 4 methods x 5 seeds)":
+             ("cifar10", [(m, 200, None) for m in ("erm", "fl", "rfl", "cserm") for _ in range(11 * 6 * 5)])}
+    for path in specs:
+        spec = load_spec(path)
+        cfgs = plan(spec, check_data=False, allow_large=True)
+        extra[path.name] = (spec.task, [(c.method, c.epochs, c.opts.get("model")) for c in cfgs])
+    for name, (task, cells) in extra.items():
+        per = [per_cell(task, m, e, model) for m, e, model in cells]
+        if any(p is None for p in per):
+            hours[name] = {"cells": len(cells), "today": None, "best": None, "why": f"no GPU figure for {task}"}
+            continue
+        hours[name] = {"cells": len(cells), "today": sum(p[0] for p in per), "best": sum(p[1] for p in per)}
+    total = {k: sum(h[k] for h in hours.values() if h[k] is not None) for k in ("today", "best")}
+    return {"specs": hours, **total}
+
+
+def collect(args) -> None:
+    sections: dict = {}
+    for folder in args.dirs:
+        for f in sorted(Path(folder).glob("*.json")):
+            sections[f.stem] = json.loads(f.read_text())
+    env = next(iter(sections.values()))["env"]
+    cif = sections.get("cifar", {}).get("runs", {})
+    engines = {}
+    for engine in ("eager", "captured", "compiled"):
+        erm, fl = cif.get(f"{engine}/auto/erm", {}), cif.get(f"{engine}/auto/fl", {})
+        engines[engine] = {"erm_s_per_epoch": erm.get("epoch_s"), "fl_s_per_epoch": fl.get("epoch_s"),
+                           "minutes_200_epochs": {"erm": erm.get("minutes_200_epochs"),
+                                                  "fl": fl.get("minutes_200_epochs")}}
+    eager = engines["eager"]
+    fl_erm = (eager["fl_s_per_epoch"] / eager["erm_s_per_epoch"]) if eager["erm_s_per_epoch"] and \
+        eager["fl_s_per_epoch"] else None
+    share_ = sections.get("share", {})
+    moon = sections.get("moons", {})
+    utk = sections.get("utkface", {}).get("methods", {})
+    dpo_ = sections.get("dpo", {})
+    suite_ = sections.get("suite", {})
+    result = {
+        "device": env["device"], "torch": env["torch"], "cuda": env["cuda"], "commit": env.get("commit"),
+        "suite": {k: suite_.get(k) for k in ("passed", "failed", "skipped", "errors", "failures", "command")},
+        "cifar10": {**engines, "fl_erm_ratio": fl_erm,
+                    "fp32": {k: v.get("epoch_s") for k, v in cif.items() if "/fp32/" in k}},
+        "stacked": {k: v.get("images_per_s") for k, v in share_.get("stacked", {}).items()},
+        "per_gpu": {k: v.get("images_per_s") for k, v in share_.get("per_gpu", {}).items()},
+        "two_moons_1000_cells_s": moon.get("stacked", {}).get("seconds"),
+        "two_moons_cells_per_s": {k: moon[k].get("cells_per_s") for k in ("stacked", "one_per_worker") if k in moon},
+        "utkface_s_per_epoch": {k: v.get("epoch_s") for k, v in utk.items()},
+        "dpo": {"pairs_per_s": dpo_.get("pairs_per_s"), "peak_gb": dpo_.get("peak_mem_gb"),
+                "params": dpo_.get("params"), "max_length": dpo_.get("max_length")},
+        "profile": sections.get("profile"),
+        "programme_hours": _programme(sections),
+        "raw": {k: f"{k}.json" for k in sections},
+    }
+    slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
+    slug = "h100" if "h100" in slug else "h200" if "h200" in slug else slug
+    dest = ROOT / "benchmarks" / "results" / f"gpu-{datetime.date.today()}-{slug}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for folder in args.dirs:                 # the raw outputs beside the summary
+        for f in Path(folder).iterdir():
+            if f.is_file():
+                (dest / f.name).write_bytes(f.read_bytes())
+    (dest.with_suffix(".json")).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {dest.with_suffix('.json')} and {dest}/")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="+", choices=[*SECTIONS, "share-worker"])
+    ap.add_argument("sections", nargs="+", help=f"{', '.join(SECTIONS)}; or collect DIR...")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=Path("gpu-bench"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/flctl-gpu-bench"))
     ap.add_argument("--small", action="store_true", help="tiny sizes: checks this script, measures nothing")
-    ap.add_argument("--precision", default="auto", help="cifar: auto (bf16 autocast on CUDA) or fp32")
-    ap.add_argument("--methods", default=",".join(METHODS), help="cifar: methods to time")
-    ap.add_argument("--k", default="1,2,4", help="share: processes on the GPU at once")
-    ap.add_argument("--seconds", type=float, default=20.0, help="share: timed seconds per process")
-    ap.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--engines", default="eager,captured,compiled")
+    ap.add_argument("--precisions", default="auto,fp32")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs timed per configuration (the first is warm-up)")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds allowed to one subprocess")
+    ap.add_argument("--workers", type=int, default=8, help="suite: pytest-xdist processes")
+    ap.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()
-    if args.sections == ["share-worker"]:
-        share_worker(args)
+    if args.sections[0] == "collect":
+        args.dirs = [Path(s) for s in args.sections[1:]]
+        collect(args)
         return
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    env = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-           "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    env = {"device": torch.cuda.get_device_name() if cuda(args.device) else "cpu", "torch": torch.__version__,
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "commit": commit.stdout.strip() or os.environ.get("FLCTL_COMMIT"), "small": args.small}
     for name in args.sections:
         t0 = time.perf_counter()
         try:

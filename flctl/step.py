@@ -158,6 +158,11 @@ class CapturedStep:
 def compile_objective() -> Callable[..., tuple[Tensor, Tensor]]:
     """``step_objective`` compiled whole (fullgraph: a graph break would be an error, not a slow path). Its kernels
     fuse and round differently from eager ones: the engine is part of a run's identity."""
+    # Every cell of a process compiles its own specialization (its model, method, batch shapes): with cells trained
+    # together these pass dynamo's default limit of 8, beyond which it would fall back to eager without a word.
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), 64))
     return torch.compile(step_objective, fullgraph=True)
 
 

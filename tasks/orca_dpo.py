@@ -267,7 +267,9 @@ def _base_model(options: dict, device: torch.device):
             return LlamaForCausalLM(config)
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict = {}
+    # float32 off CUDA: a checkpoint saved in bf16 would otherwise load as bf16 (transformers' dtype "auto") and
+    # meet the float32 LoRA adapters and reference log-probabilities in mixed-dtype products
+    kwargs: dict = {"dtype": torch.float32}
     if device.type == "cuda":
         kwargs.update(dtype=torch.bfloat16, device_map={"": device.index or 0})
         if options["quantize"]:
