@@ -10,6 +10,7 @@ on-disk format, so the loaders, the on-device pipelines, the store and the check
     python benchmarks/bench_gpu.py moons                # 1,000-cell two-moons grid through flctl sweep, stacked vs not
     python benchmarks/bench_gpu.py utkface              # 22,190 JPEGs (4,438 training images) at the default 200 px
     python benchmarks/bench_gpu.py dpo                  # orca-dpo: a ~1B causal LM in 4-bit NF4 with LoRA, length 1024
+    python benchmarks/bench_gpu.py precision            # bf16 autocast vs fp32 metrics, two-moons and digits, 3 seeds
     python benchmarks/bench_gpu.py collect DIR...       # merge sections into benchmarks/results/gpu-<date>-<device>.json
 
 ``--small`` shrinks every size so the sections run on a CPU in minutes (a check of this script, not a measurement).
@@ -292,6 +293,37 @@ def moons(args) -> dict:
     return out
 
 
+def precision(args) -> dict:
+    import pyarrow.parquet as pq
+
+    out: dict = {}
+    seeds = (0, 1, 2)
+    for task, method in (("two-moons", "fl"), ("digits", "fl")):
+        for prec in ("auto", "fp32"):
+            rows = []
+            for seed in seeds:
+                over = {"epochs": 20} if args.small else {}
+                cfg = config(task, method, args.device, seed=seed, precision=prec, **over)
+                t0 = time.perf_counter()
+                res = train(cfg, args.work / "prec" / "records", args.work / "prec" / cfg.run_id)
+                files = sorted((args.work / "prec" / "records" / f"run_id={cfg.run_id}").glob("epoch=*.parquet"))
+                schema = pq.read_schema(files[-1])
+                rows.append({"seed": seed, "seconds": time.perf_counter() - t0, "status": res.status,
+                             **{k: res.metrics[k] for k in ("train.avg_loss", "train.max_loss", "train.accuracy",
+                                                            "test.accuracy", "test.avg_loss", "train.violation_rate")},
+                             "record_types": {f: str(schema.field(f).type) for f in ("loss", "multiplier")}})
+            summary = {}
+            for k in ("train.avg_loss", "train.max_loss", "train.accuracy", "test.accuracy", "test.avg_loss",
+                      "train.violation_rate"):
+                vals = [r[k] for r in rows]
+                summary[k] = {"mean": statistics.mean(vals), "std": statistics.stdev(vals)}
+            out[f"{task}/{method}/{'bf16' if prec == 'auto' else 'fp32'}"] = {"summary": summary, "runs": rows}
+            print(f"{task} {method} {prec}: " + ", ".join(f"{k} {v['mean']:.4f}±{v['std']:.4f}"
+                                                          for k, v in summary.items()), flush=True)
+    return out
+
+
+
 def _write_faces(folder: Path, size: int, start: int, stop: int) -> None:
     from PIL import Image
 
@@ -384,7 +416,7 @@ def dpo(args) -> dict:
 
 
 SECTIONS = {"suite": suite, "cifar": cifar, "profile": profile, "share": share, "moons": moons, "utkface": utkface,
-            "dpo": dpo}
+            "dpo": dpo, "precision": precision}
 
 
 # ------------------------------------------------------------------------------------------------ collect

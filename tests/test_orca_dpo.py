@@ -271,10 +271,12 @@ def test_flctl_run_rfl_writes_records_aligned_by_pair_id(pairs: Path, results: P
             assert g == pytest.approx(losses[sample_id], rel=1e-4)
 
 
-def test_a_local_model_folder_loads_through_auto_classes(pairs: Path, tmp_path: Path) -> None:
-    # Not 'tiny': a saved model + tokenizer folder goes through AutoTokenizer / AutoModelForCausalLM.
+@pytest.mark.parametrize("saved_dtype", [torch.float32, torch.bfloat16])
+def test_a_local_model_folder_loads_through_auto_classes(pairs: Path, tmp_path: Path, saved_dtype) -> None:
+    # Not 'tiny': a saved model + tokenizer folder goes through AutoTokenizer / AutoModelForCausalLM. Published
+    # checkpoints are mostly bf16: on the CPU they must train in float32 all the same.
     tok = orca_dpo.load_tokenizer(OPTS)
-    base = orca_dpo._base_model(OPTS, torch.device("cpu"))
+    base = orca_dpo._base_model(OPTS, torch.device("cpu")).to(saved_dtype)
     folder = tmp_path / "my-model"
     base.save_pretrained(folder)
     tok.save_pretrained(folder)
