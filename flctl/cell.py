@@ -31,7 +31,7 @@ CHECKPOINT = "checkpoint.pt"
 @dataclass
 class RunResult:
     run_id: str
-    status: str                                  # "completed" | "diverged" | "stopped" (asked to, checkpointed)
+    status: str      # "completed" | "diverged" | "stopped" (asked to, checkpointed) | "lost" (claim taken over)
     epochs_done: int
     metrics: dict[str, float]                    # flattened final summary: "train.avg_loss", ...
     history: list[dict[str, Any]] = field(default_factory=list)

@@ -10,8 +10,11 @@ hands its cell back (interrupted, attempt not counted) and exits; `flctl cancel`
 SIGTERM keeps submitit's meaning (preemption: USR2 follows and ``Worker.checkpoint`` hands the cell back and
 requeues the job), so Slurm's own preemption and timeouts keep resuming cells.
 
-Each worker leaves a small JSON file under ``results/jobs/<sweep>/workers/`` while it lives (host, pid, job id),
-which is how `flctl cancel` and a re-run of `flctl sweep` find the live workers of a sweep.
+Each worker leaves a small JSON file under ``results/jobs/<sweep>/workers/`` while it lives (host, pid, job id, and
+what the OS says of its process: start time and command line), and `flctl sweep` records the jobs it started in
+``results/jobs/<sweep>/submitted.json`` before it returns (a local job: its controller process, likewise). That is
+how `flctl cancel` and a re-run of `flctl sweep` find the live workers of a sweep, also in the second before they
+register. results/jobs is private to its owner (0700), and what is read back from it is checked before use.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -35,9 +40,10 @@ import submitit
 
 from flctl.config import ConfigError, RunConfig
 from flctl.fs import write_text_atomic
+from flctl.procs import Process, children, process, recorded, send, still
 from flctl.runner import Layout, git_revision, stop_on_signals, train_claimed
 from flctl.status import TO_DO
-from flctl.store import STALE_AFTER_S, Store, pid_alive
+from flctl.store import STALE_AFTER_S, Store, shown
 
 EXECUTORS = ("debug", "local", "slurm")
 DEFAULT_MAX_ATTEMPTS = 3
@@ -57,8 +63,31 @@ class SlurmOptions:
     account: str | None = None
     qos: str | None = None
     array_parallelism: int | None = None
-    # Extra sbatch options as data (KEY=VALUE -> #SBATCH --KEY=VALUE); never passed through a shell.
+    # Extra sbatch options (KEY=VALUE -> #SBATCH --KEY=VALUE): submitit writes each one as a line of the batch script
+    # that bash runs, with the value shell-quoted and the key as it is; check_script_text() keeps both on their line.
     extra: dict[str, str] = field(default_factory=dict)
+
+    def check_script_text(self) -> None:
+        """Refuse what would break out of its `#SBATCH` line in the generated batch script: a newline there starts a
+        line of its own, which bash runs when the job starts (any control character is refused, ESC included).
+        Partition, account and qos are one word; sbatch keys are option names."""
+        import re
+
+        from flctl.text import first_control
+
+        for name in ("partition", "account", "qos"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)
+                                      or first_control(value) is not None):
+                raise ConfigError(f"--{name} must be one word, got {value!r}")
+        for key, value in self.extra.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", key):
+                raise ConfigError(f"--sbatch {key!r}: an sbatch option name is letters, digits, '-' and '_' "
+                                  "(e.g. --sbatch constraint=a100)")
+            bad = first_control(value)
+            if bad is not None:
+                raise ConfigError(f"--sbatch {key}={value!r}: the value holds a control character (U+{ord(bad):04X}), "
+                                  "which would start a line of its own in the Slurm batch script")
 
     def parameters(self) -> dict[str, Any]:
         p: dict[str, Any] = {}
@@ -133,7 +162,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.sync_study = sync_study
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
         self.batch_runs = batch_runs
-        self.current: list[str] = []
+        self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
         self.stopped = False
 
     def __call__(self, slot: Slot) -> dict[str, str]:
@@ -153,48 +182,50 @@ class Worker(submitit.helpers.Checkpointable):
                 stop_on_signals(signals) as stop:
             try:
                 while not stop.is_set():
-                    cfgs = self._claim(store, job_id, git_sha)
-                    if not cfgs:
+                    claimed = self._claim(store, job_id, git_sha)
+                    if not claimed:
                         break
-                    self.current = [c.run_id for c in cfgs]
+                    cfgs = [c for c, _ in claimed]
+                    self.current = {c.run_id: token for c, token in claimed}
                     try:
-                        results = train_claimed(cfgs, store, layout, checkpoint_every=self.checkpoint_every,
-                                                stop=stop.is_set)
+                        results = train_claimed(cfgs, dict(self.current), store, layout,
+                                                checkpoint_every=self.checkpoint_every, stop=stop.is_set)
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
                         continue
                     finally:
-                        self.current = []
+                        self.current = {}
                     outcome.update((r.run_id, r.status) for r in results)
                 if self.sync_study and outcome:
-                    _sync_study_once(store, self.db_url, Path(self.results_root), self.sweep_id)
+                    _sync_study_once(store, self.db_url, self.sweep_id)
             finally:
                 store.close()
                 self.stopped = stop.is_set()
         return outcome
 
-    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[RunConfig]:
-        """The next cell, and up to ``batch_runs - 1`` more that can train together with it."""
+    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
+        """The next cell, and up to ``batch_runs - 1`` more that can train together with it, with their claims'
+        fencing tokens."""
         from flctl.tasks import get_task
 
-        def claim(accept=None) -> RunConfig | None:
-            run_id = store.claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
-                                      job_id=job_id, git_sha=git_sha, accept=accept)
-            run = None if run_id is None else store.get_run(run_id)
-            return None if run is None else RunConfig.from_json(run.config)
+        def claim(accept=None) -> tuple[RunConfig, str] | None:
+            got = store.claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
+                                   job_id=job_id, git_sha=git_sha, accept=accept)
+            run = None if got is None else store.get_run(got[0])
+            return None if run is None or got is None else (RunConfig.from_json(run.config), got[1])
 
         first = claim()
         if first is None:
             return []
-        cfgs = [first]
-        if self.batch_runs > 1 and get_task(cfgs[0].task).build_model is not None:   # every task with a model
-            key = cfgs[0].together_key()
-            while len(cfgs) < self.batch_runs:
+        claimed = [first]
+        if self.batch_runs > 1 and get_task(first[0].task).build_model is not None:   # every task with a model
+            key = first[0].together_key()
+            while len(claimed) < self.batch_runs:
                 more = claim(lambda config: RunConfig.from_json(config).together_key() == key)
                 if more is None:
                     break
-                cfgs.append(more)
-        return cfgs
+                claimed.append(more)
+        return claimed
 
     def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
         # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
@@ -202,8 +233,8 @@ class Worker(submitit.helpers.Checkpointable):
         if self.current:
             store = Store.open(self.db_url)
             try:
-                for run_id in self.current:
-                    store.requeue(run_id, "preempted or timed out; job requeued")
+                for run_id, token in self.current.items():
+                    store.requeue(run_id, token, "preempted or timed out; job requeued")
             finally:
                 store.close()
         return submitit.helpers.DelayedSubmission(
@@ -224,35 +255,147 @@ def _slurm_cpus() -> int | None:
     return None
 
 
-def _sync_study_once(store: Store, url: str, results_root: Path, sweep_id: str) -> None:
-    """The sweep's finished cells into its Optuna study, one worker at a time (a file lock: two workers exiting
-    together would otherwise both add the same trials). A failed sync is not the worker's failure."""
-    import fcntl
-
+def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
+    """The sweep's finished cells into its Optuna study (flctl.study.sync_sweep: one sync at a time per database).
+    A failed sync is not the worker's failure."""
     from flctl.study import sync_sweep
 
-    lock = workers_dir(results_root, sweep_id).parent / "optuna.lock"
     try:
-        with open(lock, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            sync_sweep(store, url, sweep_id)
+        sync_sweep(store, url, sweep_id)
     except Exception as exc:
         print(f"flctl worker: could not sync the Optuna study of sweep {sweep_id}: {exc}", file=sys.stderr)
 
 
-# ---- the live workers of a sweep ----
+# ---- what a sweep's launch leaves under results/jobs/<sweep>/, and reads back ----
+#
+# flctl signals the processes these files name and passes their job ids to Slurm's commands, so it trusts only
+# folders and files of its own user (a co-user who may write into results/ can create neither) and checks every
+# field before use: a pid is signalled only while the process of that pid is still the one recorded (start time,
+# command line, owner) and one that flctl started for this sweep; a job id reaches scancel only if it is one.
+
+# Slurm job ids as submitit records them: 123, an array task 123_4, or a range of pending tasks 123_[0-7%2].
+SLURM_JOB_ID = re.compile(r"[0-9]+(?:_(?:[0-9]+|\[[0-9,%-]+\]))?")
+# submitit's other job ids: a local job's controller pid, a debug job's DEBUG_<number>
+LOCAL_JOB_ID = re.compile(r"[0-9]+|DEBUG_[0-9]+")
+_MAX_FILE_BYTES = 1 << 20
+_warned: set[str] = set()
+
+
+def _warn(message: str) -> None:
+    """One line on stderr, once per process (cancel reads the same files again while it waits)."""
+    line = " ".join(message.split())
+    if line not in _warned:
+        _warned.add(line)
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def jobs_dir(results_root: Path, sweep_id: str) -> Path:
+    return Path(results_root) / "jobs" / sweep_id
+
 
 def workers_dir(results_root: Path, sweep_id: str) -> Path:
-    return Path(results_root) / "jobs" / sweep_id / "workers"
+    return jobs_dir(results_root, sweep_id) / "workers"
+
+
+def private_folder(results_root: Path, folder: Path) -> Path:
+    """``folder`` (results/jobs or a folder under it) and every folder from results/jobs down to it, made private
+    to this user: created with mode 0700, or set to it when ours. Their files are read back and submitit's pickled
+    jobs there are run, so a folder another user owns, or a link, is refused (ConfigError)."""
+    jobs = Path(results_root) / "jobs"
+    path = jobs
+    for part in ("", *Path(folder).relative_to(jobs).parts):
+        path = path / part if part else path
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            what = "a link or a file" if not stat.S_ISDIR(st.st_mode) else f"owned by user id {st.st_uid}"
+            raise ConfigError(f"{str(path)!r} is {what}, not a folder of this user (id {os.geteuid()}); flctl "
+                              "runs the jobs it finds there: move it aside or use another --results-dir")
+        if st.st_mode & 0o077:
+            path.chmod(0o700)
+    return Path(folder)
+
+
+def _own_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder of this user (not a link); a folder of someone else's is reported."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        return True
+    what = "a link or a file" if not stat.S_ISDIR(st.st_mode) else f"owned by user id {st.st_uid}"
+    _warn(f"skipping {str(path)!r}: it is {what}, not a folder of this user's")
+    return False
+
+
+def _read_own_json(path: Path) -> Any:
+    """The JSON in ``path`` when it is a plain file of this user's (not a link) of at most 1 MiB; None (reported)
+    otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _warn(f"skipping {str(path)!r}: {exc.strerror or exc} (a link is not followed)")
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        why = ("not a plain file" if not stat.S_ISREG(st.st_mode) else
+               f"owned by user id {st.st_uid}, not this user" if st.st_uid != os.geteuid() else
+               "larger than 1 MiB" if st.st_size > _MAX_FILE_BYTES else None)
+        if why is None:
+            try:
+                return json.loads(f.read(_MAX_FILE_BYTES + 1))
+            except ValueError as exc:
+                why = f"not JSON ({exc})"
+    _warn(f"skipping {str(path)!r}: {why}")
+    return None
+
+
+def _launched_here(cmdline: Sequence[str], folder: Path) -> bool:
+    """Whether ``cmdline`` is one flctl starts for the sweep whose jobs folder is ``folder``: submitit's job
+    controller or job entry point (the local executor), which name that folder, or an `flctl sweep` command, whose
+    own process is a worker (debug executor, --wait)."""
+    args = list(cmdline)
+    module = args[args.index("-m") + 1] if "-m" in args[:-1] else None
+    if module in ("submitit.local._local", "submitit.core._submit"):
+        with contextlib.suppress(OSError):
+            return os.path.samefile(args[-1], folder)
+        return False
+    flctl = module == "flctl" or any(Path(a).name == "flctl" for a in args[:2])
+    return flctl and "sweep" in args
+
+
+def _bad_worker(info: Any, here: str) -> str | None:
+    """What is wrong with a worker file's contents (None: nothing)."""
+    if not isinstance(info, dict):
+        return "not a JSON object"
+    executor, job_id, pid = info.get("executor"), info.get("job_id"), info.get("pid")
+    if not (isinstance(info.get("host"), str) and info["host"]):
+        return "no host"
+    if executor not in EXECUTORS:
+        return f"executor {shown(str(executor))} is not one of {', '.join(EXECUTORS)}"
+    if not (isinstance(pid, int) and not isinstance(pid, bool) and pid > 1):
+        return f"pid {shown(str(pid))} is not a process id above 1"
+    if executor == "slurm" and not (isinstance(job_id, str) and SLURM_JOB_ID.fullmatch(job_id)):
+        return f"job id {shown(str(job_id))} is not a Slurm job id"
+    if executor != "slurm" and not (job_id is None or (isinstance(job_id, str) and LOCAL_JOB_ID.fullmatch(job_id))):
+        return f"job id {shown(str(job_id))} is not a local or debug job's"
+    if executor != "slurm" and info["host"] == here and recorded(pid, info.get("start_time"),
+                                                                  info.get("cmdline")) is None:
+        return "it does not say which process registered (start_time, cmdline): not written by this flctl"
+    return None
 
 
 @contextlib.contextmanager
 def _registered(results_root: Path, sweep_id: str, job_id: str | None, executor: str):
-    folder = workers_dir(results_root, sweep_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder(results_root, workers_dir(results_root, sweep_id))
+    me = process(os.getpid())
     path = folder / f"{socket.gethostname()}-{os.getpid()}.json"
     write_text_atomic(path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
-                                        "executor": executor}))
+                                        "executor": executor, **(me.identity() if me else {})}))
     try:
         yield
     finally:
@@ -260,25 +403,52 @@ def _registered(results_root: Path, sweep_id: str, job_id: str | None, executor:
 
 
 def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
-    """Workers of the sweep that registered and are still alive: a Slurm worker while squeue lists its job, any
-    other while its pid lives (when on this host). Files of dead workers (kill -9, scancel) are removed here."""
-    found, active_arrays = [], None
-    for path in sorted(workers_dir(results_root, sweep_id).glob("*.json")):
-        try:
-            info = json.loads(path.read_text())
-        except (OSError, ValueError):
+    """Workers of the sweep that registered and are still alive: a Slurm worker while squeue lists its job, one of
+    another host as long as its file is there, one of this host while its process is the one that registered and
+    one flctl started. Files of workers that are gone (kill -9, scancel, a pid now another process's) are removed
+    here; malformed ones, or ones naming a process flctl did not start, are reported and skipped."""
+    found, active_arrays, here = [], None, socket.gethostname()
+    folder = jobs_dir(results_root, sweep_id)
+    if not all(_own_folder(f) for f in (folder.parent, folder, folder / "workers")):
+        return []
+    for path in sorted((folder / "workers").glob("*.json")):
+        info = _read_own_json(path)
+        if info is None:
             continue
-        if info.get("executor") == "slurm" and info.get("job_id"):
+        if (why := _bad_worker(info, here)) is not None:
+            _warn(f"skipping worker file {str(path)!r}: {why}")
+            continue
+        if info["executor"] == "slurm":
             if active_arrays is None:
                 active_arrays = _slurm_active_ids([j["job_id"] for j in submitted_jobs(results_root, sweep_id)
                                                    if j["executor"] == "slurm"])
             alive = info["job_id"] in active_arrays
+        elif info["host"] != here:
+            alive = True                       # cannot be checked from here
         else:
-            alive = info["host"] != socket.gethostname() or pid_alive(info["pid"])
+            registrant = recorded(info["pid"], info["start_time"], info["cmdline"])
+            alive = registrant is not None and still(registrant)
+            if alive and not _launched_here(info["cmdline"], folder):
+                _warn(f"skipping worker file {str(path)!r}: pid {info['pid']} is not a process flctl started "
+                      f"for this sweep ({shown(' '.join(info['cmdline']), 60)})")
+                continue
         if alive:
             found.append(info)
         else:
             path.unlink(missing_ok=True)
+    return found
+
+
+def live_controllers(results_root: Path, sweep_id: str) -> list[Process]:
+    """The local job controllers flctl started for the sweep on this host that still run: from submitted.json,
+    written before `flctl sweep` returns, so they are known before their workers register."""
+    folder, here = jobs_dir(results_root, sweep_id), socket.gethostname()
+    found = []
+    for job in submitted_jobs(results_root, sweep_id):
+        if job["executor"] == "local" and job["host"] == here:
+            controller = recorded(int(job["job_id"]), job["start_time"], job["cmdline"])
+            if controller is not None and still(controller) and _launched_here(controller.cmdline, folder):
+                found.append(controller)
     return found
 
 
@@ -304,11 +474,10 @@ def _stdio_to(path: Path):
     submitit's local controllers inherit the submitting process's stdout/stderr; left attached, a pipe
     reader (`flctl sweep | tee`, subprocess capture) would wait until every job has finished.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
-    with open(path, "ab") as log:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab") as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
@@ -329,7 +498,7 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
     check_executor(executor)
     if not slots:
         return []
-    folder = Path(results_root) / "jobs" / sweep_id
+    folder = private_folder(results_root, jobs_dir(results_root, sweep_id))
     ex = submitit.AutoExecutor(folder=str(folder), cluster=executor)
     params: dict[str, Any] = {"name": f"flctl-{sweep_id}", "timeout_min": 7 * 24 * 60}
     if executor == "slurm":
@@ -356,15 +525,61 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
 
 
 def _remember_jobs(folder: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
-    path = folder / "submitted.json"
-    known = json.loads(path.read_text()) if path.exists() else []
-    known += [{"executor": executor, "job_id": j.job_id, "host": socket.gethostname()} for j in jobs]
-    write_text_atomic(path, json.dumps(known))
+    """Add the jobs to the sweep's submitted.json before `flctl sweep` returns, so that `flctl cancel` finds them
+    at once. A local job's id is its controller's pid; what the OS says of that process is recorded with it."""
+    known = _read_jobs(folder / "submitted.json")
+    for job in jobs:
+        entry: dict[str, Any] = {"executor": executor, "job_id": job.job_id, "host": socket.gethostname()}
+        if executor == "local":
+            controller = process(int(job.job_id))
+            if controller is None:           # already gone: nothing to stop later
+                continue
+            entry.update(controller.identity())
+        known.append(entry)
+    write_text_atomic(folder / "submitted.json", json.dumps(known))
 
 
-def submitted_jobs(results_root: Path, sweep_id: str) -> list[dict[str, str]]:
-    path = Path(results_root) / "jobs" / sweep_id / "submitted.json"
-    return json.loads(path.read_text()) if path.exists() else []
+def _bad_job(entry: Any) -> str | None:
+    """What is wrong with an entry of submitted.json (None: nothing)."""
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    executor, job_id = entry.get("executor"), entry.get("job_id")
+    if not (isinstance(entry.get("host"), str) and entry["host"]):
+        return "no host"
+    if executor == "slurm":
+        ok = isinstance(job_id, str) and SLURM_JOB_ID.fullmatch(job_id) is not None
+        return None if ok else f"job id {shown(str(job_id))} is not a Slurm job id"
+    if executor == "local":
+        pid = int(job_id) if isinstance(job_id, str) and job_id.isdigit() else None
+        if pid is None or recorded(pid, entry.get("start_time"), entry.get("cmdline")) is None:
+            return (f"local job {shown(str(job_id))} does not say which process it is (a process id above 1, "
+                    "start_time, cmdline)")
+        return None
+    return f"executor {shown(str(executor))} is not local or slurm"
+
+
+def _read_jobs(path: Path) -> list[dict[str, Any]]:
+    """The well-formed entries of a submitted.json; the rest are reported and skipped."""
+    if not _own_folder(path.parent.parent) or not _own_folder(path.parent):
+        return []
+    data = _read_own_json(path)
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        _warn(f"skipping {str(path)!r}: not a JSON list of jobs")
+        return []
+    good = []
+    for i, entry in enumerate(data):
+        if (why := _bad_job(entry)) is None:
+            good.append(entry)
+        else:
+            _warn(f"skipping entry {i} of {str(path)!r}: {why}")
+    return good
+
+
+def submitted_jobs(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
+    """The jobs launched for the sweep (executor, job id, host; a local one's controller process), checked."""
+    return _read_jobs(jobs_dir(results_root, sweep_id) / "submitted.json")
 
 
 def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
@@ -382,41 +597,68 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *, timeout: float = 
     """Stop a sweep's workers and hand its running cells back (interrupted, attempt not counted, resumable).
 
     Local workers get SIGINT (they finish their epoch, checkpoint and hand their cell back) and are killed if
-    still alive after ``timeout`` seconds. Slurm jobs: pending array tasks are cancelled, running ones get SIGINT,
-    then whatever is left is scancel-ed. Cells still marked running by a worker that is now gone are handed back.
+    still alive after ``timeout`` seconds: the registered ones, and the workers of the job controllers the sweep
+    started (submitted.json), which are found before they register. Slurm jobs: pending array tasks are cancelled,
+    running ones get SIGINT, then whatever is left is scancel-ed. Cells still marked running by a worker that is
+    now gone are handed back. Only processes that are still those recorded, and that flctl started, get a signal.
     """
-    host = socket.gethostname()
-    stopped: list[dict[str, Any]] = []
-    local = [w for w in live_workers(results_root, sweep_id)          # Slurm's workers are stopped through Slurm
-             if w["host"] == host and w.get("executor") != "slurm"]
-    for w in local:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(w["pid"], signal.SIGINT)
-        stopped.append({"kind": "process", "pid": w["pid"], "job_id": w["job_id"]})
+    stopped: dict[int, tuple[Process, str | None]] = {}
+    controllers = live_controllers(results_root, sweep_id)
     slurm_ids = sorted({j["job_id"].split("_")[0] for j in submitted_jobs(results_root, sweep_id)
                         if j["executor"] == "slurm"})
+    for p, job_id in _local_workers(results_root, sweep_id, controllers):
+        if send(p, signal.SIGINT):
+            stopped[p.pid] = (p, job_id)
     if slurm_ids:
         subprocess.run(["scancel", "--state=PENDING", *slurm_ids], capture_output=True, timeout=60)
         subprocess.run(["scancel", "--signal=INT", *slurm_ids], capture_output=True, timeout=60)
-        stopped += [{"kind": "slurm job", "job_id": j} for j in slurm_ids]
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (any(pid_alive(w["pid"]) for w in local)
-                                           or (slurm_ids and _slurm_active(slurm_ids))):
+    while time.monotonic() < deadline:
+        for p, job_id in _local_workers(results_root, sweep_id, controllers):   # started since: stop them too
+            if p.pid not in stopped and send(p, signal.SIGINT):
+                stopped[p.pid] = (p, job_id)
+        if not (any(still(p) for p, _ in stopped.values()) or any(still(c) for c in controllers)
+                or (slurm_ids and _slurm_active(slurm_ids))):
+            break
         time.sleep(0.2)
-    killed = [w["pid"] for w in local if pid_alive(w["pid"])]
-    for pid in killed:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for c in controllers:             # what is left is killed; its controllers frozen first, so they start no more
+        send(c, signal.SIGSTOP)
+    for p, job_id in _local_workers(results_root, sweep_id, controllers):
+        stopped.setdefault(p.pid, (p, job_id))
+    killed = [p.pid for p, _ in stopped.values() if send(p, signal.SIGKILL)]
+    for c in controllers:
+        send(c, signal.SIGKILL)
     if slurm_ids and _slurm_active(slurm_ids):
         subprocess.run(["scancel", *slurm_ids], capture_output=True, timeout=60)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and _slurm_active(slurm_ids):
             time.sleep(0.5)
-    for w in local:   # a killed worker cannot unregister itself
-        (workers_dir(results_root, sweep_id) / f"{host}-{w['pid']}.json").unlink(missing_ok=True)
+    host = socket.gethostname()
+    for pid in stopped:   # a killed worker cannot unregister itself
+        (workers_dir(results_root, sweep_id) / f"{host}-{pid}.json").unlink(missing_ok=True)
     handed_back = store.hand_back(sweep_id, "cancelled; resumes from its checkpoint",
-                                  pids={w["pid"] for w in local}, job_prefixes=set(slurm_ids))
-    return {"sweep": sweep_id, "stopped": stopped, "killed": killed, "handed_back": handed_back}
+                                  pids=set(stopped), job_prefixes=set(slurm_ids))
+    return {"sweep": sweep_id, "killed": killed, "handed_back": handed_back,
+            "stopped": [{"kind": "process", "pid": p.pid, "job_id": job_id} for p, job_id in stopped.values()]
+            + [{"kind": "slurm job", "job_id": j} for j in slurm_ids]}
+
+
+def _local_workers(results_root: Path, sweep_id: str,
+                   controllers: Sequence[Process]) -> list[tuple[Process, str | None]]:
+    """The sweep's live worker processes on this host, with their job ids: those registered (debug and --wait
+    workers included), and the job processes of its live local controllers, registered or not yet."""
+    here = socket.gethostname()
+    found = {}
+    for w in live_workers(results_root, sweep_id):          # Slurm's workers are stopped through Slurm
+        if w["host"] == here and w["executor"] != "slurm":
+            p = recorded(w["pid"], w["start_time"], w["cmdline"])
+            if p is not None:
+                found[p.pid] = (p, w["job_id"])
+    folder = jobs_dir(results_root, sweep_id)
+    for parent, p in children({c.pid for c in controllers if still(c)}):
+        if p.uid == os.geteuid() and _launched_here(p.cmdline, folder):
+            found.setdefault(p.pid, (p, str(parent)))     # a local job's id is its controller's pid
+    return list(found.values())
 
 
 def _slurm_active_ids(job_ids: Sequence[str]) -> set[str]:
@@ -456,7 +698,10 @@ class LaunchSettings:
             raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: "
                               f"{', '.join(sorted(own | slurm_keys))}")
         merged = {**spec_launch, **{k: v for k, v in flags.items() if v is not None}}
-        extra = {str(k): str(v) for k, v in (merged.pop("sbatch", None) or {}).items()}
+        sbatch = merged.pop("sbatch", None) or {}
+        if not isinstance(sbatch, Mapping):
+            raise ConfigError(f"sbatch must be a table of KEY = VALUE ([launch.sbatch]), got {sbatch!r}")
+        extra = {str(k): str(v) for k, v in sbatch.items()}
         slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
         settings = cls(**merged, slurm=slurm)
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
@@ -474,10 +719,7 @@ class LaunchSettings:
                                       or (name == "mem_gb" and value == 0)):
                 what = "an integer of at least" if kind is int else "a number above"
                 raise ConfigError(f"--{name.replace('_', '-')} must be {what} {least}, got {value!r}")
-        for name in ("partition", "account", "qos"):
-            value = getattr(slurm, name)
-            if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
-                raise ConfigError(f"--{name} must be one word, got {value!r}")
+        slurm.check_script_text()
         return settings
 
     def slots(self, cells: int, device: str) -> list[Slot]:
@@ -523,16 +765,22 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     live workers than the settings ask for, counting those of an earlier launch still running.
 
     With ``join`` (``flctl sweep --wait`` on the local executor) one of the W workers is this process, which would
-    otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it."""
+    otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it.
+
+    ConfigError, before anything is written, when results/jobs cannot be made private (another user's folder)."""
+    private_folder(root, jobs_dir(root, sid))
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
     requeued, gave_up = store.reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
     cells = {r["id"]: r for r in store.sweep_runs(sid)}
     todo = [i for i in ids if cells[i]["status"] in (*TO_DO, "failed")
             and cells[i]["attempts"] < settings.max_attempts]
-    live = live_workers(root, sid)
+    registered = live_workers(root, sid)
+    # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
+    started = {w["job_id"] for w in registered}
+    live = len(registered) + sum(str(c.pid) not in started for c in live_controllers(root, sid))
     slots = settings.slots(len(todo), configs[0].device if configs else "cpu")
-    slots = slots[:max(0, len(slots) - len(live))] if todo else []
+    slots = slots[:max(0, len(slots) - live)] if todo else []
     batch_runs = settings.batch_runs or batch_runs_for(spec.task, len(todo), max(len(slots), 1), configs[0].device)
     here = None
     if join and settings.executor == "local" and slots and slots[0].cuda is None:
@@ -546,7 +794,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     if jobs or here:
         store.count_submission(sid)
     return Launched(len(configs), added, sum(r["status"] == "completed" for r in cells.values()), requeued,
-                    gave_up, len(todo), len(live), jobs, here)
+                    gave_up, len(todo), live, jobs, here)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -19,7 +20,7 @@ from pathlib import Path
 from flctl import records
 from flctl.config import RunConfig
 from flctl.status import TO_DO
-from flctl.store import HEARTBEAT_S, STALE_AFTER_S, Store
+from flctl.store import HEARTBEAT_S, STALE_AFTER_S, ClaimLost, Store
 
 
 @dataclass(frozen=True)
@@ -53,19 +54,21 @@ def git_revision() -> str | None:
 
 class _Heartbeat(threading.Thread):
     """Beats every ``period`` seconds while runs train, with each one's latest epoch count: at most one database
-    write per run and period however short the epochs, and long epochs do not look like a lost worker."""
+    write per run and period however short the epochs, and long epochs do not look like a lost worker. A beat
+    that finds the claim gone (another worker took the run over) stops beating for that run."""
 
-    def __init__(self, store: Store, run_ids: list[str], period: float) -> None:
+    def __init__(self, store: Store, tokens: dict[str, str], period: float) -> None:
         super().__init__(daemon=True, name="heartbeat")
-        self.store, self.period = store, period
-        self.epochs_done: dict[str, int | None] = dict.fromkeys(run_ids)
+        self.store, self.period, self.tokens = store, period, tokens
+        self.epochs_done: dict[str, int | None] = dict.fromkeys(tokens)
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.period):
             for run_id, epochs in list(self.epochs_done.items()):
                 try:
-                    self.store.heartbeat(run_id, epochs)
+                    if not self.store.heartbeat(run_id, self.tokens[run_id], epochs):
+                        self.epochs_done.pop(run_id, None)
                 except Exception:  # a missed beat is harmless; the next one retries
                     pass
 
@@ -107,26 +110,39 @@ def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
             allow: Iterable[str] = (*TO_DO, "failed"), max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = 0.0,
-            stop: Callable[[], bool] | None = None):
+            stop: Callable[[], bool] | None = None, fresh: bool = False):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
-    not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate."""
+    not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate.
+
+    ``fresh``: start from scratch (--rerun, a diverged run): its old records and files are cleared once the claim
+    is ours, never before, so a run another process is training is never cleared."""
     store.add_runs([cfg])
-    if not store.claim_run(cfg.run_id, allow=allow, max_attempts=max_attempts, stale_after=stale_after,
-                           job_id=job_id, git_sha=git_revision(), device=cfg.device):
+    token = store.claim_run(cfg.run_id, allow=allow, max_attempts=max_attempts, stale_after=stale_after,
+                            job_id=job_id, git_sha=git_revision(), device=cfg.device)
+    if token is None:
         return None
-    return train_claimed([cfg], store, layout, on_epoch, checkpoint_every=checkpoint_every, stop=stop)[0]
+    if fresh:
+        layout.clear(cfg.run_id)
+    return train_claimed([cfg], {cfg.run_id: token}, store, layout, on_epoch, checkpoint_every=checkpoint_every,
+                         stop=stop)[0]
 
 
-def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch: Callable | None = None, *,
-                  checkpoint_every: float = 0.0, stop: Callable[[], bool] | None = None) -> list:
+def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
+                  on_epoch: Callable | None = None, *, checkpoint_every: float = 0.0,
+                  stop: Callable[[], bool] | None = None) -> list:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
-    resumable from its checkpoint) or failed."""
+    resumable from its checkpoint) or failed.
+
+    ``tokens`` are the claims' fencing tokens. Before each write that matters (an epoch's records, a checkpoint,
+    the final files) training asks whether the claim still holds the run; a run whose claim was taken over (this
+    process was presumed lost: frozen, stalled past the stale bound) ends "lost" at once, and neither its files nor
+    its row are touched again from here."""
     from flctl.train import train_together  # torch is imported here, not at CLI start-up
 
     ids = [c.run_id for c in cfgs]
     started = time.perf_counter()
-    beat = _Heartbeat(store, ids, HEARTBEAT_S)
+    beat = _Heartbeat(store, tokens, HEARTBEAT_S)
     beat.start()
 
     def epoch_done(stats) -> None:
@@ -140,25 +156,40 @@ def train_claimed(cfgs: list[RunConfig], store: Store, layout: Layout, on_epoch:
         """A cell's outcome into the database, as soon as it is known (its time: from the claim to now)."""
         beat.epochs_done.pop(result.run_id, None)       # no more beats for it
         recorded.add(result.run_id)
+        token = tokens[result.run_id]
         if result.status == "stopped":
-            store.requeue(result.run_id, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
+            store.requeue(result.run_id, token, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
                           time.perf_counter() - started, epochs_done=result.epochs_done)
-        else:
-            store.finish_run(result.run_id, status=result.status, epochs_done=result.epochs_done,
+            return
+        try:
+            if result.status == "lost":
+                raise ClaimLost(f"run {result.run_id}: another worker holds it now")
+            store.finish_run(result.run_id, token, status=result.status, epochs_done=result.epochs_done,
                              metrics=result.metrics, diverged_at=result.diverged_at,
                              lambda_capped=result.lambda_capped, artifacts=result.artifacts,
                              duration_s=time.perf_counter() - started, trained_with=result.trained_with)
+        except ClaimLost:
+            result.status = "lost"
+            print(f"flctl: run {result.run_id} was taken over by another worker while this process was presumed "
+                  f"lost (no heartbeat for over {STALE_AFTER_S:g} s); stopped without writing", file=sys.stderr)
 
     try:
         results = train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
-                                 checkpoint_every=checkpoint_every, stop=stop, on_done=record)
+                                 checkpoint_every=checkpoint_every, stop=stop, on_done=record,
+                                 fence=lambda run_id: store.holds(run_id, tokens[run_id]))
     except (KeyboardInterrupt, SystemExit):   # cells recorded already are no longer running: left as they are
         for run_id in ids:
-            store.requeue(run_id, "interrupted; resumes from its last checkpoint", time.perf_counter() - started)
+            store.requeue(run_id, tokens[run_id], "interrupted; resumes from its last checkpoint",
+                          time.perf_counter() - started)
         raise
-    except BaseException:
+    except ClaimLost:       # a write found a claim gone (see flctl.train.Writer): hand back the cells still ours
         for run_id in ids:
-            store.fail_run(run_id, traceback.format_exc(limit=8), time.perf_counter() - started)
+            store.requeue(run_id, tokens[run_id], "a sibling cell's claim was lost; resumes from its checkpoint",
+                          time.perf_counter() - started)
+        raise
+    except BaseException:   # fenced: a cell another worker took over stays theirs
+        for run_id in ids:
+            store.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started)
         raise
     finally:
         beat.stopped.set()

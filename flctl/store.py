@@ -8,11 +8,16 @@ status, timings, host, git revision, summary metrics and artifact paths. The sch
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import re
+import secrets
 import socket
+import sqlite3
+import threading
 import time
+import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,21 +45,49 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from flctl.config import ConfigError, RunConfig
 from flctl.status import TO_DO
+from flctl.text import redact
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
 SCHEMA_VERSION = 2
-# A running run whose heartbeat is older than this is presumed lost (killed, node gone) and may be re-claimed.
-STALE_AFTER_S = float(os.environ.get("FLCTL_STALE_AFTER", "300"))
 HEARTBEAT_S = float(os.environ.get("FLCTL_HEARTBEAT", "30"))
 T = TypeVar("T")
+# The database-wide lock (Store.exclusive) under which schemas are created or upgraded, flctl's and Optuna's.
+SCHEMA_LOCK = "schema"
+_MEMORY_LOCK = threading.Lock()        # Store.exclusive for an in-memory SQLite database: this process only
 
 
 class StoreError(RuntimeError):
     """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
+
+
+class ClaimLost(RuntimeError):
+    """This process no longer holds a run's claim: it was presumed lost (no heartbeat for longer than the stale
+    bound) and another worker took the run over. It must stop without touching the run's files or row."""
+
+
+def check_stale_after(seconds: float, what: str = "the stale bound") -> float:
+    """A bound on heartbeat age past which a running run is presumed lost. Zero or less would make every running
+    run stale at once (two workers training one run), so it must be a positive number of seconds."""
+    if not (isinstance(seconds, (int, float)) and seconds > 0):      # NaN is not > 0 either
+        raise StoreError(f"{what} must be a positive number of seconds, got {seconds!r}")
+    return float(seconds)
+
+
+def _stale_after_from_env() -> float:
+    raw = os.environ.get("FLCTL_STALE_AFTER", "300")
+    try:
+        return check_stale_after(float(raw), "FLCTL_STALE_AFTER")
+    except (ValueError, StoreError):
+        return math.nan        # Store.open refuses to work with it, in one line
+
+
+# A running run whose heartbeat is older than this is presumed lost (killed, node gone) and may be re-claimed.
+STALE_AFTER_S = _stale_after_from_env()
 
 
 class _Unopenable(StoreError):
@@ -98,6 +131,9 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # {"engine": eager | captured | compiled | vmap, "cells_together": K, "device": the device's name}
     trained_with: Mapped[dict | None] = mapped_column(JSON)
+    # The fencing token of the current claim: new at every claim, so a worker that lost its claim (stale, taken
+    # over) finds another token here and writes nothing (flctl.runner checks it before every write that matters).
+    claim_token: Mapped[str | None] = mapped_column(String(32))
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="run", cascade="all, delete-orphan",
                                                        lazy="selectin")
 
@@ -139,6 +175,7 @@ class RunRecord:
     lambda_capped: int | None
     error: str | None
     trained_with: dict[str, Any] | None   # engine, cells_together, device (flctl.cell.RunResult)
+    claim_token: str | None            # the current claim's fencing token (Run.claim_token)
     artifacts: dict[str, str]          # kind (records, model, extras) -> path
 
     @property
@@ -189,22 +226,107 @@ def normalize_url(url: str) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    # WAL lets readers run beside one writer; busy_timeout makes a locked writer wait instead of failing.
-    # The driver's own transaction handling is turned off so that _sqlite_begin decides how to begin.
+    # busy_timeout makes a locked writer wait instead of failing. The driver's own transaction handling is turned
+    # off so that _sqlite_begin decides how to begin. No journal mode here: the file may not be flctl's, and
+    # switching it to WAL rewrites its header (Store._use_wal does it once the schema is known to be ours).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
 
 def _sqlite_pragmas_readonly(dbapi_conn, _record) -> None:
-    # As _sqlite_pragmas, without switching the journal mode (a write) on a database opened read-only.
+    # As _sqlite_pragmas, for a database opened read-only.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+
+
+# SQLite's rollback-mode locks are byte ranges of the database file (os_unix.c): a reader holds a read lock on
+# these bytes, and the last connection of a WAL database must write-lock them before it checkpoints into the file.
+_SQLITE_SHARED_FIRST, _SQLITE_SHARED_SIZE = 0x40000000 + 2, 510
+_LOCK_WAIT_S = 30.0                      # as busy_timeout
+
+
+class _LockedConnection(sqlite3.Connection):
+    """A read-only connection that holds a shared lock on its file (an open descriptor) until it is closed."""
+
+    lock_fd: int | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+
+
+def _shared_lock(fd: int) -> bool:
+    """A read lock on SQLite's shared byte range of the open file ``fd``, as an open-file-description lock (kept
+    whatever other descriptors of the file this process opens and closes); False where there are none (not
+    Linux) or a writer held the range for longer than ``_LOCK_WAIT_S``."""
+    import fcntl
+    import struct
+
+    if not hasattr(fcntl, "F_OFD_SETLK"):
+        return False
+    request = struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, _SQLITE_SHARED_FIRST, _SQLITE_SHARED_SIZE, 0)
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+            return True
+        except (BlockingIOError, PermissionError):    # a writer holds it (checkpointing): wait a moment
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        except OSError:
+            return False
+
+
+def _idle_wal_lock(path: Path) -> int | None:
+    """When ``path`` is a WAL database that no connection has open (no -wal file beside it: SQLite removes it as
+    the last connection closes), an open descriptor holding a shared lock on it; else None. While the lock is held
+    the file holds every commit and stays as it is: a writer that opens the database meanwhile commits into a new
+    -wal file and cannot checkpoint into the database file (that needs the lock we share)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # bytes 18-19 of the header: the file format versions, 2 and 2 in WAL mode, 1 and 1 with a rollback journal
+        if os.pread(fd, 2, 18) == b"\x02\x02" and _shared_lock(fd) and not Path(f"{path}-wal").exists():
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _readonly_sqlite(path: Path, immutable: bool = False) -> Callable[[], sqlite3.Connection]:
+    """Connections that read the SQLite database at ``path`` and create or change no file. SQLite's read-only mode
+    creates the -wal and -shm files of a WAL database that has none, and leaves them behind; such a database is
+    read as immutable instead, under the shared lock of _idle_wal_lock. Decided for each connection, so a reader
+    that lives on (`flctl status --watch`) follows a sweep that starts meanwhile through SQLite's read-only mode,
+    which reads its -wal. ``immutable``: always (a folder that cannot take SQLite's lock files)."""
+    from urllib.parse import quote
+
+    def connect() -> sqlite3.Connection:
+        lock = None if immutable else _idle_wal_lock(path)
+        mode = "ro&immutable=1" if immutable or lock is not None else "ro"
+        try:
+            conn = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, timeout=30,
+                                   check_same_thread=False, factory=_LockedConnection)
+        except BaseException:
+            if lock is not None:
+                os.close(lock)
+            raise
+        conn.lock_fd = lock
+        return conn
+    return connect
 
 
 def _sqlite_begin_readonly(conn) -> None:
@@ -232,8 +354,19 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _is_stale(run: Any, stale_after: float) -> bool:
-    """A running run's worker is gone: its heartbeat is old, or it ran here and its process has exited."""
+def db_now(s: Session) -> datetime:
+    """The database's clock (UTC): heartbeats are written and judged by it, so workers on hosts whose clocks
+    disagree do not see each other's runs as stale (or alive) too early."""
+    stamp = s.execute(select(func.current_timestamp())).scalar_one()
+    if isinstance(stamp, str):             # SQLite: 'YYYY-MM-DD HH:MM:SS', UTC
+        stamp = datetime.fromisoformat(stamp)
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+
+
+def _is_stale(run: Any, stale_after: float, at: datetime) -> bool:
+    """A running run's worker is gone: its heartbeat is older than ``stale_after`` at the database's time ``at``,
+    or it ran here and its process has exited."""
+    check_stale_after(stale_after)
     if run.host == socket.gethostname() and run.pid is not None and not pid_alive(run.pid):
         return True
     beat = run.heartbeat_at
@@ -241,7 +374,7 @@ def _is_stale(run: Any, stale_after: float) -> bool:
         return True
     if beat.tzinfo is None:  # SQLite returns naive datetimes; we store UTC
         beat = beat.replace(tzinfo=UTC)
-    return (now() - beat).total_seconds() > stale_after
+    return (at - beat).total_seconds() > stale_after
 
 
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
@@ -262,9 +395,13 @@ def _ambiguous(what: str, prefix: str, ids: list[str]) -> str:
     return f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); give more digits"
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, url: str | None = None) -> str:
+    """The first line of a driver's error, without the password: drivers may quote the connection string they were
+    given (with ``url``, its password is removed wherever it appears; any URL password or password=... is too)."""
+
     orig = getattr(exc, "orig", None) or exc
-    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    text = str(orig).strip()
+    return redact(text.splitlines()[0] if text else type(orig).__name__, url)
 
 
 class Store:
@@ -278,20 +415,25 @@ class Store:
     @classmethod
     def open(cls, url: str, *, readonly: bool = False) -> Store:
         """Open (creating or upgrading as needed) the run database at ``url``. ``readonly``: for commands that
-        only read (reports, listings): nothing is created, upgraded or written; SQLite opens the file read-only
-        (and immutable when its folder cannot take the lock files), PostgreSQL in read-only transactions."""
+        only read (reports, listings): nothing is created, upgraded or written, and no file is added beside the
+        database; SQLite opens the file read-only (see _readonly_sqlite; immutable when its folder cannot take the
+        lock files), PostgreSQL in read-only transactions. A SQLite file is put in WAL mode only once its schema
+        is known to be flctl's (or it is new): a foreign database is left as it was."""
+        if math.isnan(STALE_AFTER_S):
+            raise StoreError(f"FLCTL_STALE_AFTER must be a positive number of seconds, got "
+                             f"{os.environ.get('FLCTL_STALE_AFTER')!r}")
         url = normalize_url(url)
         try:
             parsed = make_url(url)
         except Exception:
-            raise StoreError(f"not a database URL: {url!r} (e.g. sqlite:///results/flctl.db, "
+            raise StoreError(f"not a database URL: {redact(url, url)!r} (e.g. sqlite:///results/flctl.db, "
                              "postgresql://user@host/db)") from None
         shown_url = parsed.render_as_string(hide_password=True)
         sqlite = parsed.get_backend_name() == "sqlite"
-        attempts = [url]
+        attempts: list[str | Callable[[], sqlite3.Connection]] = [url]
         if readonly and sqlite and parsed.database:
-            target = f"sqlite:///file:{Path(parsed.database).resolve()}?uri=true&mode=ro"
-            attempts = [target, target + "&immutable=1"]
+            path = Path(parsed.database).resolve()
+            attempts = [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
         for target in attempts[:-1]:
             try:
                 return cls._open(target, sqlite, shown_url, readonly)
@@ -300,9 +442,15 @@ class Store:
         return cls._open(attempts[-1], sqlite, shown_url, readonly)
 
     @classmethod
-    def _open(cls, url: str, sqlite: bool, shown_url: str, readonly: bool) -> Store:
+    def _open(cls, target: str | Callable[[], sqlite3.Connection], sqlite: bool, shown_url: str,
+              readonly: bool) -> Store:
+        """``target``: a URL, or a function that connects to a SQLite file (a read-only open, see
+        _readonly_sqlite), whose connections are not pooled, so that each session decides afresh how to read."""
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if sqlite:
+        url = target if isinstance(target, str) else "sqlite://"
+        if not isinstance(target, str):
+            kwargs.update(creator=target, poolclass=NullPool)
+        elif sqlite:
             kwargs["connect_args"] = {"timeout": 30}
         elif url.startswith("postgresql"):
             kwargs["connect_args"] = {"connect_timeout": 10}
@@ -311,7 +459,9 @@ class Store:
         try:
             engine = create_engine(url, **kwargs)
         except Exception as exc:  # unknown dialect or driver
-            raise StoreError(f"cannot use database {shown_url}: {_one_line(exc)}") from None
+            # shown_url hides the URL's password, not a ?password= parameter
+
+            raise StoreError(f"cannot use database {redact(shown_url)}: {_one_line(exc, url)}") from None
         if sqlite:
             event.listen(engine, "connect", _sqlite_pragmas_readonly if readonly else _sqlite_pragmas)
             event.listen(engine, "begin", _sqlite_begin_readonly if readonly else _sqlite_begin)
@@ -319,18 +469,23 @@ class Store:
         store.readonly = readonly
         try:
             store._check_schema()
+            store._use_wal()
         except StoreError:
             engine.dispose()
             raise
         except (SQLAlchemyError, DBAPIError) as exc:
             engine.dispose()
             error = _Unopenable if readonly and "unable to open database file" in str(exc) else StoreError
-            raise error(f"cannot open database {shown_url}: {_one_line(exc)} "
+            # shown_url hides the URL's password, not a ?password= parameter
+
+            raise error(f"cannot open database {redact(shown_url)}: {_one_line(exc, url)} "
                         "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
         return store
 
-    def _check_schema(self, scripts: Path | None = None) -> None:
-        """Create a new database, or upgrade an flctl one in place (flctl.migrations); refuse anything else."""
+    def _check_schema(self, scripts: Path | None = None, locked: bool = False) -> None:
+        """Create a new database, or upgrade an flctl one in place (flctl.migrations); refuse anything else. Creating
+        and upgrading happen under SCHEMA_LOCK (``locked``: held already), so processes that open a new database at
+        the same moment do not both create its tables (on PostgreSQL the second would fail on pg_type)."""
         from flctl import migrations
 
         scripts = scripts or migrations.SCRIPTS
@@ -351,10 +506,13 @@ class Store:
                              "not an flctl database" if "flctl_meta" not in tables else
                              "from an older flctl: a command that writes (flctl run, flctl sweep) upgrades it")
                              + "; this command only reads")
+        if "flctl_meta" not in tables and tables:
+            raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
+                             "database; point --db at an empty or flctl database")
+        if not locked and ("flctl_meta" not in tables or older or row != str(SCHEMA_VERSION)):
+            with self.exclusive(SCHEMA_LOCK):     # then look again: another process may have done it meanwhile
+                return self._check_schema(scripts, locked=True)
         if "flctl_meta" not in tables:
-            if tables:
-                raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
-                                 "database; point --db at an empty or flctl database")
             with self.engine.begin() as conn:        # one transaction: a database is created whole or not at all
                 Base.metadata.create_all(conn)
                 conn.execute(delete(Meta).where(Meta.key == "schema_version"))
@@ -373,6 +531,17 @@ class Store:
         if version < SCHEMA_VERSION:
             with self.session() as s:
                 s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    def _use_wal(self) -> None:
+        """Put flctl's SQLite database (known to be ours by now) in WAL mode, where readers run beside one writer.
+        The mode is kept in the file, so it is set once, on the driver's connection, outside any transaction."""
+        if self.readonly or self.engine.dialect.name != "sqlite":
+            return
+        conn = self.engine.raw_connection()
+        try:
+            conn.cursor().execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
 
     def close(self) -> None:
         self.engine.dispose()
@@ -415,36 +584,50 @@ class Store:
 
     def claim_run(self, run_id: str, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
                   allow: Iterable[str] = (*TO_DO, "failed"), job_id: str | None = None,
-                  git_sha: str | None = None, device: str | None = None) -> bool:
-        """Atomically take a run for this process; False if someone else holds it or it is not claimable.
+                  git_sha: str | None = None, device: str | None = None) -> str | None:
+        """Atomically take a run for this process; returns the claim's fencing token, or None if someone else
+        holds it or it is not claimable.
 
         Claimable: status in ``allow``, or running with a stale heartbeat (or a dead pid on this host).
-        The update is a compare-and-swap on (status, attempts), so two workers never both win.
+        The update is a compare-and-swap on (status, attempts, token), so two workers never both win; the token
+        is new at every claim, and the writes of the claim's holder (heartbeat, finish, hand-back, and through
+        ``holds`` its files) take effect only while the run still carries it.
         """
         allow = set(allow)
+        check_stale_after(stale_after)
 
-        def fn(s: Session) -> bool:
+        def fn(s: Session) -> str | None:
             run = s.get(Run, run_id)
             if run is None:
-                return False
-            if not (run.status in allow or (run.status == "running" and _is_stale(run, stale_after))):
-                return False
+                return None
+            stamp = db_now(s)
+            if not (run.status in allow or (run.status == "running" and _is_stale(run, stale_after, stamp))):
+                return None
             if max_attempts is not None and run.attempts >= max_attempts:
-                return False
-            stamp = now()
+                return None
+            token = secrets.token_hex(16)
             res = s.execute(
-                update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts)
+                update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts,
+                                  Run.claim_token.is_(None) if run.claim_token is None
+                                  else Run.claim_token == run.claim_token)
                 .values(status="running", attempts=run.attempts + 1, error=None, host=socket.gethostname(),
                         pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
-                        heartbeat_at=stamp, finished_at=None)
+                        heartbeat_at=stamp, finished_at=None, claim_token=token)
                 .execution_options(synchronize_session=False))
-            return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+            return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return self.write(fn)
+
+    def holds(self, run_id: str, token: str) -> bool:
+        """Whether the claim with ``token`` still holds the run (it is running under that claim)."""
+        with self.session() as s:
+            return s.scalar(select(func.count()).select_from(Run).where(
+                Run.id == run_id, Run.status == "running", Run.claim_token == token)) == 1
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None,
-                   accept: Callable[[dict], bool] | None = None) -> str | None:
-        """Claim the sweep's next cell still to do, for a pull worker; None when none is left. With ``accept``,
+                   accept: Callable[[dict], bool] | None = None) -> tuple[str, str] | None:
+        """Claim the sweep's next cell still to do, for a pull worker: (run id, fencing token), or None when none
+        is left. With ``accept``,
         only a cell whose stored config it accepts (e.g. one that can train together with cells already held).
 
         To do: queued, failed with attempts left, or running with a lost worker. Candidates are tried in id
@@ -456,12 +639,14 @@ class Store:
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
                                     Run.status.in_((*TO_DO, "failed", "running")))
                              .order_by(Run.id)).all()
+            at = db_now(s)
         for r in rows:
-            if (r.status == "running" and not _is_stale(r, stale_after)) or (accept and not accept(r.config)):
+            if (r.status == "running" and not _is_stale(r, stale_after, at)) or (accept and not accept(r.config)):
                 continue
-            if self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
-                              git_sha=git_sha, device=r.config.get("device")):
-                return r.id
+            token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
+                                   git_sha=git_sha, device=r.config.get("device"))
+            if token is not None:
+                return r.id, token
         return None
 
     def hand_back(self, sweep_id: str, reason: str, *, pids: Collection[int] = frozenset(),
@@ -474,10 +659,11 @@ class Store:
             q = (select(Run).join(SweepCell, SweepCell.run_id == Run.id)
                  .where(SweepCell.sweep_id == sweep_id, Run.status == "running"))
             ids = []
+            at = db_now(s)
             for run in s.scalars(q).all():
                 ours = ((run.host == host and run.pid in pids)
                         or (run.job_id is not None and run.job_id.split("_")[0] in job_prefixes))
-                if not (ours or _is_stale(run, stale_after)):
+                if not (ours or _is_stale(run, stale_after, at)):
                     continue
                 res = s.execute(update(Run).where(Run.id == run.id, Run.status == "running",
                                                   Run.attempts == run.attempts)
@@ -500,8 +686,9 @@ class Store:
                 q = q.where(Run.id.in_(list(run_ids)))
             requeued: list[str] = []
             failed: list[str] = []
+            at = db_now(s)
             for run in s.scalars(q).all():
-                if not _is_stale(run, stale_after):
+                if not _is_stale(run, stale_after, at):
                     continue
                 give_up = max_attempts is not None and run.attempts >= max_attempts
                 res = s.execute(
@@ -515,9 +702,11 @@ class Store:
             return requeued, failed
         return self.write(fn)
 
-    def requeue(self, run_id: str, reason: str, duration_s: float = 0.0, epochs_done: int | None = None) -> None:
+    def requeue(self, run_id: str, token: str, reason: str, duration_s: float = 0.0,
+                epochs_done: int | None = None) -> bool:
         """Hand a running run back (stopped, preempted, timed out): interrupted, and the next claim resumes it
-        from its checkpoint. The time it trained counts towards its duration.
+        from its checkpoint. The time it trained counts towards its duration. False (nothing written) when the
+        claim ``token`` no longer holds the run.
 
         A handed-back attempt is not a failed one, so it is given back too; otherwise a cell preempted
         ``max_attempts`` times would stay queued with no attempt left to claim it.
@@ -526,22 +715,32 @@ class Store:
                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
         if epochs_done is not None:
             values["epochs_done"] = epochs_done
-        self.write(lambda s: s.execute(update(Run).where(Run.id == run_id, Run.status == "running")
-                                       .values(**values).execution_options(synchronize_session=False)))
+        return self._fenced_update(run_id, token, values)
 
-    def heartbeat(self, run_id: str, epochs_done: int | None = None) -> None:
-        values: dict[str, Any] = {"heartbeat_at": now()}
+    def heartbeat(self, run_id: str, token: str, epochs_done: int | None = None) -> bool:
+        """Refresh the claim's heartbeat (the database's clock); False when the claim no longer holds the run."""
+        values: dict[str, Any] = {}
         if epochs_done is not None:
             values["epochs_done"] = epochs_done
-        self.write(lambda s: s.execute(update(Run).where(Run.id == run_id).values(**values)
-                                       .execution_options(synchronize_session=False)))
+        return self._fenced_update(run_id, token, values, beat=True)
 
-    def finish_run(self, run_id: str, *, status: str, epochs_done: int, metrics: dict[str, float],
+    def _fenced_update(self, run_id: str, token: str, values: dict[str, Any], beat: bool = False) -> bool:
+        def fn(s: Session) -> bool:
+            extra = {"heartbeat_at": db_now(s)} if beat else {}
+            res = s.execute(update(Run).where(Run.id == run_id, Run.status == "running", Run.claim_token == token)
+                            .values(**values, **extra).execution_options(synchronize_session=False))
+            return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+        return self.write(fn)
+
+    def finish_run(self, run_id: str, token: str, *, status: str, epochs_done: int, metrics: dict[str, float],
                    diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],
                    duration_s: float, trained_with: dict[str, Any] | None = None) -> None:
+        """Record how a run ended. ClaimLost (nothing written) when the claim ``token`` no longer holds it."""
         def fn(s: Session) -> None:
             run = s.get(Run, run_id)
             assert run is not None, run_id     # a claimed run is never deleted
+            if run.status != "running" or run.claim_token != token:
+                raise ClaimLost(f"run {run_id}: another worker holds it now; its outcome here is not recorded")
             run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
             run.trained_with = trained_with or None
             run.diverged_at, run.lambda_capped = diverged_at, lambda_capped
@@ -550,13 +749,34 @@ class Store:
             run.artifacts = [Artifact(kind=k, path=p) for k, p in sorted(artifacts.items())]
         self.write(fn)
 
-    def fail_run(self, run_id: str, error: str, duration_s: float) -> None:
-        # Only a run still marked running fails: one handed back by a preempted job stays interrupted.
-        self.write(lambda s: s.execute(
-            update(Run).where(Run.id == run_id, Run.status == "running")
-            .values(status="failed", error=error, finished_at=now(),
-                    duration_s=func.coalesce(Run.duration_s, 0.0) + duration_s)
-            .execution_options(synchronize_session=False)))
+    def fail_run(self, run_id: str, token: str, error: str, duration_s: float) -> bool:
+        # Only a run still running under this claim fails: one handed back by a preempted job stays interrupted,
+        # and one another worker took over is theirs.
+        return self._fenced_update(run_id, token, {"status": "failed", "error": error, "finished_at": now(),
+                                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s})
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold the database-wide lock ``name`` (one holder at a time, across processes and hosts): PostgreSQL's
+        transaction-level advisory lock, released with its transaction however the block ends; SQLite's database
+        is one machine's file, so an exclusive file lock beside it. For what must not run twice at once on one
+        database: creating schemas, syncing Optuna studies."""
+        url = self.engine.url
+        if url.get_backend_name() == "postgresql":
+            with self.engine.connect() as conn, conn.begin():
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({zlib.crc32(f'flctl:{name}'.encode())})")
+                yield
+            return
+        import fcntl
+
+        path = Path(url.database or "")
+        if not url.database or url.database == ":memory:":
+            with _MEMORY_LOCK:
+                yield
+            return
+        with open(path.with_name(f"{path.name}.{name}.lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     # ---- sweeps ----
 
@@ -613,7 +833,8 @@ class Store:
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()
-            return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after)) for r in rows]
+            at = db_now(s)
+            return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after, at)) for r in rows]
 
     def get_run(self, run_id_or_prefix: str) -> RunRecord | None:
         """A run by its id or a unique hex prefix of it (4 to 64 digits, matched literally: no wildcards); None

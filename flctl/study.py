@@ -15,9 +15,14 @@ from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
 from flctl.metrics import SPLITS, SUMMARY_METRICS
-from flctl.store import normalize_url
+from flctl.store import SCHEMA_LOCK, normalize_url
 
 TERMINAL = ("completed", "diverged", "failed")
+# Everything that writes Optuna's tables holds the database-wide lock that flctl's own schema is created under
+# (Store.exclusive(SCHEMA_LOCK)): Optuna creates its schema under it, and each sync reads the study's trials and adds
+# the missing ones under it, so a cell is one trial however many workers and waiting sweeps sync at once, and
+# concurrent first syncs (or a sync beside a first `flctl run`) cannot both create tables.
+OPTUNA_LOCK = SCHEMA_LOCK
 # A trial's parameters: every field a sweep may vary (flctl.config.FIELDS), so distinct runs are distinct trials.
 PARAM_FIELDS = AXIS_FIELDS
 
@@ -51,19 +56,21 @@ def varying(configs: list[RunConfig]) -> dict[str, list[Any]]:
 
 def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, direction: str = "min") -> int:
     """Mirror a sweep's finished cells into its Optuna study (optuna-dashboard reads the same database): called by
-    `flctl sweep` and by each worker as it exits. Returns how many trials were added."""
-    sweep_row = store.get_sweep(sweep_id)
-    rows = store.sweep_runs(sweep_id)
-    configs = [RunConfig.from_json(r["config"]) for r in rows]
-    if not configs:
-        return 0
-    return sync_grid(url, sweep_id, configs, {r["id"]: r for r in rows},
-                     objective or sweep_row["spec"].get("objective") or "train.avg_loss", direction)
+    `flctl sweep` and by each worker as it exits, one at a time (OPTUNA_LOCK). Returns how many trials were added."""
+    with store.exclusive(OPTUNA_LOCK):
+        sweep_row = store.get_sweep(sweep_id)
+        rows = store.sweep_runs(sweep_id)
+        configs = [RunConfig.from_json(r["config"]) for r in rows]
+        if not configs:
+            return 0
+        return sync_grid(url, sweep_id, configs, {r["id"]: r for r in rows},
+                         objective or sweep_row["spec"].get("objective") or "train.avg_loss", direction)
 
 
 def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str, dict], objective: str,
               direction: str = "min") -> int:
-    """Add the sweep's newly finished cells to its study; returns how many trials were added."""
+    """Add the sweep's newly finished cells to its study; returns how many trials were added. Only under
+    OPTUNA_LOCK (sync_sweep): the check for a cell's trial and its addition are one critical section."""
     import optuna
     from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.trial import TrialState, create_trial
@@ -98,7 +105,7 @@ def _optuna_time(stamp: datetime) -> datetime:
     return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
 
 
-def tune(spec, n_trials: int, objective: str, direction: str, *, url: str, resolve_cell: Callable,
+def tune(spec, n_trials: int, objective: str, direction: str, *, store, url: str, resolve_cell: Callable,
          launch: Callable[[list[RunConfig]], None], fetch: Callable[[list[str]], dict[str, dict]],
          parallel: int = 1, poll_s: float = 2.0) -> Any:
     """TPE search over the spec's axes: ask ``parallel`` trials, launch their runs, wait, tell; N trials in all.
@@ -122,9 +129,10 @@ def tune(spec, n_trials: int, objective: str, direction: str, *, url: str, resol
             dists[f"opt.{name}"] = CategoricalDistribution(list(values))
     if not dists:
         raise ConfigError("--tune needs at least one axis with several values or a range")
-    study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-tune-{spec.name or spec.task}",
-                                load_if_exists=True, direction=_direction(direction),
-                                sampler=optuna.samplers.TPESampler(seed=0))
+    with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
+        study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-tune-{spec.name or spec.task}",
+                                    load_if_exists=True, direction=_direction(direction),
+                                    sampler=optuna.samplers.TPESampler(seed=0))
     study.set_user_attr("objective", objective)
     while (done := sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))) < n_trials:
         trials = [study.ask(dists) for _ in range(min(parallel, n_trials - done))]

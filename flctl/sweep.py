@@ -117,7 +117,16 @@ class SweepSpec:
 
 def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None = None,
                      options: Mapping[str, Any] | None = None, **fields: Any) -> SweepSpec:
-    """Build a spec from CLI/TOML values; raises ConfigError on malformed axes."""
+    """Build a spec from CLI/TOML values; raises ConfigError on malformed axes or a name with control characters."""
+    from flctl.store import shown
+    from flctl.text import first_control
+
+    sweep_name = fields.get("name")
+    if isinstance(sweep_name, str) and (bad := first_control(sweep_name)) is not None:
+        # The name is stored and printed by every later `flctl sweeps`, for whoever shares the results folder: an ESC
+        # sequence would restyle or retitle their terminal, U+202E reverse their line.
+        raise ConfigError(f"sweep name {shown(sweep_name, 40)} holds a control character (U+{ord(bad):04X}); "
+                          "give a name of printable characters")
     axes: dict[str, tuple[Any, ...]] = {}
     ranges: dict[str, tuple[float, float]] = {}
     for name, value in raw_axes.items():

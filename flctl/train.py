@@ -86,12 +86,16 @@ def train_together(
     checkpoint_every: float = 0.0,
     stop: Callable[[], bool] | None = None,
     on_done: Callable[[RunResult], None] | None = None,
+    fence: Callable[[str], bool] | None = None,
 ) -> list[RunResult]:
     """Train several cells of one task side by side, each exactly as ``train`` would train it alone (its own
     seed, model, optimizer, multipliers, RNG streams, records and checkpoint). Cells must share
     ``RunConfig.together_key``; each may resume from its own epoch; one that diverges or finishes leaves the group
     and the others go on. ``on_done`` hears of a cell that leaves while others still train, once its records are on
-    disk (the caller records it then, not when the group ends); the returned list holds every cell's result."""
+    disk (the caller records it then, not when the group ends); the returned list holds every cell's result.
+
+    ``fence(run_id)``: whether this process still holds the run's claim (flctl.runner). It is asked before every
+    write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more."""
     records_root = Path(records_root)
     task = get_task(cfgs[0].task)
     if len({c.together_key() for c in cfgs}) != 1 or (len(cfgs) > 1 and task.build_model is None):
@@ -101,7 +105,7 @@ def train_together(
     # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
     data = task.load(cfgs[0].opts, cfgs[0].data_dir)
     if task.solve is not None:
-        return [_run_solver(cfg, task, data, records_root, Path(d)) for cfg, d in zip(cfgs, run_dirs)]
+        return [_run_solver(cfg, task, data, records_root, Path(d), fence) for cfg, d in zip(cfgs, run_dirs)]
     data = data.to(device)
     cells = []
     for cfg, run_dir in zip(cfgs, run_dirs):
@@ -113,7 +117,7 @@ def train_together(
 
     # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
     # interrupted by an exception) waits until they are on disk.
-    with Writer() as writer:
+    with Writer(fence) as writer:
         active = [c for c in cells if c.training]
         while active:
             # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
@@ -131,15 +135,16 @@ def train_together(
                     if not c.schedule_per_step:
                         c.scheduler.step()
                     _end_epoch(c, task, data, stepper.orders[c.cfg.run_id], records_root, writer, on_epoch,
-                               checkpoint_every, stop)
+                               checkpoint_every, stop, fence)
             left = [c for c in active if not c.training]
             active = [c for c in active if c.training]
             if left and active and on_done is not None:
                 writer.flush()
                 for c in left:
-                    done[c.cfg.run_id] = _end(c, task, data, records_root, stepper.trained_with(c))
+                    done[c.cfg.run_id] = _end(c, task, data, records_root, stepper.trained_with(c), fence)
                     on_done(done[c.cfg.run_id])
-    return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c)) for c in cells]
+    return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c), fence)
+            for c in cells]
 
 
 class _Stepper:
@@ -213,9 +218,20 @@ class _Stepper:
                 self.steps[c.cfg.run_id, last]()
 
 
-def _end(c: Cell, task: Task, data, records_root: Path, trained_with: dict[str, Any]) -> RunResult:
+def _end(c: Cell, task: Task, data, records_root: Path, trained_with: dict[str, Any],
+         fence: Callable[[str], bool] | None = None) -> RunResult:
     c.result.trained_with = trained_with
-    return c.result if c.result.status == "stopped" else _finish(c, task, data, records_root)
+    if c.result.status in ("stopped", "lost") or not _held(c, fence):
+        return c.result
+    return _finish(c, task, data, records_root)
+
+
+def _held(c: Cell, fence: Callable[[str], bool] | None) -> bool:
+    """Whether this process still holds the cell's claim; if not, the cell ends "lost" (it writes nothing more)."""
+    if fence is None or fence(c.cfg.run_id):
+        return True
+    c.result.status = "lost"
+    return False
 
 
 def _summarize_and_record(
@@ -235,7 +251,7 @@ def _summarize_and_record(
         records.split_table(cfg.run_id, "test", epoch, **test_eval),
     ]
     if writer is not None:
-        writer.submit(records.write_epoch, records_root, cfg.run_id, epoch, tables)
+        writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables)
     else:
         records.write_epoch(records_root, cfg.run_id, epoch, tables)
     # Per-sample eps is defined on the training samples only; test violations use its mean as the level.
@@ -256,22 +272,31 @@ class Writer:
     the records of its epoch), so the loop does not wait for the disk. Leaving its ``with`` block waits for everything
     and re-raises a write's error; at most one checkpoint is pending at a time, which bounds the memory of
     snapshots. A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
-    identically."""
+    identically. With a ``fence``, each write first checks that the run's claim still holds (ClaimLost if not):
+    the last check before the file lands, however long the write waited in the queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, fence: Callable[[str], bool] | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flctl-writer")
         self._pending: list = []
         self._checkpoint: Future | None = None
+        self._fence = fence
 
-    def submit(self, fn: Callable, *args: Any) -> None:
-        self._pending.append(self._pool.submit(fn, *args))
+    def _fenced(self, run_id: str, fn: Callable, *args: Any) -> Any:
+        if self._fence is not None and not self._fence(run_id):
+            from flctl.store import ClaimLost
 
-    def checkpoint(self, state: dict[str, Any], path: Path) -> None:
+            raise ClaimLost(f"run {run_id}: another worker holds it now; this write was dropped")
+        return fn(*args)
+
+    def submit(self, run_id: str, fn: Callable, *args: Any) -> None:
+        self._pending.append(self._pool.submit(self._fenced, run_id, fn, *args))
+
+    def checkpoint(self, run_id: str, state: dict[str, Any], path: Path) -> None:
         if self._checkpoint is not None:
             self._checkpoint.result()
-        self._checkpoint = self._pool.submit(atomic_save, state, path)
+        self._checkpoint = self._pool.submit(self._fenced, run_id, atomic_save, state, path)
         self._pending.append(self._checkpoint)
 
     def flush(self) -> None:
@@ -300,7 +325,7 @@ def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]
 
 def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Path, writer: Writer,
                on_epoch: Callable[[EpochStats], None] | None, checkpoint_every: float,
-               stop: Callable[[], bool] | None) -> None:
+               stop: Callable[[], bool] | None, fence: Callable[[str], bool] | None = None) -> None:
     """After one run's epoch: divergence check, eval and records, checkpoint, report."""
     cfg, result, epoch = r.cfg, r.result, r.epoch
     steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
@@ -324,6 +349,8 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
     metrics = None
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        if not _held(r, fence):
+            return
         train_eval = evaluate(task, r.model, data.train, cfg.precision)
         pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy().copy()   # this epoch's set
         metrics = _summarize_and_record(
@@ -347,9 +374,11 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     stopping = stop is not None and stop()
     if epoch + 1 < cfg.epochs and (stopping or metrics is not None
                                    or time.monotonic() - r.last_save >= checkpoint_every):
+        if not _held(r, fence):
+            return
         if r.device.type == "cuda":      # the copies are made on the cell's stream; the writer thread reads them
             torch.cuda.current_stream(r.device).synchronize()
-        writer.checkpoint(r.state_dict(), r.checkpoint)
+        writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)
         r.last_save = time.monotonic()
         if stopping:
             result.status = "stopped"
@@ -376,11 +405,14 @@ def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
     return result
 
 
-def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path) -> RunResult:
+def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path,
+                fence: Callable[[str], bool] | None = None) -> RunResult:
     """Tasks solved in closed form or by a convex solver: one 'epoch', same records and summary."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     assert task.solve is not None
     sol: Solution = task.solve(cfg, data)
+    if fence is not None and not fence(cfg.run_id):
+        return RunResult(cfg.run_id, "lost", 0, {}, [])
+    run_dir.mkdir(parents=True, exist_ok=True)
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])
     result.artifacts.update(_save_extras(run_dir, sol.extras))

@@ -7,10 +7,11 @@ on the device; crop (pad 4) + flip run batched on the device; normalization is t
 
 from __future__ import annotations
 
+import codecs
 import os
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +49,41 @@ def _find(data_dir: str | None) -> Path:
     return cache / FOLDER
 
 
+# What a CIFAR-10 python batch may ask the unpickler for: a batch is a dict of a uint8 array `data`, int `labels`,
+# `batch_label` and `filenames` strings, and only the array needs callables. The real files (Python 2, numpy 1)
+# name numpy.core.multiarray._reconstruct, numpy.ndarray and numpy.dtype; numpy 2 writes numpy._core.multiarray;
+# Python 3 at protocol 2 writes bytes through _codecs.encode (tests/fixtures.py::write_cifar10).
+_RECONSTRUCT = np.zeros(0).__reduce__()[0]      # numpy's _reconstruct, whichever module numpy keeps it in
+BATCH_GLOBALS: dict[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): codecs.encode,
+}
+
+
+class _Refused(pickle.UnpicklingError):
+    """The file asked for a callable a CIFAR-10 batch never needs (os.system, eval, ...)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        wanted = f"{module}.{name}"
+        self.wanted = wanted if wanted.replace(".", "").replace("_", "").isalnum() else repr(wanted[:80])
+        super().__init__(f"it asks for {self.wanted}")
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR-10 python batch and nothing else. A pickle names the callables that rebuild its objects and
+    unpickling calls them: a planted one names os.system or eval and runs code before any check of its contents.
+    Here only BATCH_GLOBALS resolve; any other name is refused before anything is called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return BATCH_GLOBALS[(module, name)]
+        except KeyError:
+            raise _Refused(module, name) from None
+
+
 def _read(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for name in names:
@@ -57,12 +93,14 @@ def _read(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
                               f"(expected {', '.join(TRAIN_FILES + TEST_FILES)})")
         try:
             with open(path, "rb") as f:
-                batch = pickle.load(f, encoding="latin1")
+                batch = _BatchUnpickler(f, encoding="latin1").load()   # latin1: Python 2's str, numpy's raw bytes
             xs.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(batch["labels"], dtype=np.int64))
             if len(xs[-1]) != len(ys[-1]) or not ((ys[-1] >= 0) & (ys[-1] < 10)).all():
                 raise ValueError(f"{len(xs[-1])} images, {len(ys[-1])} labels, labels in 0..9 expected")
-        except (pickle.UnpicklingError, KeyError, ValueError, EOFError, TypeError) as exc:
+        except _Refused as exc:
+            raise ConfigError(f"{path} is not a CIFAR-10 python batch: {exc}") from None
+        except Exception as exc:   # whatever a damaged or foreign file makes the decoding raise: not a batch
             raise ConfigError(f"{path} is not a CIFAR-10 python batch ({type(exc).__name__}: {exc})") from None
     return np.concatenate(xs), np.concatenate(ys)
 

@@ -7,6 +7,8 @@ report output paths in test_report_tables.
 from __future__ import annotations
 
 import hashlib
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,26 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("populated") / "results"
     for args in (["sweep", "two-moons", "-m", "erm,fl", "--epochs", "2", "--executor", "debug", "--name", "moons"],
                  ["run", "digits", "-m", "fl", "--epochs", "1"], ["run", "diabetes", "-m", "erm", "--epochs", "1"]):
         res = runner.invoke(app, [*args, "--results-dir", str(root)])
         assert res.exit_code == 0, res.output
+    # The commands ran in this process, which may still hold the database open: move every commit into the
+    # database file, so that a copy of the folder without the -wal file is whole.
+    with sqlite3.connect(root / "flctl.db") as conn:
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+    conn.close()
+    return root
+
+
+@pytest.fixture
+def populated(template: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the template folder for each case, with no -wal or -shm file (as a folder is when no
+    command has its database open): a case that writes, or adds a file, cannot hide behind an earlier one."""
+    root = tmp_path / "results"
+    shutil.copytree(template, root, ignore=shutil.ignore_patterns("flctl.db-wal", "flctl.db-shm"))
     return root
 
 
@@ -110,6 +126,15 @@ CASES: list[tuple[list[str], str]] = [
     (["sweep", "two-moons", "--executor", "slurm", "--time-min", "0", "--epochs", "1"], "--time-min must be"),
     (["sweep", "two-moons", "--executor", "slurm", "--partition", "a b", "--epochs", "1"], "one word"),
     (["sweep", "two-moons", "--executor", "cloud", "--epochs", "1"], "cloud"),
+    # what lands in the Slurm batch script stays on its line; names print as text (tests/test_untrusted_text.py)
+    (["sweep", "two-moons", "--executor", "slurm", "--sbatch", "comment=a\ntouch /tmp/x", "--epochs", "1"],
+     "the value holds a control character (U+000A)"),
+    (["sweep", "two-moons", "--executor", "slurm", "--sbatch", "comm\nent=a", "--epochs", "1"], "an sbatch option name"),
+    (["sweep", "two-moons", "--executor", "slurm", "--partition", "gpu\x1b", "--epochs", "1"], "one word"),
+    (["sweep", "two-moons", "--name", "a\x1b]0;x\x07", "--epochs", "1"], "holds a control character (U+001B)"),
+    (["sweep", "two-moons", "--name", "a\u202eb", "--epochs", "1", "--dry-run"], "holds a control character (U+202E)"),
+    (["run", "two-moons", "--device", "cuda:x"], "--device cuda:x: CUDA is not available"),
+    (["runs", "--db", "postgresql://u:secret@127.0.0.1:abc/x"], "not a database URL: 'postgresql+psycopg://u:***@"),
     # ids: hex prefixes of 4 to 64 digits, matched literally
     (["show", "%"], "give 4 to 64 hex digits"),
     (["show", ""], "give 4 to 64 hex digits"),
@@ -145,8 +170,9 @@ CASES: list[tuple[list[str], str]] = [
 
 
 @pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
-def test_bad_input_is_one_line_and_changes_nothing(populated: Path, args: list[str], needle: str) -> None:
-    run_id = first_run(populated)
+def test_bad_input_is_one_line_and_changes_nothing(template: Path, populated: Path, args: list[str],
+                                                    needle: str) -> None:
+    run_id = first_run(template)           # not the copy: the case alone touches it
     args = [a.format(run1_7=run_id[1:8], run0_3=run_id[:3]) if "{" in a else a for a in args]
     before = snapshot(populated)
     res = runner.invoke(app, args, env={"FLCTL_RESULTS": str(populated), "COLUMNS": "200"})
@@ -173,6 +199,9 @@ SPECS = [
     ("epochs = 1e23", "epochs"),
     ('method = ["fl", "nope"]', "unknown method 'nope'"),
     ("[axes]\nlr = [0.1", "spec"),
+    ('name = "a\\u001b[2Jb"', "holds a control character (U+001B)"),
+    ('[launch.sbatch]\ncomment = "a\\ntouch /tmp/x"', "the value holds a control character (U+000A)"),
+    ('[launch]\nsbatch = "x"', "sbatch must be a table"),
 ]
 
 

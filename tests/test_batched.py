@@ -97,14 +97,15 @@ def test_a_cell_that_leaves_the_group_is_recorded_then_not_when_the_group_ends(t
     cfgs = [config("diabetes", "fl", seed=0, lr=1e-2, **sgd), config("diabetes", "fl", seed=1, lr=1e3, **sgd)]
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
     store.add_runs(cfgs)
-    assert all(store.claim_run(c.run_id) for c in cfgs)
+    tokens = {c.run_id: store.claim_run(c.run_id) for c in cfgs}
+    assert all(tokens.values())
     seen: dict[int, str | None] = {}
 
     def watch(stats) -> None:          # while the first cell trains on, the diverged one is already recorded
         if stats.run_id == cfgs[0].run_id and stats.epoch == 60:
             seen[60] = store.get_run(cfgs[1].run_id).status
 
-    train_claimed(cfgs, store, Layout(tmp_path), on_epoch=watch)
+    train_claimed(cfgs, tokens, store, Layout(tmp_path), on_epoch=watch)
     ok, bad = (store.get_run(c.run_id) for c in cfgs)
     assert seen[60] == "diverged" and bad.status == "diverged" and ok.status == "completed"
     # its own time: claim to divergence (data loading included), shorter by the 119 epochs the other trained on

@@ -27,10 +27,11 @@ url, ids = sys.argv[1], json.loads(sys.argv[2])
 store = Store.open(url)
 claimed = []
 for i, run_id in enumerate(ids):
-    if store.claim_run(run_id, stale_after=3600):
+    token = store.claim_run(run_id, stale_after=3600)
+    if token:
         claimed.append(run_id)
-        store.heartbeat(run_id, 1)
-        store.finish_run(run_id, status="completed", epochs_done=1, metrics={"x": 1.0}, diverged_at=None,
+        assert store.heartbeat(run_id, token, 1)
+        store.finish_run(run_id, token, status="completed", epochs_done=1, metrics={"x": 1.0}, diverged_at=None,
                          lambda_capped=0, artifacts={"records": "r"}, duration_s=0.0)
     if i % 3 == 0 and i < 60:  # 20 increments, interleaved with the claims
         store.count_submission("shared")
@@ -80,3 +81,72 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path, backend: str) -> None
     assert len(runs) == RUNS and all(r.status == "completed" and r.attempts == 1 for r in runs)
     assert all(r.artifacts == {"records": "r"} for r in runs)
     assert store.get_sweep("shared")["submissions"] == WORKERS * BUMPS   # no lost increment
+
+
+SYNC = r"""
+import sys, time
+from flctl.store import Store
+from flctl.study import sync_sweep
+url, sweep_id, start_at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+store = Store.open(url)
+while time.time() < start_at:      # every process is connected and past its imports: they sync at once
+    time.sleep(0.001)
+print(sync_sweep(store, url, sweep_id))
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend: str) -> None:
+    # Three processes sync one sweep's finished cells into its (not yet existing) Optuna study at the same moment,
+    # on a database without Optuna's tables: the schema is created once, and each cell becomes exactly one trial.
+    import time
+
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    store = Store.open(url)
+    configs = [config("two-moons", "fl", seed=s, lr=lr) for s in range(3) for lr in (1e-3, 1e-2)]
+    store.create_sweep("grid", "grid", "two-moons", {}, configs)
+    for i, cfg in enumerate(configs):
+        token = store.claim_run(cfg.run_id)
+        assert token
+        store.finish_run(cfg.run_id, token, status="completed", epochs_done=1, metrics={"train.avg_loss": float(i)},
+                         diverged_at=None, lambda_capped=0, artifacts={}, duration_s=1.0)
+    start_at = time.time() + 8
+    procs = [subprocess.Popen([sys.executable, "-c", SYNC, url, "grid", str(start_at)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    added = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        added.append(int(out.strip().splitlines()[-1]))
+    assert sorted(added) == [0, 0, len(configs)]               # one process added them all, the others none
+    study = optuna.load_study(study_name="flctl-grid", storage=url.replace("postgresql://", "postgresql+psycopg://"))
+    assert sorted(t.user_attrs["run_id"] for t in study.get_trials()) == sorted(c.run_id for c in configs)
+    store.close()
+
+
+OPEN = r"""
+import sys, time
+from flctl.store import Store
+url, start_at = sys.argv[1], float(sys.argv[2])
+while time.time() < start_at:
+    time.sleep(0.001)
+Store.open(url).close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_concurrent_first_opens_create_the_schema_once(tmp_path: Path, backend: str) -> None:
+    import time
+
+    url = f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    start_at = time.time() + 6
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN, url, str(start_at)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+    store = Store.open(url, readonly=True)
+    assert store.list_runs() == []
+    store.close()

@@ -36,8 +36,8 @@ def upgrade() -> None:
 '''
 
 
-# Columns of the runs table that revisions after the baseline added (0002: trained_with).
-V1_LATER_COLUMNS = ("trained_with",)
+# Columns of the runs table that revisions after the baseline added (0002: trained_with, 0003: claim_token).
+V1_LATER_COLUMNS = ("trained_with", "claim_token")
 
 
 def url_for(backend: str, tmp_path: Path) -> str:
@@ -57,13 +57,12 @@ def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_pat
     url = url_for(backend, tmp_path)
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     Base.metadata.create_all(engine)                         # what flctl wrote before: tables and schema v1
+    Store(engine).add_runs([config("two-moons", "fl")])       # a run, then the columns v1 did not have go
     with engine.begin() as conn:
         for column in V1_LATER_COLUMNS:                       # added by revisions after the baseline
             conn.execute(sa.text(f"ALTER TABLE runs DROP COLUMN {column}"))
         conn.execute(sa.insert(Meta).values(key="schema_version", value="1"))
     engine.dispose()
-    Store(sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))).add_runs(
-        [config("two-moons", "fl")])
 
     with pytest.raises(StoreError, match="older flctl: a command that writes .* upgrades it"):
         Store.open(url, readonly=True)                        # a read leaves it as it is

@@ -45,7 +45,7 @@ def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path
     age_heartbeat(store, rid, 120)
     assert store.reap(stale_after=60, max_attempts=3) == ([rid], [])
     assert store.get_run(rid).status == "queued"
-    assert store.claim_run(rid) and store.claim_run(rid, allow=("queued",)) is False
+    assert store.claim_run(rid) and store.claim_run(rid, allow=("queued",)) is None
     age_heartbeat(store, rid, 120)
     assert store.reap(stale_after=60, max_attempts=2) == ([], [rid])
     row = store.get_run(rid)
@@ -55,8 +55,8 @@ def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path
 
 def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
-    assert store.claim_run(rid, max_attempts=1)
-    store.requeue(rid, "preempted")
+    token = store.claim_run(rid, max_attempts=1)
+    assert token and store.requeue(rid, token, "preempted")
     row = store.get_run(rid)
     assert (row.status, row.attempts) == ("interrupted", 0)
     assert store.claim_run(rid, max_attempts=1)                # the requeued job can take it again
@@ -64,12 +64,13 @@ def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
 
 def test_completed_runs_are_never_claimed_again(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
-    assert store.claim_run(rid)
-    store.finish_run(rid, status="completed", epochs_done=1, metrics={}, diverged_at=None, lambda_capped=0,
+    token = store.claim_run(rid)
+    assert token
+    store.finish_run(rid, token, status="completed", epochs_done=1, metrics={}, diverged_at=None, lambda_capped=0,
                      artifacts={}, duration_s=1.0)
     age_heartbeat(store, rid, 10_000)
     assert not store.claim_run(rid) and store.reap(stale_after=1) == ([], [])
-    store.fail_run(rid, "late failure report", 1.0)            # only a running run can fail
+    assert not store.fail_run(rid, token, "late failure report", 1.0)   # only a running run can fail
     assert store.get_run(rid).status == "completed"
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from flctl.cli import info, report, run, runs, sweep
-from flctl.cli.common import err_console
+from flctl.cli.common import print_error
 
 
 def _is(exc: BaseException, name: str) -> bool:
@@ -34,8 +33,7 @@ class _OneLineErrors(TyperGroup):
             if _is(exc, "UsageError"):
                 ctx = getattr(exc, "ctx", None)
                 see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-                err_console.print(f"[bold red]error:[/] {escape(exc.format_message().rstrip('.') + see)}",  # type: ignore[attr-defined]
-                                  highlight=False, soft_wrap=True)
+                print_error(exc.format_message().rstrip(".") + see)  # type: ignore[attr-defined]
                 sys.exit(2)
             if _is(exc, "ClickException"):
                 exc.show()  # type: ignore[attr-defined]

@@ -15,17 +15,33 @@ from rich.console import Console
 
 # Piped or redirected output (`flctl runs > file`) gets no terminal width to fit: rich would cut tables at 80
 # columns ("be…"), so off a terminal the lines are as wide as their content (COLUMNS still wins when set).
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 10_000)
-err_console = Console(stderr=True)
+# emoji=False: rich would print a user's text such as `cuda:x:` as an emoji (❌); text from users is printed as it
+# is, through safe().
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 10_000, emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 DEFAULT_RESULTS = "results"
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print a one-line error and exit (2 = bad input: nothing was written)."""
+def safe(text: object) -> str:
+    """User text (names, paths, options, database rows, error messages quoting them) as rich prints it literally:
+    without control characters (ESC sequences, bidi overrides such as U+202E, newlines), without passwords, with
+    markup such as `[/x]` escaped. Every piece of user text the CLI prints goes through here."""
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    from flctl.text import printable, redact
+
+    return escape(printable(redact(str(text))))
+
+
+def print_error(message: str) -> None:
+    """The one `error:` line; the whole message is made safe, since messages quote user input."""
+    err_console.print(f"[bold red]error:[/] {safe(message)}", highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print a one-line error and exit (2 = bad input: nothing was written)."""
+    print_error(message)
     raise typer.Exit(code)
 
 

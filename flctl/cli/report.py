@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import check_output, console, existing_store, fail, results_root
+from flctl.cli.common import check_output, console, existing_store, fail, results_root, safe
 from flctl.fs import atomic_path, write_text_atomic
 from flctl.report import FORMATS, PLOTS, QUERIES, TABLES, listed
 
@@ -83,7 +83,7 @@ def report(
             from flctl.report.plots import plot as make_plot
 
             paths = make_plot(plot, runs, records_root, out or root / "reports" / plot, split=split, k=k)
-            console.print("wrote " + ", ".join(str(p) for p in paths))
+            console.print("wrote " + ", ".join(safe(p) for p in paths))
         else:
             assert samples is not None      # exactly one of table, plot, samples was checked above
             _samples(samples, runs, records_root, out or root / "reports" / f"samples-{samples}.parquet",
@@ -101,7 +101,8 @@ def _latest_lr_sweep(store, task: str | None) -> str:
             continue
         found = store.get_sweep(row["id"])
         if found is not None and len(found["spec"].get("axes", {}).get("lr", [])) > 1:
-            console.print(f"heatmap of sweep {row['id']} ({row['name'] or row['task']}), the latest that varies lr")
+            console.print(f"heatmap of sweep {safe(row['id'])} ({safe(row['name'] or row['task'])}), the latest that "
+                          "varies lr")
             return row["id"]
     raise ConfigError("the heatmap draws one lr x dual-lr sweep and none of the database's sweeps"
                       + (f" of {task}" if task else "") + " varies lr; run one (`flctl sweep TASK --lr 1e-4..1e-2 "
@@ -110,16 +111,17 @@ def _latest_lr_sweep(store, task: str | None) -> str:
 
 def _emit_table(built, fmt: str, out: Path | None, digits: int) -> None:
     from flctl.report.tables import render
+    from flctl.text import printable
 
     text = render(built, fmt, digits)
     if out is not None:
         write_text_atomic(out, text)
-        console.print(f"wrote {out}")
-    else:
-        print(text, end="")
+        console.print(f"wrote {safe(out)}")
+    else:   # the file keeps the table's text as it is; the terminal gets it without control characters
+        print("\n".join(printable(line) for line in text.split("\n")), end="")
     if out is not None or fmt == "csv":   # rich, markdown and LaTeX text carry the notes under the table
         for note in built.notes:
-            console.print(f"[yellow]warning:[/] {note}", highlight=False)
+            console.print(f"[yellow]warning:[/] {safe(note)}", highlight=False)
 
 
 def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seeds, eps, methods, top) -> None:
@@ -140,8 +142,8 @@ def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seed
         raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(QUERIES)}")
     with atomic_path(out) as tmp:
         pq.write_table(result, tmp)
-    shown = Table(*result.column_names, title=f"{query}: {len(result)} rows")
+    shown = Table(*map(safe, result.column_names), title=f"{query}: {len(result)} rows")
     for row in result.slice(0, 30).to_pylist():
-        shown.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+        shown.add_row(*(f"{v:.4g}" if isinstance(v, float) else safe(v) for v in row.values()))
     console.print(shown)
-    console.print(f"wrote {out}")
+    console.print(f"wrote {safe(out)}")

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import config_options, console, ensure_writable, fail, open_store, results_root
+from flctl.cli.common import config_options, console, ensure_writable, fail, open_store, results_root, safe
 from flctl.config import PANELS
 from flctl.status import TO_DO
 
@@ -101,6 +101,7 @@ def run(
     store = open_store(db, root)
 
     from flctl.runner import Layout, execute, stop_on_signals
+    from flctl.store import ClaimLost
 
     layout = Layout(root)
     previous = store.get_run(cfg.run_id)
@@ -108,8 +109,8 @@ def run(
         console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
         print_summary(previous)
         return
-    if rerun or (previous is not None and previous.status == "diverged"):
-        layout.clear(cfg.run_id)   # a diverged run restarts from scratch; its checkpoint was removed
+    # --rerun and a diverged run start from scratch: execute clears their old files once the claim is ours
+    fresh = rerun or (previous is not None and previous.status == "diverged")
 
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
@@ -119,7 +120,7 @@ def run(
     with _progress(cfg.epochs, summary_line) as on_epoch, stop_on_signals() as stop:
         try:
             result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow, checkpoint_every=checkpoint_every,
-                             stop=stop.is_set)
+                             stop=stop.is_set, fresh=fresh)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once, resumes from the last checkpoint
             outcome = exc
         except Exception as exc:
@@ -128,13 +129,18 @@ def run(
         console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id} from its "
                       "last checkpoint")
         raise typer.Exit(stop.exit_code)
+    if isinstance(outcome, ClaimLost) or (outcome is None and result is not None and result.status == "lost"):
+        fail(f"run {cfg.run_id} was taken over by another worker while this process was presumed lost (no "
+             "heartbeat past the stale bound); it stopped without writing more (see `flctl show "
+             f"{cfg.run_id}`)", code=1)
     if outcome is not None:
         fail(f"run {cfg.run_id} failed: {type(outcome).__name__}: {outcome} (see `flctl show {cfg.run_id}`)", code=1)
     if result is None:
         held = store.get_run(cfg.run_id)
         assert held is not None
         fail(f"run {cfg.run_id} is being trained by {held.host} pid {held.pid} (last heartbeat "
-             f"{held.heartbeat_at}); wait for it, or see `flctl show {cfg.run_id}`", code=1)
+             f"{held.heartbeat_at}); " + ("--rerun leaves a live run alone: " if rerun else "")
+             + f"wait for it, or see `flctl show {cfg.run_id}`", code=2 if rerun else 1)
     if result.status == "stopped":
         console.print(f"[yellow]interrupted[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the "
                       f"same options resumes run {cfg.run_id}")
@@ -172,23 +178,24 @@ def print_summary(run: RunRecord) -> None:
     from rich.table import Table
 
     status_style = {"completed": "green", "diverged": "yellow", "failed": "red"}.get(run.status, "white")
-    console.print(f"run [bold]{run.id}[/] [{status_style}]{run.status}[/] after {run.epochs_done} epochs"
+    console.print(f"run [bold]{safe(run.id)}[/] [{status_style}]{safe(run.status)}[/] after "
+                  f"{safe(run.epochs_done)} epochs"
                   + (f" in {run.duration_s:.1f}s" if run.duration_s else ""))
     if run.diverged_at:
         d = run.diverged_at
-        console.print(f"[yellow]non-finite loss at epoch {d['epoch']}, step {d['step']}[/]")
+        console.print(f"[yellow]non-finite loss at epoch {safe(d['epoch'])}, step {safe(d['step'])}[/]")
     if run.lambda_capped:
-        console.print(f"[yellow]{run.lambda_capped} multipliers reached the cap (infeasible at this ε?)[/]")
+        console.print(f"[yellow]{safe(run.lambda_capped)} multipliers reached the cap (infeasible at this ε?)[/]")
     metrics = run.metrics
     if metrics:
         names = sorted({k.split(".", 1)[1] for k in metrics}, key=_metric_order)
         table = Table("metric", "train", "test", title=None)
         for name in names:
-            table.add_row(name, *(_fmt(metrics.get(f"{split}.{name}")) for split in ("train", "test")))
+            table.add_row(safe(name), *(_fmt(metrics.get(f"{split}.{name}")) for split in ("train", "test")))
         console.print(table)
     records = run.artifacts.get("records")
     if records:
-        console.print(f"records: {records}")
+        console.print(f"records: {safe(records)}")
 
 
 def _metric_order(name: str) -> tuple[int, str]:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import console, existing_store, fail, find, results_root
+from flctl.cli.common import console, existing_store, fail, find, results_root, safe
 from flctl.cli.info import JSON_OPT
 from flctl.status import STATUSES
 
@@ -40,9 +40,9 @@ def runs(
                   "test avg", "test acc", "time")
     for r in rows:
         m, c = r.metrics, r.config
-        table.add_row(r.id, r.task, r.method, _num(c.get("eps")), _num(c.get("alpha")), str(r.seed),
-                      r.status, str(r.epochs_done), _num(m.get("train.avg_loss")), _num(m.get("train.max_loss")),
-                      _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
+        table.add_row(safe(r.id), safe(r.task), safe(r.method), _num(c.get("eps")), _num(c.get("alpha")),
+                      safe(r.seed), safe(r.status), safe(r.epochs_done), _num(m.get("train.avg_loss")),
+                      _num(m.get("train.max_loss")), _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
                       f"{r.duration_s:.1f}s" if r.duration_s else "")
     console.print(table)
     console.print(f"{len(rows)} run(s)")
@@ -68,15 +68,15 @@ def show(
     for k, v in sorted(run.config.items()):
         if isinstance(v, list) and len(v) > 8:
             v = f"[{len(v)} values]"
-        cfg.add_row(k, str(v))
+        cfg.add_row(safe(k), safe(v))
     console.print(cfg)
-    console.print(f"host {run.host} · git {run.git_sha or '-'} · attempts {run.attempts} · "
-                  f"started {run.started_at} · finished {run.finished_at or '-'}")
+    console.print(safe(f"host {run.host} · git {run.git_sha or '-'} · attempts {run.attempts} · "
+                       f"started {run.started_at} · finished {run.finished_at or '-'}"))
     if run.error:
-        console.print(f"[red]{run.error}[/]")
+        console.print(f"[red]{safe(run.error)}[/]")
     print_summary(run)
     for kind, path in sorted(run.artifacts.items()):
-        console.print(f"{kind}: {path}")
+        console.print(safe(f"{kind}: {path}"))
 
 
 def _num(v) -> str:
@@ -84,4 +84,4 @@ def _num(v) -> str:
         return ""
     if isinstance(v, list):
         return f"[{len(v)}]"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return f"{v:.4g}" if isinstance(v, float) else safe(v)

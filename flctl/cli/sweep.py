@@ -21,6 +21,7 @@ from flctl.cli.common import (
     find,
     open_store,
     results_root,
+    safe,
 )
 from flctl.cli.info import JSON_OPT
 from flctl.cli.run import parse_options, with_model
@@ -136,6 +137,8 @@ def sweep(
             sweep_spec = dataclasses.replace(sweep_spec, objective=objective)
         if tune is not None and (tune < 1 or parallel < 1):
             raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
+        if settings.executor == "slurm":
+            _check_script_path(results_root(results_dir))
         if not dry_run:
             check_executor(settings.executor)
             settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
@@ -184,26 +187,31 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
     def fetch(run_ids):
         return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
 
-    study = tune(spec, n_trials, objective, direction, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
-                 launch=launch_configs, fetch=fetch, parallel=parallel)
+    study = tune(spec, n_trials, objective, direction, store=store, url=url,
+                 resolve_cell=lambda p: resolve_cell(spec, p), launch=launch_configs, fetch=fetch, parallel=parallel)
     best = study.best_trial
-    console.print(f"study [bold]{study.study_name}[/]: best {objective} = {best.value:.4g} with "
-                  + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.params.items())
-                  + f" (run {best.user_attrs.get('run_id')})")
+    console.print(f"study [bold]{safe(study.study_name)}[/]: best {safe(objective)} = {best.value:.4g} with "
+                  + ", ".join(safe(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+                              for k, v in best.params.items())
+                  + f" (run {safe(best.user_attrs.get('run_id'))})")
 
 
 def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False):
+    from flctl.config import ConfigError
     from flctl.launch import launch_sweep
 
-    launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
-    console.print(f"sweep [bold]{sid}[/]{f' ({spec.name})' if spec.name else ''}: {launched.cells} cells, "
+    try:
+        launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
+    except ConfigError as exc:        # e.g. results/jobs is another user's folder
+        fail(str(exc))
+    console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
                   f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued after a "
                   "lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
                   + f"; {launched.todo} to do" + (f", {launched.live} worker(s) already on it" if launched.live else ""))
     if launched.jobs:
         ids = sorted({j.job_id.split("_")[0] for j in launched.jobs})
         console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "
-                      f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}"
+                      f"{safe(', '.join(ids[:5]))}{' ...' if len(ids) > 5 else ''}"
                       + (" and one in this process" if launched.here else ""))
     elif launched.here:
         console.print("1 worker, in this process")
@@ -217,19 +225,21 @@ def _print_plan(sid: str, spec, configs) -> None:
 
     varying = [k for k in AXES if k != "p_min" and len({getattr(c, k) for c in configs}) > 1]   # p_min -> eps
     opts = sorted({k for c in configs for k, _ in c.options if len({c2.opts[k] for c2 in configs}) > 1})
-    table = Table("run id", *varying, *opts, title=f"sweep {sid}: {len(configs)} runs of {spec.task} (dry run)")
+    table = Table("run id", *varying, *map(safe, opts),
+                  title=f"sweep {sid}: {len(configs)} runs of {safe(spec.task)} (dry run)")
     for c in configs:
-        table.add_row(c.run_id, *(_fmt(getattr(c, k)) for k in varying), *(_fmt(c.opts[k]) for k in opts))
+        table.add_row(c.run_id, *(safe(_fmt(getattr(c, k))) for k in varying), *(safe(_fmt(c.opts[k])) for k in opts))
     console.print(table)
     console.print(f"{len(configs)} runs; nothing was written")
 
 
 def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
-    """The plan's device-hours from the database's finished runs of the same task and device, read-only."""
+    """The plan's device-hours from the database's finished runs of the same task and device, read-only; a line for
+    console.print (the device and task are user text, made safe)."""
     from flctl.store import Store, StoreError
     from flctl.sweep import estimate_cost
 
-    device = configs[0].device
+    device, task = safe(configs[0].device), safe(configs[0].task)
     together = (settings.batch_runs or 1) * ((settings.per_gpu or 1) if device.startswith("cuda") else 1)
     url = db_url(db, results_root(results_dir))
     runs = []
@@ -244,11 +254,23 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
             runs = []
     cost = estimate_cost(runs, configs, together)
     if cost is None:
-        return (f"cost: no finished {configs[0].task} runs on {device} in the database yet, so no estimate "
+        return (f"cost: no finished {task} runs on {device} in the database yet, so no estimate "
                 "(it comes from their median seconds per epoch)")
     return (f"cost: about {cost.device_hours:.3g} {device}-hours: {cost.epochs:,} epochs to train x "
-            f"{cost.s_per_epoch:.3g} s per epoch (median of {cost.history} finished {configs[0].task} runs on "
+            f"{cost.s_per_epoch:.3g} s per epoch (median of {cost.history} finished {task} runs on "
             f"{device}) / {cost.cells_per_device} cell(s) per device")
+
+
+def _check_script_path(root: Path) -> None:
+    """Slurm: the results folder is written into the batch script submitit generates (its #SBATCH --output and
+    --error lines); a newline or other control character in it would start a script line of its own."""
+    from flctl.config import ConfigError
+    from flctl.text import first_control
+
+    path = str(root.absolute())
+    if first_control(path) is not None:
+        raise ConfigError(f"--results-dir {path!r}: the Slurm batch script would hold this path, which has a "
+                          "control character (newline, ESC, ...); use another folder")
 
 
 def _fmt(v) -> str:
@@ -269,9 +291,9 @@ def ledger(store, sid: str) -> dict:
 def _ledger_table(data: dict):
     from rich.table import Table
 
-    table = Table("method", *LEDGER_COLUMNS, "cells", title=f"sweep {data['sweep']}")
+    table = Table("method", *LEDGER_COLUMNS, "cells", title=f"sweep {safe(data['sweep'])}")
     for method, counts in sorted(data["methods"].items()):
-        table.add_row(method, *(str(counts[k]) for k in LEDGER_COLUMNS), str(sum(counts.values())))
+        table.add_row(safe(method), *(str(counts[k]) for k in LEDGER_COLUMNS), str(sum(counts.values())))
     table.add_row("[bold]all", *(f"[bold]{data['total'][k]}" for k in LEDGER_COLUMNS), f"[bold]{data['cells']}")
     return table
 
@@ -333,8 +355,8 @@ def sweeps(
 
     table = Table("id", "name", "task", "cells", "completed", "submissions", "created")
     for r in rows:
-        table.add_row(r["id"], r["name"] or "", r["task"], str(r["cells"]), str(r["completed"]),
-                      str(r["submissions"]), r["created_at"][:19])
+        table.add_row(safe(r["id"]), safe(r["name"] or ""), safe(r["task"]), str(r["cells"]), str(r["completed"]),
+                      str(r["submissions"]), safe(r["created_at"][:19]))
     console.print(table)
 
 
@@ -351,27 +373,31 @@ def cancel(
     are marked interrupted without counting an attempt.
     """
     from flctl.launch import cancel as cancel_sweep
-    from flctl.launch import live_workers, submitted_jobs
+    from flctl.launch import live_controllers, live_workers, submitted_jobs
 
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
     root = results_root(results_dir)
-    store = existing_store(db, root, readonly=False)
-    found = find(store.get_sweep, sweep_ref, "sweep")
+    reader = existing_store(db, root)      # read-only until there is something to cancel
+    found = find(reader.get_sweep, sweep_ref, "sweep")
     sid = found["id"]
-    running = [r["id"] for r in store.sweep_runs(sid) if r["status"] == "running"]
+    running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == "running"]
+    reader.close()
     slurm = any(j["executor"] == "slurm" for j in submitted_jobs(root, sid))
-    if not (running or live_workers(root, sid) or slurm):
-        message = f"sweep {sid}: nothing to cancel (no live worker, no running cell)"
-        print(json.dumps({"sweep": sid, "stopped": [], "killed": [], "handed_back": []}) if as_json else message)
+    if not (running or live_workers(root, sid) or live_controllers(root, sid) or slurm):
+        if as_json:
+            print(json.dumps({"sweep": sid, "stopped": [], "killed": [], "handed_back": []}))
+        else:
+            console.print(f"sweep {safe(sid)}: nothing to cancel (no live worker, no running cell)")
         return
+    store = existing_store(db, root, readonly=False)
     outcome = cancel_sweep(store, root, sid, timeout=timeout)
     if as_json:
         print(json.dumps(outcome, indent=2))
         return
-    console.print(f"sweep [bold]{sid}[/]: stopped {len(outcome['stopped'])} worker(s)"
+    console.print(f"sweep [bold]{safe(sid)}[/]: stopped {len(outcome['stopped'])} worker(s)"
                   + (f" ({len(outcome['killed'])} killed after {timeout:g} s)" if outcome["killed"] else "")
                   + f", {len(outcome['handed_back'])} running cell(s) handed back (interrupted); "
                   f"`flctl sweep` with the same axes resumes it")
     for w in outcome["stopped"]:
-        console.print(f"  {w['kind']} {w.get('pid') or ''} job {w.get('job_id') or '-'}")
+        console.print(safe(f"  {w['kind']} {w.get('pid') or ''} job {w.get('job_id') or '-'}"))

@@ -248,16 +248,22 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
         return "\n".join(lines) + "\n"
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table as RichTable
 
-    rt = RichTable(*table.keys, *table.columns, title=table.title)
+    from flctl.text import printable
+
+    def literal(text: str) -> str:   # key values come from run configs (e.g. a model name): text, not markup
+        return escape(printable(text))
+
+    rt = RichTable(*map(literal, table.keys), *map(literal, table.columns), title=literal(table.title))
     for i, (key, cells) in enumerate(table.rows):
-        rt.add_row(*key, *(cell_text(c, i in best[j], lambda s: f"[bold]{s}[/bold]", lambda s: f" ± {s}")
-                           for j, c in enumerate(cells)))
-    console = Console(record=True, width=200, file=io.StringIO())
+        rt.add_row(*map(literal, key), *(cell_text(c, i in best[j], lambda s: f"[bold]{s}[/bold]", lambda s: f" ± {s}")
+                                         for j, c in enumerate(cells)))
+    console = Console(record=True, width=200, file=io.StringIO(), emoji=False)
     console.print(rt)
     for n in table.notes:
-        console.print(f"[yellow]{n}[/]")
+        console.print(f"[yellow]{literal(n)}[/]")
     return console.export_text(styles=False)
 
 

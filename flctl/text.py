@@ -1,0 +1,64 @@
+"""Text that came from users (names, paths, options, database rows, driver messages), made safe to print or to
+write into a script. What counts as a control character is written here once: the CLI strips such characters
+before printing, and input that lands in a script or in the database (sweep names, Slurm options) is refused
+when it holds one."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from urllib.parse import unquote, urlsplit
+
+# Cc: C0/C1 controls (ESC, BEL, newline, CSI); Cf: format characters (bidi overrides and isolates such as U+202E,
+# zero-width marks); Zl/Zp: the line and paragraph separators. Each can restyle, retitle, clear or reorder a
+# terminal line, or start a new line in a file.
+CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+# A URL's password (scheme://user:PASSWORD@host), up to the last '@' of the URL; and a libpq-style
+# password=VALUE (connection strings, query parameters), quoted or not, up to the ": " that may end the URL.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s'\"]*):[^\s'\"]*@")
+_PASSWORD_PARAM = re.compile(r"(?P<head>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""
+                             r"|[^\s&;,'\"]+?(?=:\s|:$|[\s&;,'\"]|$))", re.IGNORECASE)
+HIDDEN = "***"
+
+
+def is_control(ch: str) -> bool:
+    return unicodedata.category(ch) in CONTROL_CATEGORIES
+
+
+def first_control(text: str) -> str | None:
+    """The first control character of ``text`` (None when it has none)."""
+    if text.isprintable():   # fast path: printable text holds none (isprintable is False for Cc, Cf, Zl, Zp)
+        return None
+    return next((ch for ch in text if is_control(ch)), None)
+
+
+def printable(text: str) -> str:
+    """``text`` without control characters: a tab or line break becomes a space (words stay apart, the text stays
+    on one line), any other control character is dropped. Lone surrogates (undecodable bytes of a file name) become
+    U+FFFD, which every terminal encoding can take."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category in CONTROL_CATEGORIES:
+            out.append(" " if ch.isspace() else "")
+        else:
+            out.append("\ufffd" if category == "Cs" else ch)
+    return "".join(out)
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """``text`` with passwords replaced by ***: the password of ``url`` wherever it appears (drivers quote the
+    connection string they were given), a URL's user:password@ part, and password=VALUE."""
+    if url:
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+        if password:
+            for form in {password, unquote(password)}:
+                text = text.replace(form, HIDDEN)
+    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{HIDDEN}@", text)
+    return _PASSWORD_PARAM.sub(lambda m: f"{m['head']}{HIDDEN}", text)

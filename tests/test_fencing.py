@@ -1,0 +1,157 @@
+"""Fenced claims: a worker that lost its claim writes nothing, --rerun never clears a live run, stale has a floor.
+
+Real processes and real signals: a `flctl run` frozen with SIGSTOP past the stale bound is taken over by another;
+woken with SIGCONT it stops without writing, and the run's records equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from flctl import records
+from flctl.store import ClaimLost, Run, Store, StoreError, now
+from tests.helpers import config, wait_until
+
+FLCTL = [sys.executable, "-m", "flctl"]
+RUN = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--eval-every", "1")
+
+
+def flctl(results: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def start(results: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*FLCTL, *args, "--results-dir", str(results)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def row(results: Path) -> dict:
+    store = Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True)
+    try:
+        (run,) = store.list_runs()
+        return run.to_json()
+    finally:
+        store.close()
+
+
+def epoch_files(results: Path) -> list[Path]:
+    return sorted((results / "records").glob("run_id=*/epoch=*.parquet"))
+
+
+def sorted_records(results: Path, run_id: str):
+    return records.read(results / "records", [run_id]).sort_by(
+        [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")])
+
+
+def test_a_stolen_claim_fences_every_write_of_its_old_holder(tmp_path: Path) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    cfg = config("two-moons", "fl")
+    store.add_runs([cfg])
+    rid = cfg.run_id
+    old = store.claim_run(rid, stale_after=60)
+    assert old and store.holds(rid, old) and store.heartbeat(rid, old, 1)
+    assert store.claim_run(rid, stale_after=60) is None              # live: nobody else gets it
+    with store.session() as s:                                       # its holder froze: no beat for 2 minutes
+        s.execute(update(Run).where(Run.id == rid).values(heartbeat_at=now() - timedelta(seconds=120)))
+    new = store.claim_run(rid, stale_after=60)
+    assert new and new != old and store.holds(rid, new) and not store.holds(rid, old)
+    # The old holder wakes up: none of its writes lands.
+    assert not store.heartbeat(rid, old, 5)
+    assert not store.requeue(rid, old, "stopped")
+    assert not store.fail_run(rid, old, "boom", 1.0)
+    with pytest.raises(ClaimLost):
+        store.finish_run(rid, old, status="completed", epochs_done=5, metrics={"x": 1.0}, diverged_at=None,
+                         lambda_capped=0, artifacts={}, duration_s=1.0)
+    run = store.get_run(rid)
+    assert (run.status, run.attempts, run.epochs_done, run.error, run.claim_token) == ("running", 2, 1, None, new)
+    # A handed-back attempt gives the same attempt number again: the token, not the count, tells claims apart.
+    assert store.requeue(rid, new, "preempted") and store.get_run(rid).attempts == 1
+    third = store.claim_run(rid)
+    assert third and store.get_run(rid).attempts == 2 and not store.holds(rid, new)
+    store.close()
+
+
+@pytest.mark.parametrize("bound", [0, -1, float("nan"), float("inf")])
+def test_the_stale_bound_is_a_positive_number_of_seconds(tmp_path: Path, bound: float) -> None:
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    cfg = config("two-moons", "fl")
+    store.add_runs([cfg])
+    assert store.claim_run(cfg.run_id)
+    if bound == float("inf"):          # never stale is a valid (if unwise) bound
+        assert store.claim_run(cfg.run_id, stale_after=bound) is None
+    else:
+        with pytest.raises(StoreError, match="positive number of seconds"):
+            store.claim_run(cfg.run_id, stale_after=bound)
+    store.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "soon"])
+def test_a_bad_flctl_stale_after_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, value: str) -> None:
+    res = flctl(tmp_path / "r", *RUN, "--epochs", "2", env={**os.environ, "FLCTL_STALE_AFTER": value})
+    assert res.returncode == 2, res.stderr
+    assert "FLCTL_STALE_AFTER must be a positive number of seconds" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r" / "flctl.db").exists() and not (tmp_path / "r" / "records").exists()
+
+
+def test_rerun_of_a_run_that_is_training_leaves_it_alone(tmp_path: Path) -> None:
+    results = tmp_path / "r"
+    live = start(results, *RUN, "--epochs", "300")
+    try:
+        wait_until(lambda: len(epoch_files(results)) >= 3, "the live run's first records", timeout=120,
+                   interval=0.05)
+        rerun = flctl(results, *RUN, "--epochs", "300", "--rerun")
+        assert rerun.returncode == 2, rerun.stdout + rerun.stderr
+        assert "is being trained by" in rerun.stderr and "--rerun leaves a live run alone" in rerun.stderr
+        out, err = live.communicate(timeout=300)
+    finally:
+        live.kill()
+    assert live.returncode == 0, err
+    assert len(epoch_files(results)) == 300                     # every epoch's records: nothing was cleared
+    assert row(results)["status"] == "completed" and row(results)["attempts"] == 1
+
+
+def test_a_worker_frozen_past_the_stale_bound_stops_without_writing_when_it_wakes(tmp_path: Path) -> None:
+    args = (*RUN, "--epochs", "120")
+    whole = flctl(tmp_path / "whole", *args)
+    assert whole.returncode == 0, whole.stderr
+
+    results = tmp_path / "r"
+    env = {**os.environ, "FLCTL_STALE_AFTER": "2", "FLCTL_HEARTBEAT": "0.2"}
+    first = start(results, *args, env=env)
+    try:
+        wait_until(lambda: len(epoch_files(results)) >= 10, "the first worker's records", timeout=120,
+                   interval=0.02)
+        first.send_signal(signal.SIGSTOP)                     # frozen: alive, but no heartbeat
+        frozen_at = len(epoch_files(results))
+        time.sleep(2.5)
+        second = flctl(results, *args, env=env)                # takes the stale run over, resumes it, finishes
+        assert second.returncode == 0, second.stderr
+        assert "resumed from epoch" in second.stdout
+        done = {p: p.stat().st_mtime_ns for p in epoch_files(results)}
+        first.send_signal(signal.SIGCONT)
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 1, out + err
+    assert "taken over by another worker" in err and "stopped without writing" in err
+    # The woken worker wrote no file: every record is the second worker's, untouched since it finished.
+    assert {p: p.stat().st_mtime_ns for p in epoch_files(results)} == done
+    assert frozen_at < 120 and len(done) == 120
+    run = row(results)
+    assert run["status"] == "completed" and run["attempts"] == 2 and run["pid"] != first.pid
+    run_id = run["id"]
+    assert sorted_records(results, run_id).equals(sorted_records(tmp_path / "whole", run_id))
+    assert json.loads(flctl(results, "show", run_id, "--json").stdout)["metrics"] == \
+        json.loads(flctl(tmp_path / "whole", "show", run_id, "--json").stdout)["metrics"]
