@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
@@ -147,11 +148,17 @@ class Cell:
         cell = cls(cfg, model, optimizer, scheduler, schedule_per_step, method, run_dir,
                    RunResult(cfg.run_id, "completed", 0, {}), 0, torch.empty(n_train, device=device), pruner=pruner)
         if cell.checkpoint.exists():
-            # Loaded on the CPU: load_state_dict copies each tensor to where its parameter lives, and the RNG
-            # setters need CPU byte tensors (mapping the whole checkpoint to CUDA broke every resume on a GPU).
-            # weights_only: tensors and plain containers only, so a results folder on a shared file system is no
-            # place to plant a pickle that runs code when a run resumes.
-            cell.load_state_dict(torch.load(cell.checkpoint, map_location="cpu", weights_only=True))
+            try:
+                # Loaded on the CPU: load_state_dict copies each tensor to where its parameter lives, and the RNG
+                # setters need CPU byte tensors (mapping the whole checkpoint to CUDA broke every resume on a GPU).
+                # weights_only: tensors and plain containers only, so a results folder on a shared file system is
+                # no place to plant a pickle that runs code when a run resumes.
+                cell.load_state_dict(torch.load(cell.checkpoint, map_location="cpu", weights_only=True))
+            except Exception as exc:
+                # Truncated (a copy cut short, a disk that filled), garbage or not this run's: every retry would
+                # fail the same way. Keep it for a look, and build the cell afresh (a half-loaded one is unusable).
+                set_aside(cell.checkpoint, exc)
+                return cls.build(cfg, task, data, run_dir, device)
         return cell
 
     # ---- the checkpoint ----
@@ -262,9 +269,52 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor])
         raise RuntimeError(f"checkpoint does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
+def set_aside(checkpoint: Path, why: BaseException) -> Path:
+    """Move a checkpoint that cannot be loaded to ``<name>.corrupt-<UTC time>`` beside it, with a one-line
+    warning on stderr; the run then starts from scratch (its records are rewritten as it goes)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = checkpoint.with_name(f"{checkpoint.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():                 # set aside twice in one second: keep both
+        n += 1
+        aside = checkpoint.with_name(f"{checkpoint.name}.corrupt-{stamp}-{n}")
+    checkpoint.rename(aside)
+    # torch's messages run to 6 lines, and the weights_only one advises a load that would run planted code
+    reason = (str(why).strip().splitlines() or [""])[0].split(". ")[0][:160]
+    print(f"flctl: warning: checkpoint {checkpoint} cannot be loaded ({type(why).__name__}: {reason}); moved to "
+          f"{aside.name}, starting the run from scratch", file=sys.stderr, flush=True)
+    return aside
+
+
 def atomic_save(obj: Any, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """``torch.save`` whole or not at all (flctl.fs.atomic_path). Written through a file that keeps the first
+    OSError: torch's writer reports a failed write as `[enforce fail at inline_container.cc] unexpected pos`,
+    which hides the errno that tells a full disk (one line naming the path, the run resumable) from a bug."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        out = _KeepsError(f)
+        try:
+            torch.save(obj, cast(IO[bytes], out))     # torch calls write() and flush() only
+        except RuntimeError as exc:
+            if out.error is not None:
+                raise out.error from exc
+            raise
+
+
+class _KeepsError:
+    """A binary file for torch.save that remembers the first OSError of a write."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.error = f, cast(OSError | None, None)
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _numpy_rng_state() -> tuple:

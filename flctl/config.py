@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -269,9 +270,24 @@ MAX_SEED = 2**31 - 1
 MAX_BATCH = 10**8
 
 
+# Where a run may train: torch's CPU, its CUDA devices, or "auto" (resolved to one of them before a run is recorded,
+# flctl.cli.common.check_device). Others (mps, tpu, xla) are not supported by the training engine.
+DEVICE = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
+
+
+def device_problem(device: object) -> str | None:
+    """What is wrong with a device name (None: nothing), checked without torch."""
+    if isinstance(device, str) and DEVICE.fullmatch(device):
+        return None
+    return f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto"
+
+
 def validate(cfg: RunConfig) -> None:
     def bad(msg: str) -> NoReturn:
         raise ConfigError(msg)
+
+    if (problem := device_problem(cfg.device)) is not None:   # a spec's `device = "tpu"`, before any worker starts
+        bad(problem)
 
     # Types first, from each field's declared kind: an integer field holds an integer, not 2.5, "3" or True.
     for f in FIELDS.values():

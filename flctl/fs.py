@@ -1,12 +1,29 @@
-"""Files that appear whole or not at all."""
+"""Files that appear whole or not at all, and a full disk told as one line."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+# No room for the bytes: the device or the user's quota is full, or the file outgrew a size limit (the file
+# system's, or the process's RLIMIT_FSIZE: EFBIG). Each one means "free space, then resume", so they are one case.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class DiskFull(OSError):
+    """A write that found no room (``FULL_ERRNOS``). Its text is one line naming the file; the file itself is left
+    as it was (see ``atomic_path``), so the run that wrote it can resume once there is space."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror} (disk or quota full, or a file size limit)"
+
+
+def is_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
 
 
 @contextlib.contextmanager
@@ -15,13 +32,17 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     in one rename, so readers (another worker, a report) never see a partial file; when it raises, the temporary
     file is removed and ``path`` is left as it was. The temporary name is hidden and ends in ``.tmp``, so globs
     for finished files (``epoch=*.parquet``, ``*.json``) and Parquet readers skip it; write through an open file
-    where a library would append its own suffix (numpy's savez)."""
+    where a library would append its own suffix (numpy's savez). A full disk raises ``DiskFull`` naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:
+        if is_full(exc) and not isinstance(exc, DiskFull):
+            raise DiskFull(exc.errno, os.strerror(exc.errno or 0), str(path)) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -51,6 +51,11 @@ DEFAULT_CHECKPOINT_EVERY_S = 60.0
 SLURM_DEFAULT_WORKERS = 64
 # Most cells one worker trains together by default (see batch_runs_for and benchmarks/bench_sweep.py).
 AUTO_BATCH_RUNS = 8
+# A --tune sweep adds its next trial's cell a moment after the last one finished: its workers wait this long for
+# one before they exit, so that one worker serves trial after trial instead of a new process (torch start-up,
+# seconds) per trial.
+TUNE_LINGER_S = 10.0
+_LINGER_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -157,9 +162,9 @@ class Worker(submitit.helpers.Checkpointable):
     def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
                  checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1,
-                 sync_study: bool = True) -> None:
+                 sync_study: bool = True, linger_s: float = 0.0) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
-        self.sync_study = sync_study
+        self.sync_study, self.linger_s = sync_study, linger_s
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
         self.batch_runs = batch_runs
         self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
@@ -182,7 +187,7 @@ class Worker(submitit.helpers.Checkpointable):
                 stop_on_signals(signals) as stop:
             try:
                 while not stop.is_set():
-                    claimed = self._claim(store, job_id, git_sha)
+                    claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
                     if not claimed:
                         break
                     cfgs = [c for c, _ in claimed]
@@ -227,6 +232,15 @@ class Worker(submitit.helpers.Checkpointable):
                 claimed.append(more)
         return claimed
 
+    def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
+        """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
+        deadline = time.monotonic() + self.linger_s
+        while time.monotonic() < deadline and not stop.is_set():
+            time.sleep(_LINGER_POLL_S)
+            if claimed := self._claim(store, job_id, git_sha):
+                return claimed
+        return []
+
     def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
         # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
         # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
@@ -241,7 +255,7 @@ class Worker(submitit.helpers.Checkpointable):
             Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
                    checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
-                   sync_study=self.sync_study), slot)
+                   sync_study=self.sync_study, linger_s=self.linger_s), slot)
 
 
 def _slurm_cpus() -> int | None:
@@ -452,6 +466,15 @@ def live_controllers(results_root: Path, sweep_id: str) -> list[Process]:
     return found
 
 
+def has_workers(results_root: Path, sweep_id: str) -> bool:
+    """Whether anything may still claim the sweep's cells: a live registered worker, a local job controller
+    (its worker not registered yet), or a Slurm job of the sweep that squeue lists (pending ones included)."""
+    if live_workers(results_root, sweep_id) or live_controllers(results_root, sweep_id):
+        return True
+    slurm = [j["job_id"] for j in submitted_jobs(results_root, sweep_id) if j["executor"] == "slurm"]
+    return bool(slurm) and _slurm_active(slurm)
+
+
 def _job_id() -> str | None:
     try:
         return submitit.JobEnvironment().job_id
@@ -459,11 +482,35 @@ def _job_id() -> str | None:
         return None
 
 
+# What flctl and submitit run: sbatch submits, srun starts each job's task (submitit's batch script), sacct and
+# squeue tell a job's state, scancel stops it, sinfo proves the cluster answers (check_slurm_cluster).
+SLURM_COMMANDS = ("sbatch", "srun", "sacct", "squeue", "scancel", "sinfo")
+# How long sinfo may take to answer before the cluster counts as unreachable.
+SLURM_ANSWER_S = 15.0
+
+
 def check_executor(executor: str) -> None:
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
-    if executor == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--executor slurm needs Slurm's commands (sbatch, sacct) on PATH; "
+    if executor == "slurm" and (missing := [c for c in SLURM_COMMANDS if shutil.which(c) is None]):
+        raise ConfigError(f"--executor slurm needs Slurm's commands on PATH ({', '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} missing); use --executor local on this machine")
+
+
+def check_slurm_cluster() -> None:
+    """ConfigError unless a Slurm controller answers `sinfo` within SLURM_ANSWER_S: with Slurm's commands installed
+    but no cluster configured, sbatch fails only after the sweep and its job files were recorded."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                             timeout=SLURM_ANSWER_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"--executor slurm: the Slurm controller did not answer `sinfo` within "
+                          f"{SLURM_ANSWER_S:g} s; is this a cluster's login node?") from None
+    except OSError as exc:
+        raise ConfigError(f"--executor slurm: cannot run sinfo ({exc.strerror or exc})") from None
+    if out.returncode != 0:
+        said = (out.stderr.strip().splitlines() or out.stdout.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        raise ConfigError(f"--executor slurm: no Slurm cluster answers here (sinfo: {said.strip()[:200]}); "
                           "use --executor local on this machine")
 
 
@@ -492,7 +539,7 @@ def _stdio_to(path: Path):
 def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: Path, executor: str,
            slurm: SlurmOptions | None = None, per_gpu: int = 1, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
            stale_after: float = STALE_AFTER_S, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-           batch_runs: int = 1) -> list[submitit.Job]:
+           batch_runs: int = 1, linger_s: float = 0.0) -> list[submitit.Job]:
     """Start one pull worker per slot (a job array; under Slurm with ``per_gpu`` K, K workers per job as K
     tasks sharing the job's GPUs). Returns without waiting, except debug, which runs its worker in process."""
     check_executor(executor)
@@ -510,7 +557,8 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
         slots = slots[::per_gpu] if per_gpu > 1 else slots
     ex.update_parameters(**params)
     worker = Worker(db_url, str(results_root), sweep_id, executor=executor, max_attempts=max_attempts,
-                    stale_after=stale_after, checkpoint_every=checkpoint_every, batch_runs=batch_runs)
+                    stale_after=stale_after, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
+                    linger_s=linger_s)
     if executor == "local":
         with _stdio_to(folder / "controllers.log"):
             jobs = ex.map_array(worker, list(slots))
@@ -704,11 +752,13 @@ class LaunchSettings:
         extra = {str(k): str(v) for k, v in sbatch.items()}
         slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
         settings = cls(**merged, slurm=slurm)
+        # A spec's TOML may give `workers = true`: a bool is an int to Python, not a count to a user.
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
             value = getattr(settings, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
-        if not (isinstance(settings.checkpoint_every, (int, float)) and settings.checkpoint_every >= 0):
+        every = settings.checkpoint_every
+        if isinstance(every, bool) or not (isinstance(every, (int, float)) and every >= 0):
             raise ConfigError(f"--checkpoint-every must be a number of seconds >= 0, got {settings.checkpoint_every!r}")
         # Slurm's own options, checked here rather than by sbatch after the cells were recorded
         for name, kind, least in (("gpus", int, 0), ("cpus", int, 1), ("time_min", int, 1),
@@ -790,10 +840,11 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
         slots = slots[1:]
     jobs = submit(sid, slots, db_url=url, results_root=root, executor=settings.executor, slurm=settings.slurm,
                   per_gpu=settings.per_gpu, max_attempts=settings.max_attempts,
-                  checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs)
+                  checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs,
+                  linger_s=TUNE_LINGER_S if spec.tune and settings.executor != "debug" else 0.0)
     if jobs or here:
         store.count_submission(sid)
-    return Launched(len(configs), added, sum(r["status"] == "completed" for r in cells.values()), requeued,
+    return Launched(len(configs), added, sum(cells[i]["status"] == "completed" for i in ids), requeued,
                     gave_up, len(todo), live, jobs, here)
 
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from flctl.config import ConfigError
 from flctl.fs import atomic_path
 
 SCHEMA = pa.schema(
@@ -88,30 +89,59 @@ def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table])
     return final
 
 
-def dataset(root: Path) -> ds.Dataset:
-    """All records under ``root`` as one pyarrow dataset (hidden temp files are ignored by pyarrow)."""
-    return ds.dataset(root, format="parquet", schema=SCHEMA, partitioning=None)
-
-
 def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = None,
          epoch: int | None = None) -> pa.Table:
     """Records of the given runs (all when None), optionally one split and one epoch."""
     root = Path(root)
+    files = None
     if run_ids is not None:
         files = [str(p) for r in run_ids for p in sorted(run_dir(root, r).glob("epoch=*.parquet"))]
         if not files:
             return SCHEMA.empty_table()
-        data = ds.dataset(files, format="parquet", schema=SCHEMA)
-    else:
-        data = dataset(root)
     flt = None
     for col, val in (("split", split), ("epoch", epoch)):
         if val is not None:
             cond = ds.field(col) == val
             flt = cond if flt is None else flt & cond
-    return data.to_table(filter=flt)
+    return table(files if files is not None else root, filter=flt)
+
+
+def table(source: Sequence[str] | Path, columns: Sequence[str] | None = None, filter=None) -> pa.Table:
+    """Record files (a list, or every one under a folder) read as one table, only ``columns`` and rows passing
+    ``filter``. A file there that is not a record file of ours (not Parquet, another schema: planted, or copied in
+    by mistake) is ConfigError naming it, not an Arrow traceback."""
+    try:
+        data = ds.dataset(source if isinstance(source, Path) else list(source), format="parquet", schema=SCHEMA,
+                          partitioning=None)
+        return data.to_table(columns=list(columns) if columns else None, filter=filter)
+    except (pa.ArrowException, OSError) as exc:
+        raise ConfigError(unreadable(source, exc)) from None
+
+
+def unreadable(source: Sequence[str] | Path, exc: BaseException) -> str:
+    """One line naming the first record file of ``source`` that does not hold records."""
+    paths = sorted(str(p) for p in source.rglob("*.parquet")) if isinstance(source, Path) else list(source)
+    for path in paths:
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError) as err:
+            return f"{path} is not a Parquet file ({str(err).splitlines()[0]}); move it out of the records folder"
+        if any(f.name not in schema.names or not schema.field(f.name).type.equals(f.type)
+               for f in SCHEMA if f.name != "run_id"):     # run_id: plain string or dictionary, both ours
+            return (f"{path} is not a record file of flctl (columns {', '.join(schema.names)}); "
+                    "move it out of the records folder")
+    return f"per-sample records cannot be read: {str(exc).splitlines()[0]}"
+
+
+def _epoch_of(path: Path) -> int:
+    return int(path.stem.split("=")[1])
 
 
 def final_epoch(root: Path, run_id: str) -> int | None:
     files = sorted(run_dir(root, run_id).glob("epoch=*.parquet"))
-    return int(files[-1].stem.split("=")[1]) if files else None
+    return _epoch_of(files[-1]) if files else None
+
+
+def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
+    """A run's record files of epochs after ``epoch`` (what a run that restarts at ``epoch`` will redo)."""
+    return [p for p in sorted(run_dir(root, run_id).glob("epoch=*.parquet")) if _epoch_of(p) > epoch]

@@ -6,6 +6,8 @@ Used by ``flctl run`` and by sweep workers. Training itself lives in flctl.train
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import signal
 import subprocess
@@ -17,8 +19,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from flctl import records
 from flctl.config import RunConfig
+from flctl.fs import DiskFull
 from flctl.status import TO_DO
 from flctl.store import HEARTBEAT_S, STALE_AFTER_S, ClaimLost, Store
 
@@ -168,6 +173,11 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
                              metrics=result.metrics, diverged_at=result.diverged_at,
                              lambda_capped=result.lambda_capped, artifacts=result.artifacts,
                              duration_s=time.perf_counter() - started, trained_with=result.trained_with)
+        except SQLAlchemyError as exc:
+            full = database_full(store, exc)
+            if full is None:
+                raise
+            raise full from exc
         except ClaimLost:
             result.status = "lost"
             print(f"flctl: run {result.run_id} was taken over by another worker while this process was presumed "
@@ -181,6 +191,14 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
         for run_id in ids:
             store.requeue(run_id, tokens[run_id], "interrupted; resumes from its last checkpoint",
                           time.perf_counter() - started)
+        raise
+    except DiskFull:        # free space, run again: each cell resumes from its last checkpoint
+        for run_id in ids:
+            # the database may sit on the full disk too: then the row stays running until its worker is seen
+            # gone (dead pid, stale heartbeat) and the next claim takes it over
+            with contextlib.suppress(Exception):
+                store.requeue(run_id, tokens[run_id], "the disk filled up; resumes from its last checkpoint",
+                              time.perf_counter() - started)
         raise
     except ClaimLost:       # a write found a claim gone (see flctl.train.Writer): hand back the cells still ours
         for run_id in ids:
@@ -197,3 +215,15 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
         if result.run_id not in recorded:
             record(result)
     return results
+
+
+def database_full(store: Store, exc: BaseException) -> DiskFull | None:
+    """A database write that found no room, as a DiskFull naming the database (SQLite: `database or disk is
+    full`; PostgreSQL: disk_full, `could not extend file`); None for any other database error."""
+    text = str(getattr(exc, "orig", exc))
+    if not any(sign in text for sign in ("database or disk is full", "could not extend file",
+                                          "No space left on device")):
+        return None
+    url = store.engine.url
+    where = url.database if url.get_backend_name() == "sqlite" and url.database else "the run database"
+    return DiskFull(errno.ENOSPC, os.strerror(errno.ENOSPC), where)

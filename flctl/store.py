@@ -54,7 +54,6 @@ from flctl.text import redact
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
 SCHEMA_VERSION = 2
-HEARTBEAT_S = float(os.environ.get("FLCTL_HEARTBEAT", "30"))
 T = TypeVar("T")
 # The database-wide lock (Store.exclusive) under which schemas are created or upgraded, flctl's and Optuna's.
 SCHEMA_LOCK = "schema"
@@ -78,16 +77,38 @@ def check_stale_after(seconds: float, what: str = "the stale bound") -> float:
     return float(seconds)
 
 
-def _stale_after_from_env() -> float:
-    raw = os.environ.get("FLCTL_STALE_AFTER", "300")
+def _seconds_from_env(name: str, default: str, *, finite: bool) -> float:
+    """A positive number of seconds from the environment, parsed once at import; NaN when it is anything else
+    (``30s``, empty, ``-5``, ``0``; ``inf`` too where ``finite``), which Store.open refuses in one line
+    (_check_environment)."""
     try:
-        return check_stale_after(float(raw), "FLCTL_STALE_AFTER")
-    except (ValueError, StoreError):
-        return math.nan        # Store.open refuses to work with it, in one line
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return math.nan
+    return value if value > 0 and (math.isfinite(value) or not finite) else math.nan
 
 
 # A running run whose heartbeat is older than this is presumed lost (killed, node gone) and may be re-claimed.
-STALE_AFTER_S = _stale_after_from_env()
+# Infinity is a valid, if unwise, bound: never presumed lost.
+STALE_AFTER_S = _seconds_from_env("FLCTL_STALE_AFTER", "300", finite=False)
+# How often a running run's worker writes its heartbeat (at most; flctl.runner). Finite: Event.wait(inf) raises
+# in the heartbeat thread, which then dies; zero makes it a busy loop (thousands of fsyncs per run).
+HEARTBEAT_S = _seconds_from_env("FLCTL_HEARTBEAT", "30", finite=True)
+# Below this a heartbeat is a busy loop of database writes.
+MIN_HEARTBEAT_S = 0.05
+
+
+def _check_environment() -> None:
+    """The one-line refusal of a bad FLCTL_STALE_AFTER or FLCTL_HEARTBEAT, for every command that opens a
+    database (all that can train or judge a run's liveness do)."""
+    for name, value in (("FLCTL_STALE_AFTER", STALE_AFTER_S), ("FLCTL_HEARTBEAT", HEARTBEAT_S)):
+        if math.isnan(value):
+            raise StoreError(f"{name} must be a positive number of seconds (e.g. 30), got {os.environ.get(name)!r}")
+    if HEARTBEAT_S < MIN_HEARTBEAT_S:
+        raise StoreError(f"FLCTL_HEARTBEAT must be at least {MIN_HEARTBEAT_S:g} s, got {HEARTBEAT_S:g}")
+    if HEARTBEAT_S >= STALE_AFTER_S:     # every running run would look lost between two of its heartbeats
+        raise StoreError(f"FLCTL_HEARTBEAT ({HEARTBEAT_S:g} s) must be shorter than FLCTL_STALE_AFTER "
+                         f"({STALE_AFTER_S:g} s)")
 
 
 class _Unopenable(StoreError):
@@ -419,9 +440,7 @@ class Store:
         database; SQLite opens the file read-only (see _readonly_sqlite; immutable when its folder cannot take the
         lock files), PostgreSQL in read-only transactions. A SQLite file is put in WAL mode only once its schema
         is known to be flctl's (or it is new): a foreign database is left as it was."""
-        if math.isnan(STALE_AFTER_S):
-            raise StoreError(f"FLCTL_STALE_AFTER must be a positive number of seconds, got "
-                             f"{os.environ.get('FLCTL_STALE_AFTER')!r}")
+        _check_environment()
         url = normalize_url(url)
         try:
             parsed = make_url(url)
@@ -854,12 +873,22 @@ class Store:
 
     def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
                   seed: int | None = None, limit: int | None = None) -> list[RunRecord]:
-        q = select(Run).order_by(Run.created_at.desc())
-        for col, val in ((Run.task, task), (Run.method, method), (Run.status, status), (Run.seed, seed)):
-            if val is not None:
-                q = q.where(col == val)
+        q = _run_filter(select(Run).order_by(Run.created_at.desc()), task, method, status, seed)
         if limit:
             q = q.limit(limit)
         with self.session() as s:
             return [r.record() for r in s.scalars(q).all()]
 
+    def count_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
+                   seed: int | None = None) -> int:
+        """How many runs ``list_runs`` would list without a limit."""
+        with self.session() as s:
+            return s.scalar(_run_filter(select(func.count()).select_from(Run), task, method, status, seed)) or 0
+
+
+def _run_filter(q: Any, task: str | None, method: str | None, status: str | None, seed: int | None) -> Any:
+    """``q`` restricted to the runs of the given task, method, status and seed (None: any)."""
+    for col, val in ((Run.task, task), (Run.method, method), (Run.status, status), (Run.seed, seed)):
+        if val is not None:
+            q = q.where(col == val)
+    return q

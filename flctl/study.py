@@ -3,7 +3,9 @@
 - A grid sweep is mirrored as a study ``flctl-<sweep id>`` whose search space is the grid (GridSampler) and
   whose trials are the sweep's finished cells (params = the varying axes, value = the objective metric).
 - ``flctl sweep --tune N`` runs a TPE search instead: log ranges (``1e-4..1``) become log-uniform intervals,
-  lists become categorical choices; each asked trial is one run, launched like any sweep cell.
+  lists become categorical choices; each asked trial is one run, launched like any sweep cell. Its study
+  ``flctl-tune-<name>`` is the sweep's only study: its cells (one per trial, the set growing as trials are asked)
+  are not mirrored as a grid, whose categorical space is fixed when the study is created.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
 from flctl.metrics import SPLITS, SUMMARY_METRICS
+from flctl.status import TO_DO
 from flctl.store import SCHEMA_LOCK, normalize_url
 
 TERMINAL = ("completed", "diverged", "failed")
@@ -59,6 +62,8 @@ def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, dir
     `flctl sweep` and by each worker as it exits, one at a time (OPTUNA_LOCK). Returns how many trials were added."""
     with store.exclusive(OPTUNA_LOCK):
         sweep_row = store.get_sweep(sweep_id)
+        if sweep_row is None or sweep_row["spec"].get("tune"):    # a --tune sweep's study is its TPE study (tune)
+            return 0
         rows = store.sweep_runs(sweep_id)
         configs = [RunConfig.from_json(r["config"]) for r in rows]
         if not configs:
@@ -107,16 +112,50 @@ def _optuna_time(stamp: datetime) -> datetime:
 
 def tune(spec, n_trials: int, objective: str, direction: str, *, store, url: str, resolve_cell: Callable,
          launch: Callable[[list[RunConfig]], None], fetch: Callable[[list[str]], dict[str, dict]],
-         parallel: int = 1, poll_s: float = 2.0) -> Any:
+         revive: Callable[[list[RunConfig]], None] | None = None, parallel: int = 1, poll_s: float = 0.5) -> Any:
     """TPE search over the spec's axes: ask ``parallel`` trials, launch their runs, wait, tell; N trials in all.
 
-    ``resolve_cell(params) -> RunConfig``; ``launch(configs)`` submits runs; ``fetch(run_ids)`` reads their rows.
+    ``resolve_cell(params) -> RunConfig``; ``launch(configs)`` submits runs; ``fetch(run_ids)`` reads their rows;
+    ``revive(configs)``, called while some of the runs waited on are still to do, starts a worker for them when
+    none is alive (the one launched may have found its queue empty and exited just before they were added).
+    Trials an earlier, interrupted `--tune` left running are waited on (their runs resume) and told first.
     """
     import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists = search_space(spec)
+    with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
+        study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-tune-{spec.name or spec.task}",
+                                    load_if_exists=True, direction=_direction(direction),
+                                    sampler=optuna.samplers.TPESampler(seed=0))
+    study.set_user_attr("objective", objective)
+    batch = _orphans(study, resolve_cell)
+    while batch or sum(t.state.is_finished() for t in study.get_trials(deepcopy=False)) < n_trials:
+        if not batch:
+            done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+            trials = [study.ask(dists) for _ in range(min(parallel, n_trials - done))]
+            batch = [(t.number, resolve_cell(t.params)) for t in trials]
+            for t, (_, cfg) in zip(trials, batch):
+                t.set_user_attr("run_id", cfg.run_id)
+        configs = [cfg for _, cfg in batch]
+        launch(configs)
+        rows = _wait(configs, fetch, revive, poll_s)
+        for number, cfg in batch:
+            value = (rows[cfg.run_id].get("metrics") or {}).get(objective)
+            # skip_if_finished: a second `--tune` of the same study may have adopted and told the trial already
+            if rows[cfg.run_id]["status"] == "completed" and value is not None:
+                study.tell(number, value, skip_if_finished=True)
+            else:
+                study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        batch = []
+    return study
+
+
+def search_space(spec) -> dict[str, Any]:
+    """The TPE study's distributions: a log range is a log-uniform interval, a list of several values a choice."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
     dists: dict[str, Any] = {}
     for name, values in spec.axes.items():
         if name in spec.ranges:
@@ -129,26 +168,36 @@ def tune(spec, n_trials: int, objective: str, direction: str, *, store, url: str
             dists[f"opt.{name}"] = CategoricalDistribution(list(values))
     if not dists:
         raise ConfigError("--tune needs at least one axis with several values or a range")
-    with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
-        study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-tune-{spec.name or spec.task}",
-                                    load_if_exists=True, direction=_direction(direction),
-                                    sampler=optuna.samplers.TPESampler(seed=0))
-    study.set_user_attr("objective", objective)
-    while (done := sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))) < n_trials:
-        trials = [study.ask(dists) for _ in range(min(parallel, n_trials - done))]
-        configs = [resolve_cell(t.params) for t in trials]
-        for t, cfg in zip(trials, configs):
-            t.set_user_attr("run_id", cfg.run_id)
-        launch(configs)
-        while True:
-            rows = fetch([c.run_id for c in configs])
-            if all(rows[c.run_id]["status"] in TERMINAL for c in configs):
-                break
-            time.sleep(poll_s)
-        for t, cfg in zip(trials, configs):
-            value = (rows[cfg.run_id].get("metrics") or {}).get(objective)
-            if rows[cfg.run_id]["status"] == "completed" and value is not None:
-                study.tell(t, value)
-            else:
-                study.tell(t, state=TrialState.FAIL)
-    return study
+    return dists
+
+
+def _orphans(study, resolve_cell: Callable) -> list[tuple[int, RunConfig]]:
+    """Trials still RUNNING in the study: asked by a `--tune` that was stopped (Ctrl-C) before telling them. Each
+    whose parameters still resolve to the run it launched is waited on again; the others are told FAIL."""
+    from optuna.trial import TrialState
+
+    batch = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        try:
+            cfg = resolve_cell(t.params)
+        except ConfigError:
+            cfg = None
+        if cfg is not None and cfg.run_id == t.user_attrs.get("run_id"):
+            batch.append((t.number, cfg))
+        else:
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+    return batch
+
+
+def _wait(configs: list[RunConfig], fetch: Callable[[list[str]], dict[str, dict]],
+          revive: Callable[[list[RunConfig]], None] | None, poll_s: float) -> dict[str, dict]:
+    """The rows of ``configs`` once every one is finished. While some are still to do, ``revive`` is asked to make
+    sure a worker is alive to take them: a wait on a cell that no worker will ever claim never ends."""
+    ids = [c.run_id for c in configs]
+    while True:
+        rows = fetch(ids)
+        if all(rows[i]["status"] in TERMINAL for i in ids):
+            return rows
+        if revive is not None and any(rows[i]["status"] in TO_DO for i in ids):
+            revive([c for c in configs if rows[c.run_id]["status"] in TO_DO])
+        time.sleep(poll_s)

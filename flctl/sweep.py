@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flctl.config import AXIS_FIELDS, FIELDS, ConfigError, RunConfig, resolve
+from flctl.config import AXIS_FIELDS, FIELDS, SWITCHED_FIELDS, ConfigError, RunConfig, resolve
+from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
 # The RunConfig fields a sweep may vary (flctl.config.FIELDS), plus p_min, which sets eps.
 AXES = (*AXIS_FIELDS, "p_min")
@@ -26,6 +27,8 @@ INT_AXES = tuple(a for a in AXES if a != "p_min" and FIELDS[a].kind is int)
 # (1e-4..1:100000) should not plan for minutes or fill a cluster.
 MAX_AXIS_POINTS = 10_000
 MAX_CELLS = 10_000
+# The method of a sweep that names none (as `flctl run`'s), unless its axes set a field it ignores (implied_methods).
+DEFAULT_METHOD = "fl"
 # Keys a spec file may hold besides the axes.
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
              "device"}
@@ -106,6 +109,9 @@ class SweepSpec:
     objective: str | None = None
     # Axes given as log ranges (LOW..HIGH), kept as continuous intervals for --tune's TPE search.
     ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # What planning chose for the user (e.g. the methods of an α sweep that named none), said in the plan; not
+    # part of the spec's JSON.
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"task": self.task, "axes": {k: list(v) for k, v in self.axes.items()},
@@ -144,18 +150,65 @@ def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None =
         axes["seed"] = tuple(range(int(seeds)))
     if "eps" in axes and "p_min" in axes:
         raise ConfigError("sweep either eps or p_min, not both")
+    notes: tuple[str, ...] = ()
+    if "method" not in axes:
+        axes["method"] = implied_methods(task, axes)
+        if axes["method"] != (DEFAULT_METHOD,):
+            given = ", ".join(f"--{_flag(k)}" for k in _method_fields(axes) - METHOD_INFO[DEFAULT_METHOD].reads)
+            notes = (f"no --method given: {given} is read by {', '.join(axes['method'])}, not by "
+                     f"{DEFAULT_METHOD}, so the sweep trains {', '.join(axes['method'])} "
+                     "(name the methods with --method to choose others)",)
     opts = {k: tuple(v if isinstance(v, list) else str(v).split(",")) for k, v in (options or {}).items()}
-    return SweepSpec(task=task, axes=axes, options=opts, ranges=ranges, **fields)
+    return SweepSpec(task=task, axes=axes, options=opts, ranges=ranges, notes=notes, **fields)
+
+
+def _method_fields(axes: Mapping[str, Any]) -> set[str]:
+    """The method fields (flctl.method_info.METHOD_FIELDS) the axes set; p_min sets eps."""
+    return {"eps" if k == "p_min" else k for k in axes} & set(METHOD_FIELDS)
+
+
+def implied_methods(task: str, axes: Mapping[str, Any]) -> tuple[str, ...]:
+    """The methods of a sweep that names none: DEFAULT_METHOD, unless the axes set a method field it ignores
+    (--alpha: fl has no α). Then the methods that read all DEFAULT_METHOD reads plus those fields, from each
+    method's declared fields (flctl.method_info): an α sweep is RFL, not a collapsed FL run; CSERM, which also
+    reads α but has no multipliers, only when named. Failing that, every method the task supports that reads the
+    given fields. ConfigError when the task has none."""
+    from flctl.tasks import get_task
+
+    given = _method_fields(axes)
+    default_reads = METHOD_INFO[DEFAULT_METHOD].reads
+    if given <= default_reads:
+        return (DEFAULT_METHOD,)
+    supported = get_task(task).supported_methods
+    for needed in (default_reads | given, given):
+        methods = tuple(m for m in supported if needed <= METHOD_INFO[m].reads)
+        if methods:
+            return methods
+    flags = ", ".join(f"--{_flag(k)}" for k in sorted(given - default_reads))
+    raise ConfigError(f"{flags}: no method of task {task!r} ({', '.join(supported)}) reads it")
 
 
 def load_spec(path: Path) -> SweepSpec:
     """A TOML spec: ``task``, axes as keys (lists or range strings), ``seeds``, ``[options]``, ``[launch]``."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"no spec file {str(path)!r}; specs live in sweeps/ (e.g. sweeps/two-moons.toml)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"spec {str(path)!r} is a folder; give a .toml file in it") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read spec {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")     # TOML is UTF-8: a latin-1 or binary file is not a spec
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"spec {str(path)!r} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
+                          f"{exc.start}); TOML files are UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"spec {str(path)!r} is not valid TOML: {exc}") from None
+    except RecursionError:           # arrays or tables nested hundreds deep
+        raise ConfigError(f"spec {str(path)!r} nests its values too deeply to be a sweep spec") from None
     unknown = set(data) - SPEC_KEYS - set(AXES)
     if unknown:
         raise ConfigError(f"spec {str(path)!r}: unknown key(s) {', '.join(sorted(unknown))}; "
@@ -190,7 +243,7 @@ def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
             opts[k[4:]] = v
         else:
             cell[k] = v
-    method = cell.pop("method", "fl")
+    method = cell.pop("method", DEFAULT_METHOD)
     p_min = cell.pop("p_min", None)
     cell.update(options=opts, device=spec.device, data_dir=spec.data_dir)
     return resolve(task, method, cell, p_min)
@@ -211,6 +264,7 @@ def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False) ->
         seen.setdefault(cfg.run_id, cfg)
     if not seen:
         raise ConfigError("the sweep's grid is empty")
+    check_axes_read(spec, list(seen.values()))
     from flctl.tasks import get_task
 
     task = get_task(spec.task)
@@ -218,6 +272,25 @@ def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False) ->
         for options in {c.options: c for c in seen.values()}.values():   # once per distinct option set
             task.check(options.opts, spec.data_dir)
     return list(seen.values())
+
+
+def check_axes_read(spec: SweepSpec, configs: Sequence[RunConfig]) -> None:
+    """A swept axis (several values) that no planned run reads is a mistake, not a grid collapsed to one value:
+    `--method erm --alpha 1e-2..1` trains one ERM run. ConfigError naming who would read it."""
+    for name, values in spec.axes.items():
+        field = "eps" if name == "p_min" else name
+        if len(set(values)) < 2 or len({getattr(c, field) for c in configs}) > 1:
+            continue
+        methods = sorted({c.method for c in configs}, key=lambda m: METHOD_INFO[m].order)
+        if field in METHOD_FIELDS:
+            readers = [m for m in METHOD_INFO if field in METHOD_INFO[m].reads]
+            why = (f"no planned method reads it ({', '.join(methods)}); "
+                   f"{', '.join(readers)} do: add one with --method")
+        else:
+            switch = next((k for k, (_, dependent) in SWITCHED_FIELDS.items() if field in dependent), None)
+            why = ("every planned run ignores it" + (f" (it is read only with {FIELDS[switch].flag} other than "
+                                                     f"{SWITCHED_FIELDS[switch][0]!r})" if switch else ""))
+        raise ConfigError(f"--{_flag(name)} sweeps {len(set(values))} values, but {why}")
 
 
 def sweep_id(spec: SweepSpec, configs: list[RunConfig]) -> str:

@@ -105,13 +105,22 @@ def train_together(
     # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
     data = task.load(cfgs[0].opts, cfgs[0].data_dir)
     if task.solve is not None:
-        return [_run_solver(cfg, task, data, records_root, Path(d), fence) for cfg, d in zip(cfgs, run_dirs)]
+        return [_run_solver(cfg, task, data, records_root, Path(d), fence, on_epoch)
+                for cfg, d in zip(cfgs, run_dirs)]
     data = data.to(device)
     cells = []
     for cfg, run_dir in zip(cfgs, run_dirs):
         cells.append(Cell.build(cfg, task, data, Path(run_dir), device))
         if len(cfgs) > 1:
             cells[-1].swap_rng_out()       # each cell keeps its own RNG streams from its seed (or checkpoint) on
+    for c in cells:
+        # A run restarts at its checkpoint (or from scratch, when it had none or it was set aside); records a
+        # failed attempt wrote past that point are redone, and must not survive to mix with the new ones where
+        # the redo ends elsewhere (diverges earlier, nondeterministic kernels).
+        stale = records.files_after(records_root, c.cfg.run_id, c.epoch)
+        if stale and _held(c, fence):
+            for path in stale:
+                path.unlink(missing_ok=True)
     stepper = _Stepper(cells, task, data)
     done: dict[str, RunResult] = {}        # cells reported to on_done before the group ended
 
@@ -406,8 +415,10 @@ def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
 
 
 def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path,
-                fence: Callable[[str], bool] | None = None) -> RunResult:
-    """Tasks solved in closed form or by a convex solver: one 'epoch', same records and summary."""
+                fence: Callable[[str], bool] | None = None,
+                on_epoch: Callable[[EpochStats], None] | None = None) -> RunResult:
+    """Tasks solved in closed form or by a convex solver: one 'epoch', same records and summary, reported to
+    ``on_epoch`` as 1 of 1 (a progress bar would otherwise stop at 0 of the configured epochs)."""
     assert task.solve is not None
     sol: Solution = task.solve(cfg, data)
     if fence is not None and not fence(cfg.run_id):
@@ -417,4 +428,8 @@ def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: P
     result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])
     result.artifacts.update(_save_extras(run_dir, sol.extras))
     result.artifacts["records"] = str(records.run_dir(records_root, cfg.run_id))
+    if on_epoch is not None:
+        loss = np.asarray(sol.train["loss"], dtype=np.float64)
+        lam = None if sol.multipliers is None else float(np.max(sol.multipliers))
+        on_epoch(EpochStats(1, 1, float(loss.mean()), float(loss.max()), lam, metrics, cfg.run_id))
     return result

@@ -26,6 +26,9 @@ if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not ne
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"
 FOLDER = "cifar-10-batches-py"
+# Where a person gets it by hand (the "CIFAR-10 python version" archive, URL above, extracts to FOLDER).
+HOME = "https://www.cs.toronto.edu/~kriz/cifar.html"
+LAYOUT = f"{FOLDER}/ with data_batch_1..5 and test_batch (the python version from {HOME})"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILES = ["test_batch"]
 # Per-channel statistics of the CIFAR-10 training set.
@@ -45,7 +48,7 @@ def _find(data_dir: str | None) -> Path:
             download_and_extract_archive(URL, str(cache), md5=MD5)
         except Exception as exc:  # offline, proxy, disk: one message naming both ways out
             raise ConfigError(f"CIFAR-10 is not in {cache} and could not be downloaded ({type(exc).__name__}); "
-                              f"pass --data-dir pointing at a folder with {FOLDER}/ or run once online") from None
+                              f"pass --data-dir pointing at a folder with {LAYOUT}, or run once online") from None
     return cache / FOLDER
 
 
@@ -110,10 +113,10 @@ def check(options: dict, data_dir: str | None) -> Path:
     CIFAR-10: before a run row exists. Unpickling all six is cheap (about 50 ms from the page cache)."""
     folder = _find(data_dir)
     if not folder.is_dir():
-        raise ConfigError(f"no CIFAR-10 folder at {folder}; pass --data-dir pointing at a folder with {FOLDER}/")
+        raise ConfigError(f"no CIFAR-10 folder at {folder}; pass --data-dir pointing at a folder with {LAYOUT}")
     missing = [n for n in TRAIN_FILES + TEST_FILES if not (folder / n).is_file()]
     if missing:
-        raise ConfigError(f"CIFAR-10 folder {folder} is incomplete: missing {', '.join(missing)}")
+        raise ConfigError(f"CIFAR-10 folder {folder} is incomplete: missing {', '.join(missing)}; expected {LAYOUT}")
     _read(folder, TRAIN_FILES + TEST_FILES)
     return folder
 

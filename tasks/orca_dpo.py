@@ -43,6 +43,7 @@ from flctl.data import Dataset, Split
 from flctl.tasks import Task
 
 DATASET = "argilla/distilabel-intel-orca-dpo-pairs"
+HOME = f"https://huggingface.co/datasets/{DATASET}"    # where a copy for --data comes from (its Parquet files)
 COLUMNS = ("system", "input", "chosen", "rejected", "status", "chosen_score", "in_gsm8k_train")
 MIN_CHOSEN_SCORE = 8.0
 TRAIN_SHARE = 0.8
@@ -78,7 +79,7 @@ def _read_rows(data: str | None) -> dict[str, list]:
             hub = load_dataset(DATASET, split="train")
         except Exception as exc:  # offline, proxy, no cache: one message naming the way out
             raise ConfigError(f"could not load {DATASET} from the Hugging Face Hub ({type(exc).__name__}); pass "
-                              f"--data FILE with a JSONL or Parquet copy in the dataset's columns") from None
+                              f"--data FILE with a JSONL or Parquet copy of {HOME} (its columns)") from None
         table = hub.data.table     # the Arrow table behind the HF dataset
     else:
         path = Path(data)
@@ -89,7 +90,7 @@ def _read_rows(data: str | None) -> dict[str, list]:
                                   f"found {len(files)}")
             path = files[0]
         if not path.is_file():
-            raise ConfigError(f"--data {path}: no such file (a JSONL or Parquet copy of {DATASET})")
+            raise ConfigError(f"--data {path}: no such file (a JSONL or Parquet copy of {HOME})")
         import pyarrow as pa
 
         try:

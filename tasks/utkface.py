@@ -53,6 +53,10 @@ STD = (66.17 / 255, 58.67 / 255, 57.36 / 255)
 SPLITS = ("paper-code", "70-30")
 YOUNG_AGE = 4            # paper-code keeps only a seeded 30 % of the images at or below this age
 SUBFOLDER = "UTKFace"          # the folder the real archive extracts to
+# Where a person gets it (no scripted download: the files sit behind the authors' Google Drive links).
+HOME = "https://susanqq.github.io/UTKFace/"
+LAYOUT = (f"a folder of JPEGs named AGE_GENDER_RACE_DATETIME.jpg, as UTKFace.tar.gz ('Aligned&Cropped Faces' "
+          f"from {HOME}) extracts to {SUBFOLDER}/")
 GENDERS = ("male", "female")
 RACES = ("White", "Black", "Asian", "Indian", "Others")
 CACHE_VERSION = 2   # 2: Lanczos resampling
@@ -60,11 +64,10 @@ CACHE_VERSION = 2   # 2: Lanczos resampling
 
 def _folder(data_dir: str | None) -> Path:
     if data_dir is None:
-        raise ConfigError("UTKFace has no public download here; pass --data-dir pointing at the folder of "
-                          "UTKFace JPEGs (AGE_GENDER_RACE_DATETIME.jpg)")
+        raise ConfigError(f"UTKFace has no scripted download; pass --data-dir pointing at {LAYOUT}")
     root = Path(data_dir)
     if not root.is_dir():
-        raise ConfigError(f"no UTKFace folder at {root}; pass --data-dir pointing at the folder of UTKFace JPEGs")
+        raise ConfigError(f"no UTKFace folder at {root}; pass --data-dir pointing at {LAYOUT}")
     if (root / SUBFOLDER).is_dir() and not any(n.lower().endswith(".jpg") for n in os.listdir(root)):
         return root / SUBFOLDER
     return root
@@ -115,8 +118,8 @@ def check(options: dict, data_dir: str | None) -> Path:
     folder = _folder(data_dir)
     names, _, skipped = _scan(folder)
     if not names:
-        raise ConfigError(f"UTKFace folder {folder} has no valid images (AGE_GENDER_RACE_DATETIME.jpg; "
-                          f"{skipped} malformed .jpg names skipped)")
+        raise ConfigError(f"UTKFace folder {folder} has no valid images ({skipped} malformed .jpg names skipped); "
+                          f"expected {LAYOUT}")
     size = int(options["size"])
     if not any((d / _cache_name(names, size)).is_file() for d in _cache_dirs(folder)):
         _decode(folder, names[:1] + names[-1:], size)   # not decoded before: a sample must decode, now

@@ -133,7 +133,28 @@ CASES: list[tuple[list[str], str]] = [
     (["sweep", "two-moons", "--executor", "slurm", "--partition", "gpu\x1b", "--epochs", "1"], "one word"),
     (["sweep", "two-moons", "--name", "a\x1b]0;x\x07", "--epochs", "1"], "holds a control character (U+001B)"),
     (["sweep", "two-moons", "--name", "a\u202eb", "--epochs", "1", "--dry-run"], "holds a control character (U+202E)"),
-    (["run", "two-moons", "--device", "cuda:x"], "--device cuda:x: CUDA is not available"),
+    # devices: known kinds only, checked before a run or sweep is recorded (a worker would fail on each cell)
+    (["run", "two-moons", "--device", "cuda:x"], "unknown device 'cuda:x'; choose cpu, cuda, cuda:N or auto"),
+    (["run", "two-moons", "--device", "mps"], "unknown device 'mps'"),
+    (["run", "two-moons", "--device", "cuda:99"], "--device cuda:99"),
+    (["sweep", "two-moons", "--device", "tpu", "--epochs", "1"], "unknown device 'tpu'"),
+    (["sweep", "two-moons", "--device", "mps", "--epochs", "1"], "unknown device 'mps'"),
+    (["sweep", "two-moons", "--device", "cuda:x", "--epochs", "1"], "unknown device 'cuda:x'"),
+    (["sweep", "two-moons", "--device", "cuda:99", "--epochs", "1"], "--device cuda:99"),
+    (["sweep", "two-moons", "--device", "tpu", "--dry-run"], "unknown device 'tpu'"),
+    (["sweep", "two-moons", "--executor", "slurm", "--device", "auto", "--epochs", "1"],
+     "--device auto is resolved on this machine"),
+    # an α (or ε, or gain) axis that no planned run reads is not silently collapsed to one run
+    (["sweep", "two-moons", "-m", "erm", "--alpha", "1e-2..1", "--dry-run"],
+     "--alpha sweeps 3 values, but no planned method reads it (erm); rfl, cserm do"),
+    (["sweep", "two-moons", "-m", "erm", "--p-min", "0.5,0.6", "--epochs", "1"], "--p-min sweeps 2 values"),
+    (["sweep", "polyfit", "--alpha", "1,2", "--dry-run"], "--alpha: no method of task 'polyfit' (erm, fl) reads it"),
+    (["sweep", "two-moons", "--kp", "0,1", "--dry-run"], "--kp sweeps 2 values, but every planned run ignores it"),
+    # an in-memory database would train, then lose every row
+    (["run", "two-moons", "--db", "sqlite://"], "--db 'sqlite://' is an in-memory database"),
+    (["run", "two-moons", "--db", "sqlite:///:memory:"], "in-memory database"),
+    (["sweep", "two-moons", "--db", "sqlite://", "--epochs", "1"], "in-memory database"),
+    (["runs", "--db", "sqlite://"], "in-memory database"),
     (["runs", "--db", "postgresql://u:secret@127.0.0.1:abc/x"], "not a database URL: 'postgresql+psycopg://u:***@"),
     # ids: hex prefixes of 4 to 64 digits, matched literally
     (["show", "%"], "give 4 to 64 hex digits"),
@@ -148,6 +169,10 @@ CASES: list[tuple[list[str], str]] = [
     (["cancel", "nope"], "no sweep"),
     (["runs", "--status", "done"], "unknown status 'done'"),
     (["runs", "--limit", "x"], "Invalid value for '--limit'"),
+    (["runs", "--limit", "-3"], "--limit must be a number of runs >= 0 (0: all)"),
+    # missing datasets: where they come from and the layout expected
+    (["run", "utkface"], "https://susanqq.github.io/UTKFace/) extracts to UTKFace/"),
+    (["run", "cifar10", "--data-dir", "/nonexistent-flctl"], "(the python version from https://www.cs.toronto.edu"),
     # reports
     (["report", "--table", "main"], "3 tasks (diabetes, digits, two-moons); pick one with --task or --sweep"),
     (["report", "--plot", "reliability", "--task", "diabetes"], "need a classifier's confidences"),
@@ -165,6 +190,10 @@ CASES: list[tuple[list[str], str]] = [
     (["report", "--samples", "diff", "--methods", "erm"], "needs --methods A,B"),
     (["report", "--samples", "diff", "--methods", "erm,fl", "--top", "-5"], "--top must be at least 1"),
     (["report", "--samples", "violators", "--min-seeds", "0"], "--min-seeds must be at least 1"),
+    # a sample id names a sample of one task: per-sample queries take one task, as tables do
+    (["report", "--samples", "violators", "--min-seeds", "3"], "3 tasks (diabetes, digits, two-moons); pick one with --task"),
+    (["report", "--samples", "diff", "--methods", "erm,fl", "--top", "5"], "3 tasks (diabetes, digits, two-moons)"),
+    (["report", "--samples", "diff", "--methods", "fl,fl", "--task", "two-moons"], "names fl twice"),
     (["report", "--plot", "heatmap", "--task", "two-moons"], "--sweep"),
 ]
 
@@ -202,6 +231,11 @@ SPECS = [
     ('name = "a\\u001b[2Jb"', "holds a control character (U+001B)"),
     ('[launch.sbatch]\ncomment = "a\\ntouch /tmp/x"', "the value holds a control character (U+000A)"),
     ('[launch]\nsbatch = "x"', "sbatch must be a table"),
+    ("[launch]\nworkers = true", "--workers must be an integer of at least 1, got True"),
+    ("[launch]\ncheckpoint_every = true", "--checkpoint-every must be a number of seconds >= 0, got True"),
+    ('device = "tpu"', "unknown device 'tpu'"),
+    ('device = "cuda:x"', "unknown device 'cuda:x'"),
+    ('method = ["erm"]\nalpha = [0.1, 1.0]', "--alpha sweeps 2 values"),
 ]
 
 
@@ -213,4 +247,87 @@ def test_bad_spec_is_one_line_and_changes_nothing(populated: Path, tmp_path: Pat
     res = runner.invoke(app, ["sweep", "--spec", str(spec)], env={"FLCTL_RESULTS": str(populated)})
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
+    assert snapshot(populated) == before
+
+
+# Spec files that are not TOML text at all: read as bytes, refused before parsing.
+SPEC_FILES = [
+    ("latin-1", lambda p: p.write_bytes('task = "two-moons"\nname = "café"\n'.encode("latin-1")), "is not UTF-8 text"),
+    ("binary", lambda p: p.write_bytes(bytes(range(256)) * 4), "is not UTF-8 text"),
+    ("folder", lambda p: p.mkdir(), "is a folder"),
+    ("nested 900 deep", lambda p: p.write_text('task = "two-moons"\nseed = ' + "[" * 900 + "]" * 900 + "\n"),
+     "nests its values too deeply"),
+    ("nested tables", lambda p: p.write_text('task = "two-moons"\nx = ' + "{a=" * 900 + "1" + "}" * 900 + "\n"),
+     "nests its values too deeply"),
+]
+
+
+@pytest.mark.parametrize("make,needle", [c[1:] for c in SPEC_FILES], ids=[c[0] for c in SPEC_FILES])
+def test_spec_file_that_is_not_text_is_one_line(populated: Path, tmp_path: Path, make, needle: str) -> None:
+    spec = tmp_path / "bad.toml"
+    make(spec)
+    before = snapshot(populated)
+    res = runner.invoke(app, ["sweep", "--spec", str(spec)], env={"FLCTL_RESULTS": str(populated)})
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.output
+    assert snapshot(populated) == before
+
+
+def _fake_slurm(folder: Path, commands: dict[str, str]) -> str:
+    """A PATH of stand-ins for Slurm's commands: each name a shell script with the given body."""
+    folder.mkdir()
+    for name, body in commands.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return str(folder)
+
+
+NO_CLUSTER = "echo 'sinfo: fatal: Could not establish a configuration source' >&2; exit 1"
+SLURM_CASES = [
+    ("sbatch without srun", {"sbatch": "exit 0"}, "srun, sacct, squeue, scancel, sinfo are missing"),
+    ("no cluster answers", {c: "exit 0" for c in ("sbatch", "srun", "sacct", "squeue", "scancel")} | {"sinfo": NO_CLUSTER},
+     "no Slurm cluster answers here (sinfo: sinfo: fatal: Could not establish a configuration source)"),
+]
+
+
+@pytest.mark.parametrize("commands,needle", [c[1:] for c in SLURM_CASES], ids=[c[0] for c in SLURM_CASES])
+def test_slurm_that_cannot_submit_is_one_line_before_the_sweep_is_recorded(
+        populated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, commands: dict, needle: str) -> None:
+    monkeypatch.setenv("PATH", _fake_slurm(tmp_path / "bin", commands))
+    before = snapshot(populated)
+    res = runner.invoke(app, ["sweep", "two-moons", "--epochs", "3", "--executor", "slurm"],
+                        env={"FLCTL_RESULTS": str(populated)})
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and needle in lines[0], res.output
+    assert snapshot(populated) == before        # no sweep row, no results/jobs folder
+
+
+# Read once at import, so each case is a fresh process.
+ENVIRONMENTS = [
+    ({"FLCTL_HEARTBEAT": "30s"}, "FLCTL_HEARTBEAT must be a positive number of seconds (e.g. 30), got '30s'"),
+    ({"FLCTL_HEARTBEAT": ""}, "FLCTL_HEARTBEAT must be a positive number of seconds (e.g. 30), got ''"),
+    ({"FLCTL_HEARTBEAT": "inf"}, "FLCTL_HEARTBEAT must be a positive number of seconds"),
+    ({"FLCTL_HEARTBEAT": "nan"}, "FLCTL_HEARTBEAT must be a positive number of seconds"),
+    ({"FLCTL_HEARTBEAT": "-5"}, "FLCTL_HEARTBEAT must be a positive number of seconds"),
+    ({"FLCTL_HEARTBEAT": "0"}, "FLCTL_HEARTBEAT must be a positive number of seconds"),
+    ({"FLCTL_HEARTBEAT": "1e-9"}, "FLCTL_HEARTBEAT must be at least 0.05 s"),
+    ({"FLCTL_HEARTBEAT": "600"}, "FLCTL_HEARTBEAT (600 s) must be shorter than FLCTL_STALE_AFTER (300 s)"),
+    ({"FLCTL_STALE_AFTER": "abc"}, "FLCTL_STALE_AFTER must be a positive number of seconds"),
+    ({"FLCTL_DB": "sqlite://"}, "FLCTL_DB 'sqlite://' is an in-memory database"),
+]
+
+
+@pytest.mark.parametrize("env,needle", ENVIRONMENTS, ids=[f"{k}={v}" for e, _ in ENVIRONMENTS for k, v in e.items()])
+def test_bad_environment_is_one_line_and_changes_nothing(populated: Path, env: dict, needle: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    before = snapshot(populated)
+    res = subprocess.run([sys.executable, "-m", "flctl", "run", "two-moons", "--epochs", "1"], capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, "FLCTL_RESULTS": str(populated), **env})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], \
+        res.stderr
     assert snapshot(populated) == before

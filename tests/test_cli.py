@@ -172,3 +172,21 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     per_epoch = run["duration_s"] / 4
     assert "80 epochs to train" in out and "median of 1 finished two-moons runs on cpu" in out
     assert f"about {per_epoch * 80 / 3600:.3g} cpu-hours" in out
+
+
+def test_runs_says_how_many_it_left_out_and_limit_0_lists_all(results: Path) -> None:
+    for seed in ("0", "1", "2"):
+        assert flctl("run", "polyfit", "-m", "erm", "--seed", seed).exit_code == 0
+    shown = runner.invoke(app, ["runs", "--limit", "2"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and shown.stdout.count("polyfit") == 2
+    assert shown.stdout.endswith("2 of 3 runs; --limit N shows more (0: all)\n"), shown.stdout
+    everything = runner.invoke(app, ["runs", "--limit", "0"], env={"COLUMNS": "200"})
+    assert everything.stdout.count("polyfit") == 3 and everything.stdout.endswith("3 run(s)\n")
+    assert runner.invoke(app, ["runs", "--limit", "3"]).stdout.endswith("3 run(s)\n")   # exactly all: nothing left
+
+
+def test_a_solver_task_s_progress_bar_ends_full(results: Path) -> None:
+    res = runner.invoke(app, ["run", "polyfit", "-m", "fl"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    bar = res.stdout.splitlines()[0]
+    assert bar.startswith("polyfit · fl") and " 1/1 " in bar and "avg " in bar, res.stdout

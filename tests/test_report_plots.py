@@ -90,10 +90,11 @@ def test_plot_writes_png_and_pdf(made: Path, tmp_path: Path, name: str, task: st
 
 
 # What each figure draws, read off the returned Figure: legend labels, lines per panel, axis scales, images, tables.
-THREE = ["ERM (2 seeds)", "FL ε=0.1 (2 seeds)", "RFL ε=0.1 α=0.1 (2 seeds)"]
+# What all entries share (here the seed count) is said once, in the legend's title: "2 seeds each".
+THREE = ["ERM", "FL ε=0.1", "RFL ε=0.1 α=0.1"]
 EXPECTED = {
     "cdf-two-moons": dict(labels=THREE, lines=[3, 3]),
-    "cdf-diabetes": dict(labels=["ERM (1 seed)", "FL ε=0.25 dual_lr=0.01 (1 seed)", "FL ε=0.25 dual_lr=0.1 (1 seed)"],
+    "cdf-diabetes": dict(labels=["ERM", "FL ε=0.25 dual_lr=0.01", "FL ε=0.25 dual_lr=0.1"],
                          lines=[3], xscale=["log"]),              # losses over more than two decades
     "cvar-two-moons": dict(labels=THREE, lines=[3, 3]),
     "cvar-polyfit": dict(lines=[4], yscale=["log"]),
@@ -125,6 +126,17 @@ def test_figure_draws_what_it_should(made: Path, name: str, task: str, kwargs: d
         assert sum(len(ax.get_images()) for ax in axes) == want["images"]
     if "tables" in want:
         assert sum(len(ax.tables) for ax in axes) == want["tables"]
+
+
+@pytest.mark.parametrize(("name", "task", "kwargs"), CASES, ids=[f"{n}-{t}" for n, t, _ in CASES])
+def test_figure_reads_well(made: Path, name: str, task: str, kwargs: dict) -> None:
+    """No matplotlib warning; no title or label cut off or run into another; the legend off every panel; no two
+    curves alike (tests/test_report_plots_readable.py does the same with 20 configurations)."""
+    from tests.test_report_plots_readable import assert_distinct_curves, assert_readable, drawn
+
+    fig = drawn(name, runs_of(made, task), made / "records", **kwargs)
+    assert_readable(fig)
+    assert_distinct_curves(fig)
 
 
 def test_heatmap_data_has_diverged_cells(made: Path) -> None:
@@ -241,6 +253,7 @@ def test_dynamics_overlays_gd_and_nupi_as_separate_curves(tmp_path: Path) -> Non
     runs = select_runs(Store.open(f"sqlite:///{root / 'flctl.db'}", readonly=True), task="two-moons")
     fig = figure("dynamics", runs, root / "records")
     labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
-    assert labels == ["FL ε=0.1 dual_optimizer=gd kp=0 (1 seed)", "FL ε=0.1 dual_optimizer=nupi kp=5 (1 seed)"]
-    rates = [ax for ax in fig.axes if "violation rate" in ax.get_ylabel()][0]
+    assert labels == ["dual_optimizer=gd kp=0", "dual_optimizer=nupi kp=5"]
+    assert fig.legends[0].get_title().get_text() == "FL ε=0.1, 1 seed each"
+    rates = [ax for ax in fig.axes if "violation rate" in ax.get_title()][0]
     assert len(rates.get_lines()) == 2 and all(len(line.get_xdata()) == 4 for line in rates.get_lines())

@@ -241,7 +241,8 @@ def test_corrupt_records_file(finished: Path) -> None:
     victim = sorted((finished / "records").rglob("epoch=*.parquet"))[-1]
     victim.write_bytes(b"not parquet")
     res = runner.invoke(app, ["report", "--table", "main", "--columns", "test.cvar@0.9"])
-    assert res.exit_code == 2 and "cannot read per-sample records" in res.stderr
+    assert res.exit_code == 2 and f"{victim} is not a Parquet file" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_cvar_curve_of_the_figures_matches_the_summary_cvar() -> None:

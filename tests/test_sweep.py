@@ -115,7 +115,7 @@ def bad(args: list[str], *needles: str) -> None:
     (["sweep", "two-moons", "--per-gpu", "0"], ["--per-gpu must be an integer of at least 1"]),
     (["sweep", "two-moons", "--checkpoint-every", "-1"], ["--checkpoint-every must be"]),
     (["sweep", "two-moons", "--batch-runs", "0"], ["--batch-runs must be an integer of at least 1"]),
-    (["sweep", "two-moons", "--device", "cuda"], ["--device cuda", "no CUDA device"]),
+    (["sweep", "two-moons", "--device", "cuda"], ["--device cuda", "CUDA is not available"]),
     (["cancel", "ffff"], ["no run database"]),
     (["sweep", "--spec", "sweeps/nope.toml"], ["no spec file"]),
     (["sweep"], ["name a task"]),

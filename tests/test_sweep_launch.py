@@ -158,6 +158,9 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     assert not any(r.status == "running" for r in runs)
     interrupted = [r for r in runs if r.status == "interrupted" and r.epochs_done > 0]
     assert interrupted and all(r.attempts == 0 for r in interrupted)          # a handed-back attempt is not counted
+    # the workers hand their cells back themselves: those count too (it said "0 running cell(s) handed back")
+    assert sorted(stopped["handed_back"]) == sorted(r.id for r in runs if r.status == "interrupted")
+    assert len(stopped["handed_back"]) == 2
     assert all((results / "runs" / r.id / "checkpoint.pt").exists() for r in interrupted)
     again = flctl(results, "cancel", sid)
     assert again.returncode == 0 and "nothing to cancel" in again.stdout

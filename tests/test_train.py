@@ -133,15 +133,18 @@ class _Planted:
         return (Path.touch, (self.marker,))
 
 
-def test_a_planted_pickle_in_a_checkpoint_is_refused_not_run(tmp_path: Path) -> None:
+def test_a_planted_pickle_in_a_checkpoint_is_refused_not_run(tmp_path: Path, capsys) -> None:
+    # refused like any checkpoint that cannot be loaded: set aside (kept for a look), and the run starts over
     cfg = config("two-moons", "fl", epochs=2)
     run_dir = tmp_path / "runs" / cfg.run_id
     run_dir.mkdir(parents=True)
     marker = tmp_path / "pwned"
     torch.save({"epoch": 1, "payload": _Planted(marker)}, run_dir / "checkpoint.pt")
-    with pytest.raises(Exception, match="Weights only load failed"):
-        run(cfg, tmp_path)
+    result = run(cfg, tmp_path)
     assert not marker.exists()
+    assert result.status == "completed" and result.resumed_from == 0 and result.epochs_done == 2
+    assert len(list(run_dir.glob("checkpoint.pt.corrupt-*"))) == 1
+    assert "Weights only load failed" in capsys.readouterr().err
 
 
 def test_same_seed_same_records_other_seed_differs(tmp_path: Path) -> None:

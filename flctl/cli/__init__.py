@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from flctl.cli import info, report, run, runs, sweep
-from flctl.cli.common import print_error
+from flctl.cli.common import print_error, tolerate_narrow_encodings
 
 
 def _is(exc: BaseException, name: str) -> bool:
@@ -67,4 +67,5 @@ app.command(rich_help_panel="Catalogue")(info.methods)
 
 
 def main() -> None:
+    tolerate_narrow_encodings()
     app()

@@ -13,6 +13,23 @@ from typing import Annotated, Any, NoReturn, Optional, TypeVar
 import typer
 from rich.console import Console
 
+
+def tolerate_narrow_encodings() -> None:
+    """Print through stdout and stderr whatever their encoding: under PYTHONIOENCODING=ascii (or a latin-1
+    terminal) ε, α, λ and the table rules cannot be encoded, and each print would raise UnicodeEncodeError. Such
+    characters print as '?' instead (one for one, so tables keep their columns); UTF-8 streams are left alone."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            utf = codecs.lookup(encoding).name.startswith("utf")
+        except LookupError:
+            utf = False
+        if not utf and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+
+
 # Piped or redirected output (`flctl runs > file`) gets no terminal width to fit: rich would cut tables at 80
 # columns ("be…"), so off a terminal the lines are as wide as their content (COLUMNS still wins when set).
 # emoji=False: rich would print a user's text such as `cuda:x:` as an emoji (❌); text from users is printed as it
@@ -46,7 +63,8 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def results_root(path: Path | None) -> Path:
-    return Path(path if path is not None else os.environ.get("FLCTL_RESULTS", DEFAULT_RESULTS))
+    # An empty FLCTL_RESULTS (`export FLCTL_RESULTS=`) is unset, not the current directory.
+    return Path(path if path is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS)
 
 
 def ensure_writable(root: Path) -> Path:
@@ -62,7 +80,57 @@ def ensure_writable(root: Path) -> Path:
 
 
 def db_url(db: str | None, root: Path) -> str:
-    return db or os.environ.get("FLCTL_DB") or f"sqlite:///{root / 'flctl.db'}"
+    """The database a command uses: --db, else FLCTL_DB, else results/flctl.db. An in-memory SQLite database is
+    refused here (one line, exit 2): it would train, then lose every row when the command exits, and no worker
+    or report could ever see it."""
+    url = db or os.environ.get("FLCTL_DB") or f"sqlite:///{root / 'flctl.db'}"
+    if _in_memory(url):
+        fail(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this command exits; give a file "
+             "(sqlite:///results/flctl.db) or a server (postgresql://user@host/db)")
+    return url
+
+
+def _in_memory(url: str) -> bool:
+    if not url.startswith("sqlite"):
+        return False
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:       # Store.open says what is wrong with it
+        return False
+    return parsed.get_backend_name() == "sqlite" and (
+        not parsed.database or parsed.database == ":memory:" or parsed.query.get("mode") == "memory"
+        or parsed.database.startswith("file::memory:"))
+
+
+def check_device(device: str, *, here: bool = True) -> str:
+    """The device a run or sweep trains on, checked at input (one line, exit 2, nothing written) and resolved:
+    ``auto`` becomes cuda where CUDA is available, else cpu. Only cpu, cuda and cuda:N exist for flctl (the names
+    come from flctl.config.device_problem); torch is imported only for a CUDA device or auto. ``here``: the runs
+    train on this machine, so CUDA must be there (not so for Slurm jobs submitted from a login node, where only
+    the name is checked)."""
+    from flctl.config import device_problem
+
+    if (problem := device_problem(device)) is not None:
+        fail(problem)
+    if device == "cpu":
+        return device
+    if not here:
+        if device == "auto":
+            fail("--device auto is resolved on this machine, not on the cluster's nodes; give cuda or cpu")
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        fail(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        fail(f"--device {device}: this machine has {torch.cuda.device_count()} visible CUDA device(s) "
+             f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return device
 
 
 def open_store(db: str | None, root: Path):

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import check_output, console, existing_store, fail, results_root, safe
+from flctl.cli.common import check_output, console, err_console, existing_store, fail, results_root, safe
 from flctl.fs import atomic_path, write_text_atomic
 from flctl.report import FORMATS, PLOTS, QUERIES, TABLES, listed
 
@@ -120,8 +120,8 @@ def _emit_table(built, fmt: str, out: Path | None, digits: int) -> None:
     else:   # the file keeps the table's text as it is; the terminal gets it without control characters
         print("\n".join(printable(line) for line in text.split("\n")), end="")
     if out is not None or fmt == "csv":   # rich, markdown and LaTeX text carry the notes under the table
-        for note in built.notes:
-            console.print(f"[yellow]warning:[/] {safe(note)}", highlight=False)
+        for note in built.notes:           # on stderr: `--format csv > f.csv` stays a CSV file
+            err_console.print(f"[yellow]warning:[/] {safe(note)}", highlight=False)
 
 
 def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seeds, eps, methods, top) -> None:

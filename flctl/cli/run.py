@@ -13,7 +13,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import config_options, console, ensure_writable, fail, open_store, results_root, safe
+from flctl.cli.common import (
+    check_device,
+    config_options,
+    console,
+    db_url,
+    ensure_writable,
+    fail,
+    open_store,
+    results_root,
+    safe,
+)
 from flctl.config import PANELS
 from flctl.status import TO_DO
 
@@ -52,18 +62,6 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None)
         fail(str(exc))
 
 
-def check_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    if device not in ("cpu", "mps") and not device.startswith("cuda"):
-        fail(f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto")
-    return device
-
-
 @config_options()
 def run(
     task: Annotated[str, typer.Argument(help="Task name (see `flctl tasks`).")],
@@ -97,9 +95,11 @@ def run(
     overrides = {**fields, "options": with_model(parse_options(option), model)}
     cfg = resolve_config(task, method, overrides, p_min)
     cfg = dataclasses.replace(cfg, device=check_device(device))
-    root = ensure_writable(results_root(results_dir))
-    store = open_store(db, root)
+    root = results_root(results_dir)
+    url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
+    store = open_store(url, ensure_writable(root))
 
+    from flctl.fs import DiskFull
     from flctl.runner import Layout, execute, stop_on_signals
     from flctl.store import ClaimLost
 
@@ -133,6 +133,9 @@ def run(
         fail(f"run {cfg.run_id} was taken over by another worker while this process was presumed lost (no "
              "heartbeat past the stale bound); it stopped without writing more (see `flctl show "
              f"{cfg.run_id}`)", code=1)
+    if isinstance(outcome, DiskFull):
+        fail(f"{outcome}; run {cfg.run_id} is interrupted: free some space, then the same `flctl run` resumes it "
+             "from its last checkpoint", code=1)
     if outcome is not None:
         fail(f"run {cfg.run_id} failed: {type(outcome).__name__}: {outcome} (see `flctl show {cfg.run_id}`)", code=1)
     if result is None:
@@ -166,7 +169,7 @@ class _progress:
 
         def on_epoch(stats) -> None:
             lam = "" if stats.max_multiplier is None else f" max λ {stats.max_multiplier:.3g}"
-            self.progress.update(self.task, completed=stats.epoch,
+            self.progress.update(self.task, completed=stats.epoch, total=stats.epochs,   # a solver: 1 of 1
                                  stats=f"avg {stats.train_avg_loss:.4f} max {stats.train_max_loss:.4f}{lam}")
         return on_epoch
 

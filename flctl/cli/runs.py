@@ -21,7 +21,7 @@ def runs(
     method: Annotated[Optional[str], typer.Option(help="Only this method.")] = None,
     status: Annotated[Optional[str], typer.Option(help=f"Only runs in this state: {', '.join(STATUSES)}.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Only this seed.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 50,
+    limit: Annotated[int, typer.Option(help="At most this many (newest first); 0: all.")] = 50,
     as_json: JSON_OPT = False,
     db: DB_OPT = None,
     results_dir: RESULTS_OPT = None,
@@ -29,8 +29,10 @@ def runs(
     """List recorded runs, newest first."""
     if status is not None and status not in STATUSES:
         fail(f"unknown status {status!r}; choose one of: {', '.join(STATUSES)}")
+    if limit < 0:
+        fail(f"--limit must be a number of runs >= 0 (0: all), got {limit}")
     store = existing_store(db, results_root(results_dir))
-    rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit)
+    rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit or None)
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
         return
@@ -45,7 +47,10 @@ def runs(
                       _num(m.get("train.max_loss")), _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
                       f"{r.duration_s:.1f}s" if r.duration_s else "")
     console.print(table)
-    console.print(f"{len(rows)} run(s)")
+    total = len(rows) if not limit or len(rows) < limit else \
+        store.count_runs(task=task, method=method, status=status, seed=seed)
+    console.print(f"{total} run(s)" if total == len(rows) else
+                  f"{len(rows)} of {total} runs; --limit N shows more (0: all)")
 
 
 def show(

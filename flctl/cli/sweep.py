@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from flctl.cli.common import (
+    check_device,
     config_options,
     console,
     db_url,
@@ -26,12 +27,14 @@ from flctl.cli.common import (
 from flctl.cli.info import JSON_OPT
 from flctl.cli.run import parse_options, with_model
 from flctl.config import AXIS_FIELDS
-from flctl.status import STATUSES
+from flctl.status import STATUSES, TO_DO
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
 LAUNCH_PANEL = "Launch"
 SLURM_PANEL = "Slurm"
 WHERE_PANEL = "Where"
+# Workers a --tune may start in a row for trials no worker took before it gives up (they die at start-up).
+MAX_REVIVALS = 3
 # A run's states, with "stale" (marked running, its worker gone) beside running.
 LEDGER_COLUMNS = ("completed", "running", "stale", *(s for s in STATUSES if s not in ("completed", "running")), "missing")
 
@@ -105,7 +108,7 @@ def sweep(
     interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
     """
     from flctl.config import ConfigError
-    from flctl.launch import LaunchSettings, check_executor
+    from flctl.launch import LaunchSettings, check_executor, check_slurm_cluster
     from flctl.study import check_objective, sync_sweep
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
 
@@ -116,20 +119,25 @@ def sweep(
             if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
                 raise ConfigError("give either --spec or a task with axes, not both")
             sweep_spec = load_spec(spec)
+            if fields["device"] is not None:          # --device (where it runs) may override the spec's
+                sweep_spec = dataclasses.replace(sweep_spec, device=device)
         elif task is None:
             raise ConfigError("name a task (see `flctl tasks`) or pass --spec sweeps/NAME.toml")
         else:
             sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=with_model(parse_options(option), model),
                                           name=name,
                                           device=device, data_dir=data_dir)
-        configs = plan(sweep_spec, check_data=not dry_run, allow_large=yes)
-        sid = sweep_id(sweep_spec, configs)
         settings = LaunchSettings.resolve(sweep_spec.launch, dict(
             executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
             checkpoint_every=checkpoint_every, batch_runs=batch_runs, partition=partition, gpus=gpus, cpus=cpus,
             mem_gb=mem_gb,
             time_min=time_min, account=account, qos=qos, array_parallelism=array_parallelism,
             sbatch=parse_options(sbatch) or None))
+        # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
+        sweep_spec = dataclasses.replace(sweep_spec, device=check_device(sweep_spec.device,
+                                                                         here=settings.executor != "slurm"))
+        configs = plan(sweep_spec, check_data=not dry_run, allow_large=yes)
+        sid = sweep_id(sweep_spec, configs)
         objective = objective or sweep_spec.objective or "train.avg_loss"
         tune = tune if tune is not None else sweep_spec.tune
         check_objective(objective, direction)
@@ -141,18 +149,23 @@ def sweep(
             _check_script_path(results_root(results_dir))
         if not dry_run:
             check_executor(settings.executor)
+            if settings.executor == "slurm":       # before the sweep is recorded: sbatch would fail after
+                check_slurm_cluster()
             settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
     except (ConfigError, TypeError) as exc:
         fail(str(exc))
 
+    for note in sweep_spec.notes:
+        console.print(safe(note))
     if dry_run:
         _print_plan(sid, sweep_spec, configs)
         console.print(_cost_line(db, results_dir, configs, settings))
         return
 
-    root = ensure_writable(results_root(results_dir))
-    store = open_store(db, root)
-    url = db_url(db, root)
+    root = results_root(results_dir)
+    url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
+    root = ensure_writable(root)
+    store = open_store(url, root)
     if tune is not None:
         _tune(store, url, root, sweep_spec, tune, objective, direction, parallel, settings)
         return
@@ -175,6 +188,7 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
     import dataclasses
     import hashlib
 
+    from flctl.launch import has_workers
     from flctl.study import tune
     from flctl.sweep import resolve_cell
 
@@ -182,13 +196,27 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
     sid = "t" + hashlib.sha256(f"{spec.name}|{spec.task}|{sorted(spec.to_json().items())}".encode()).hexdigest()[:11]
 
     def launch_configs(configs) -> None:
+        revived.clear()
         _launch(store, url, root, sid, spec, configs, settings)
 
     def fetch(run_ids):
         return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
 
+    revived: list[str] = []
+
+    def revive(configs) -> None:
+        """Start a worker for trials' runs still queued when no worker of the sweep is alive (see tune)."""
+        if has_workers(root, sid):
+            return
+        if len(revived) >= MAX_REVIVALS:   # workers that die before claiming anything: stop, do not loop
+            fail(f"sweep {sid}: {MAX_REVIVALS} workers in a row exited without taking run(s) "
+                 f"{', '.join(c.run_id for c in configs)}; see the job logs in {root / 'jobs' / sid}", code=1)
+        revived.append(configs[0].run_id)
+        _launch(store, url, root, sid, spec, configs, settings)
+
     study = tune(spec, n_trials, objective, direction, store=store, url=url,
-                 resolve_cell=lambda p: resolve_cell(spec, p), launch=launch_configs, fetch=fetch, parallel=parallel)
+                 resolve_cell=lambda p: resolve_cell(spec, p), launch=launch_configs, fetch=fetch, revive=revive,
+                 parallel=parallel)
     best = study.best_trial
     console.print(f"study [bold]{safe(study.study_name)}[/]: best {safe(objective)} = {best.value:.4g} with "
                   + ", ".join(safe(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
@@ -392,6 +420,10 @@ def cancel(
         return
     store = existing_store(db, root, readonly=False)
     outcome = cancel_sweep(store, root, sid, timeout=timeout)
+    # A worker that stops cleanly hands its own cell back before cancel_sweep looks, which then finds nothing left
+    # to hand back: count every cell that was running and is now to do again, whoever handed it back.
+    back = {r["id"] for r in store.sweep_runs(sid) if r["id"] in set(running) and r["status"] in TO_DO}
+    outcome["handed_back"] = sorted(back | set(outcome["handed_back"]))
     if as_json:
         print(json.dumps(outcome, indent=2))
         return

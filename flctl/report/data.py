@@ -58,23 +58,14 @@ def final_records(records_root: Path, run_ids: Sequence[str], columns: Sequence[
                   split: str | None = None) -> pa.Table:
     """The final per-sample records of the runs, reading only the needed files, columns and split."""
     files = final_files(records_root, run_ids)
-    try:
-        data = ds.dataset([str(p) for p in files.values()], format="parquet", schema=records.SCHEMA)
-        return data.to_table(columns=list(columns) if columns else None,
-                             filter=(ds.field("split") == split) if split else None)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ConfigError(f"cannot read per-sample records: {str(exc).splitlines()[0]}") from None
+    return records.table([str(p) for p in files.values()], columns,
+                         filter=(ds.field("split") == split) if split else None)
 
 
 def all_epochs(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
     """Every eval epoch of the runs (for dynamics plots), reading only their folders."""
     files = [str(p) for r in run_ids for p in sorted(records.run_dir(records_root, r).glob("epoch=*.parquet"))]
-    data = ds.dataset(files, format="parquet", schema=records.SCHEMA)
-    try:
-        return data.to_table(columns=list(columns) if columns else None,
-                             filter=ds.field("run_id").isin(list(run_ids)))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ConfigError(f"cannot read per-sample records: {str(exc).splitlines()[0]}") from None
+    return records.table(files, columns, filter=ds.field("run_id").isin(list(run_ids)))
 
 
 def final_losses(records_root: Path, run_ids: Sequence[str], splits: Sequence[str] = ("train", "test"),
@@ -95,8 +86,8 @@ def final_losses(records_root: Path, run_ids: Sequence[str], splits: Sequence[st
         run_id, path = item
         try:
             t = pq.read_table(path, columns=["split", "loss"], filters=[("split", "in", list(splits))])
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise ConfigError(f"cannot read per-sample records {path}: {str(exc).splitlines()[0]}") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(records.unreadable([str(path)], exc)) from None
         split_col = t["split"].to_numpy(zero_copy_only=False)
         loss = t["loss"].to_numpy()
         for sp in splits:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +35,13 @@ BAND = "median over seeds; band: min–max"
 
 @dataclass(frozen=True)
 class Group:
-    """Runs that differ only by seed: one curve (median over seeds) or one heatmap panel."""
+    """Runs that differ only by seed: one curve (median over seeds) or one heatmap panel, drawn in its own
+    colour and line style (no two groups of one figure share both)."""
     label: str
     method: str
     runs: tuple[RunRecord, ...]
     color: tuple[float, float, float, float]
-
-    @property
-    def linestyle(self) -> str:
-        return method_info(self.method).linestyle
+    linestyle: str = "-"
 
 
 def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> list[Group]:
@@ -68,17 +67,22 @@ def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> list[Gr
         return (method_info(key[0]).order, key[0], *(_sortable(v) for v in key[1:]))
 
     keys = sorted(buckets, key=order)
-    per_method = {m: [key for key in keys if key[0] == m] for m in {key[0] for key in keys}}
+    # A numeric field's values in one format (tick_labels), as on a heatmap's axis: lr=1e-2 beside lr=3.2e-3.
+    shown: dict[str, dict[Any, str]] = {}
+    for i, name in enumerate(varying, start=3):
+        numbers = sorted({k[i] for k in keys if isinstance(k[i], (int, float)) and not isinstance(k[i], bool)})
+        shown[name] = dict(zip(numbers, tick_labels(numbers)))
+    styles = curve_styles([key[0] for key in keys])
     groups = []
-    for key in keys:
+    for key, (color, linestyle) in zip(keys, styles):
         method, eps, alpha, *rest = key
         parts = [method_info(method).label]
         parts += [f"ε={fmt(eps)}"] if eps is not None else []
         parts += [f"α={fmt(alpha)}"] if alpha is not None else []
-        parts += [f"{name.removeprefix('options.')}={fmt(v)}" for name, v in zip(varying, rest) if v is not None]
-        siblings = per_method[method]
+        parts += [f"{name.removeprefix('options.')}={shown[name].get(v, fmt(v))}" for name, v in zip(varying, rest)
+                  if v is not None]
         groups.append(Group(" ".join(parts), method, tuple(sorted(buckets[key], key=lambda r: r.seed)),
-                            _shade(method, siblings.index(key), len(siblings))))
+                            color, linestyle))
     return groups
 
 
@@ -105,13 +109,25 @@ def _sortable(value: Any) -> tuple:
     return (2, 0.0, str(value))
 
 
-def _shade(method: str, index: int, count: int) -> tuple[float, float, float, float]:
+# A qualitative palette: ten hues told apart at a glance (and by most colour-blind readers), then, past ten
+# curves, the same hues again in the next line style, so up to 40 curves never share both colour and style.
+PALETTE = "tab10"
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def curve_styles(methods: Sequence[str]) -> list[tuple[tuple[float, float, float, float], str]]:
+    """A (colour, line style) per curve, in order; ``methods`` names each curve's method.
+
+    One curve per method (the paper's comparisons): each method keeps its own colour and line style, so a
+    method looks the same in every such figure. Several curves of one method (a sweep): the i-th curve gets
+    hue i mod 10 of the qualitative palette and line style i // 10, so no two curves share both."""
     import matplotlib
 
-    # One colour family per method so a method looks the same in every figure; shades tell its variants apart.
-    cmap = matplotlib.colormaps[method_info(method).cmap]
-    # Light ends of the sequential maps are invisible on white; one variant gets a strong mid-dark shade.
-    return cmap(0.75 if count == 1 else 0.45 + 0.5 * index / (count - 1))
+    if len(set(methods)) == len(methods):
+        return [(matplotlib.colormaps[method_info(m).cmap](0.75), method_info(m).linestyle) for m in methods]
+    colors = matplotlib.colormaps[PALETTE].colors  # type: ignore[attr-defined]  # a ListedColormap
+    return [((*colors[i % len(colors)], 1.0), LINESTYLES[(i // len(colors)) % len(LINESTYLES)])
+            for i in range(len(methods))]
 
 
 def fmt(value: Any) -> str:
@@ -165,13 +181,94 @@ def _spans_decades(values: np.ndarray, decades: float = 2.0) -> bool:
 
 
 def _figure_legend(fig: Figure, ax: Axes, title: str | None) -> None:
-    """One legend for all panels, below them, so that it never hides a curve."""
+    """One legend for all panels, below them (see ``legend_below``), from the curves of ``ax``.
+
+    What every entry says alike moves into the legend's title, once: the leading words ("FL ε=0.1" when only
+    the lrs vary) and the seed count when all have the same ("(3 seeds)"), so 20 entries stay short."""
     handles, labels = ax.get_legend_handles_labels()
-    # As many columns as fit the figure's width (about 0.065 in per character at 8 pt, plus the line sample).
-    entry = 0.6 + 0.065 * max(len(label) for label in labels)
-    ncols = max(1, min(len(labels), 4, int(fig.get_figwidth() // entry)))
-    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, title=title,
-               title_fontsize=7, frameon=False)
+    common, labels = _common_words(labels)
+    heading = "; ".join(part for part in (common, title) if part)
+    legend_below(fig, handles, labels, heading or None)
+
+
+def _common_words(labels: Sequence[str]) -> tuple[str, list[str]]:
+    """The words all ``labels`` share at their start and a seed count they share at their end, and the labels
+    without them; nothing is taken when a label would be left empty, or there is a single label."""
+    if len(labels) < 2:
+        return "", list(labels)
+    words = [label.split(" ") for label in labels]
+    # Each label's own seed count ("(2", "seeds)") is set aside first, so that it is never the only word left.
+    tails = [w[-2:] if len(w) > 2 and w[-2].startswith("(") and w[-1].startswith("seed") else [] for w in words]
+    body = [w[:len(w) - len(t)] for w, t in zip(words, tails)]
+    lead = 0
+    while all(len(w) > lead + 1 and w[lead] == body[0][lead] for w in body):
+        lead += 1
+    common = " ".join(body[0][:lead])
+    shared = tails[0] if tails[0] and all(t == tails[0] for t in tails) else None
+    if shared:   # "(2 seeds)" -> "2 seeds each"
+        common = (common + ", " if common else "") + " ".join(shared).strip("()") + " each"
+        return common, [" ".join(w[lead:]) for w in body]
+    return common, [" ".join(w[lead:] + t) for w, t in zip(body, tails)]
+
+
+def legend_below(fig: Figure, handles: Sequence, labels: Sequence[str], title: str | None = None):
+    """A legend in a band of its own under all panels, that never hides a curve however many entries it has.
+
+    It takes as many columns as fit the figure's width, and the figure grows by the legend's height, so the
+    panels keep their size and constrained layout always has room (a legend taller than the figure would
+    otherwise squash the panels, or be drawn over them with "constrained_layout not applied")."""
+    if not labels:
+        return None
+    renderer = _renderer(fig)
+    kwargs: dict[str, Any] = dict(loc="outside lower center", frameon=False)
+    probe = fig.legend(list(handles), list(labels), ncols=1, **kwargs)
+    # Widest entry (with its line sample and the gap to the next column): an untitled one-column legend's width.
+    entry = probe.get_window_extent(renderer).width / fig.dpi
+    probe.remove()
+    ncols = max(1, min(len(labels), int((fig.get_figwidth() - 0.3) // max(entry, 0.5))))
+    legend = fig.legend(list(handles), list(labels), ncols=ncols, title=title, title_fontsize=7, **kwargs)
+    fig.set_figheight(fig.get_figheight() + legend.get_window_extent(renderer).height / fig.dpi + 0.1)
+    return legend
+
+
+def _renderer(fig: Figure):
+    """A renderer to measure text with; a bare Figure gets an Agg canvas (what savefig uses for PNGs)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not hasattr(fig.canvas, "get_renderer"):
+        FigureCanvasAgg(fig)
+    return fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg and the interactive canvases have it
+
+
+def wrap(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` broken at spaces into lines that fit ``width_in`` inches at ``fontsize`` points (titles
+    that would otherwise run past the figure's edge, where savefig cuts them)."""
+    import textwrap
+
+    chars = max(12, int(width_in * 72 / (0.6 * fontsize)))   # DejaVu Sans averages about 0.6 em per character
+    return "\n".join(textwrap.fill(line, chars, break_long_words=False, break_on_hyphens=False)
+                     for line in text.split("\n"))
+
+
+def tick_labels(values: Sequence[float | None]) -> list[str]:
+    """One format for all the ticks of an axis: plain ``%.3g`` when every value reads so without an exponent
+    (0.01 to 999), else compact scientific for all (1e-3, 3.2e-3, 1e-2), never a mix of 0.0316 and 3.2e-3."""
+    if all(isinstance(v, int) for v in values):   # counts (batch sizes, epochs): every digit
+        return [str(v) for v in values]
+    finite = [abs(float(v)) for v in values if v is not None and math.isfinite(float(v)) and v != 0]
+    if all(1e-2 <= v < 1e3 for v in finite):
+        return ["" if v is None else f"{v:.3g}" for v in values]
+    return ["" if v is None else _scientific(v) for v in values]
+
+
+def _scientific(value: float) -> str:
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    exp = math.floor(math.log10(abs(value)))
+    mantissa = round(value / 10**exp, 1)
+    if abs(mantissa) >= 10:   # 9.96e-3 rounds to 10e-3: 1e-2
+        mantissa, exp = mantissa / 10, exp + 1
+    return f"{mantissa:g}e{exp}"
 
 
 def _with_seeds(label: str, n: int) -> str:
@@ -190,10 +287,16 @@ def load_extras(run: RunRecord, needed: Sequence[str]) -> dict[str, np.ndarray] 
     path = (run.artifacts or {}).get("extras")
     if not path or not Path(path).is_file():
         return None
-    with np.load(path) as data:
-        if not all(k in data for k in needed):
-            return None
-        return {k: data[k] for k in data.files}
+    try:
+        with np.load(path, allow_pickle=False) as data:     # never unpickle a file from the results folder
+            if not all(k in data for k in needed):
+                return None
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        from flctl.config import ConfigError
+
+        raise ConfigError(f"{path} is not a run's extras file ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); move it aside") from None
 
 
 def _cmap(name: str):

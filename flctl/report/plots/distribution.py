@@ -50,7 +50,7 @@ def _distribution(runs: list[RunRecord], records_root: Path, split: str | None, 
     losses = _final_losses(records_root, done, split)
     groups = group_runs(done)
 
-    fig = _figure(max(6.0, 5.0 * len(splits)), 3.8)
+    fig = _figure(max(7.0, 5.0 * len(splits)), 3.8)
     axes = fig.subplots(1, len(splits), squeeze=False)[0]
     for ax, sp in zip(axes, splits):
         per_group = [(g, [losses[(r.id, sp)] for r in g.runs if len(losses.get((r.id, sp), ())) > 0])

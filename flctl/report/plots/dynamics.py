@@ -52,18 +52,21 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
 
     fig = _figure(15.0, 3.6)
     axes = fig.subplots(1, 4)
-    panels = (("loss_mean", f"average {split} loss"), ("loss_max", f"max {split} loss"),
-              ("violation_rate", f"{split} violation rate (loss > ε)"), ("multiplier_max", "max multiplier λ"))
+    # (column, panel title, y label): the title says what is plotted, the y label only its unit, short enough
+    # that it never runs into the panel beside it.
+    panels = (("loss_mean", f"Average {split} loss", "loss"), ("loss_max", f"Max {split} loss", "loss"),
+              ("violation_rate", f"{split.capitalize()} violation rate (loss > ε)", "share of samples"),
+              ("multiplier_max", "Max multiplier λ", "λ"))
     groups = group_runs(done)
     epochs = sorted({e for d in series["loss_mean"].values() for e in d})
-    for ax, (column, ylabel) in zip(axes, panels):
+    for ax, (column, title, ylabel) in zip(axes, panels):
         drawn = [_mean_over_seeds(ax, g, series[column]) for g in groups]
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # epochs are whole numbers
         if len(epochs) == 1:   # a single eval epoch would get a ±0.1 axis of fractional epochs
             ax.set_xlim(epochs[0] - 1, epochs[0] + 1)
         ax.set_xlabel("epoch")
         ax.set_ylabel(ylabel)
-        ax.set_title(ylabel[0].upper() + ylabel[1:])
+        ax.set_title(title)
         if not any(drawn):
             ax.text(0.5, 0.5, "no multipliers\n(ERM/CSERM runs only)" if column == "multiplier_max" else "no ε\n(ERM only)",
                     ha="center", va="center", transform=ax.transAxes, color="0.4")

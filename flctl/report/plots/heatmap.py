@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.config import ConfigError
-from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_seeds, fmt, group_runs
+from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_seeds, fmt, group_runs, tick_labels, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -84,11 +84,13 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
             elif c.diverged:   # grey: every seed of this configuration diverged
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="0.7", lw=0))
                 ax.text(j, i, f"diverged\n×{c.diverged}", ha="center", va="center", fontsize=7, color="0.15")
-        ax.set_xticks(range(len(lrs)), [fmt(v) for v in lrs])
-        ax.set_yticks(range(len(rows)), [fmt(v) for v in rows] if rows[0] is not None else [""])
+        # One format per axis (tick_labels): 1e-3, 4.6e-3, 2.2e-2, 1e-1, not 4.6e-3 beside 0.0215.
+        ax.set_xticks(range(len(lrs)), tick_labels(lrs))
+        ax.set_yticks(range(len(rows)), tick_labels(rows) if rows[0] is not None else [""])
         ax.set_xlabel("primal lr")
         ax.set_ylabel("dual lr" if rows[0] is not None else "(no dual lr)")
-        ax.set_title(_with_seeds(g.label, max(len(c.values) + c.diverged for c in cells.values())))
+        ax.set_title(wrap(_with_seeds(g.label, max(len(c.values) + c.diverged for c in cells.values())),
+                          inches * len(lrs) + 0.6, 10))
         ax.grid(False)
         ax.spines[:].set_visible(False)
     assert image is not None                 # at least one panel

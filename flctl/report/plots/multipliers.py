@@ -11,7 +11,7 @@ import numpy as np
 from flctl.config import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
-from flctl.report.plots.common import _figure, group_runs, load_extras
+from flctl.report.plots.common import _figure, group_runs, legend_below, load_extras, wrap
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -47,7 +47,7 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
                                cmap="RdBu_r", alpha=0.35)
         ax.contour(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=[0.5], colors="k", linewidths=1.2)
         _multiplier_scatter(ax, e["train_x"], e["train_y"], lam)
-        ax.set_title(f"{labels[run.id]}, seed {run.seed} (max λ = {np.nanmax(lam):.2g})")
+        ax.set_title(wrap(f"{labels[run.id]}, seed {run.seed} (max λ = {np.nanmax(lam):.2g})", 4.4, 10))
         ax.set_xlabel("$x_1$")
         ax.set_ylabel("$x_2$")
         ax.grid(False)
@@ -56,9 +56,10 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
         ax.set_visible(False)
     assert contours is not None
     fig.colorbar(contours, ax=list(axes), label="predicted P(class 1)", shrink=0.8)
-    fig.legend(handles=_multiplier_legend(), loc="outside lower center", ncols=5, frameon=False)
-    fig.suptitle(f"{chosen[0].task}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
-                 "predicted probabilities")
+    handles = _multiplier_legend()
+    legend_below(fig, handles, [h.get_label() for h in handles])
+    fig.suptitle(wrap(f"{chosen[0].task}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
+                      "predicted probabilities", fig.get_figwidth() - 0.2, 10))
     return fig
 
 

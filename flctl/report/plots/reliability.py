@@ -3,6 +3,7 @@ the expected calibration error of each (flctl.metrics.ece). Classification runs 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ import numpy as np
 from flctl.config import ConfigError
 from flctl.metrics import ECE_BINS, calibration_bins, ece
 from flctl.report.data import final_records
-from flctl.report.plots.common import _completed, _figure, _one_task, _with_seeds, group_runs
+from flctl.report.plots.common import _completed, _figure, _one_task, _with_seeds, group_runs, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -32,8 +33,14 @@ def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -
     correct = table["correct"].to_numpy(zero_copy_only=False).astype(np.float64)
 
     groups = group_runs(done)
-    fig = _figure(3.2 * len(groups) + 0.4, 3.6)
-    axes = np.atleast_1d(fig.subplots(1, len(groups), sharey=True))
+    # Up to four panels a row, so that a sweep of 16 configurations is a 4 x 4 grid, not a 50-inch strip.
+    cols = min(len(groups), 4)
+    rows = math.ceil(len(groups) / cols)
+    fig = _figure(3.2 * cols + 0.4, 2.9 * rows + 0.7)
+    grid = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
+    for ax in grid.ravel()[len(groups):]:
+        ax.set_visible(False)
+    axes = grid.ravel()[:len(groups)]
     edges = np.linspace(0.0, 1.0, ECE_BINS + 1)
     centers, width = (edges[:-1] + edges[1:]) / 2, 1.0 / ECE_BINS
     for ax, group in zip(axes, groups):
@@ -44,11 +51,16 @@ def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -
         accuracy = n_correct[filled] / n_b[filled]
         ax.bar(centers[filled], accuracy, width=width, color=group.color, edgecolor="0.2", linewidth=0.5,
                label=_with_seeds(group.label, len(group.runs)))
-        ax.plot([0, 1], [0, 1], ls="--", color="0.4", lw=1)          # perfect calibration
+        # Perfect calibration, drawn over the bars (zorder) so that it shows where a bar overshoots it.
+        ax.plot([0, 1], [0, 1], ls="--", color="0.15", lw=1, zorder=3)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
-        ax.set_xlabel("confidence (max softmax probability)")
-        ax.set_title(f"{_with_seeds(group.label, len(group.runs))}\nECE {ece(conf, ok):.3f}")
-    axes[0].set_ylabel(f"{split} accuracy")
+        ax.set_title(f"{wrap(_with_seeds(group.label, len(group.runs)), 3.0, 10)}\nECE {ece(conf, ok):.3f}")
+    for i, ax in enumerate(axes):
+        if i + cols >= len(groups):   # the lowest panel of its column
+            ax.set_xlabel("confidence (max softmax probability)")
+            ax.xaxis.set_tick_params(labelbottom=True)
+        if i % cols == 0:
+            ax.set_ylabel(f"{split} accuracy")
     fig.suptitle(f"{task}: reliability ({split}, {ECE_BINS} bins){note}")
     return fig

@@ -11,7 +11,7 @@ import numpy as np
 from flctl.config import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
-from flctl.report.plots.common import _figure, group_runs, load_extras
+from flctl.report.plots.common import _figure, group_runs, load_extras, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -35,7 +35,7 @@ def _top_multipliers(runs: list[RunRecord], records_root: Path, k: int) -> Figur
     title = f"{run.task}: top-{len(order)} final multipliers, {label} (run {run.id[:8]}, train split)"
     images = _extras_images(run, top)
     if images is None:
-        return _top_table(top, title + " — the run's extras hold no training images: table")
+        return _top_table(top, title + "\n(the run's extras hold no training images: a table instead)")
     return _top_images(top, images, title)
 
 
@@ -88,13 +88,15 @@ def _top_images(top: dict[str, np.ndarray], images: np.ndarray, title: str) -> F
                      f"loss={top['loss'][i]:.2g}  λ={top['multiplier'][i]:.2g}", fontsize=7,
                      color="tab:red" if wrong else "black")
     labels = all(float(t).is_integer() for t in top["target"])        # class labels, not regression targets
-    fig.suptitle(title + ("\n(red title: misclassified)" if labels else ""), fontsize=9)
+    fig.suptitle(wrap(title + ("\n(red title: misclassified)" if labels else ""), fig.get_figwidth() - 0.2, 9),
+                 fontsize=9)
     return fig
 
 
 def _top_table(top: dict[str, np.ndarray], title: str) -> Figure:
     n = len(top["sample_id"])
-    fig = _figure(6.4, 0.7 + 0.22 * (n + 1))
+    title = wrap(title, 6.2, 9)
+    fig = _figure(6.4, 0.45 + 0.17 * (title.count("\n") + 1) + 0.22 * (n + 1))
     ax = fig.subplots()
     ax.axis("off")
     header = ["rank", "sample id", "target", "prediction", "loss", "multiplier λ"]
@@ -112,5 +114,6 @@ def _top_table(top: dict[str, np.ndarray], title: str) -> Figure:
         if row == 0:
             cell.set_text_props(weight="bold")
             cell.set_facecolor("0.93")
-    ax.set_title(title, fontsize=9)
+    # A figure title, wrapped to the figure's width: an axes title over the table ran past both edges.
+    fig.suptitle(title, fontsize=9)
     return fig

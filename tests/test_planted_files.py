@@ -1,0 +1,47 @@
+"""Files under results/ that are not flctl's (a Parquet file of another schema among the records, a garbage
+extras.npz) are one line naming the file, exit 2, and the report writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from flctl.cli import app
+
+
+def one_run(results: Path) -> str:
+    res = CliRunner().invoke(app, ["run", "two-moons", "-m", "fl", "--epochs", "2", "--eval-every", "1"])
+    assert res.exit_code == 0, res.output
+    (folder,) = (results / "records").iterdir()
+    return folder.name.split("=", 1)[1]
+
+
+def assert_one_line_naming(res, path: Path, results: Path) -> None:
+    assert res.exit_code == 2, res.output
+    assert str(path) in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (results / "reports").exists()
+
+
+def test_a_planted_parquet_of_another_schema_is_named(results: Path) -> None:
+    run_id = one_run(results)
+    planted = results / "records" / f"run_id={run_id}" / "epoch=3.parquet"
+    pq.write_table(pa.table({"loss": pa.array(["a", "b"]), "epoch": pa.array([1.5, 2.5])}), planted)
+    for args in (["report", "--plot", "cdf"], ["report", "--samples", "violators"], ["report", "--plot", "dynamics"]):
+        assert_one_line_naming(CliRunner().invoke(app, args), planted, results)
+    planted.write_bytes(b"not parquet at all")
+    assert_one_line_naming(CliRunner().invoke(app, ["report", "--plot", "cdf"]), planted, results)
+
+
+def test_a_garbage_extras_file_is_named(results: Path) -> None:
+    run_id = one_run(results)
+    extras = results / "runs" / run_id / "extras.npz"
+    assert extras.exists()
+    extras.write_bytes(b"PK\x03\x04 truncated")
+    assert_one_line_naming(CliRunner().invoke(app, ["report", "--plot", "multipliers"]), extras, results)
+    np.save(extras.with_suffix(".npy"), np.array([object()], dtype=object), allow_pickle=True)
+    extras.with_suffix(".npy").rename(extras)          # a pickled object array: never loaded
+    assert_one_line_naming(CliRunner().invoke(app, ["report", "--plot", "multipliers"]), extras, results)
