@@ -4,6 +4,7 @@ is tests/test_bad_input.py)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
 from pathlib import Path
@@ -190,3 +191,32 @@ def test_a_solver_task_s_progress_bar_ends_full(results: Path) -> None:
     assert res.exit_code == 0, res.output
     bar = res.stdout.splitlines()[0]
     assert bar.startswith("polyfit · fl") and " 1/1 " in bar and "avg " in bar, res.stdout
+
+
+def test_help_shows_no_value_for_flags_and_every_option_has_help() -> None:
+    import re
+
+    for command in (["sweep"], ["run"], ["runs"], ["report"], ["cancel"], ["status"]):
+        res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+        assert res.exit_code == 0
+        assert "<bool>" not in res.output, command
+        for line in res.output.splitlines():                 # an option row: name, type, then its help
+            m = re.match(r"│\s+(--[a-z-]+)\s+(?:-\w\s+)?(<[^>]+>)?\s*(.*?)\s*│$", line)
+            if m and not m.group(1).startswith("--no-"):
+                assert m.group(3), f"{command[0]} {m.group(1)} has no help"
+
+
+def test_shell_completion_offers_tasks_and_plot_kinds() -> None:
+    import subprocess
+    import sys
+
+    def complete(words: str) -> list[str]:
+        env = {**os.environ, "_FLCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - 1)}
+        script = Path(sys.executable).parent / "flctl"          # completion keys on the program's name
+        out = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+        return out.stdout.split()
+
+    assert complete("flctl run tw") == ["two-moons"]
+    assert "orca-dpo" in complete("flctl sweep o")
+    assert complete("flctl report --plot c") == ["cdf", "cvar"]

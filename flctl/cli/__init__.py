@@ -45,6 +45,19 @@ class _OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def _flags_take_no_value() -> None:
+    """typer >= 0.25 shows each option's type in the help, a flag's as `<bool>`, which reads as if it took a value;
+    a flag shows no type (typer has no setting for this; older typer has no such column)."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is not None:
+        TyperOption.display_type_rich = (  # type: ignore[method-assign]
+            lambda self, ctx: None if self.is_flag and not self.count else shown(self, ctx))
+
+
+_flags_take_no_value()
+
 app = typer.Typer(
     cls=_OneLineErrors,
     name="flctl",

@@ -216,3 +216,23 @@ def check_output(path: Path, flag: str = "--out") -> None:
         probe.unlink()
     except OSError as exc:
         fail(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({exc.strerror or exc})")
+
+
+def complete_task(incomplete: str) -> list[str]:
+    """Shell completion of task names: the modules of flctl_tasks, without importing them (torch stays out)."""
+    import pkgutil
+
+    import flctl_tasks
+
+    names = sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(flctl_tasks.__path__)
+                   if not m.name.startswith("_"))
+    return [n for n in names if n.startswith(incomplete)]
+
+
+def complete_from(values) -> Callable[[str], list[str]]:
+    """Shell completion of a fixed list of values (plot kinds, tables, formats)."""
+    return lambda incomplete: [v for v in values if v.startswith(incomplete)]
+
+
+# One help text for every command's --results-dir.
+RESULTS_DIR_HELP = f"Results folder: records, runs, jobs, reports, flctl.db [env FLCTL_RESULTS, else ./{DEFAULT_RESULTS}]."

@@ -7,7 +7,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import check_output, console, err_console, existing_store, fail, results_root, safe
+from flctl.cli.common import (
+    RESULTS_DIR_HELP,
+    check_output,
+    complete_from,
+    console,
+    err_console,
+    existing_store,
+    fail,
+    results_root,
+    safe,
+)
 from flctl.fs import atomic_path, write_text_atomic
 from flctl.report import FORMATS, PLOTS, QUERIES, TABLES, listed
 
@@ -16,7 +26,7 @@ SELECT_PANEL = "Which runs"
 
 def report(
     table: Annotated[Optional[str], typer.Option(help=f"{listed(TABLES)} (groups: with --by).")] = None,
-    plot: Annotated[Optional[str], typer.Option(help=f"{listed(PLOTS)}.")] = None,
+    plot: Annotated[Optional[str], typer.Option(help=f"{listed(PLOTS)}.", autocompletion=complete_from(PLOTS))] = None,
     by: Annotated[Optional[str], typer.Option(help="groups table: the attribute, e.g. race or gender (utkface).")] = None,
     samples: Annotated[Optional[str], typer.Option(help=f"Per-sample query: {listed(QUERIES)}.")] = None,
     sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL)] = None,
@@ -34,7 +44,7 @@ def report(
     top: Annotated[int, typer.Option(help="diff: how many samples.")] = 20,
     digits: Annotated[int, typer.Option(help="Decimals in tables.")] = 2,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
 ) -> None:
     """Tables (mean ± std over seeds), figures (PNG + PDF) and per-sample queries over finished runs."""
     from flctl.config import ConfigError

@@ -14,7 +14,9 @@ from typing import Annotated, Optional
 import typer
 
 from flctl.cli.common import (
+    RESULTS_DIR_HELP,
     check_device,
+    complete_task,
     config_options,
     console,
     db_url,
@@ -64,14 +66,14 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None)
 
 @config_options()
 def run(
-    task: Annotated[str, typer.Argument(help="Task name (see `flctl tasks`).")],
+    task: Annotated[str, typer.Argument(help="Task name (see `flctl tasks`).", autocompletion=complete_task)],
     p_min: Annotated[Optional[float], typer.Option("--p-min", help="Classification: ε = log(1/p_min).",
                                                    rich_help_panel=PANELS["method"])] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=VALUE (repeatable).",
                                                         rich_help_panel=PANELS["optim"])] = None,
     model: Annotated[Optional[str], typer.Option(help="Model of tasks with a `model` option (same as -o model=M).",
                                                  rich_help_panel=PANELS["optim"])] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help="Records and files [env FLCTL_RESULTS].",
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
                                                         rich_help_panel=PANELS["where"])] = None,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB; default sqlite in results dir].",
                                               rich_help_panel=PANELS["where"])] = None,

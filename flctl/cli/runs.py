@@ -8,12 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import console, existing_store, fail, find, results_root, safe
+from flctl.cli.common import RESULTS_DIR_HELP, console, existing_store, fail, find, results_root, safe
 from flctl.cli.info import JSON_OPT
 from flctl.status import STATUSES
 
 DB_OPT = Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")]
-RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help="Results directory [env FLCTL_RESULTS].")]
+RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)]
 
 
 def runs(

@@ -12,7 +12,9 @@ from typing import Annotated, Optional
 import typer
 
 from flctl.cli.common import (
+    RESULTS_DIR_HELP,
     check_device,
+    complete_task,
     config_options,
     console,
     db_url,
@@ -45,7 +47,8 @@ def _axis(help_text: str = ""):
 
 @config_options(AXES_PANEL)
 def sweep(
-    task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).")] = None,
+    task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).",
+                                                  autocompletion=complete_task)] = None,
     spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=AXES_PANEL)] = None,
     p_min: Annotated[Optional[str], _axis("Classification: ε = log(1/p_min), as an axis.")] = None,
     seeds: Annotated[Optional[int], _axis("Seeds 0..N-1.")] = None,
@@ -86,18 +89,25 @@ def sweep(
     direction: Annotated[str, typer.Option(help="min or max.", rich_help_panel=LAUNCH_PANEL)] = "min",
     parallel: Annotated[int, typer.Option(help="Trials launched at once with --tune.",
                                           rich_help_panel=LAUNCH_PANEL)] = 1,
-    partition: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
+    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (sbatch --partition).",
+                                                     rich_help_panel=SLURM_PANEL)] = None,
     gpus: Annotated[Optional[int], typer.Option(help="GPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
     cpus: Annotated[Optional[int], typer.Option(help="CPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
-    mem_gb: Annotated[Optional[float], typer.Option("--mem-gb", rich_help_panel=SLURM_PANEL)] = None,
+    mem_gb: Annotated[Optional[float], typer.Option("--mem-gb", help="Memory per job in GB (sbatch --mem).",
+                                                    rich_help_panel=SLURM_PANEL)] = None,
     time_min: Annotated[Optional[int], typer.Option("--time-min", help="Time limit per job.",
                                                     rich_help_panel=SLURM_PANEL)] = None,
-    account: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
-    qos: Annotated[Optional[str], typer.Option(rich_help_panel=SLURM_PANEL)] = None,
-    array_parallelism: Annotated[Optional[int], typer.Option("--array-parallelism", rich_help_panel=SLURM_PANEL)] = None,
+    account: Annotated[Optional[str], typer.Option(help="Slurm account to charge (sbatch --account).",
+                                                   rich_help_panel=SLURM_PANEL)] = None,
+    qos: Annotated[Optional[str], typer.Option(help="Slurm quality of service (sbatch --qos).",
+                                               rich_help_panel=SLURM_PANEL)] = None,
+    array_parallelism: Annotated[Optional[int], typer.Option(
+        "--array-parallelism", help="Slurm array tasks running at once (sbatch --array=...%N).",
+        rich_help_panel=SLURM_PANEL)] = None,
     sbatch: Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
                                                         rich_help_panel=SLURM_PANEL)] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", rich_help_panel=WHERE_PANEL)] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
+                                                        rich_help_panel=WHERE_PANEL)] = None,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].", rich_help_panel=WHERE_PANEL)] = None,
     *,
     fields: dict,
@@ -349,7 +359,7 @@ def status(
     watch_: Annotated[bool, typer.Option("--watch", help="Live-update until no cell is queued or running.")] = False,
     as_json: JSON_OPT = False,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
 ) -> None:
     """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
     store = existing_store(db, results_root(results_dir))
@@ -371,7 +381,7 @@ def status(
 def sweeps(
     as_json: JSON_OPT = False,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
 ) -> None:
     """List sweeps with their cell counts."""
     store = existing_store(db, results_root(results_dir))
@@ -393,7 +403,7 @@ def cancel(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")] = 60.0,
     as_json: JSON_OPT = False,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir")] = None,
+    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
 ) -> None:
     """Stop a sweep's workers and hand its running cells back; `flctl sweep` with the same axes resumes it.
 
