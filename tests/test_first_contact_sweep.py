@@ -80,13 +80,17 @@ def _fake_workers(results: Path, spec):
     return rows, launch, revive, fetch
 
 
-def test_tune_starts_a_worker_for_a_trial_no_worker_holds(tmp_path: Path) -> None:
+def _tune_setup(tmp_path: Path):
+    """A fresh results folder and database, an α search spec on diabetes, and the fake workers around it."""
     results = tmp_path / "results"
     results.mkdir()
     url = f"sqlite:///{results / 'flctl.db'}"
-    store = Store.open(url)
     spec = spec_from_values("diabetes", {"method": "rfl", "alpha": "1e-3..10", "epochs": "1"})
-    rows, launch, revive, fetch = _fake_workers(results, spec)
+    return results, url, Store.open(url), spec, _fake_workers(results, spec)
+
+
+def test_tune_starts_a_worker_for_a_trial_no_worker_holds(tmp_path: Path) -> None:
+    results, url, store, spec, (rows, launch, revive, fetch) = _tune_setup(tmp_path)
     study = tune(spec, 4, "test.max_loss", "min", store=store, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
                  launch=launch, fetch=fetch, revive=revive, parallel=2, poll_s=0.01)
     trials = study.get_trials()
@@ -95,12 +99,7 @@ def test_tune_starts_a_worker_for_a_trial_no_worker_holds(tmp_path: Path) -> Non
 
 
 def test_tune_finishes_the_trials_an_interrupted_tune_left_running(tmp_path: Path) -> None:
-    results = tmp_path / "results"
-    results.mkdir()
-    url = f"sqlite:///{results / 'flctl.db'}"
-    store = Store.open(url)
-    spec = spec_from_values("diabetes", {"method": "rfl", "alpha": "1e-3..10", "epochs": "1"})
-    rows, launch, revive, fetch = _fake_workers(results, spec)
+    results, url, store, spec, (rows, launch, revive, fetch) = _tune_setup(tmp_path)
     # A first --tune asked a trial, launched its run, and was stopped (Ctrl-C) before telling it.
     from flctl.study import search_space
 
