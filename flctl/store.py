@@ -558,7 +558,20 @@ class Store:
             return
         conn = self.engine.raw_connection()
         try:
-            conn.cursor().execute("PRAGMA journal_mode=WAL")
+            if conn.cursor().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return                     # the usual case: set by whoever opened the database first
+            # Switching needs the file to itself, and SQLite answers "database is locked" at once (no busy wait)
+            # while another process holds it: e.g. several processes opening a new database together. The schema
+            # lock orders them; a reader still in the file gets a few short retries.
+            with self.exclusive(SCHEMA_LOCK):
+                for attempt in range(50):
+                    try:
+                        conn.cursor().execute("PRAGMA journal_mode=WAL")
+                        return
+                    except sqlite3.OperationalError as exc:
+                        if "locked" not in str(exc) or attempt == 49:
+                            raise
+                        time.sleep(0.1)
         finally:
             conn.close()
 
