@@ -8,6 +8,7 @@ status, timings, host, git revision, summary metrics and artifact paths. The sch
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import random
@@ -43,7 +44,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -580,8 +581,21 @@ class Store:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions() as s, s.begin():
-            yield s
+        """A transaction. A database whose schema was damaged (a table or column gone) or whose rows hold invalid
+        JSON is StoreError, one line, for every command alike; lock conflicts stay OperationalError (``write``
+        retries them)."""
+        try:
+            with self._sessions() as s, s.begin():
+                yield s
+        except (OperationalError, ProgrammingError) as exc:
+            text = str(getattr(exc, "orig", exc))
+            if not any(k in text for k in ("no such table", "no such column", "does not exist")):
+                raise
+            raise StoreError(f"the database is damaged: {text.splitlines()[0]}; restore it from a backup "
+                             "(flctl creates and upgrades its tables itself)") from None
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"the database is damaged: a row holds invalid JSON ({exc}); restore it from a "
+                             "backup or delete that row") from None
 
     def write(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
         """Run ``fn`` in a transaction, retrying lock/serialization conflicts with jittered backoff."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
@@ -45,3 +46,30 @@ def test_a_garbage_extras_file_is_named(results: Path) -> None:
     np.save(extras.with_suffix(".npy"), np.array([object()], dtype=object), allow_pickle=True)
     extras.with_suffix(".npy").rename(extras)          # a pickled object array: never loaded
     assert_one_line_naming(CliRunner().invoke(app, ["report", "--plot", "multipliers"]), extras, results)
+
+
+@pytest.mark.parametrize("damage,command,needle", [
+    ("ALTER TABLE runs DROP COLUMN duration_s", ["runs"], "no such column: runs.duration_s"),
+    ("UPDATE runs SET config = '{not json'", ["runs"], "a row holds invalid JSON"),
+    ("UPDATE runs SET metrics = '[1,'", ["show", "RUN"], "a row holds invalid JSON"),
+    ("DROP TABLE sweep_cells", ["sweeps"], "no such table"),
+])
+def test_a_damaged_database_is_one_line_and_left_as_it_is(results: Path, damage: str, command: list[str],
+                                                          needle: str) -> None:
+    import sqlite3
+
+    import gc
+
+    run_id = one_run(results)
+    gc.collect()      # the in-process run's connections close now, not during the command under test
+    db = results / "flctl.db"
+    with sqlite3.connect(db) as con:
+        con.execute(damage)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    before = db.read_bytes()
+    res = CliRunner().invoke(app, [run_id if a == "RUN" else a for a in command])
+    assert res.exit_code == 2, res.output
+    assert "the database is damaged" in res.stderr and needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert db.read_bytes() == before

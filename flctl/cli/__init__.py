@@ -38,6 +38,10 @@ class _OneLineErrors(TyperGroup):
             if _is(exc, "ClickException"):
                 exc.show()  # type: ignore[attr-defined]
                 sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            if _is(exc, "StoreError"):     # raised past open (a damaged database): one line too; by name, so
+                # that `flctl --help` does not import the store (SQLAlchemy)
+                print_error(str(exc))
+                sys.exit(2)
             if _is(exc, "Abort"):
                 print("Aborted!", file=sys.stderr)
                 sys.exit(1)
