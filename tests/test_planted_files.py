@@ -56,9 +56,8 @@ def test_a_garbage_extras_file_is_named(results: Path) -> None:
 ])
 def test_a_damaged_database_is_one_line_and_left_as_it_is(results: Path, damage: str, command: list[str],
                                                           needle: str) -> None:
-    import sqlite3
-
     import gc
+    import sqlite3
 
     run_id = one_run(results)
     gc.collect()      # the in-process run's connections close now, not during the command under test
