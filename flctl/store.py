@@ -355,10 +355,15 @@ def _sqlite_begin_readonly(conn) -> None:
     conn.exec_driver_sql("BEGIN")
 
 
+# Execution option of a connection that only reads (Store.holds): see _sqlite_begin.
+READ_ONLY = "flctl_read_only"
+
+
 def _sqlite_begin(conn) -> None:
     # BEGIN IMMEDIATE takes the write lock up front (waiting up to busy_timeout). A deferred transaction that
     # reads and then writes can instead fail at once with SQLITE_BUSY when another process wrote in between.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # A read-only transaction (READ_ONLY) begins deferred: in WAL it takes no lock a writer waits for.
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def pid_alive(pid: int) -> bool:
@@ -664,9 +669,11 @@ class Store:
         return self.write(fn)
 
     def holds(self, run_id: str, token: str) -> bool:
-        """Whether the claim with ``token`` still holds the run (it is running under that claim)."""
-        with self.session() as s:
-            return s.scalar(select(func.count()).select_from(Run).where(
+        """Whether the claim with ``token`` still holds the run (it is running under that claim). A read that takes
+        no write lock: training asks it before its writes, and a preemption handler interrupting it on the same
+        thread (submitit's checkpoint, which hands the run back) must not wait for a lock its own thread holds."""
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
+            return conn.scalar(select(func.count()).select_from(Run).where(
                 Run.id == run_id, Run.status == "running", Run.claim_token == token)) == 1
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
