@@ -58,10 +58,10 @@ PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper
 
 
 def _field(default: Any, help: str, panel: str, *, axis: bool = True, identity: bool = True,
-           flags: tuple[str, ...] = ()) -> Any:
+           flags: tuple[str, ...] = (), choices: tuple[str, ...] = ()) -> Any:
     """A RunConfig field with what the command line, sweeps and studies need to know about it (``FIELDS``)."""
     return field(default=default, metadata={"help": help, "panel": panel, "axis": axis, "identity": identity,
-                                            "flags": flags})
+                                            "flags": flags, "choices": choices})
 
 
 class ConfigError(ValueError):
@@ -75,15 +75,18 @@ class RunConfig:
     derived from them."""
 
     task: str
-    method: str = _field(None, "Method, see `flctl methods` [run: fl].", "method", flags=("--method", "-m"))
+    method: str = _field(None, "Method, see `flctl methods` [run: fl].", "method", flags=("--method", "-m"),
+                         choices=tuple(METHOD_INFO))
     seed: int = _field(0, "Seed of initialization and batch order.", "optim")
     epochs: int = _field(1, "Epochs.", "optim")
     batch_size: int = _field(128, "Samples per optimizer step.", "optim")
-    optimizer: str = _field("adamw", f"Primal optimizer: {' or '.join(OPTIMIZERS)}.", "optim")
+    optimizer: str = _field("adamw", f"Primal optimizer: {' or '.join(OPTIMIZERS)}.", "optim",
+                            choices=OPTIMIZERS)
     lr: float = _field(1e-3, "Primal learning rate.", "optim")
     momentum: float = _field(0.0, "SGD momentum.", "optim")
     weight_decay: float = _field(0.0, "Weight decay.", "optim")
-    scheduler: str = _field("constant", f"Learning-rate schedule: {' or '.join(SCHEDULERS)}.", "optim")
+    scheduler: str = _field("constant", f"Learning-rate schedule: {' or '.join(SCHEDULERS)}.", "optim",
+                            choices=SCHEDULERS)
     # > 0: the schedule moves every optimizer step: linear warmup from 0 over this many steps, then constant
     # or cosine to 0 at the last step (transformers' get_cosine_schedule_with_warmup). 0: cosine per epoch.
     warmup_steps: int = _field(0, "Linear warmup over N steps, then the schedule per step.", "optim")
@@ -91,14 +94,16 @@ class RunConfig:
     micro_batch: int = _field(0, "Accumulate gradients over micro-batches of N samples (0 = whole batch).", "optim")
     # "auto": bf16 autocast for the forward pass on CUDA (losses, multipliers, optimizer state stay float32);
     # "fp32": no autocast. On the CPU both compute the same thing in float32.
-    precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where")
+    precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where",
+                            choices=PRECISIONS)
     engine: str = _field("eager", "Step engine: eager, captured (CUDA graphs, CUDA only) or compiled (torch.compile).",
-                         "where")
+                         "where", choices=ENGINES)
     eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim")
     eps: float | tuple[float, ...] | None = _field(None, "Constraint level ε on each sample's loss.", "method")
     alpha: float | None = _field(None, "RFL/CSERM relaxation cost α > 0.", "method")
     dual_lr: float | None = _field(None, "Multiplier step size η_λ.", "method")
-    dual_optimizer: str = _field("gd", "Multiplier update of FL/RFL: gd (the paper) or nupi (PI control).", "method")
+    dual_optimizer: str = _field("gd", "Multiplier update of FL/RFL: gd (the paper) or nupi (PI control).",
+                                 "method", choices=DUAL_OPTIMIZERS)
     kp: float = _field(NUPI_GAINS["kp"], "nupi: proportional gain K_P >= 0.", "method")
     ki: float = _field(NUPI_GAINS["ki"], "nupi: integral gain K_I >= 0 (1 with K_P = 0: gd).", "method")
     nu: float = _field(NUPI_GAINS["nu"], "nupi: EMA coefficient ν in [0, 1) of the error in the P term.", "method")
@@ -176,6 +181,7 @@ class FieldSpec:
     axis: bool                # a sweep may vary it
     identity: bool            # part of the run's id
     flags: tuple[str, ...]    # its command-line option names
+    choices: tuple[str, ...]  # the values a text field takes (checked by validate, offered by shell completion)
 
     @property
     def flag(self) -> str:
@@ -186,7 +192,7 @@ def _spec(f: dataclasses.Field) -> FieldSpec:
     kind = {"float": float, "int": int, "str": str}[str(f.type).split("|")[0].strip()]
     m = f.metadata
     return FieldSpec(f.name, kind, m["help"], m["panel"], m["axis"], m["identity"],
-                     m["flags"] or ("--" + f.name.replace("_", "-"),))
+                     m["flags"] or ("--" + f.name.replace("_", "-"),), m["choices"])
 
 
 # Every field but task and options (the command's argument and its -o KEY=VALUE pairs), in declaration order.
@@ -319,14 +325,9 @@ def validate(cfg: RunConfig) -> None:
         v = getattr(cfg, name)
         if not math.isfinite(v) or v < 0:
             bad(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
-    if cfg.optimizer not in OPTIMIZERS:
-        bad(f"unknown optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
-    if cfg.scheduler not in SCHEDULERS:
-        bad(f"unknown scheduler {cfg.scheduler!r}; choose one of: {', '.join(SCHEDULERS)}")
-    if cfg.precision not in PRECISIONS:
-        bad(f"unknown precision {cfg.precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    if cfg.engine not in ENGINES:
-        bad(f"unknown engine {cfg.engine!r}; choose one of: {', '.join(ENGINES)}")
+    for f in FIELDS.values():
+        if f.choices and getattr(cfg, f.name) not in f.choices:
+            bad(f"unknown {f.name.replace('_', ' ')} {getattr(cfg, f.name)!r}; choose one of: {', '.join(f.choices)}")
     if cfg.engine == "captured" and not cfg.device.startswith("cuda"):
         bad(f"--engine captured replays CUDA graphs; it needs --device cuda, not {cfg.device!r}")
     if cfg.engine == "captured" and cfg.prune_after > 0:
@@ -342,8 +343,6 @@ def validate(cfg: RunConfig) -> None:
         bad(f"--alpha must be a finite number > 0, got {cfg.alpha}")
     if "dual_lr" in used and (cfg.dual_lr is None or not math.isfinite(cfg.dual_lr) or cfg.dual_lr < 0):
         bad(f"--dual-lr must be a finite number >= 0, got {cfg.dual_lr}")
-    if cfg.dual_optimizer not in DUAL_OPTIMIZERS:
-        bad(f"unknown dual optimizer {cfg.dual_optimizer!r}; choose one of: {', '.join(DUAL_OPTIMIZERS)}")
     for name in ("kp", "ki"):
         if not math.isfinite(getattr(cfg, name)) or getattr(cfg, name) < 0:
             bad(f"--{name} must be a finite number >= 0, got {getattr(cfg, name)}")

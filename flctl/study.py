@@ -4,7 +4,7 @@
   whose trials are the sweep's finished cells (params = the varying axes, value = the objective metric).
 - ``flctl sweep --tune N`` runs a TPE search instead: log ranges (``1e-4..1``) become log-uniform intervals,
   lists become categorical choices; each asked trial is one run, launched like any sweep cell. Its study
-  ``flctl-tune-<name>`` is the sweep's only study: its cells (one per trial, the set growing as trials are asked)
+  ``flctl-<sweep id>`` (a ``t`` id, flctl.sweep.tune_id) is the sweep's only study: its cells (one per trial, the set growing as trials are asked)
   are not mirrored as a grid, whose categorical space is fixed when the study is created.
 """
 
@@ -110,15 +110,17 @@ def _optuna_time(stamp: datetime) -> datetime:
     return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
 
 
-def tune(spec, n_trials: int, objective: str, direction: str, *, store, url: str, resolve_cell: Callable,
+def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, store, url: str, resolve_cell: Callable,
          launch: Callable[[list[RunConfig]], None], fetch: Callable[[list[str]], dict[str, dict]],
-         revive: Callable[[list[RunConfig]], None] | None = None, parallel: int = 1, poll_s: float = 0.5) -> Any:
+         revive: Callable[[list[RunConfig]], None] | None = None, parallel: int = 1, poll_s: float = 0.5,
+         told: Callable[[int, RunConfig, dict, float | None], None] | None = None) -> Any:
     """TPE search over the spec's axes: ask ``parallel`` trials, launch their runs, wait, tell; N trials in all.
 
     ``resolve_cell(params) -> RunConfig``; ``launch(configs)`` submits runs; ``fetch(run_ids)`` reads their rows;
     ``revive(configs)``, called while some of the runs waited on are still to do, starts a worker for them when
     none is alive (the one launched may have found its queue empty and exited just before they were added).
     Trials an earlier, interrupted `--tune` left running are waited on (their runs resume) and told first.
+    ``told(number, cfg, row, value)`` hears of each trial as it is told (value None: a failed trial).
     """
     import optuna
     from optuna.trial import TrialState
@@ -126,7 +128,7 @@ def tune(spec, n_trials: int, objective: str, direction: str, *, store, url: str
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists = search_space(spec)
     with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
-        study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-tune-{spec.name or spec.task}",
+        study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-{sweep_id}",
                                     load_if_exists=True, direction=_direction(direction),
                                     sampler=optuna.samplers.TPESampler(seed=0))
     study.set_user_attr("objective", objective)
@@ -148,6 +150,9 @@ def tune(spec, n_trials: int, objective: str, direction: str, *, store, url: str
                 study.tell(number, value, skip_if_finished=True)
             else:
                 study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+                value = None
+            if told is not None:
+                told(number, cfg, rows[cfg.run_id], value)
         batch = []
     return study
 

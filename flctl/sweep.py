@@ -302,6 +302,13 @@ def sweep_id(spec: SweepSpec, configs: list[RunConfig]) -> str:
     return h.hexdigest()[:12]
 
 
+def tune_id(spec: SweepSpec) -> str:
+    """A --tune sweep's id: its axes, fixed fields and objective, not its trial count, so `--tune 30` after
+    `--tune 20` adds ten trials to the same sweep and study (``t`` + 11 hex digits: never a grid sweep's id)."""
+    same = dataclasses.replace(spec, tune=None)
+    return "t" + hashlib.sha256(f"{same.name}|{same.task}|{sorted(same.to_json().items())}".encode()).hexdigest()[:11]
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")
 

@@ -46,9 +46,13 @@ def test_the_readmes_tune_line_finishes_every_trial_through_local_workers(tmp_pa
     url = f"sqlite:///{results / 'flctl.db'}"
     found = studies(url)
     # The TPE study is the sweep's one study: no grid mirror whose fixed categorical space breaks as trials grow.
-    assert list(found) == ["flctl-tune-diabetes"]
-    trials = found["flctl-tune-diabetes"].get_trials()
+    (name,) = found
+    assert name.startswith("flctl-t")
+    trials = found[name].get_trials()
     assert len(trials) == 20 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    # One line per trial, not the launch's cell counts every time a trial is added.
+    assert out.stdout.count("trial ") == 20 and "trial 20/20: alpha=" in out.stdout
+    assert "already on it" not in out.stdout
     runs = {r["id"]: r for r in json.loads(flctl(tmp_path, "runs", "--json", "--limit", "100",
                                                  "--results-dir", str(results)).stdout)}
     assert {t.user_attrs["run_id"] for t in trials} <= set(runs)
@@ -56,6 +60,12 @@ def test_the_readmes_tune_line_finishes_every_trial_through_local_workers(tmp_pa
         assert t.value == runs[t.user_attrs["run_id"]]["metrics"]["test.max_loss"]
     logs = "".join(p.read_text() for p in (results / "jobs").rglob("*_log.err"))
     assert "could not sync the Optuna study" not in logs
+    # More trials of the same search: the same sweep and study, two trials more.
+    more = flctl(tmp_path, "sweep", "diabetes", "-m", "rfl", "--alpha", "1e-3..10", "--tune", "22", "--objective",
+                 "test.max_loss", "--epochs", "3", "--results-dir", str(results))
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert "trial 22/22" in more.stdout and "trial 20/" not in more.stdout
+    assert list(studies(url)) == [name] and len(studies(url)[name].get_trials()) == 22
 
 
 def _fake_workers(results: Path, spec):
@@ -91,7 +101,7 @@ def _tune_setup(tmp_path: Path):
 
 def test_tune_starts_a_worker_for_a_trial_no_worker_holds(tmp_path: Path) -> None:
     results, url, store, spec, (rows, launch, revive, fetch) = _tune_setup(tmp_path)
-    study = tune(spec, 4, "test.max_loss", "min", store=store, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
+    study = tune(spec, "tx", 4, "test.max_loss", "min", store=store, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
                  launch=launch, fetch=fetch, revive=revive, parallel=2, poll_s=0.01)
     trials = study.get_trials()
     assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
@@ -103,11 +113,11 @@ def test_tune_finishes_the_trials_an_interrupted_tune_left_running(tmp_path: Pat
     # A first --tune asked a trial, launched its run, and was stopped (Ctrl-C) before telling it.
     from flctl.study import search_space
 
-    first = optuna.create_study(storage=url, study_name="flctl-tune-diabetes")
+    first = optuna.create_study(storage=url, study_name="flctl-tx")
     asked = first.ask(search_space(spec))
     asked.set_user_attr("run_id", resolve_cell(spec, asked.params).run_id)
     lost = first.ask(search_space(spec))          # asked, but stopped before its run was named
-    study = tune(spec, 3, "test.max_loss", "min", store=store, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
+    study = tune(spec, "tx", 3, "test.max_loss", "min", store=store, url=url, resolve_cell=lambda p: resolve_cell(spec, p),
                  launch=launch, fetch=fetch, revive=revive, poll_s=0.01)
     states = {t.number: t.state for t in study.get_trials()}
     assert states[asked.number] == optuna.trial.TrialState.COMPLETE           # its run was waited on and told

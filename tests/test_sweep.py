@@ -188,7 +188,8 @@ def test_tune_runs_n_tpe_trials_over_a_log_range(results: Path) -> None:
                               "--tune", "3", "--objective", "test.max_loss", "--executor", "debug"])
     assert res.exit_code == 0, res.output
     assert "best test.max_loss" in res.output
-    study = optuna.load_study(study_name="flctl-tune-diabetes", storage=f"sqlite:///{results / 'flctl.db'}")
+    (name,) = optuna.get_all_study_names(storage=f"sqlite:///{results / 'flctl.db'}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{results / 'flctl.db'}")
     trials = study.get_trials()
     assert len(trials) == 3 and all(1e-3 <= t.params["alpha"] <= 10 for t in trials)
     assert len(json.loads(runner.invoke(app, ["runs", "--json"]).stdout)) == 3

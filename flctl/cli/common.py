@@ -167,7 +167,8 @@ def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any
         added = []
         for f in FIELDS.values():
             as_axis = axes_panel is not None and f.axis
-            option = typer.Option(*f.flags, help=f.help, rich_help_panel=axes_panel if as_axis else PANELS[f.panel])
+            option = typer.Option(*f.flags, help=f.help, rich_help_panel=axes_panel if as_axis else PANELS[f.panel],
+                                  autocompletion=complete_from(f.choices, listed=as_axis) if f.choices else None)
             added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                            annotation=Annotated[Optional[str if as_axis else f.kind], option]))
 
@@ -229,9 +230,47 @@ def complete_task(incomplete: str) -> list[str]:
     return [n for n in names if n.startswith(incomplete)]
 
 
-def complete_from(values) -> Callable[[str], list[str]]:
-    """Shell completion of a fixed list of values (plot kinds, tables, formats)."""
-    return lambda incomplete: [v for v in values if v.startswith(incomplete)]
+def complete_from(values, *, listed: bool = False) -> Callable[[str], list[str]]:
+    """Shell completion of a fixed list of values (methods, plot kinds, tables, formats). ``listed``: the option
+    takes a comma-separated list (a sweep axis, `--methods erm,fl`), and the value after the last comma is
+    completed."""
+    def complete(incomplete: str) -> list[str]:
+        head, _, last = incomplete.rpartition(",") if listed else ("", "", incomplete)
+        return [head + "," + v if head else v for v in values if v.startswith(last)]
+    return complete
+
+
+def _complete_ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
+    """Ids (and sweep names) in the database the command would open, read-only; nothing when there is none or it
+    cannot be read: completion never prints an error."""
+    from flctl.store import Store
+
+    try:
+        root = results_root(ctx.params.get("results_dir"))
+        url = db_url(ctx.params.get("db"), root)
+        if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+            return []
+        store = Store.open(url, readonly=True)
+        try:
+            if kind == "run":
+                found = [r.id for r in store.list_runs(limit=None)]
+            else:
+                found = [x for s in store.list_sweeps() for x in (s["id"], s.get("name")) if x]
+        finally:
+            store.close()
+    except Exception:   # noqa: BLE001 - a shell's tab key must never see a traceback
+        return []
+    return sorted({x for x in found if x.startswith(incomplete)})
+
+
+def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of run ids."""
+    return _complete_ids(ctx, incomplete, "run")
+
+
+def complete_sweep(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of sweep ids and names."""
+    return _complete_ids(ctx, incomplete, "sweep")
 
 
 # One help text for every command's --results-dir.

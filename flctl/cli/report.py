@@ -11,6 +11,8 @@ from flctl.cli.common import (
     RESULTS_DIR_HELP,
     check_output,
     complete_from,
+    complete_sweep,
+    complete_task,
     console,
     err_console,
     existing_store,
@@ -19,19 +21,25 @@ from flctl.cli.common import (
     safe,
 )
 from flctl.fs import atomic_path, write_text_atomic
+from flctl.method_info import METHOD_INFO
 from flctl.report import FORMATS, PLOTS, QUERIES, TABLES, listed
 
 SELECT_PANEL = "Which runs"
 
 
 def report(
-    table: Annotated[Optional[str], typer.Option(help=f"{listed(TABLES)} (groups: with --by).")] = None,
+    table: Annotated[Optional[str], typer.Option(help=f"{listed(TABLES)} (groups: with --by).",
+                                                                             autocompletion=complete_from(TABLES))] = None,
     plot: Annotated[Optional[str], typer.Option(help=f"{listed(PLOTS)}.", autocompletion=complete_from(PLOTS))] = None,
     by: Annotated[Optional[str], typer.Option(help="groups table: the attribute, e.g. race or gender (utkface).")] = None,
-    samples: Annotated[Optional[str], typer.Option(help=f"Per-sample query: {listed(QUERIES)}.")] = None,
-    sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL)] = None,
-    task: Annotated[Optional[str], typer.Option(help="Only runs of this task.", rich_help_panel=SELECT_PANEL)] = None,
-    fmt: Annotated[str, typer.Option("--format", help=f"Table format: {listed(FORMATS)}.")] = "rich",
+    samples: Annotated[Optional[str], typer.Option(help=f"Per-sample query: {listed(QUERIES)}.",
+                                                                               autocompletion=complete_from(QUERIES))] = None,
+    sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL,
+                                                              autocompletion=complete_sweep)] = None,
+    task: Annotated[Optional[str], typer.Option(help="Only runs of this task.", rich_help_panel=SELECT_PANEL,
+                                                             autocompletion=complete_task)] = None,
+    fmt: Annotated[str, typer.Option("--format", help=f"Table format: {listed(FORMATS)}.",
+                                                 autocompletion=complete_from(FORMATS))] = "rich",
     out: Annotated[Optional[Path], typer.Option(help="Write to this file (plots: a path stem; .png and .pdf).")] = None,
     columns: Annotated[Optional[str], typer.Option(help="Comma-separated columns, e.g. train.avg_loss,"
                                                    "test.max_loss,test.cvar@0.95,train.quantile@0.99,"
@@ -40,7 +48,8 @@ def report(
     k: Annotated[int, typer.Option(help="top-multipliers: how many samples.")] = 16,
     min_seeds: Annotated[int, typer.Option("--min-seeds", help="violators: in at least this many seeds.")] = 1,
     eps: Annotated[Optional[float], typer.Option(help="violators: level to test (default: each run's ε).")] = None,
-    methods: Annotated[Optional[str], typer.Option(help="diff: two methods, e.g. erm,fl.")] = None,
+    methods: Annotated[Optional[str], typer.Option(help="diff: two methods, e.g. erm,fl.",
+                                                                      autocompletion=complete_from(METHOD_INFO, listed=True))] = None,
     top: Annotated[int, typer.Option(help="diff: how many samples.")] = 20,
     digits: Annotated[int, typer.Option(help="Decimals in tables.")] = 2,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,

@@ -8,8 +8,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from flctl.cli.common import RESULTS_DIR_HELP, console, existing_store, fail, find, results_root, safe
+from flctl.cli.common import (
+    RESULTS_DIR_HELP,
+    complete_from,
+    complete_run,
+    complete_task,
+    console,
+    existing_store,
+    fail,
+    find,
+    results_root,
+    safe,
+)
 from flctl.cli.info import JSON_OPT
+from flctl.method_info import METHOD_INFO
 from flctl.status import STATUSES
 
 DB_OPT = Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")]
@@ -17,9 +29,11 @@ RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help=RESUL
 
 
 def runs(
-    task: Annotated[Optional[str], typer.Option(help="Only this task.")] = None,
-    method: Annotated[Optional[str], typer.Option(help="Only this method.")] = None,
-    status: Annotated[Optional[str], typer.Option(help=f"Only runs in this state: {', '.join(STATUSES)}.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Only this task.", autocompletion=complete_task)] = None,
+    method: Annotated[Optional[str], typer.Option(help="Only this method.",
+                                                                autocompletion=complete_from(METHOD_INFO))] = None,
+    status: Annotated[Optional[str], typer.Option(help=f"Only runs in this state: {', '.join(STATUSES)}.",
+                                                                autocompletion=complete_from(STATUSES))] = None,
     seed: Annotated[Optional[int], typer.Option(help="Only this seed.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first); 0: all.")] = 50,
     as_json: JSON_OPT = False,
@@ -54,7 +68,8 @@ def runs(
 
 
 def show(
-    run_id: Annotated[str, typer.Argument(help="Run id or a unique prefix of it.")],
+    run_id: Annotated[str, typer.Argument(help="Run id or a unique prefix of it.",
+                                                         autocompletion=complete_run)],
     as_json: JSON_OPT = False,
     db: DB_OPT = None,
     results_dir: RESULTS_OPT = None,

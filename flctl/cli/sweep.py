@@ -14,6 +14,7 @@ import typer
 from flctl.cli.common import (
     RESULTS_DIR_HELP,
     check_device,
+    complete_sweep,
     complete_task,
     config_options,
     console,
@@ -119,7 +120,7 @@ def sweep(
     """
     from flctl.config import ConfigError
     from flctl.launch import LaunchSettings, check_executor, check_slurm_cluster
-    from flctl.study import check_objective, sync_sweep
+    from flctl.study import check_objective, search_space, sync_sweep
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
 
     raw_axes = {k: fields[k] for k in AXIS_FIELDS} | {"p_min": p_min}
@@ -155,6 +156,9 @@ def sweep(
             sweep_spec = dataclasses.replace(sweep_spec, objective=objective)
         if tune is not None and (tune < 1 or parallel < 1):
             raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
+        if tune is not None:
+            search_space(sweep_spec)     # a search needs a range or a list to search
+
         if settings.executor == "slurm":
             _check_script_path(results_root(results_dir))
         if not dry_run:
@@ -196,18 +200,17 @@ def sweep(
 def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
           settings) -> None:
     import dataclasses
-    import hashlib
 
     from flctl.launch import has_workers
-    from flctl.study import tune
-    from flctl.sweep import resolve_cell
+    from flctl.study import params_of, search_space, tune
+    from flctl.sweep import resolve_cell, tune_id
 
     spec = dataclasses.replace(spec, tune=n_trials, objective=objective)
-    sid = "t" + hashlib.sha256(f"{spec.name}|{spec.task}|{sorted(spec.to_json().items())}".encode()).hexdigest()[:11]
+    sid = tune_id(spec)
 
     def launch_configs(configs) -> None:
         revived.clear()
-        _launch(store, url, root, sid, spec, configs, settings)
+        _launch(store, url, root, sid, spec, configs, settings, quiet=True)
 
     def fetch(run_ids):
         return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
@@ -222,19 +225,33 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
             fail(f"sweep {sid}: {MAX_REVIVALS} workers in a row exited without taking run(s) "
                  f"{', '.join(c.run_id for c in configs)}; see the job logs in {root / 'jobs' / sid}", code=1)
         revived.append(configs[0].run_id)
-        _launch(store, url, root, sid, spec, configs, settings)
+        _launch(store, url, root, sid, spec, configs, settings, quiet=True)
 
-    study = tune(spec, n_trials, objective, direction, store=store, url=url,
+    names = list(search_space(spec))
+
+    def told(number: int, cfg, row: dict, value: float | None) -> None:
+        """One line per trial, as it is told: its parameters, and its objective or why it has none."""
+        result = f"{safe(objective)} = {value:.4g}" if value is not None else safe(row["status"])
+        console.print(f"trial {number + 1}/{n_trials}: {_params(params_of(cfg, names))} → {result} (run {cfg.run_id})")
+
+    console.print(f"sweep [bold]{sid}[/]: TPE search, {n_trials} trials over {safe(', '.join(names))}; "
+                  f"follow it with `flctl status {sid}`")
+    study = tune(spec, sid, n_trials, objective, direction, store=store, url=url,
                  resolve_cell=lambda p: resolve_cell(spec, p), launch=launch_configs, fetch=fetch, revive=revive,
-                 parallel=parallel)
+                 parallel=parallel, told=told)
     best = study.best_trial
     console.print(f"study [bold]{safe(study.study_name)}[/]: best {safe(objective)} = {best.value:.4g} with "
-                  + ", ".join(safe(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
-                              for k, v in best.params.items())
-                  + f" (run {safe(best.user_attrs.get('run_id'))})")
+                  f"{_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
 
 
-def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False):
+def _params(params: dict) -> str:
+    """A trial's parameters as `alpha=0.005432, lr=0.001`."""
+    return ", ".join(safe(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") for k, v in params.items())
+
+
+def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False,
+            quiet: bool = False):
+    """Launch the sweep's cells and say what happened; ``quiet`` (each --tune trial): only new worker jobs."""
     from flctl.config import ConfigError
     from flctl.launch import launch_sweep
 
@@ -242,10 +259,12 @@ def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join
         launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
     except ConfigError as exc:        # e.g. results/jobs is another user's folder
         fail(str(exc))
-    console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
-                  f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued after a "
-                  "lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
-                  + f"; {launched.todo} to do" + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+    if not quiet:
+        console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
+                      f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
+                      "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
+                      + f"; {launched.todo} to do"
+                      + (f", {launched.live} worker(s) already on it" if launched.live else ""))
     if launched.jobs:
         ids = sorted({j.job_id.split("_")[0] for j in launched.jobs})
         console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "
@@ -355,7 +374,7 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
 
 def status(
     sweep_ref: Annotated[Optional[str], typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name "
-                                                       "(default: the newest).")] = None,
+                                                       "(default: the newest).", autocompletion=complete_sweep)] = None,
     watch_: Annotated[bool, typer.Option("--watch", help="Live-update until no cell is queued or running.")] = False,
     as_json: JSON_OPT = False,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
@@ -399,7 +418,8 @@ def sweeps(
 
 
 def cancel(
-    sweep_ref: Annotated[str, typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name.")],
+    sweep_ref: Annotated[str, typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name.",
+                                                                autocompletion=complete_sweep)],
     timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")] = 60.0,
     as_json: JSON_OPT = False,
     db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
