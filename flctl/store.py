@@ -164,6 +164,13 @@ class Run(Base):
         for k in ("created_at", "started_at", "finished_at", "heartbeat_at"):
             d[k] = d[k].isoformat() if d[k] else None
         d["metrics"] = d["metrics"] or {}
+        # JSON of another shape (PostgreSQL's JSON column admits any JSON) would fail later, deep in a command
+        for k, kind in (("config", dict), ("metrics", dict), ("diverged_at", (dict, type(None))),
+                        ("trained_with", (dict, type(None)))):
+            if not isinstance(d[k], kind):
+                raise StoreError(f"the database is damaged: run {shown(self.id)}'s {k} is "
+                                 f"{type(d[k]).__name__} JSON, not an object; restore it from a backup or delete "
+                                 "that row")
         d["artifacts"] = {a.kind: a.path for a in self.artifacts}
         return RunRecord(**d)
 

@@ -140,6 +140,25 @@ def split_pairs(keep: np.ndarray, data_seed: int) -> tuple[np.ndarray, np.ndarra
     return np.sort(keep[perm[:n_train]]), np.sort(keep[perm[n_train:]])
 
 
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers at all: offline, huggingface_hub retries each request for about a minute
+    (printing every retry) before it looks in its cache, so a model name that is not cached would take that long
+    to refuse."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
 def load_tokenizer(options: dict):
     if options["model"] == TINY:
         from transformers import ByT5Tokenizer
@@ -150,7 +169,7 @@ def load_tokenizer(options: dict):
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(options["model"])
+        tokenizer = AutoTokenizer.from_pretrained(options["model"], local_files_only=not _hub_reachable())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {options['model']!r}: not a local path nor in the Hugging Face cache, "
                           f"and the Hub is unreachable ({type(exc).__name__}); download it first "

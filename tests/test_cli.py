@@ -206,17 +206,34 @@ def test_help_shows_no_value_for_flags_and_every_option_has_help() -> None:
                 assert m.group(3), f"{command[0]} {m.group(1)} has no help"
 
 
-def test_shell_completion_offers_tasks_and_plot_kinds() -> None:
+def test_shell_completion_offers_tasks_methods_kinds_and_ids(results: Path) -> None:
     import subprocess
     import sys
 
     def complete(words: str) -> list[str]:
         env = {**os.environ, "_FLCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
-               "COMP_CWORD": str(len(words.split()) - 1)}
+               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
         script = Path(sys.executable).parent / "flctl"          # completion keys on the program's name
         out = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and not out.stderr, out.stderr
         return out.stdout.split()
 
     assert complete("flctl run tw") == ["two-moons"]
     assert "orca-dpo" in complete("flctl sweep o")
     assert complete("flctl report --plot c") == ["cdf", "cvar"]
+    assert complete("flctl run two-moons -m ") == ["erm", "fl", "rfl", "cserm"]
+    assert complete("flctl sweep two-moons --method erm,r") == ["erm,rfl"]     # an axis: the last item
+    assert complete("flctl run two-moons --dual-optimizer n") == ["nupi"]
+    assert complete("flctl runs --status c") == ["completed"]
+    assert complete("flctl report --methods erm,c") == ["erm,cserm"]
+    assert complete("flctl show ") == [] and complete("flctl status ") == []   # no database: nothing, no error
+    res = CliRunner().invoke(app, ["sweep", "two-moons", "-m", "erm,fl", "--epochs", "1", "--executor", "debug",
+                                   "--name", "tiny"])
+    assert res.exit_code == 0, res.output
+    ids = [r["id"] for r in json.loads(CliRunner().invoke(app, ["runs", "--json"]).stdout)]
+    assert sorted(complete("flctl show ")) == sorted(ids)
+    assert complete(f"flctl show {ids[0][:6]}") == [i for i in ids if i.startswith(ids[0][:6])]
+    (sweep,) = json.loads(CliRunner().invoke(app, ["sweeps", "--json"]).stdout)
+    assert sorted(complete("flctl status ")) == sorted([sweep["id"], "tiny"])
+    assert complete("flctl cancel ti") == ["tiny"]
+    assert complete(f"flctl report --sweep {sweep['id'][:3]}") == [sweep["id"]]

@@ -53,6 +53,8 @@ def test_a_garbage_extras_file_is_named(results: Path) -> None:
     ("UPDATE runs SET config = '{not json'", ["runs"], "a row holds invalid JSON"),
     ("UPDATE runs SET metrics = '[1,'", ["show", "RUN"], "a row holds invalid JSON"),
     ("DROP TABLE sweep_cells", ["sweeps"], "no such table"),
+    ("UPDATE runs SET config = '[1, 2]'", ["report", "--table", "runs"], "config is list JSON, not an object"),
+    ("UPDATE runs SET metrics = '\"x\"'", ["show", "RUN"], "metrics is str JSON, not an object"),
 ])
 def test_a_damaged_database_is_one_line_and_left_as_it_is(results: Path, damage: str, command: list[str],
                                                           needle: str) -> None:
@@ -72,3 +74,37 @@ def test_a_damaged_database_is_one_line_and_left_as_it_is(results: Path, damage:
     assert "the database is damaged" in res.stderr and needle in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage,command,needle", [
+    ("ALTER TABLE runs DROP COLUMN duration_s", ["runs"], "column runs.duration_s does not exist"),
+    ("DROP TABLE sweep_cells", ["sweeps"], 'relation "sweep_cells" does not exist'),
+    ("UPDATE runs SET config = '[1, 2]'", ["runs"], "config is list JSON, not an object"),
+    ("UPDATE runs SET trained_with = '3'", ["show", "RUN"], "trained_with is int JSON, not an object"),
+])
+def test_a_damaged_postgresql_database_is_one_line_and_left_as_it_is(results: Path, damage: str,
+                                                                     command: list[str], needle: str) -> None:
+    import sqlalchemy as sa
+
+    from flctl.store import normalize_url
+    from tests.test_concurrency import pg_database
+
+    url = pg_database()
+    res = CliRunner().invoke(app, ["run", "two-moons", "-m", "fl", "--epochs", "2", "--db", url])
+    assert res.exit_code == 0, res.output
+    engine = sa.create_engine(normalize_url(url))
+    with engine.begin() as conn:
+        run_id = conn.exec_driver_sql("SELECT id FROM runs").scalar_one()
+        conn.exec_driver_sql(damage)
+
+    def dump() -> list:
+        with engine.connect() as conn:
+            return [conn.exec_driver_sql(f"SELECT * FROM {t} ORDER BY 1").all() for t in ("runs", "artifacts")]
+
+    before = dump()
+    res = CliRunner().invoke(app, [*(run_id if a == "RUN" else a for a in command), "--db", url])
+    assert res.exit_code == 2, res.output
+    assert "the database is damaged" in res.stderr and needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert dump() == before
+    engine.dispose()

@@ -82,6 +82,8 @@ def report(
             raise ConfigError(f"unknown table {table!r}; choose one of: {', '.join(TABLES)}")
         if table is not None and fmt not in FORMATS:
             raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+        if table == "llm" and sweep is None and task is None:
+            task = "orca-dpo"          # the preference-optimization table is of the LLM task's runs
         if plot == "heatmap" and sweep is None:
             sweep = _latest_lr_sweep(store, task)
         runs = select_runs(store, sweep=sweep, task=task)

@@ -361,9 +361,17 @@ def _settled(data: dict) -> bool:
 
 
 def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
+    """Redraw the sweep's ledger in place until it settles (``until_done``) or forever; piped or redirected, print
+    only the last ledger (a file gets the result, not every redraw, and ends with a newline)."""
     from rich.live import Live
 
     data = ledger(store, sid)
+    if not console.is_terminal:
+        while not (until_done and _settled(data)):
+            time.sleep(interval)
+            data = ledger(store, sid)
+        console.print(_ledger_table(data))
+        return data
     with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
         while not (until_done and _settled(data)):
             time.sleep(interval)
