@@ -11,10 +11,11 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from flctl.errors import ConfigError
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
 if TYPE_CHECKING:
@@ -58,14 +59,10 @@ PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper
 
 
 def _field(default: Any, help: str, panel: str, *, axis: bool = True, identity: bool = True,
-           flags: tuple[str, ...] = (), choices: tuple[str, ...] = ()) -> Any:
+           flags: tuple[str, ...] = (), choices: Collection[str] = ()) -> Any:
     """A RunConfig field with what the command line, sweeps and studies need to know about it (``FIELDS``)."""
     return field(default=default, metadata={"help": help, "panel": panel, "axis": axis, "identity": identity,
                                             "flags": flags, "choices": choices})
-
-
-class ConfigError(ValueError):
-    """Bad user input in a run configuration; the message is one line and names the fix."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ class RunConfig:
 
     task: str
     method: str = _field(None, "Method, see `flctl methods` [run: fl].", "method", flags=("--method", "-m"),
-                         choices=tuple(METHOD_INFO))
+                         choices=METHOD_INFO)     # the registry itself: a method added later is a choice
     seed: int = _field(0, "Seed of initialization and batch order.", "optim")
     epochs: int = _field(1, "Epochs.", "optim")
     batch_size: int = _field(128, "Samples per optimizer step.", "optim")
@@ -181,7 +178,7 @@ class FieldSpec:
     axis: bool                # a sweep may vary it
     identity: bool            # part of the run's id
     flags: tuple[str, ...]    # its command-line option names
-    choices: tuple[str, ...]  # the values a text field takes (checked by validate, offered by shell completion)
+    choices: Collection[str]  # the values a text field takes (checked by validate, offered by shell completion)
 
     @property
     def flag(self) -> str:

@@ -38,7 +38,8 @@ from typing import Any
 
 import submitit
 
-from flctl.config import ConfigError, RunConfig
+from flctl.config import RunConfig
+from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
 from flctl.procs import Process, children, process, recorded, send, still
 from flctl.runner import Layout, git_revision, stop_on_signals, train_claimed

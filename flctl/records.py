@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.fs import atomic_path
 
 SCHEMA = pa.schema(

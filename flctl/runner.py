@@ -23,9 +23,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from flctl import records
 from flctl.config import RunConfig
+from flctl.errors import ClaimLost
 from flctl.fs import DiskFull
 from flctl.status import TO_DO
-from flctl.store import HEARTBEAT_S, STALE_AFTER_S, ClaimLost, Store
+from flctl.store import HEARTBEAT_S, STALE_AFTER_S, Store
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAl
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from flctl.config import ConfigError, RunConfig
+from flctl.config import RunConfig
+from flctl.errors import ClaimLost, ConfigError, NewerSchema, StoreError
 from flctl.status import TO_DO
 from flctl.text import redact
 
@@ -59,15 +60,6 @@ T = TypeVar("T")
 # The database-wide lock (Store.exclusive) under which schemas are created or upgraded, flctl's and Optuna's.
 SCHEMA_LOCK = "schema"
 _MEMORY_LOCK = threading.Lock()        # Store.exclusive for an in-memory SQLite database: this process only
-
-
-class StoreError(RuntimeError):
-    """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
-
-
-class ClaimLost(RuntimeError):
-    """This process no longer holds a run's claim: it was presumed lost (no heartbeat for longer than the stale
-    bound) and another worker took the run over. It must stop without touching the run's files or row."""
 
 
 def check_stale_after(seconds: float, what: str = "the stale bound") -> float:
@@ -530,7 +522,7 @@ class Store:
                              "upgrade flctl (pip install -U flctl) to open it")
         try:
             older = "flctl_meta" in tables and migrations.needs_upgrade(self.engine, scripts)
-        except migrations.NewerSchema as exc:
+        except NewerSchema as exc:
             raise StoreError(f"database schema revision {exc} is newer than this flctl knows: upgrade flctl "
                              "(pip install -U flctl) to open it") from None
         if self.readonly and ("flctl_meta" not in tables or row != str(SCHEMA_VERSION) or older):
@@ -557,7 +549,7 @@ class Store:
                              "upgrade flctl (pip install -U flctl) to open it")
         try:
             migrations.upgrade(self.engine, scripts)
-        except migrations.NewerSchema as exc:
+        except NewerSchema as exc:
             raise StoreError(f"database schema revision {exc} is newer than this flctl knows: upgrade flctl "
                              "(pip install -U flctl) to open it") from None
         if version < SCHEMA_VERSION:

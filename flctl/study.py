@@ -15,7 +15,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from flctl.config import AXIS_FIELDS, ConfigError, RunConfig
+from flctl.config import AXIS_FIELDS, RunConfig
+from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.status import TO_DO
 from flctl.store import SCHEMA_LOCK, normalize_url

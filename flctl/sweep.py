@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flctl.config import AXIS_FIELDS, FIELDS, SWITCHED_FIELDS, ConfigError, RunConfig, resolve
+from flctl.config import AXIS_FIELDS, FIELDS, SWITCHED_FIELDS, RunConfig, resolve
+from flctl.errors import ConfigError
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
 # The RunConfig fields a sweep may vary (flctl.config.FIELDS), plus p_min, which sets eps.

@@ -140,7 +140,7 @@ def get_task(name: str) -> Task:
             return task
     tasks = all_tasks()
     if name not in tasks:
-        from flctl.config import ConfigError
+        from flctl.errors import ConfigError
 
         raise ConfigError(f"unknown task {name!r}; choose one of: {', '.join(tasks)} (see `flctl tasks`)")
     return tasks[name]

@@ -294,7 +294,7 @@ class Writer:
 
     def _fenced(self, run_id: str, fn: Callable, *args: Any) -> Any:
         if self._fence is not None and not self._fence(run_id):
-            from flctl.store import ClaimLost
+            from flctl.errors import ClaimLost
 
             raise ClaimLost(f"run {run_id}: another worker holds it now; this write was dropped")
         return fn(*args)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.tasks import Augment, Task
 
 if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it

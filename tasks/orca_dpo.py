@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flctl.config import ConfigError
 from flctl.data import Dataset, Split
+from flctl.errors import ConfigError
 from flctl.tasks import Task
 
 DATASET = "argilla/distilabel-intel-orca-dpo-pairs"

@@ -12,8 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.config import ConfigError
 from flctl.data import Normalize
+from flctl.errors import ConfigError
 from flctl.tasks import get_task
 from tests.fixtures import write_cifar10
 from tests.helpers import files_under

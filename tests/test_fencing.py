@@ -19,7 +19,8 @@ import pytest
 from sqlalchemy import update
 
 from flctl import records
-from flctl.store import ClaimLost, Run, Store, StoreError, now
+from flctl.errors import ClaimLost, StoreError
+from flctl.store import Run, Store, now
 from tests.helpers import config, wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from flctl import migrations
 from flctl.cli import app
-from flctl.store import Base, Meta, Store, StoreError
+from flctl.errors import StoreError
+from flctl.store import Base, Meta, Store
 from tests.helpers import config
 from tests.test_concurrency import pg_database
 

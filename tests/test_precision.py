@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flctl import records
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.losses import model_output
 from flctl.train import train
 from tests.fixtures import write_cifar10

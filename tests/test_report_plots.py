@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.report.data import select_runs
 from flctl.report.plots import PLOTS, figure, plot
 from flctl.store import Store

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.metrics import cvar, ece, split_summary
 from flctl.report.tables import aggregate, build, render
 from flctl.store import RunRecord

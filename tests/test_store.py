@@ -89,7 +89,7 @@ def test_run_record_fields_are_the_runs_table_columns() -> None:
 def test_id_prefixes_are_hex_matched_literally_and_an_ambiguous_one_lists_candidates(tmp_path: Path) -> None:
     import sqlalchemy as sa
 
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
     with store.session() as s:
         for tail in ("1", "2"):

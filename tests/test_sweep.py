@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.sweep import load_spec, parse_axis, plan, spec_from_values
 from tests.helpers import files_under
 

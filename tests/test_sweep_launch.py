@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flctl import records
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.launch import Slot, local_slots
 from flctl.store import Store
 from tests.helpers import wait_until

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.tasks import get_task
 from tests.fixtures import write_utkface
 from tests.helpers import files_under

@@ -10,6 +10,7 @@ from typer.core import TyperGroup
 
 from flctl.cli import info, report, run, runs, sweep
 from flctl.cli.common import print_error, tolerate_narrow_encodings
+from flctl.errors import ConfigError, StoreError
 
 
 def _is(exc: BaseException, name: str) -> bool:
@@ -38,8 +39,7 @@ class _OneLineErrors(TyperGroup):
             if _is(exc, "ClickException"):
                 exc.show()  # type: ignore[attr-defined]
                 sys.exit(exc.exit_code)  # type: ignore[attr-defined]
-            if _is(exc, "StoreError"):     # raised past open (a damaged database): one line too; by name, so
-                # that `flctl --help` does not import the store (SQLAlchemy)
+            if isinstance(exc, (ConfigError, StoreError)):   # bad input, or a database damaged past open: one line
                 print_error(str(exc))
                 sys.exit(2)
             if _is(exc, "Abort"):

@@ -134,7 +134,8 @@ def check_device(device: str, *, here: bool = True) -> str:
 
 
 def open_store(db: str | None, root: Path):
-    from flctl.store import Store, StoreError
+    from flctl.errors import StoreError
+    from flctl.store import Store
 
     try:
         return Store.open(db_url(db, root))
@@ -144,7 +145,8 @@ def open_store(db: str | None, root: Path):
 
 def existing_store(db: str | None, root: Path, *, readonly: bool = True):
     """Open an existing database without creating one; ``readonly`` (listings, reports) writes nothing to it."""
-    from flctl.store import Store, StoreError
+    from flctl.errors import StoreError
+    from flctl.store import Store
 
     url = db_url(db, root)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
@@ -189,7 +191,7 @@ T = TypeVar("T")
 def find(lookup: Callable[[str], T | None], ref: str, what: str) -> T:
     """``lookup(ref)`` (a run or sweep by id, unique id prefix or name), or a one-line error: a malformed or
     ambiguous reference, or none found (``what``: "run" or "sweep", whose listing command is named)."""
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     from flctl.store import shown
 
     try:

@@ -56,7 +56,7 @@ def report(
     results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
 ) -> None:
     """Tables (mean ± std over seeds), figures (PNG + PDF) and per-sample queries over finished runs."""
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     from flctl.report import tables
     from flctl.report.data import select_runs
 
@@ -115,7 +115,7 @@ def report(
 
 def _latest_lr_sweep(store, task: str | None) -> str:
     """The heatmap is of one lr x dual-lr grid: without --sweep, the latest sweep (of --task) that varies lr."""
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
 
     for row in store.list_sweeps():   # newest first
         if task is not None and row["task"] != task:
@@ -149,7 +149,7 @@ def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seed
     import pyarrow.parquet as pq
     from rich.table import Table
 
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     from flctl.report import samples as sq
 
     if query == "violators":

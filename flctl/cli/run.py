@@ -51,7 +51,8 @@ def with_model(options: dict[str, str], model: str | None) -> dict[str, str]:
 
 def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
     """Task defaults + overrides -> validated RunConfig; bad input exits 2 before anything is written."""
-    from flctl.config import ConfigError, resolve
+    from flctl.config import resolve
+    from flctl.errors import ConfigError
     from flctl.tasks import get_task
 
     try:
@@ -101,9 +102,9 @@ def run(
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     store = open_store(url, ensure_writable(root))
 
+    from flctl.errors import ClaimLost
     from flctl.fs import DiskFull
     from flctl.runner import Layout, execute, stop_on_signals
-    from flctl.store import ClaimLost
 
     layout = Layout(root)
     previous = store.get_run(cfg.run_id)

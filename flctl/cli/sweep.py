@@ -118,7 +118,7 @@ def sweep(
     Completed cells are never run again (dedup by config hash); failed, lost (stale heartbeat) and
     interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
     """
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     from flctl.launch import LaunchSettings, check_executor, check_slurm_cluster
     from flctl.study import check_objective, search_space, sync_sweep
     from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
@@ -252,7 +252,7 @@ def _params(params: dict) -> str:
 def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False,
             quiet: bool = False):
     """Launch the sweep's cells and say what happened; ``quiet`` (each --tune trial): only new worker jobs."""
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     from flctl.launch import launch_sweep
 
     try:
@@ -293,7 +293,8 @@ def _print_plan(sid: str, spec, configs) -> None:
 def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
     """The plan's device-hours from the database's finished runs of the same task and device, read-only; a line for
     console.print (the device and task are user text, made safe)."""
-    from flctl.store import Store, StoreError
+    from flctl.errors import StoreError
+    from flctl.store import Store
     from flctl.sweep import estimate_cost
 
     device, task = safe(configs[0].device), safe(configs[0].task)
@@ -321,7 +322,7 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
 def _check_script_path(root: Path) -> None:
     """Slurm: the results folder is written into the batch script submitit generates (its #SBATCH --output and
     --error lines); a newline or other control character in it would start a script line of its own."""
-    from flctl.config import ConfigError
+    from flctl.errors import ConfigError
     from flctl.text import first_control
 
     path = str(root.absolute())

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from flctl import records
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.store import shown
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.metrics import cvar
 from flctl.report.data import final_records
 from flctl.report.plots.common import load_extras

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.report.data import final_records
 from flctl.report.tables import ConfigKey, group_by_config, one_task, row_labels
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flctl.config import FIELDS, NOT_IDENTITY, SWITCHED_FIELDS, ConfigError, with_later_defaults
+from flctl.config import FIELDS, NOT_IDENTITY, SWITCHED_FIELDS, with_later_defaults
+from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report import FORMATS, TABLES

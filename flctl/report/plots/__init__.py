@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.fs import atomic_path
 from flctl.metrics import SPLITS
 from flctl.report import PLOTS

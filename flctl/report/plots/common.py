@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flctl.config import ConfigError, with_later_defaults
+from flctl.config import with_later_defaults
+from flctl.errors import ConfigError
 from flctl.method_info import method_info
 
 if TYPE_CHECKING:
@@ -293,7 +294,7 @@ def load_extras(run: RunRecord, needed: Sequence[str]) -> dict[str, np.ndarray] 
                 return None
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        from flctl.config import ConfigError
+        from flctl.errors import ConfigError
 
         raise ConfigError(f"{path} is not a run's extras file ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); move it aside") from None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.metrics import SPLITS
 from flctl.report.data import final_losses
 from flctl.report.plots.common import (

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_seeds, fmt, group_runs, tick_labels, wrap
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
 from flctl.report.plots.common import _figure, group_runs, legend_below, load_extras, wrap

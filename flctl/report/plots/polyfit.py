@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.report.plots.common import _figure, _figure_legend, _sortable, group_runs, load_extras
 
 if TYPE_CHECKING:

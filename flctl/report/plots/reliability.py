@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flctl.config import ConfigError
+from flctl.errors import ConfigError
 from flctl.metrics import ECE_BINS, calibration_bins, ece
 from flctl.report.data import final_records
 from flctl.report.plots.common import _completed, _figure, _one_task, _with_seeds, group_runs, wrap
