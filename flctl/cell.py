@@ -22,11 +22,10 @@ import torch
 from flctl.config import RunConfig
 from flctl.data import Dataset
 from flctl.fs import atomic_path
+from flctl.layout import RunFolder
 from flctl.methods import Method, NuPI, get_method
 from flctl.pruning import Pruner
 from flctl.tasks import Task
-
-CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass
@@ -108,7 +107,7 @@ class Cell:
 
     @property
     def checkpoint(self) -> Path:
-        return self.run_dir / CHECKPOINT
+        return RunFolder(self.run_dir).checkpoint
 
     @property
     def training(self) -> bool:
@@ -126,10 +125,7 @@ class Cell:
         checkpoint when there is one. Seeds the global RNGs with the run's seed (its model's initialization)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         n_train = len(data.train)
-        eps: float | torch.Tensor = 0.0 if cfg.eps is None else cfg.eps if not isinstance(cfg.eps, tuple) else \
-            torch.tensor(cfg.eps, dtype=torch.float32)
-        if isinstance(eps, torch.Tensor) and len(eps) != n_train:
-            raise ValueError(f"per-sample eps has {len(eps)} entries; task {cfg.task} has {n_train} samples")
+        eps = 0.0 if cfg.eps is None else cfg.eps     # None: a method that reads no ε
 
         seed_everything(cfg.seed)
         assert task.build_model is not None      # tasks without a model are solved by the solver path

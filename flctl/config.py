@@ -28,86 +28,118 @@ PRECISIONS = ("auto", "fp32")
 # How FL and RFL move their multipliers: gd, projected gradient ascent (the paper); nupi, a PI controller per
 # sample (Sohrabi et al. 2024), see flctl.methods.NuPI. Its gains are read only by nupi.
 DUAL_OPTIMIZERS = ("gd", "nupi")
-NUPI_GAINS = {"kp": 0.0, "ki": 1.0, "nu": 0.0}
-PRUNE_PATIENCE = 5
 # How a cell's step runs (flctl.train): eager; captured, replayed as CUDA graphs (the eager step's kernels, so the
 # same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it).
 ENGINES = ("eager", "captured", "compiled")
 SAME_NUMBERS_ENGINES = ("eager", "captured")
-# Fields read only while another is switched on (switch: (off value, {field: default})). With the switch off they
-# are still checked, then reset, so runs that differ only in them are one run (like METHOD_FIELDS a method ignores).
-SWITCHED_FIELDS: dict[str, tuple[Any, dict[str, Any]]] = {
-    "dual_optimizer": ("gd", NUPI_GAINS), "prune_after": (0, {"prune_patience": PRUNE_PATIENCE})}
-# Fields added after the first release, left out of the identity while at their default so that the ids of
-# runs recorded before they existed do not change.
-LATER_FIELDS = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "dual_optimizer": "gd", **NUPI_GAINS,
-                "prune_after": 0, "prune_patience": PRUNE_PATIENCE, "engine": "eager"}
-
-
-def with_later_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored run config (``RunConfig.identity``) with the LATER_FIELDS left out at their default put back: the
-    values the run used. Reports group with it, or a gd run (no dual_optimizer key) would join the nupi runs."""
-    return {**LATER_FIELDS, **config}
-
-
-# Fields a cell may vary and still train together with others (flctl.train.train_together): each cell has its own
-# model, optimizer and multipliers. Everything else (task, options, epochs, batch size, schedule, ...) must agree.
-PER_CELL_FIELDS = frozenset({"seed", "lr", "dual_lr", "eps", "alpha", "method", "weight_decay", "momentum",
-                             "dual_optimizer", *NUPI_GAINS})
 # Where a field's command-line option is listed in `flctl run --help`.
 PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
+# Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
+# SQL integer); far above anything the paper runs.
+MAX_EPOCHS = 1_000_000
+MAX_SEED = 2**31 - 1
+MAX_BATCH = 10**8
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The numbers a field takes (checked by ``validate``): at least ``lo`` (above it with ``lo_open``), at most
+    ``hi`` (below it with ``hi_open``), and finite. ``says`` is the rule as users read it after "must be", where
+    the wording made from the ends is not the one they know."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    says: str = ""
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+    def words(self, value: Any, kind: type) -> str:
+        """The rule ``value`` breaks, as the message says it after "must be"."""
+        if self.says:
+            return self.says
+        if kind is float:    # one rule whichever end is passed: a float must also be finite
+            if self.lo is not None and self.hi is not None:
+                return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+            if self.lo is not None:
+                return f"a finite number {'>' if self.lo_open else '>='} {self.lo:g}"
+            return f"a finite number {'<' if self.hi_open else '<='} {self.hi:g}"
+        if self.hi is not None and (self.lo is None or value > self.lo):      # an integer names the end it passed
+            return f"{'below' if self.hi_open else 'at most'} {self.hi:,}"
+        return f"{'above' if self.lo_open else 'at least'} {self.lo}"
 
 
 def _field(default: Any, help: str, panel: str, *, axis: bool = True, identity: bool = True,
-           flags: tuple[str, ...] = (), choices: Collection[str] = ()) -> Any:
-    """A RunConfig field with what the command line, sweeps and studies need to know about it (``FIELDS``)."""
+           flags: tuple[str, ...] = (), choices: Collection[str] = (), bounds: Bounds | None = None,
+           later: bool = False, per_cell: bool = False, switched_by: str | None = None) -> Any:
+    """A RunConfig field with what the command line, sweeps, studies, validation and training need to know about
+    it (``FIELDS``; the meaning of each keyword is documented on ``FieldSpec``)."""
     return field(default=default, metadata={"help": help, "panel": panel, "axis": axis, "identity": identity,
-                                            "flags": flags, "choices": choices})
+                                            "flags": flags, "choices": choices, "bounds": bounds, "later": later,
+                                            "per_cell": per_cell, "switched_by": switched_by})
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One run. Every field but ``task`` and ``options`` carries its help text and role (see ``FIELDS``): the
-    options of `flctl run` and `flctl sweep`, the sweep axes, the plan's columns and the Optuna parameters are
-    derived from them."""
+    """One run. Every field but ``task`` and ``options`` carries its facts (see ``FieldSpec``): the options of
+    `flctl run` and `flctl sweep`, their checks, the sweep axes, the plan's columns, the Optuna parameters and the
+    run's identity are derived from them."""
 
     task: str
     method: str = _field(None, "Method, see `flctl methods` [run: fl].", "method", flags=("--method", "-m"),
-                         choices=METHOD_INFO)     # the registry itself: a method added later is a choice
-    seed: int = _field(0, "Seed of initialization and batch order.", "optim")
-    epochs: int = _field(1, "Epochs.", "optim")
-    batch_size: int = _field(128, "Samples per optimizer step.", "optim")
+                         choices=METHOD_INFO, per_cell=True)   # the registry itself: a method added later is a choice
+    seed: int = _field(0, "Seed of initialization and batch order.", "optim", per_cell=True,
+                       bounds=Bounds(0, MAX_SEED, says=f"in 0..{MAX_SEED}"))
+    epochs: int = _field(1, "Epochs.", "optim", bounds=Bounds(1, MAX_EPOCHS))
+    batch_size: int = _field(128, "Samples per optimizer step.", "optim", bounds=Bounds(1, MAX_BATCH))
     optimizer: str = _field("adamw", f"Primal optimizer: {' or '.join(OPTIMIZERS)}.", "optim",
                             choices=OPTIMIZERS)
-    lr: float = _field(1e-3, "Primal learning rate.", "optim")
-    momentum: float = _field(0.0, "SGD momentum.", "optim")
-    weight_decay: float = _field(0.0, "Weight decay.", "optim")
+    lr: float = _field(1e-3, "Primal learning rate.", "optim", per_cell=True, bounds=Bounds(0))
+    momentum: float = _field(0.0, "SGD momentum.", "optim", per_cell=True, bounds=Bounds(0))
+    weight_decay: float = _field(0.0, "Weight decay.", "optim", per_cell=True, bounds=Bounds(0))
     scheduler: str = _field("constant", f"Learning-rate schedule: {' or '.join(SCHEDULERS)}.", "optim",
                             choices=SCHEDULERS)
     # > 0: the schedule moves every optimizer step: linear warmup from 0 over this many steps, then constant
     # or cosine to 0 at the last step (transformers' get_cosine_schedule_with_warmup). 0: cosine per epoch.
-    warmup_steps: int = _field(0, "Linear warmup over N steps, then the schedule per step.", "optim")
+    warmup_steps: int = _field(0, "Linear warmup over N steps, then the schedule per step.", "optim", later=True,
+                               bounds=Bounds(0, says=">= 0"))
     # > 0: accumulate gradients over micro-batches of this many samples (same update, less memory).
-    micro_batch: int = _field(0, "Accumulate gradients over micro-batches of N samples (0 = whole batch).", "optim")
+    micro_batch: int = _field(0, "Accumulate gradients over micro-batches of N samples (0 = whole batch).", "optim",
+                              later=True, bounds=Bounds(0, says=">= 0 (0 = the whole batch at once)"))
     # "auto": bf16 autocast for the forward pass on CUDA (losses, multipliers, optimizer state stay float32);
     # "fp32": no autocast. On the CPU both compute the same thing in float32.
     precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where",
-                            choices=PRECISIONS)
+                            choices=PRECISIONS, later=True)
     engine: str = _field("eager", "Step engine: eager, captured (CUDA graphs, CUDA only) or compiled (torch.compile).",
-                         "where", choices=ENGINES)
-    eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim")
-    eps: float | tuple[float, ...] | None = _field(None, "Constraint level ε on each sample's loss.", "method")
-    alpha: float | None = _field(None, "RFL/CSERM relaxation cost α > 0.", "method")
-    dual_lr: float | None = _field(None, "Multiplier step size η_λ.", "method")
+                         "where", choices=ENGINES, later=True)
+    eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim", bounds=Bounds(1))
+    # The method knobs (flctl.method_info.METHOD_FIELDS): None where the run's method does not read them.
+    eps: float | None = _field(None, "Constraint level ε on each sample's loss.", "method", per_cell=True,
+                               bounds=Bounds(0))
+    alpha: float | None = _field(None, "RFL/CSERM relaxation cost α > 0.", "method", per_cell=True,
+                                 bounds=Bounds(0, lo_open=True))
+    dual_lr: float | None = _field(None, "Multiplier step size η_λ.", "method", per_cell=True, bounds=Bounds(0))
     dual_optimizer: str = _field("gd", "Multiplier update of FL/RFL: gd (the paper) or nupi (PI control).",
-                                 "method", choices=DUAL_OPTIMIZERS)
-    kp: float = _field(NUPI_GAINS["kp"], "nupi: proportional gain K_P >= 0.", "method")
-    ki: float = _field(NUPI_GAINS["ki"], "nupi: integral gain K_I >= 0 (1 with K_P = 0: gd).", "method")
-    nu: float = _field(NUPI_GAINS["nu"], "nupi: EMA coefficient ν in [0, 1) of the error in the P term.", "method")
+                                 "method", choices=DUAL_OPTIMIZERS, later=True, per_cell=True)
+    # K_P = 0, K_I = 1, ν = 0 is gradient ascent (flctl.methods.NuPI), so gd runs hold these.
+    kp: float = _field(0.0, "nupi: proportional gain K_P >= 0.", "method", later=True, per_cell=True,
+                       switched_by="dual_optimizer", bounds=Bounds(0))
+    ki: float = _field(1.0, "nupi: integral gain K_I >= 0 (1 with K_P = 0: gd).", "method", later=True,
+                       per_cell=True, switched_by="dual_optimizer", bounds=Bounds(0))
+    nu: float = _field(0.0, "nupi: EMA coefficient ν in [0, 1) of the error in the P term.", "method", later=True,
+                       per_cell=True, switched_by="dual_optimizer", bounds=Bounds(0, 1, hi_open=True))
     # > 0: from this epoch on, samples satisfied at their last prune_patience visits leave the epoch order
     # (flctl.pruning); eval epochs still record every sample.
-    prune_after: int = _field(0, "Prune satisfied samples after E epochs (0: never).", "optim")
-    prune_patience: int = _field(PRUNE_PATIENCE, "Pruning: satisfied at this many visits in a row.", "optim")
+    prune_after: int = _field(0, "Prune satisfied samples after E epochs (0: never).", "optim", later=True,
+                              bounds=Bounds(0, MAX_EPOCHS, says=f"a number of epochs in 0..{MAX_EPOCHS:,} (0: never)"))
+    prune_patience: int = _field(5, "Pruning: satisfied at this many visits in a row.", "optim", later=True,
+                                 switched_by="prune_after", bounds=Bounds(1))
     options: tuple[tuple[str, Any], ...] = ()   # task-specific options, sorted (key, value) pairs
     # Where a run executes, not what it computes: not part of its identity, not an axis.
     device: str = _field("cpu", "cpu, cuda, cuda:N or auto.", "where", axis=False, identity=False)
@@ -119,33 +151,30 @@ class RunConfig:
         return dict(self.options)
 
     def identity(self) -> dict[str, Any]:
-        """The fields that define what the run computes, as plain JSON-able values."""
-        d = dataclasses.asdict(self)
-        for k in NOT_IDENTITY:
-            d.pop(k)
-        for k, default in LATER_FIELDS.items():
-            if d[k] == default:
-                d.pop(k)
+        """The fields that define what the run computes, as plain JSON-able values: what ``config_hash`` hashes.
+        A ``later`` field at its default is left out, so ids recorded before it existed stay valid."""
+        d = self.to_dict()
+        for name, f in FIELDS.items():
+            if not f.identity or (f.later and d[name] == f.default):
+                d.pop(name)
         if d.get("engine") in SAME_NUMBERS_ENGINES:   # how a step runs, not what it computes
             d.pop("engine")
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, ``options`` as a dict: what the run database stores (``from_json`` reads it back)."""
+        d = dataclasses.asdict(self)
         d["options"] = dict(self.options)
-        if isinstance(self.eps, tuple):
-            d["eps"] = list(self.eps)
         return d
 
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        d["options"] = dict(self.options)
-        if isinstance(self.eps, tuple):
-            d["eps"] = list(self.eps)
-        return json.dumps(d, sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any]) -> RunConfig:
+        """The config of a stored one (``to_dict``, or its JSON text)."""
         d = dict(json.loads(text) if isinstance(text, str) else text)
         d["options"] = tuple(sorted(d.get("options", {}).items()))
-        if isinstance(d.get("eps"), list):
-            d["eps"] = tuple(d["eps"])
         return cls(**d)
 
     @functools.cached_property   # the loop asks for run_id every epoch; a frozen config hashes once
@@ -160,36 +189,77 @@ class RunConfig:
 
     def together_key(self) -> str:
         """Cells with equal keys may train together as one stacked model (when their task is ``batched``)."""
-        shared = {k: v for k, v in self.identity().items() if k not in PER_CELL_FIELDS}
+        shared = {k: v for k, v in self.identity().items() if k not in FIELDS or not FIELDS[k].per_cell}
         # A pruned epoch order is the run's own (its batches are not the others' in length): it trains alone.
         alone = self.run_id if self.prune_after > 0 else None
         return json.dumps([shared, self.device, self.data_dir, alone, self.engine], sort_keys=True, default=str)
 
 
-
 @dataclass(frozen=True)
 class FieldSpec:
-    """A RunConfig field as the command line, sweeps and studies see it."""
+    """A RunConfig field with its facts, declared once by ``_field`` in RunConfig."""
 
     name: str
     kind: type                # float, int or str: how a value or a sweep axis of it is parsed
+    default: Any
     help: str
     panel: str                # key of PANELS
     axis: bool                # a sweep may vary it
     identity: bool            # part of the run's id
     flags: tuple[str, ...]    # its command-line option names
     choices: Collection[str]  # the values a text field takes (checked by validate, offered by shell completion)
+    bounds: Bounds | None     # the numbers it takes (checked by validate)
+    # Added after the first release: left out of the identity while at its default, so that older ids stay valid.
+    later: bool
+    # Cells that differ in it may still train together (flctl.train.train_together): each cell has its own model,
+    # optimizer and multipliers. Cells must agree on every other field.
+    per_cell: bool
+    # Read only while that field is off its default (kp while dual_optimizer is not gd). While it is at its default,
+    # resolve checks this field's value, then sets it back to its own default, so that runs differing only in it are
+    # one run (like a method knob its method ignores).
+    switched_by: str | None
+    # A method knob (one of flctl.method_info.METHOD_FIELDS, which every MethodInfo.reads is checked against): read
+    # only by the methods whose reads name it, None in the others' runs.
+    method_knob: bool
 
     @property
     def flag(self) -> str:
         return self.flags[0]
 
+    def type_problem(self, value: Any) -> str | None:
+        """What is wrong with the type of ``value`` (None: nothing); None values are not checked."""
+        if value is None:
+            return None
+        ok = (isinstance(value, int) and not isinstance(value, bool)) if self.kind is int else \
+            (isinstance(value, (int, float)) and not isinstance(value, bool)) if self.kind is float else \
+            isinstance(value, str)
+        if ok:
+            return None
+        return (f"{self.flag} must be {'an integer' if self.kind is int else 'a number' if self.kind is float else 'text'}"
+                f", got {value!r}")
+
+    def bound_problem(self, value: Any) -> str | None:
+        """What is wrong with the size of a number of the right type (None: nothing, or not a number)."""
+        if self.bounds is None or value is None or self.bounds.holds(value):
+            return None
+        return f"{self.flag} must be {self.bounds.words(value, self.kind)}, got {value}"
+
+    def choice_problem(self, value: Any) -> str | None:
+        if not self.choices or value in self.choices:
+            return None
+        return f"unknown {self.name.replace('_', ' ')} {value!r}; choose one of: {', '.join(self.choices)}"
+
+    def problem(self, value: Any) -> str | None:
+        """The first thing wrong with ``value`` for this field (type, then bounds, then choices), or None."""
+        return self.type_problem(value) or self.bound_problem(value) or self.choice_problem(value)
+
 
 def _spec(f: dataclasses.Field) -> FieldSpec:
     kind = {"float": float, "int": int, "str": str}[str(f.type).split("|")[0].strip()]
     m = f.metadata
-    return FieldSpec(f.name, kind, m["help"], m["panel"], m["axis"], m["identity"],
-                     m["flags"] or ("--" + f.name.replace("_", "-"),), m["choices"])
+    return FieldSpec(f.name, kind, f.default, m["help"], m["panel"], m["axis"], m["identity"],
+                     m["flags"] or ("--" + f.name.replace("_", "-"),), m["choices"], m["bounds"], m["later"],
+                     m["per_cell"], m["switched_by"], f.name in METHOD_FIELDS)
 
 
 # Every field but task and options (the command's argument and its -o KEY=VALUE pairs), in declaration order.
@@ -245,32 +315,20 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
 
     values: dict[str, Any] = {**task.defaults_for(method), **overrides}
     used = METHOD_INFO[method].reads
-    # A value given for a field this method ignores is dropped below, but still has to make sense: `-m erm
-    # --eps -5` is a mistake, not a no-op.
-    ignored = {k: overrides[k] for k in METHOD_FIELDS if k not in used and k in overrides}
-    if ignored:
-        knobs: dict[str, Any] = {"eps": 0.0, "alpha": 1.0, "dual_lr": 0.0}
-        knobs.update({k: tuple(v) if isinstance(v, list) else v for k, v in ignored.items()})
-        validate(RunConfig(task=task_name, method="rfl", **knobs))   # rfl reads all three
-    for k in METHOD_FIELDS:
-        if k not in used:
-            values[k] = None
-    for switch, (off, dependent) in SWITCHED_FIELDS.items():
-        if values.get(switch, off) == off:     # read only when switched on: checked, then back to their defaults
-            validate(RunConfig(task=task_name, method="erm", **{k: values[k] for k in dependent if k in values}))
-            values.update(dependent)
-    if isinstance(values.get("eps"), (list, tuple)):
-        values["eps"] = tuple(float(e) for e in values["eps"])
+    for name, f in FIELDS.items():
+        # Read only by some methods, or only while a switch is on: dropped (None, or back to the default) where not
+        # read, so that runs differing only in them are one run; a value given for it still has to make sense:
+        # `-m erm --eps -5` is a mistake, not a no-op.
+        switched_off = f.switched_by is not None and \
+            values.get(f.switched_by, FIELDS[f.switched_by].default) == FIELDS[f.switched_by].default
+        if (f.method_knob and name not in used) or switched_off:
+            checked = overrides if f.method_knob else values
+            if name in checked and (problem := f.problem(checked[name])) is not None:
+                raise ConfigError(problem)
+            values[name] = None if f.method_knob else f.default
     cfg = RunConfig(task=task_name, method=method, options=tuple(sorted(opts.items())), **values)
     validate(cfg)
     return cfg
-
-
-# Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
-# SQL integer); far above anything the paper runs.
-MAX_EPOCHS = 1_000_000
-MAX_SEED = 2**31 - 1
-MAX_BATCH = 10**8
 
 
 # Where a run may train: torch's CPU, its CUDA devices, or "auto" (resolved to one of them before a run is recorded,
@@ -292,67 +350,35 @@ def validate(cfg: RunConfig) -> None:
     if (problem := device_problem(cfg.device)) is not None:   # a spec's `device = "tpu"`, before any worker starts
         bad(problem)
 
-    # Types first, from each field's declared kind: an integer field holds an integer, not 2.5, "3" or True.
+    # Types first, from each field's declared kind: an integer field holds an integer, not 2.5, "3" or True; then
+    # each number against its bounds, then each text against its choices.
+    for f in FIELDS.values():
+        if (problem := f.type_problem(getattr(cfg, f.name))) is not None:
+            bad(problem)
+    used = METHOD_INFO[cfg.method].reads if cfg.method in METHOD_INFO else frozenset()   # else: a choice problem
+    if "eps" in used and cfg.eps is None:
+        bad(f"method {cfg.method!r} needs a constraint level: pass {FIELDS['eps'].flag} (or --p-min)")
     for f in FIELDS.values():
         v = getattr(cfg, f.name)
-        if v is None or (f.name == "eps" and isinstance(v, tuple)):
+        if f.method_knob and f.name not in used:    # not read: resolve stored it as None
             continue
-        ok = (isinstance(v, int) and not isinstance(v, bool)) if f.kind is int else \
-            (isinstance(v, (int, float)) and not isinstance(v, bool)) if f.kind is float else isinstance(v, str)
-        if not ok:
-            bad(f"{f.flag} must be {'an integer' if f.kind is int else 'a number' if f.kind is float else 'text'}, "
-                f"got {v!r}")
-    if not 0 <= cfg.seed <= MAX_SEED:
-        bad(f"--seed must be in 0..{MAX_SEED}, got {cfg.seed}")
-    if cfg.epochs > MAX_EPOCHS:
-        bad(f"--epochs must be at most {MAX_EPOCHS:,}, got {cfg.epochs}")
-    if cfg.batch_size > MAX_BATCH:
-        bad(f"--batch-size must be at most {MAX_BATCH:,}, got {cfg.batch_size}")
-    if cfg.epochs < 1:
-        bad(f"--epochs must be at least 1, got {cfg.epochs}")
-    if cfg.batch_size < 1:
-        bad(f"--batch-size must be at least 1, got {cfg.batch_size}")
-    if cfg.warmup_steps < 0:
-        bad(f"--warmup-steps must be >= 0, got {cfg.warmup_steps}")
-    if cfg.micro_batch < 0:
-        bad(f"--micro-batch must be >= 0 (0 = the whole batch at once), got {cfg.micro_batch}")
-    if cfg.eval_every < 1:
-        bad(f"--eval-every must be at least 1, got {cfg.eval_every}")
-    for name in ("lr", "weight_decay", "momentum"):
-        v = getattr(cfg, name)
-        if not math.isfinite(v) or v < 0:
-            bad(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
+        if v is None and f.method_knob and f.bounds is not None:   # read but not given
+            bad(f"{f.flag} must be {f.bounds.words(v, f.kind)}, got {v}")
+        if (problem := f.bound_problem(v)) is not None:
+            bad(problem)
     for f in FIELDS.values():
-        if f.choices and getattr(cfg, f.name) not in f.choices:
-            bad(f"unknown {f.name.replace('_', ' ')} {getattr(cfg, f.name)!r}; choose one of: {', '.join(f.choices)}")
+        if (problem := f.choice_problem(getattr(cfg, f.name))) is not None:
+            bad(problem)
+    engine, device, prune_after = FIELDS["engine"].flag, FIELDS["device"].flag, FIELDS["prune_after"].flag
     if cfg.engine == "captured" and not cfg.device.startswith("cuda"):
-        bad(f"--engine captured replays CUDA graphs; it needs --device cuda, not {cfg.device!r}")
+        bad(f"{engine} captured replays CUDA graphs; it needs {device} cuda, not {cfg.device!r}")
     if cfg.engine == "captured" and cfg.prune_after > 0:
-        bad("--engine captured needs the same batches every epoch; pruning changes them (use --engine eager)")
-    used = METHOD_INFO[cfg.method].reads
-    if "eps" in used:
-        if cfg.eps is None:
-            bad(f"method {cfg.method!r} needs a constraint level: pass --eps (or --p-min)")
-        eps = cfg.eps if isinstance(cfg.eps, tuple) else (cfg.eps,)
-        if any(not math.isfinite(e) or e < 0 for e in eps):
-            bad(f"--eps must be a finite number >= 0, got {cfg.eps}")
-    if "alpha" in used and (cfg.alpha is None or not math.isfinite(cfg.alpha) or cfg.alpha <= 0):
-        bad(f"--alpha must be a finite number > 0, got {cfg.alpha}")
-    if "dual_lr" in used and (cfg.dual_lr is None or not math.isfinite(cfg.dual_lr) or cfg.dual_lr < 0):
-        bad(f"--dual-lr must be a finite number >= 0, got {cfg.dual_lr}")
-    for name in ("kp", "ki"):
-        if not math.isfinite(getattr(cfg, name)) or getattr(cfg, name) < 0:
-            bad(f"--{name} must be a finite number >= 0, got {getattr(cfg, name)}")
-    if not 0 <= cfg.nu < 1:
-        bad(f"--nu must be in [0, 1), got {cfg.nu}")
-    if not 0 <= cfg.prune_after <= MAX_EPOCHS:
-        bad(f"--prune-after must be a number of epochs in 0..{MAX_EPOCHS:,} (0: never), got {cfg.prune_after}")
-    if cfg.prune_patience < 1:
-        bad(f"--prune-patience must be at least 1, got {cfg.prune_patience}")
+        bad(f"{engine} captured needs the same batches every epoch; pruning changes them (use {engine} eager)")
     if cfg.prune_after > 0 and "eps" not in used:
-        bad(f"--prune-after prunes samples satisfied at ε; {cfg.method} has no ε (use fl, rfl or cserm)")
-    if cfg.dual_optimizer != "gd" and not METHOD_INFO[cfg.method].has_multipliers:
-        bad(f"--dual-optimizer {cfg.dual_optimizer} moves multipliers; {cfg.method} has none (use fl or rfl)")
+        bad(f"{prune_after} prunes samples satisfied at ε; {cfg.method} has no ε (use fl, rfl or cserm)")
+    if cfg.dual_optimizer != FIELDS["dual_optimizer"].default and not METHOD_INFO[cfg.method].has_multipliers:
+        bad(f"{FIELDS['dual_optimizer'].flag} {cfg.dual_optimizer} moves multipliers; {cfg.method} has none "
+            "(use fl or rfl)")
 
 
 def _coerce_like(default: Any, value: Any, key: str) -> Any:

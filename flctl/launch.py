@@ -31,8 +31,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +41,21 @@ import submitit
 from flctl.config import RunConfig
 from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
+from flctl.knobs import (
+    AUTO_BATCH_RUNS,
+    DEFAULT_CHECKPOINT_EVERY_S,
+    DEFAULT_MAX_ATTEMPTS,
+    SLURM_DEFAULT_WORKERS,
+    check_checkpoint_every,
+    check_count,
+)
+from flctl.layout import Layout
 from flctl.procs import Process, children, process, recorded, send, still
-from flctl.runner import Layout, git_revision, stop_on_signals, train_claimed
-from flctl.status import TO_DO
+from flctl.runner import git_revision, stop_on_signals, train_claimed
+from flctl.status import TRAINABLE
 from flctl.store import STALE_AFTER_S, Store, shown
 
 EXECUTORS = ("debug", "local", "slurm")
-DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_CHECKPOINT_EVERY_S = 60.0
-SLURM_DEFAULT_WORKERS = 64
-# Most cells one worker trains together by default (see batch_runs_for and benchmarks/bench_sweep.py).
-AUTO_BATCH_RUNS = 8
 # A --tune sweep adds its next trial's cell a moment after the last one finished: its workers wait this long for
 # one before they exit, so that one worker serves trial after trial instead of a new process (torch start-up,
 # seconds) per trial.
@@ -136,8 +140,7 @@ def local_slots(cells: int, *, device: str, workers: int | None = None, threads:
     threads = cores // W (at least 1). On CUDA: W = GPUs x per_gpu, worker i on GPU i // per_gpu. Never more
     workers than cells (threads are then shared among the workers that run)."""
     for name, value in (("--workers", workers), ("--threads", threads), ("--per-gpu", per_gpu)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be at least 1, got {value}")
+        check_count(name, value)
     cores = cores or cpu_count()
     if device.startswith("cuda"):
         if gpus is None:
@@ -304,19 +307,11 @@ def _warn(message: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
-def jobs_dir(results_root: Path, sweep_id: str) -> Path:
-    return Path(results_root) / "jobs" / sweep_id
-
-
-def workers_dir(results_root: Path, sweep_id: str) -> Path:
-    return jobs_dir(results_root, sweep_id) / "workers"
-
-
 def private_folder(results_root: Path, folder: Path) -> Path:
     """``folder`` (results/jobs or a folder under it) and every folder from results/jobs down to it, made private
     to this user: created with mode 0700, or set to it when ours. Their files are read back and submitit's pickled
     jobs there are run, so a folder another user owns, or a link, is refused (ConfigError)."""
-    jobs = Path(results_root) / "jobs"
+    jobs = Layout(results_root).jobs
     path = jobs
     for part in ("", *Path(folder).relative_to(jobs).parts):
         path = path / part if part else path
@@ -406,9 +401,10 @@ def _bad_worker(info: Any, here: str) -> str | None:
 
 @contextlib.contextmanager
 def _registered(results_root: Path, sweep_id: str, job_id: str | None, executor: str):
-    folder = private_folder(results_root, workers_dir(results_root, sweep_id))
+    layout = Layout(results_root)
+    private_folder(results_root, layout.workers(sweep_id))
     me = process(os.getpid())
-    path = folder / f"{socket.gethostname()}-{os.getpid()}.json"
+    path = layout.worker_file(sweep_id, socket.gethostname(), os.getpid())
     write_text_atomic(path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id,
                                         "executor": executor, **(me.identity() if me else {})}))
     try:
@@ -423,10 +419,11 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
     one flctl started. Files of workers that are gone (kill -9, scancel, a pid now another process's) are removed
     here; malformed ones, or ones naming a process flctl did not start, are reported and skipped."""
     found, active_arrays, here = [], None, socket.gethostname()
-    folder = jobs_dir(results_root, sweep_id)
-    if not all(_own_folder(f) for f in (folder.parent, folder, folder / "workers")):
+    layout = Layout(results_root)
+    folder, workers = layout.sweep_jobs(sweep_id), layout.workers(sweep_id)
+    if not all(_own_folder(f) for f in (layout.jobs, folder, workers)):
         return []
-    for path in sorted((folder / "workers").glob("*.json")):
+    for path in sorted(workers.glob("*.json")):
         info = _read_own_json(path)
         if info is None:
             continue
@@ -457,7 +454,7 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
 def live_controllers(results_root: Path, sweep_id: str) -> list[Process]:
     """The local job controllers flctl started for the sweep on this host that still run: from submitted.json,
     written before `flctl sweep` returns, so they are known before their workers register."""
-    folder, here = jobs_dir(results_root, sweep_id), socket.gethostname()
+    folder, here = Layout(results_root).sweep_jobs(sweep_id), socket.gethostname()
     found = []
     for job in submitted_jobs(results_root, sweep_id):
         if job["executor"] == "local" and job["host"] == here:
@@ -546,7 +543,8 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
     check_executor(executor)
     if not slots:
         return []
-    folder = private_folder(results_root, jobs_dir(results_root, sweep_id))
+    layout = Layout(results_root)
+    folder = private_folder(results_root, layout.sweep_jobs(sweep_id))
     ex = submitit.AutoExecutor(folder=str(folder), cluster=executor)
     params: dict[str, Any] = {"name": f"flctl-{sweep_id}", "timeout_min": 7 * 24 * 60}
     if executor == "slurm":
@@ -561,22 +559,23 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
                     stale_after=stale_after, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
                     linger_s=linger_s)
     if executor == "local":
-        with _stdio_to(folder / "controllers.log"):
+        with _stdio_to(layout.controllers_log(sweep_id)):
             jobs = ex.map_array(worker, list(slots))
     else:
         jobs = ex.map_array(worker, list(slots))
     if executor != "debug":
-        _remember_jobs(folder, executor, jobs)
+        _remember_jobs(layout.submitted(sweep_id), executor, jobs)
     if executor == "debug":  # submitit's debug jobs run in this process when their result is asked for
         for job in jobs:
             job.result()
     return jobs
 
 
-def _remember_jobs(folder: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
-    """Add the jobs to the sweep's submitted.json before `flctl sweep` returns, so that `flctl cancel` finds them
-    at once. A local job's id is its controller's pid; what the OS says of that process is recorded with it."""
-    known = _read_jobs(folder / "submitted.json")
+def _remember_jobs(path: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
+    """Add the jobs to the sweep's submitted.json (``path``) before `flctl sweep` returns, so that `flctl cancel`
+    finds them at once. A local job's id is its controller's pid; what the OS says of that process is recorded with
+    it."""
+    known = _read_jobs(path)
     for job in jobs:
         entry: dict[str, Any] = {"executor": executor, "job_id": job.job_id, "host": socket.gethostname()}
         if executor == "local":
@@ -585,7 +584,7 @@ def _remember_jobs(folder: Path, executor: str, jobs: Sequence[submitit.Job]) ->
                 continue
             entry.update(controller.identity())
         known.append(entry)
-    write_text_atomic(folder / "submitted.json", json.dumps(known))
+    write_text_atomic(path, json.dumps(known))
 
 
 def _bad_job(entry: Any) -> str | None:
@@ -628,14 +627,13 @@ def _read_jobs(path: Path) -> list[dict[str, Any]]:
 
 def submitted_jobs(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
     """The jobs launched for the sweep (executor, job id, host; a local one's controller process), checked."""
-    return _read_jobs(jobs_dir(results_root, sweep_id) / "submitted.json")
+    return _read_jobs(Layout(results_root).submitted(sweep_id))
 
 
 def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
     """Slurm: W workers (default min(cells, 64)); with ``per_gpu`` K they run K to a job."""
     for name, value in (("--workers", workers), ("--per-gpu", per_gpu)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be at least 1, got {value}")
+        check_count(name, value)
     w = min(workers or SLURM_DEFAULT_WORKERS, max(cells, 1))
     return [Slot(i) for i in range(math.ceil(w / per_gpu) * per_gpu)]
 
@@ -684,7 +682,7 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *, timeout: float = 
             time.sleep(0.5)
     host = socket.gethostname()
     for pid in stopped:   # a killed worker cannot unregister itself
-        (workers_dir(results_root, sweep_id) / f"{host}-{pid}.json").unlink(missing_ok=True)
+        Layout(results_root).worker_file(sweep_id, host, pid).unlink(missing_ok=True)
     handed_back = store.hand_back(sweep_id, "cancelled; resumes from its checkpoint",
                                   pids=set(stopped), job_prefixes=set(slurm_ids))
     return {"sweep": sweep_id, "killed": killed, "handed_back": handed_back,
@@ -703,7 +701,7 @@ def _local_workers(results_root: Path, sweep_id: str,
             p = recorded(w["pid"], w["start_time"], w["cmdline"])
             if p is not None:
                 found[p.pid] = (p, w["job_id"])
-    folder = jobs_dir(results_root, sweep_id)
+    folder = Layout(results_root).sweep_jobs(sweep_id)
     for parent, p in children({c.pid for c in controllers if still(c)}):
         if p.uid == os.geteuid() and _launched_here(p.cmdline, folder):
             found.setdefault(p.pid, (p, str(parent)))     # a local job's id is its controller's pid
@@ -753,14 +751,9 @@ class LaunchSettings:
         extra = {str(k): str(v) for k, v in sbatch.items()}
         slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
         settings = cls(**merged, slurm=slurm)
-        # A spec's TOML may give `workers = true`: a bool is an int to Python, not a count to a user.
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
-            value = getattr(settings, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
-        every = settings.checkpoint_every
-        if isinstance(every, bool) or not (isinstance(every, (int, float)) and every >= 0):
-            raise ConfigError(f"--checkpoint-every must be a number of seconds >= 0, got {settings.checkpoint_every!r}")
+            check_count(f"--{name.replace('_', '-')}", getattr(settings, name))
+        check_checkpoint_every(settings.checkpoint_every)
         # Slurm's own options, checked here rather than by sbatch after the cells were recorded
         for name, kind, least in (("gpus", int, 0), ("cpus", int, 1), ("time_min", int, 1),
                                   ("array_parallelism", int, 1), ("mem_gb", float, 0)):
@@ -819,12 +812,12 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it.
 
     ConfigError, before anything is written, when results/jobs cannot be made private (another user's folder)."""
-    private_folder(root, jobs_dir(root, sid))
+    private_folder(root, Layout(root).sweep_jobs(sid))
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
     requeued, gave_up = store.reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
     cells = {r["id"]: r for r in store.sweep_runs(sid)}
-    todo = [i for i in ids if cells[i]["status"] in (*TO_DO, "failed")
+    todo = [i for i in ids if cells[i]["status"] in TRAINABLE
             and cells[i]["attempts"] < settings.max_attempts]
     registered = live_workers(root, sid)
     # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
@@ -860,3 +853,64 @@ class _Here:
         """Work until no cell is left; False when a signal stopped it first."""
         self.worker(self.slot)
         return not self.worker.stopped
+
+
+# ---- `flctl sweep`: the plan, every check passed before anything is written ----
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep ready to launch (plan_sweep): nothing of it is written yet."""
+
+    spec: Any                     # flctl.sweep.SweepSpec, its device resolved; a grid's names its study's objective
+    configs: list[RunConfig]
+    sweep_id: str                 # the grid's id; a --tune sweep's is flctl.sweep.tune_id of its spec
+    settings: LaunchSettings
+    objective: str
+    tune: int | None              # trials of a TPE search; None: the grid
+
+
+def plan_sweep(spec: Any, flags: Mapping[str, Any], *, results_root: Path, check_device: Callable[..., str],
+               dry_run: bool = False, allow_large: bool = False, objective: str | None = None, direction: str = "min",
+               tune: int | None = None, parallel: int = 1) -> SweepPlan:
+    """`flctl sweep`'s plan of ``spec`` (a flctl.sweep.SweepSpec) with the launch ``flags`` over its [launch] table,
+    checked in the order a user meets the errors: launch settings, device (``check_device(device, here=...)`` gives
+    the device the runs train on, or stops the command), grid (with its data unless ``dry_run``; over MAX_CELLS
+    only with ``allow_large``), objective and search space, Slurm script path, and unless ``dry_run`` that the
+    executor and the workers' devices are there. The objective and trial count fall back to the spec's.
+    ConfigError (TypeError from a malformed [launch] table) before anything is written."""
+    from flctl.study import DEFAULT_OBJECTIVE, check_objective, search_space
+    from flctl.sweep import plan, sweep_id
+
+    settings = LaunchSettings.resolve(spec.launch, flags)
+    # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
+    spec = replace(spec, device=check_device(spec.device, here=settings.executor != "slurm"))
+    configs = plan(spec, check_data=not dry_run, allow_large=allow_large)
+    sid = sweep_id(spec, configs)
+    objective = objective or spec.objective or DEFAULT_OBJECTIVE
+    tune = tune if tune is not None else spec.tune
+    check_objective(objective, direction)
+    if tune is None:   # the workers mirror finished cells into the sweep's Optuna study with this objective
+        spec = replace(spec, objective=objective)
+    if tune is not None and (tune < 1 or parallel < 1):
+        raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
+    if tune is not None:
+        search_space(spec)     # a search needs a range or a list to search
+    if settings.executor == "slurm":
+        check_script_path(results_root)
+    if not dry_run:
+        check_executor(settings.executor)
+        if settings.executor == "slurm":       # before the sweep is recorded: sbatch would fail after
+            check_slurm_cluster()
+        settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
+    return SweepPlan(spec, configs, sid, settings, objective, tune)
+
+
+def check_script_path(results_root: Path) -> None:
+    """Slurm: the results folder is written into the batch script submitit generates (its #SBATCH --output and
+    --error lines); a newline or other control character in it would start a script line of its own (ConfigError)."""
+    from flctl.text import first_control
+
+    path = str(Path(results_root).absolute())
+    if first_control(path) is not None:
+        raise ConfigError(f"--results-dir {path!r}: the Slurm batch script would hold this path, which has a "
+                          "control character (newline, ESC, ...); use another folder")

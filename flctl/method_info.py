@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The RunConfig fields a method may read besides the shared ones; a field a method does not read is stored as
-# None, so that e.g. ERM runs that differ only in eps are the same run (same hash) and a sweep does not multiply
-# them by that axis.
+# The RunConfig fields a method may read besides the shared ones (the method knobs); a field a method does not read
+# is stored as None, so that e.g. ERM runs that differ only in eps are the same run (same hash) and a sweep does not
+# multiply them by that axis. Declared here, not on the fields, because every MethodInfo is checked against it and
+# flctl.config imports this module; config marks the fields from it (FieldSpec.method_knob).
 METHOD_FIELDS = ("eps", "alpha", "dual_lr")
 
 

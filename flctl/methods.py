@@ -33,7 +33,7 @@ def _scalar(value: float | None, device: torch.device | str) -> Tensor:
 
 
 class Method:
-    """Base class. ``eps`` is a float or a tensor with one level per training sample (indexed by id).
+    """Base class. ``eps`` is the constraint level ε of every sample.
 
     Every hyper-parameter and every piece of state is a tensor on the device, changed only in place, so the step
     is graph-safe (flctl.step): no Python number of it enters the step's arithmetic.
@@ -48,23 +48,19 @@ class Method:
     def __init__(
         self,
         n_samples: int,
-        eps: float | Tensor = 0.0,
+        eps: float = 0.0,
         alpha: float | None = None,
         dual_lr: float | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
         self.n_samples = n_samples
-        self.eps: Tensor = eps.to(device) if isinstance(eps, Tensor) else _scalar(eps, device)
+        self.eps: Tensor = _scalar(eps, device)
         # NaN where not given: config validation gives every method the knobs it reads, and a method that reads
         # one it was not given turns its objective into NaN, which the loop stops on, rather than running on.
         self.alpha: Tensor = _scalar(alpha, device)
         self.dual_lr: Tensor = _scalar(dual_lr, device)
         # One multiplier per training sample, lambda_0 = 0; None for methods without a dual.
         self.multipliers: Tensor | None = None
-
-    def eps_of(self, ids: Tensor) -> Tensor:
-        """The constraint level of each sample in the batch: a 0-dim tensor, or eps[ids] when per-sample."""
-        return self.eps.index_select(0, ids) if self.eps.dim() else self.eps
 
     def dual_step_(self, losses: Tensor, ids: Tensor) -> None:
         """Update the multipliers of the batch in place. No-op for primal-only methods.
@@ -78,7 +74,7 @@ class Method:
 
     def satisfied(self, losses: Tensor, ids: Tensor) -> Tensor:
         """Whether each sample of the batch was satisfied at this step (flctl.pruning): its loss at most ε."""
-        return losses.detach() <= self.eps_of(ids)
+        return losses.detach() <= self.eps
 
     def state_dict(self) -> dict:
         return {"multipliers": None if self.multipliers is None else self.multipliers.clone()}
@@ -129,7 +125,7 @@ class CSERM(Method):
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         # relu == clamp(min=0) (same values; gradient differs only at excess == 0, where d/dx x^2 = 0),
         # and x*x == square(); both give fewer backward kernels. Bitwise identical loss and gradients.
-        excess = torch.relu(losses - self.eps_of(ids))
+        excess = torch.relu(losses - self.eps)
         return 0.5 * self.alpha * (excess * excess).mean()
 
 
@@ -182,7 +178,7 @@ class _PrimalDual(Method):
     reduction = "sum"
     multipliers: Tensor
 
-    def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
+    def __init__(self, n_samples: int, eps: float = 0.0, alpha: float | None = None,
                  dual_lr: float | None = None, device: torch.device | str = "cpu", nupi: NuPI | None = None) -> None:
         super().__init__(n_samples, eps, alpha, dual_lr, device)
         self.multipliers = torch.zeros(n_samples, device=device)
@@ -204,7 +200,7 @@ class _PrimalDual(Method):
         # No @torch.no_grad(): losses is detached and the multipliers never require grad, so nothing
         # here is recorded anyway. index_select/index_copy_ skip Python's advanced-indexing parser.
         lam = self.multipliers.index_select(0, ids)                   # [B]
-        violation = losses.detach() - self.eps_of(ids)                # [B]  g_i - eps_i
+        violation = losses.detach() - self.eps                        # [B]  g_i - eps
         pi = None if self.nupi is None else self.nupi.correction(self._dual_gradient(lam, violation), ids)
         lam = self._ascent(lam, violation)
         if pi is not None:
@@ -265,7 +261,7 @@ class RFL(_PrimalDual):
 
     name = "rfl"
 
-    def __init__(self, n_samples: int, eps: float | Tensor = 0.0, alpha: float | None = None,
+    def __init__(self, n_samples: int, eps: float = 0.0, alpha: float | None = None,
                  dual_lr: float | None = None, device: torch.device | str = "cpu", nupi: NuPI | None = None) -> None:
         super().__init__(n_samples, eps, alpha, dual_lr, device, nupi)
         # 1 - eta/alpha computed in double and rounded once, as the Python expression it replaces

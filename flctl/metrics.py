@@ -50,7 +50,7 @@ def split_summary(
     losses: np.ndarray,
     *,
     correct: np.ndarray | None = None,
-    eps: float | np.ndarray | None = None,
+    eps: float | None = None,
     multipliers: np.ndarray | None = None,
     pruned: np.ndarray | None = None,
     confidence: np.ndarray | None = None,

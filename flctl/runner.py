@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,36 +15,16 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from flctl import records
 from flctl.config import RunConfig
 from flctl.errors import ClaimLost
 from flctl.fs import DiskFull
-from flctl.status import TO_DO
+from flctl.layout import Layout
+from flctl.status import TRAINABLE
 from flctl.store import HEARTBEAT_S, STALE_AFTER_S, Store
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a results root keeps things: records/ (Parquet dataset) and runs/<id>/ (checkpoint, model)."""
-
-    root: Path
-
-    @property
-    def records(self) -> Path:
-        return self.root / "records"
-
-    def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
-
-    def clear(self, run_id: str) -> None:
-        """Delete a run's records and files (for --rerun): it then starts from scratch."""
-        shutil.rmtree(records.run_dir(self.records, run_id), ignore_errors=True)
-        shutil.rmtree(self.run_dir(run_id), ignore_errors=True)
 
 
 def git_revision() -> str | None:
@@ -114,7 +93,7 @@ def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[
 
 
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
-            allow: Iterable[str] = (*TO_DO, "failed"), max_attempts: int | None = None,
+            allow: Iterable[str] = TRAINABLE, max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = 0.0,
             stop: Callable[[], bool] | None = None, fresh: bool = False):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is

@@ -1,5 +1,5 @@
-"""A run's states, in the order tables list them. Kept apart from flctl.store so the CLI can name them in its help
-without importing SQLAlchemy.
+"""A run's states, in the order tables list them, and the sets of them that mean something to flctl. Kept apart from
+flctl.store (and torch) so the CLI can name them in its help without importing SQLAlchemy.
 
 - queued: waiting for a worker (never started, or re-queued after its worker was lost)
 - running: held by a live worker (or a lost one, until it is found stale)
@@ -7,5 +7,38 @@ without importing SQLAlchemy.
 - completed, failed, diverged: finished
 """
 
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
 STATUSES = ("queued", "running", "interrupted", "completed", "failed", "diverged")
 TO_DO = ("queued", "interrupted")      # any claim takes both
+# What a worker may claim (a sweep's: a failed cell until it has used its attempts).
+TRAINABLE = (*TO_DO, "failed")
+# No worker holds the run and none will take it up on its own: what a wait on a run waits for.
+TERMINAL = ("completed", "failed", "diverged")
+# Finished with a result: reports and the Optuna mirror show these (a diverged run's result is its divergence).
+REPORTABLE = ("completed", "diverged")
+
+# A sweep's ledger: the states, with "stale" (marked running, its worker gone) beside running.
+LEDGER_COLUMNS = ("completed", "running", "stale", *(s for s in STATUSES if s not in ("completed", "running")),
+                  "missing")
+
+
+def ledger(store: Any, sweep_id: str) -> dict[str, Any]:
+    """Per-method counts of the sweep's cell states (LEDGER_COLUMNS), their total and the number of cells, from
+    ``store.sweep_runs`` (a flctl.store.Store)."""
+    per_method: dict[str, Counter] = {}
+    for r in store.sweep_runs(sweep_id):
+        state = "stale" if r["stale"] else r["status"]
+        per_method.setdefault(r["method"], Counter())[state] += 1
+    total = sum((c for c in per_method.values()), Counter())
+    return {"sweep": sweep_id,
+            "methods": {m: {k: c.get(k, 0) for k in LEDGER_COLUMNS} for m, c in per_method.items()},
+            "total": {k: total.get(k, 0) for k in LEDGER_COLUMNS}, "cells": sum(total.values())}
+
+
+def settled(data: dict[str, Any]) -> bool:
+    """A ledger with no cell a worker holds or will take (running, stale, queued, interrupted)."""
+    return not any(data["total"][k] for k in ("running", "stale", *TO_DO))

@@ -50,7 +50,7 @@ from sqlalchemy.pool import NullPool
 
 from flctl.config import RunConfig
 from flctl.errors import ClaimLost, ConfigError, NewerSchema, StoreError
-from flctl.status import TO_DO
+from flctl.status import TRAINABLE
 from flctl.text import redact
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
@@ -177,7 +177,7 @@ class RunRecord:
     task: str
     method: str
     seed: int
-    config: dict[str, Any]            # the RunConfig as stored (JSON)
+    config: dict[str, Any]            # the RunConfig as stored (JSON): every field (RunConfig.to_dict)
     status: str
     epochs_done: int
     attempts: int
@@ -421,6 +421,12 @@ def _ambiguous(what: str, prefix: str, ids: list[str]) -> str:
     return f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); give more digits"
 
 
+def _newer(found: str, known: str) -> StoreError:
+    """The refusal of a database written by a newer flctl (``found``: its schema version or revision; ``known``: what
+    this flctl knows of it), one line that says what to do."""
+    return StoreError(f"database schema {found} is newer than {known}: upgrade flctl (pip install -U flctl) to open it")
+
+
 def _one_line(exc: BaseException, url: str | None = None) -> str:
     """The first line of a driver's error, without the password: drivers may quote the connection string they were
     given (with ``url``, its password is removed wherever it appears; any URL password or password=... is too)."""
@@ -518,13 +524,11 @@ class Store:
             row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar() \
                 if "flctl_meta" in tables else None
         if row is not None and (not str(row).isdigit() or int(row) > SCHEMA_VERSION):
-            raise StoreError(f"database schema v{row} is newer than this flctl (v{SCHEMA_VERSION}): "
-                             "upgrade flctl (pip install -U flctl) to open it")
+            raise _newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
         try:
             older = "flctl_meta" in tables and migrations.needs_upgrade(self.engine, scripts)
         except NewerSchema as exc:
-            raise StoreError(f"database schema revision {exc} is newer than this flctl knows: upgrade flctl "
-                             "(pip install -U flctl) to open it") from None
+            raise _newer(f"revision {exc}", "this flctl knows") from None
         if self.readonly and ("flctl_meta" not in tables or row != str(SCHEMA_VERSION) or older):
             raise StoreError("the database is " + ("empty: not an flctl database yet" if not tables else
                              "not an flctl database" if "flctl_meta" not in tables else
@@ -545,13 +549,11 @@ class Store:
             return
         version = int(row) if row is not None and str(row).isdigit() else None
         if version is None or version > SCHEMA_VERSION:
-            raise StoreError(f"database schema v{row} is newer than this flctl (v{SCHEMA_VERSION}): "
-                             "upgrade flctl (pip install -U flctl) to open it")
+            raise _newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
         try:
             migrations.upgrade(self.engine, scripts)
         except NewerSchema as exc:
-            raise StoreError(f"database schema revision {exc} is newer than this flctl knows: upgrade flctl "
-                             "(pip install -U flctl) to open it") from None
+            raise _newer(f"revision {exc}", "this flctl knows") from None
         if version < SCHEMA_VERSION:
             with self.session() as s:
                 s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
@@ -627,13 +629,13 @@ class Store:
             new = [c for c in configs if c.run_id not in have]
             stamp = now()
             s.add_all(Run(id=c.run_id, config_hash=c.config_hash, task=c.task, method=c.method, seed=c.seed,
-                          config=c.identity() | {"device": c.device, "data_dir": c.data_dir}, status="queued",
+                          config=c.to_dict(), status="queued",
                           created_at=stamp, attempts=0) for c in new)
             return len(new)
         return self.write(fn)
 
     def claim_run(self, run_id: str, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
-                  allow: Iterable[str] = (*TO_DO, "failed"), job_id: str | None = None,
+                  allow: Iterable[str] = TRAINABLE, job_id: str | None = None,
                   git_sha: str | None = None, device: str | None = None) -> str | None:
         """Atomically take a run for this process; returns the claim's fencing token, or None if someone else
         holds it or it is not claimable.
@@ -689,7 +691,7 @@ class Store:
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
-                                    Run.status.in_((*TO_DO, "failed", "running")))
+                                    Run.status.in_((*TRAINABLE, "running")))
                              .order_by(Run.id)).all()
             at = db_now(s)
         for r in rows:

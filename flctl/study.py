@@ -18,10 +18,11 @@ from typing import Any, Literal
 from flctl.config import AXIS_FIELDS, RunConfig
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
-from flctl.status import TO_DO
+from flctl.status import REPORTABLE, TERMINAL, TO_DO
 from flctl.store import SCHEMA_LOCK, normalize_url
 
-TERMINAL = ("completed", "diverged", "failed")
+# The metric a sweep's study records when its spec and command line name none.
+DEFAULT_OBJECTIVE = "train.avg_loss"
 # Everything that writes Optuna's tables holds the database-wide lock that flctl's own schema is created under
 # (Store.exclusive(SCHEMA_LOCK)): Optuna creates its schema under it, and each sync reads the study's trials and adds
 # the missing ones under it, so a cell is one trial however many workers and waiting sweeps sync at once, and
@@ -70,7 +71,7 @@ def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, dir
         if not configs:
             return 0
         return sync_grid(url, sweep_id, configs, {r["id"]: r for r in rows},
-                         objective or sweep_row["spec"].get("objective") or "train.avg_loss", direction)
+                         objective or sweep_row["spec"].get("objective") or DEFAULT_OBJECTIVE, direction)
 
 
 def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str, dict], objective: str,
@@ -91,7 +92,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
     added = 0
     for cfg in configs:
         run = runs.get(cfg.run_id)
-        if run is None or cfg.run_id in known or run["status"] not in ("completed", "diverged"):
+        if run is None or cfg.run_id in known or run["status"] not in REPORTABLE:
             continue
         value = (run.get("metrics") or {}).get(objective)
         ok = run["status"] == "completed" and value is not None

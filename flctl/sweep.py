@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flctl.config import AXIS_FIELDS, FIELDS, SWITCHED_FIELDS, RunConfig, resolve
+from flctl.config import AXIS_FIELDS, FIELDS, RunConfig, resolve
 from flctl.errors import ConfigError
-from flctl.method_info import METHOD_FIELDS, METHOD_INFO
+from flctl.method_info import METHOD_INFO
 
 # The RunConfig fields a sweep may vary (flctl.config.FIELDS), plus p_min, which sets eps.
 AXES = (*AXIS_FIELDS, "p_min")
@@ -164,8 +164,8 @@ def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None =
 
 
 def _method_fields(axes: Mapping[str, Any]) -> set[str]:
-    """The method fields (flctl.method_info.METHOD_FIELDS) the axes set; p_min sets eps."""
-    return {"eps" if k == "p_min" else k for k in axes} & set(METHOD_FIELDS)
+    """The method knobs (flctl.config.FieldSpec.method_knob) the axes set; p_min sets eps."""
+    return {name for name in ("eps" if k == "p_min" else k for k in axes) if name in FIELDS and FIELDS[name].method_knob}
 
 
 def implied_methods(task: str, axes: Mapping[str, Any]) -> tuple[str, ...]:
@@ -283,14 +283,14 @@ def check_axes_read(spec: SweepSpec, configs: Sequence[RunConfig]) -> None:
         if len(set(values)) < 2 or len({getattr(c, field) for c in configs}) > 1:
             continue
         methods = sorted({c.method for c in configs}, key=lambda m: METHOD_INFO[m].order)
-        if field in METHOD_FIELDS:
+        if FIELDS[field].method_knob:
             readers = [m for m in METHOD_INFO if field in METHOD_INFO[m].reads]
             why = (f"no planned method reads it ({', '.join(methods)}); "
                    f"{', '.join(readers)} do: add one with --method")
         else:
-            switch = next((k for k, (_, dependent) in SWITCHED_FIELDS.items() if field in dependent), None)
+            switch = FIELDS[field].switched_by
             why = ("every planned run ignores it" + (f" (it is read only with {FIELDS[switch].flag} other than "
-                                                     f"{SWITCHED_FIELDS[switch][0]!r})" if switch else ""))
+                                                     f"{FIELDS[switch].default!r})" if switch else ""))
         raise ConfigError(f"--{_flag(name)} sweeps {len(set(values))} values, but {why}")
 
 

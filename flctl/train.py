@@ -36,6 +36,7 @@ from flctl.cell import Cell, RunResult, atomic_save, trainable_state
 from flctl.config import RunConfig
 from flctl.data import Dataset, epoch_order
 from flctl.fs import atomic_path
+from flctl.layout import RunFolder
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
@@ -254,7 +255,6 @@ def _summarize_and_record(
     ``samples_seen``: per-sample losses back-propagated so far (``train.samples_seen``); ``groups``: the task's
     group labels ({attribute: {split: labels by sample id}}) for ``worst_group_avg_loss``."""
     labels = {split: [v[split] for v in (groups or {}).values()] for split in ("train", "test")}
-    eps = None if cfg.eps is None else (np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
     tables = [
         records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
         records.split_table(cfg.run_id, "test", epoch, **test_eval),
@@ -263,14 +263,12 @@ def _summarize_and_record(
         writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables)
     else:
         records.write_epoch(records_root, cfg.run_id, epoch, tables)
-    # Per-sample eps is defined on the training samples only; test violations use its mean as the level.
-    test_eps = None if eps is None else float(np.mean(eps))
     summary = {
-        "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=eps,
+        "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=cfg.eps,
                                multipliers=multipliers, pruned=pruned, confidence=train_eval.get("confidence"),
                                groups=labels["train"])
         | ({} if samples_seen is None else {"samples_seen": float(samples_seen)}),
-        "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=test_eps,
+        "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=cfg.eps,
                               confidence=test_eval.get("confidence"), groups=labels["test"]),
     }
     return flatten(summary)
@@ -326,7 +324,7 @@ class Writer:
 def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:
     if not extras:
         return {}
-    path = run_dir / "extras.npz"
+    path = RunFolder(run_dir).extras
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **extras)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle
     return {"extras": str(path)}
@@ -367,7 +365,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
             None if lam is None else lam.cpu().numpy().copy(), writer,   # a copy: lam moves on while it is written
             pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"))
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
-            r.pruner.evaluated(train_eval["loss"], np.asarray(cfg.eps) if isinstance(cfg.eps, tuple) else cfg.eps)
+            r.pruner.evaluated(train_eval["loss"], cfg.eps)
         if not all(math.isfinite(v) for v in metrics.values()):
             result.status = "diverged"
             result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
@@ -407,8 +405,9 @@ def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
     if result.status == "completed":
         if task.extras is not None:
             result.artifacts.update(_save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
-        atomic_save(trainable_state(r.model), r.run_dir / "model.pt")
-        result.artifacts["model"] = str(r.run_dir / "model.pt")
+        model = RunFolder(r.run_dir).model
+        atomic_save(trainable_state(r.model), model)
+        result.artifacts["model"] = str(model)
     result.artifacts["records"] = str(records.run_dir(records_root, r.cfg.run_id))
     r.checkpoint.unlink(missing_ok=True)
     return result

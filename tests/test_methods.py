@@ -60,15 +60,6 @@ def test_rfl_dual_step_by_hand() -> None:
     torch.testing.assert_close(rfl.multipliers, t(1.05, 0.02, 0.14))
 
 
-def test_per_sample_eps_is_indexed_by_sample_id() -> None:
-    fl = FL(4, eps=t(0.0, 1.0, 2.0, 3.0), dual_lr=1.0)
-    fl.dual_step_(t(2.5, 2.5), torch.tensor([3, 1]))
-    # id 3: [2.5 - 3]+ = 0 ; id 1: 2.5 - 1 = 1.5
-    torch.testing.assert_close(fl.multipliers, t(0.0, 1.5, 0.0, 0.0))
-    cserm = CSERM(4, eps=t(0.0, 1.0, 2.0, 3.0), alpha=2.0)
-    assert cserm.primal_loss(t(2.5, 2.5), torch.tensor([3, 1])).item() == pytest.approx((0 + 1.5**2) / 2)
-
-
 def test_dual_step_does_not_touch_the_graph() -> None:
     losses = t(1.0, 2.0).requires_grad_()
     fl = FL(2, eps=0.0, dual_lr=1.0)

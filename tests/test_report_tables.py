@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
+from flctl.config import RunConfig
 from flctl.errors import ConfigError
 from flctl.metrics import cvar, ece, split_summary
 from flctl.report.tables import aggregate, build, render
@@ -20,7 +21,7 @@ runner = CliRunner()
 def run(method: str, seed: int, eps=None, alpha=None, status="completed", task="two-moons", **metrics) -> RunRecord:
     run_id = f"{method}{eps}{alpha}{seed}"
     return RunRecord(id=run_id, config_hash=run_id, task=task, method=method, seed=seed,
-                     config={"method": method, "seed": seed, "eps": eps, "alpha": alpha, "lr": 0.1, "options": {}},
+                     config=RunConfig(task, method, seed, eps=eps, alpha=alpha, lr=0.1).to_dict(),   # as stored
                      status=status, epochs_done=1, attempts=1, host=None, pid=None, job_id=None, git_sha=None,
                      device=None, created_at="", started_at=None, finished_at=None, heartbeat_at=None,
                      duration_s=None, metrics={f"{k.replace('__', '.')}": v for k, v in metrics.items()},
@@ -133,7 +134,7 @@ def test_gd_and_nupi_runs_of_one_method_are_separate_rows() -> None:
 
     gd = run("fl", 0, eps=0.5, train__avg_loss=0.3)
     nupi = dataclasses.replace(run("fl", 0, eps=0.5, train__avg_loss=0.2), id="n",
-                               config={**gd.config, "dual_optimizer": "nupi", "kp": 1.0})   # gd keeps no such keys
+                               config={**gd.config, "dual_optimizer": "nupi", "kp": 1.0})
     table = build("main", [gd, nupi], ["train.avg_loss"])
     assert [(row[-1], cells[0].mean) for row, cells in table.rows] == [("dual_optimizer=gd, kp=0.00", 0.3),
                                                                        ("dual_optimizer=nupi, kp=1.00", 0.2)]

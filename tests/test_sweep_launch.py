@@ -69,7 +69,7 @@ def test_slots_on_cpu_and_on_gpus() -> None:
     assert [s.cuda for s in local_slots(25, device="cuda:1", cores=16, per_gpu=3, gpus=gpus)] == ["1"] * 3
     with pytest.raises(ConfigError, match="no CUDA device"):
         local_slots(5, device="cuda", gpus=[])
-    with pytest.raises(ConfigError, match="--per-gpu must be at least 1"):
+    with pytest.raises(ConfigError, match="--per-gpu must be an integer of at least 1"):
         local_slots(5, device="cpu", per_gpu=0)
 
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any, NoReturn, Optional, TypeVar
 import typer
 from rich.console import Console
 
+from flctl.config import PANELS
+
 
 def tolerate_narrow_encodings() -> None:
     """Print through stdout and stderr whatever their encoding: under PYTHONIOENCODING=ascii (or a latin-1
@@ -83,7 +85,9 @@ def db_url(db: str | None, root: Path) -> str:
     """The database a command uses: --db, else FLCTL_DB, else results/flctl.db. An in-memory SQLite database is
     refused here (one line, exit 2): it would train, then lose every row when the command exits, and no worker
     or report could ever see it."""
-    url = db or os.environ.get("FLCTL_DB") or f"sqlite:///{root / 'flctl.db'}"
+    from flctl.layout import Layout
+
+    url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
     if _in_memory(url):
         fail(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this command exits; give a file "
              "(sqlite:///results/flctl.db) or a server (postgresql://user@host/db)")
@@ -275,5 +279,30 @@ def complete_sweep(ctx: typer.Context, incomplete: str) -> list[str]:
     return _complete_ids(ctx, incomplete, "sweep")
 
 
-# One help text for every command's --results-dir.
+def parse_options(pairs: list[str] | None) -> dict[str, str]:
+    """Repeated ``KEY=VALUE`` options (-o, --sbatch) as a dict, the last of a key winning; a pair without ``=`` or
+    without a key is one line, exit 2."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--option expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def with_model(options: dict[str, str], model: str | None) -> dict[str, str]:
+    """``--model M`` is shorthand for ``-o model=M``; giving both is ambiguous."""
+    if model is None:
+        return options
+    if "model" in options:
+        fail("give either --model or -o model=..., not both")
+    return {**options, "model": model}
+
+
+# Where a command finds the results and the database: one declaration of each option, for every command.
 RESULTS_DIR_HELP = f"Results folder: records, runs, jobs, reports, flctl.db [env FLCTL_RESULTS, else ./{DEFAULT_RESULTS}]."
+DB_HELP = "Database URL [env FLCTL_DB, else sqlite: flctl.db in the results folder]."
+ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
+                                                          rich_help_panel=PANELS["where"])]
+DbOption = Annotated[Optional[str], typer.Option(help=DB_HELP, rich_help_panel=PANELS["where"])]

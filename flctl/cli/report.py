@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from flctl.cli.common import (
-    RESULTS_DIR_HELP,
+    DbOption,
+    ResultsDirOption,
     check_output,
     complete_from,
     complete_sweep,
@@ -52,11 +53,12 @@ def report(
                                                                       autocompletion=complete_from(METHOD_INFO, listed=True))] = None,
     top: Annotated[int, typer.Option(help="diff: how many samples.")] = 20,
     digits: Annotated[int, typer.Option(help="Decimals in tables.")] = 2,
-    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
 ) -> None:
     """Tables (mean ± std over seeds), figures (PNG + PDF) and per-sample queries over finished runs."""
     from flctl.errors import ConfigError
+    from flctl.layout import Layout
     from flctl.report import tables
     from flctl.report.data import select_runs
 
@@ -87,7 +89,8 @@ def report(
         if plot == "heatmap" and sweep is None:
             sweep = _latest_lr_sweep(store, task)
         runs = select_runs(store, sweep=sweep, task=task)
-        records_root = root / "records"
+        layout = Layout(root)
+        records_root = layout.records
         if table is not None:
             cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
             for c in cols or []:
@@ -103,11 +106,11 @@ def report(
         elif plot is not None:
             from flctl.report.plots import plot as make_plot
 
-            paths = make_plot(plot, runs, records_root, out or root / "reports" / plot, split=split, k=k)
+            paths = make_plot(plot, runs, records_root, out or layout.plot(plot), split=split, k=k)
             console.print("wrote " + ", ".join(safe(p) for p in paths))
         else:
             assert samples is not None      # exactly one of table, plot, samples was checked above
-            _samples(samples, runs, records_root, out or root / "reports" / f"samples-{samples}.parquet",
+            _samples(samples, runs, records_root, out or layout.samples(samples),
                      split=split, min_seeds=min_seeds, eps=eps, methods=methods, top=top)
     except ConfigError as exc:
         fail(str(exc))

@@ -8,13 +8,13 @@ if TYPE_CHECKING:
     from flctl.store import RunRecord
 
 import dataclasses
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from flctl.cli.common import (
-    RESULTS_DIR_HELP,
+    DbOption,
+    ResultsDirOption,
     check_device,
     complete_task,
     config_options,
@@ -23,36 +23,20 @@ from flctl.cli.common import (
     ensure_writable,
     fail,
     open_store,
+    parse_options,
     results_root,
     safe,
+    with_model,
 )
 from flctl.config import PANELS
-from flctl.status import TO_DO
-
-
-def parse_options(pairs: list[str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            fail(f"--option expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def with_model(options: dict[str, str], model: str | None) -> dict[str, str]:
-    """``--model M`` is shorthand for ``-o model=M``; giving both is ambiguous."""
-    if model is None:
-        return options
-    if "model" in options:
-        fail("give either --model or -o model=..., not both")
-    return {**options, "model": model}
+from flctl.errors import ConfigError
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every
+from flctl.status import TRAINABLE
 
 
 def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
     """Task defaults + overrides -> validated RunConfig; bad input exits 2 before anything is written."""
     from flctl.config import resolve
-    from flctl.errors import ConfigError
     from flctl.tasks import get_task
 
     try:
@@ -74,15 +58,13 @@ def run(
                                                         rich_help_panel=PANELS["optim"])] = None,
     model: Annotated[Optional[str], typer.Option(help="Model of tasks with a `model` option (same as -o model=M).",
                                                  rich_help_panel=PANELS["optim"])] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
-                                                        rich_help_panel=PANELS["where"])] = None,
-    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB; default sqlite in results dir].",
-                                              rich_help_panel=PANELS["where"])] = None,
+    results_dir: ResultsDirOption = None,
+    db: DbOption = None,
     rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
                                         rich_help_panel=PANELS["where"])] = False,
     checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
                                                     "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
-                                                    rich_help_panel=PANELS["where"])] = 60.0,
+                                                    rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
     *,
     fields: dict,
 ) -> None:
@@ -92,8 +74,10 @@ def run(
     from its last checkpoint. Ctrl-C or SIGTERM stops at the end of the epoch, checkpointed, marks the run interrupted
     and exits 130 or 143; a second signal stops at once.
     """
-    if not checkpoint_every >= 0:
-        fail(f"--checkpoint-every must be a number of seconds >= 0, got {checkpoint_every}")
+    try:
+        check_checkpoint_every(checkpoint_every)
+    except ConfigError as exc:
+        fail(str(exc))
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
     overrides = {**fields, "options": with_model(parse_options(option), model)}
     cfg = resolve_config(task, method, overrides, p_min)
@@ -104,7 +88,8 @@ def run(
 
     from flctl.errors import ClaimLost
     from flctl.fs import DiskFull
-    from flctl.runner import Layout, execute, stop_on_signals
+    from flctl.layout import Layout
+    from flctl.runner import execute, stop_on_signals
 
     layout = Layout(root)
     previous = store.get_run(cfg.run_id)
@@ -117,7 +102,7 @@ def run(
 
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
-    allow = (*TO_DO, "failed", "diverged", "completed") if rerun else (*TO_DO, "failed", "diverged")
+    allow = (*TRAINABLE, "diverged", "completed") if rerun else (*TRAINABLE, "diverged")
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
     outcome: BaseException | None = None
     with _progress(cfg.epochs, summary_line) as on_epoch, stop_on_signals() as stop:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from flctl.cli.common import (
-    RESULTS_DIR_HELP,
+    DbOption,
+    ResultsDirOption,
     complete_from,
     complete_run,
     complete_task,
@@ -24,9 +24,6 @@ from flctl.cli.info import JSON_OPT
 from flctl.method_info import METHOD_INFO
 from flctl.status import STATUSES
 
-DB_OPT = Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")]
-RESULTS_OPT = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)]
-
 
 def runs(
     task: Annotated[Optional[str], typer.Option(help="Only this task.", autocompletion=complete_task)] = None,
@@ -37,8 +34,8 @@ def runs(
     seed: Annotated[Optional[int], typer.Option(help="Only this seed.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many (newest first); 0: all.")] = 50,
     as_json: JSON_OPT = False,
-    db: DB_OPT = None,
-    results_dir: RESULTS_OPT = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
 ) -> None:
     """List recorded runs, newest first."""
     if status is not None and status not in STATUSES:
@@ -71,8 +68,8 @@ def show(
     run_id: Annotated[str, typer.Argument(help="Run id or a unique prefix of it.",
                                                          autocompletion=complete_run)],
     as_json: JSON_OPT = False,
-    db: DB_OPT = None,
-    results_dir: RESULTS_OPT = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
 ) -> None:
     """Show one run: configuration, status, metrics and artifact paths."""
     store = existing_store(db, results_root(results_dir))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from flctl.cli.common import (
-    RESULTS_DIR_HELP,
+    DbOption,
+    ResultsDirOption,
     check_device,
     complete_sweep,
     complete_task,
@@ -24,22 +24,21 @@ from flctl.cli.common import (
     fail,
     find,
     open_store,
+    parse_options,
     results_root,
     safe,
+    with_model,
 )
 from flctl.cli.info import JSON_OPT
-from flctl.cli.run import parse_options, with_model
 from flctl.config import AXIS_FIELDS
-from flctl.status import STATUSES, TO_DO
+from flctl.knobs import AUTO_BATCH_RUNS, DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_MAX_ATTEMPTS, SLURM_DEFAULT_WORKERS
+from flctl.status import LEDGER_COLUMNS, TO_DO, ledger, settled
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
 LAUNCH_PANEL = "Launch"
 SLURM_PANEL = "Slurm"
-WHERE_PANEL = "Where"
 # Workers a --tune may start in a row for trials no worker took before it gives up (they die at start-up).
 MAX_REVIVALS = 3
-# A run's states, with "stale" (marked running, its worker gone) beside running.
-LEDGER_COLUMNS = ("completed", "running", "stale", *(s for s in STATUSES if s not in ("completed", "running")), "missing")
 
 
 def _axis(help_text: str = ""):
@@ -64,7 +63,7 @@ def sweep(
                                                     "[default: the spec's, else local].",
                                                     rich_help_panel=LAUNCH_PANEL)] = None,
     workers: Annotated[Optional[int], typer.Option(help="Pull workers [local: cores // threads, or GPUs x per-gpu "
-                                                   "with --device cuda; slurm: min(cells, 64)].",
+                                                   f"with --device cuda; slurm: min(cells, {SLURM_DEFAULT_WORKERS})].",
                                                    rich_help_panel=LAUNCH_PANEL)] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch threads per local worker [cores // workers].",
                                                    rich_help_panel=LAUNCH_PANEL)] = None,
@@ -74,12 +73,15 @@ def sweep(
                                                       "process, each equal to the cell alone (small models: one "
                                                       "vmapped model; others: step by step, on CUDA each on its own "
                                                       "stream) [auto: on a GPU for small models an even share, at "
-                                                      "most 8; else 1].", rich_help_panel=LAUNCH_PANEL)] = None,
+                                                      f"most {AUTO_BATCH_RUNS}; else 1].",
+                                                      rich_help_panel=LAUNCH_PANEL)] = None,
     checkpoint_every: Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
-                                                              "checkpoints (also at eval epochs) [60].",
+                                                              "checkpoints (also at eval epochs) "
+                                                              f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].",
                                                               rich_help_panel=LAUNCH_PANEL)] = None,
     max_attempts: Annotated[Optional[int], typer.Option("--max-attempts", help="Give up on a cell after this many "
-                                                        "tries [3].", rich_help_panel=LAUNCH_PANEL)] = None,
+                                                        f"tries [{DEFAULT_MAX_ATTEMPTS}].",
+                                                        rich_help_panel=LAUNCH_PANEL)] = None,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
                                        rich_help_panel=LAUNCH_PANEL)] = False,
     tune: Annotated[Optional[int], typer.Option(help="TPE search: N trials over the axes instead of the grid "
@@ -107,9 +109,8 @@ def sweep(
         rich_help_panel=SLURM_PANEL)] = None,
     sbatch: Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
                                                         rich_help_panel=SLURM_PANEL)] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
-                                                        rich_help_panel=WHERE_PANEL)] = None,
-    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].", rich_help_panel=WHERE_PANEL)] = None,
+    results_dir: ResultsDirOption = None,
+    db: DbOption = None,
     *,
     fields: dict,
 ) -> None:
@@ -119,71 +120,36 @@ def sweep(
     interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
     """
     from flctl.errors import ConfigError
-    from flctl.launch import LaunchSettings, check_executor, check_slurm_cluster
-    from flctl.study import check_objective, search_space, sync_sweep
-    from flctl.sweep import load_spec, plan, spec_from_values, sweep_id
+    from flctl.launch import plan_sweep
+    from flctl.study import sync_sweep
 
-    raw_axes = {k: fields[k] for k in AXIS_FIELDS} | {"p_min": p_min}
-    device, data_dir = fields["device"] or "cpu", fields["data_dir"]
     try:
-        if spec is not None:
-            if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
-                raise ConfigError("give either --spec or a task with axes, not both")
-            sweep_spec = load_spec(spec)
-            if fields["device"] is not None:          # --device (where it runs) may override the spec's
-                sweep_spec = dataclasses.replace(sweep_spec, device=device)
-        elif task is None:
-            raise ConfigError("name a task (see `flctl tasks`) or pass --spec sweeps/NAME.toml")
-        else:
-            sweep_spec = spec_from_values(task, raw_axes, seeds=seeds, options=with_model(parse_options(option), model),
-                                          name=name,
-                                          device=device, data_dir=data_dir)
-        settings = LaunchSettings.resolve(sweep_spec.launch, dict(
-            executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
-            checkpoint_every=checkpoint_every, batch_runs=batch_runs, partition=partition, gpus=gpus, cpus=cpus,
-            mem_gb=mem_gb,
-            time_min=time_min, account=account, qos=qos, array_parallelism=array_parallelism,
-            sbatch=parse_options(sbatch) or None))
-        # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
-        sweep_spec = dataclasses.replace(sweep_spec, device=check_device(sweep_spec.device,
-                                                                         here=settings.executor != "slurm"))
-        configs = plan(sweep_spec, check_data=not dry_run, allow_large=yes)
-        sid = sweep_id(sweep_spec, configs)
-        objective = objective or sweep_spec.objective or "train.avg_loss"
-        tune = tune if tune is not None else sweep_spec.tune
-        check_objective(objective, direction)
-        if tune is None:   # the workers mirror finished cells into the sweep's Optuna study with this objective
-            sweep_spec = dataclasses.replace(sweep_spec, objective=objective)
-        if tune is not None and (tune < 1 or parallel < 1):
-            raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
-        if tune is not None:
-            search_space(sweep_spec)     # a search needs a range or a list to search
-
-        if settings.executor == "slurm":
-            _check_script_path(results_root(results_dir))
-        if not dry_run:
-            check_executor(settings.executor)
-            if settings.executor == "slurm":       # before the sweep is recorded: sbatch would fail after
-                check_slurm_cluster()
-            settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
+        chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
+        flags = dict(executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
+                     checkpoint_every=checkpoint_every, batch_runs=batch_runs, partition=partition, gpus=gpus,
+                     cpus=cpus, mem_gb=mem_gb, time_min=time_min, account=account, qos=qos,
+                     array_parallelism=array_parallelism, sbatch=parse_options(sbatch) or None)
+        planned = plan_sweep(chosen, flags, results_root=results_root(results_dir), check_device=check_device,
+                             dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune,
+                             parallel=parallel)
     except (ConfigError, TypeError) as exc:
         fail(str(exc))
-
-    for note in sweep_spec.notes:
+    sid, settings = planned.sweep_id, planned.settings
+    for note in planned.spec.notes:
         console.print(safe(note))
     if dry_run:
-        _print_plan(sid, sweep_spec, configs)
-        console.print(_cost_line(db, results_dir, configs, settings))
+        _print_plan(sid, planned.spec, planned.configs)
+        console.print(_cost_line(db, results_dir, planned.configs, settings))
         return
 
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     root = ensure_writable(root)
     store = open_store(url, root)
-    if tune is not None:
-        _tune(store, url, root, sweep_spec, tune, objective, direction, parallel, settings)
+    if planned.tune is not None:
+        _tune(store, url, root, planned.spec, planned.tune, planned.objective, direction, parallel, settings)
         return
-    launched = _launch(store, url, root, sid, sweep_spec, configs, settings, join=wait)
+    launched = _launch(store, url, root, sid, planned.spec, planned.configs, settings, join=wait)
     if launched.here is not None:
         console.print("this process works on the sweep too while it waits")
         if not launched.here():
@@ -194,7 +160,27 @@ def sweep(
         watch(store, sid, until_done=True)
     elif launched.jobs and settings.executor != "debug":
         console.print(f"follow it with `flctl status {sid} --watch`")
-    sync_sweep(store, url, sid, objective, direction)
+    sync_sweep(store, url, sid, planned.objective, direction)
+
+
+def _chosen_spec(path: Path | None, task: str | None, fields: dict, *, p_min: str | None, seeds: int | None,
+                 option: list[str] | None, model: str | None, name: str | None):
+    """The sweep a command line describes: a spec file (which --device may move to another device) or a task with
+    axes; ConfigError for both or neither. The task options are parsed only for a task given here."""
+    from flctl.errors import ConfigError
+    from flctl.sweep import load_spec, spec_from_values
+
+    raw_axes = {k: fields[k] for k in AXIS_FIELDS} | {"p_min": p_min}
+    device = fields["device"] or "cpu"
+    if path is not None:
+        if task is not None or any(v is not None for v in raw_axes.values()) or seeds is not None:
+            raise ConfigError("give either --spec or a task with axes, not both")
+        spec = load_spec(path)
+        return spec if fields["device"] is None else dataclasses.replace(spec, device=device)
+    if task is None:
+        raise ConfigError("name a task (see `flctl tasks`) or pass --spec sweeps/NAME.toml")
+    return spec_from_values(task, raw_axes, seeds=seeds, options=with_model(parse_options(option), model), name=name,
+                            device=device, data_dir=fields["data_dir"])
 
 
 def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
@@ -202,6 +188,7 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
     import dataclasses
 
     from flctl.launch import has_workers
+    from flctl.layout import Layout
     from flctl.study import params_of, search_space, tune
     from flctl.sweep import resolve_cell, tune_id
 
@@ -223,7 +210,7 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
             return
         if len(revived) >= MAX_REVIVALS:   # workers that die before claiming anything: stop, do not loop
             fail(f"sweep {sid}: {MAX_REVIVALS} workers in a row exited without taking run(s) "
-                 f"{', '.join(c.run_id for c in configs)}; see the job logs in {root / 'jobs' / sid}", code=1)
+                 f"{', '.join(c.run_id for c in configs)}; see the job logs in {Layout(root).sweep_jobs(sid)}", code=1)
         revived.append(configs[0].run_id)
         _launch(store, url, root, sid, spec, configs, settings, quiet=True)
 
@@ -319,31 +306,8 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
             f"{device}) / {cost.cells_per_device} cell(s) per device")
 
 
-def _check_script_path(root: Path) -> None:
-    """Slurm: the results folder is written into the batch script submitit generates (its #SBATCH --output and
-    --error lines); a newline or other control character in it would start a script line of its own."""
-    from flctl.errors import ConfigError
-    from flctl.text import first_control
-
-    path = str(root.absolute())
-    if first_control(path) is not None:
-        raise ConfigError(f"--results-dir {path!r}: the Slurm batch script would hold this path, which has a "
-                          "control character (newline, ESC, ...); use another folder")
-
-
 def _fmt(v) -> str:
     return "—" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
-
-
-def ledger(store, sid: str) -> dict:
-    """Per-method counts of cell states; 'stale' = marked running but its worker is gone."""
-    per_method: dict[str, Counter] = {}
-    for r in store.sweep_runs(sid):
-        state = "stale" if r["stale"] else r["status"]
-        per_method.setdefault(r["method"], Counter())[state] += 1
-    total = sum((c for c in per_method.values()), Counter())
-    return {"sweep": sid, "methods": {m: {k: c.get(k, 0) for k in LEDGER_COLUMNS} for m, c in per_method.items()},
-            "total": {k: total.get(k, 0) for k in LEDGER_COLUMNS}, "cells": sum(total.values())}
 
 
 def _ledger_table(data: dict):
@@ -356,11 +320,6 @@ def _ledger_table(data: dict):
     return table
 
 
-def _settled(data: dict) -> bool:
-    t = data["total"]
-    return t["running"] == t["stale"] == t["queued"] == t["interrupted"] == 0
-
-
 def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever; piped or redirected, print
     only the last ledger (a file gets the result, not every redraw, and ends with a newline)."""
@@ -368,13 +327,13 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
 
     data = ledger(store, sid)
     if not console.is_terminal:
-        while not (until_done and _settled(data)):
+        while not (until_done and settled(data)):
             time.sleep(interval)
             data = ledger(store, sid)
         console.print(_ledger_table(data))
         return data
     with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
-        while not (until_done and _settled(data)):
+        while not (until_done and settled(data)):
             time.sleep(interval)
             data = ledger(store, sid)
             live.update(_ledger_table(data))
@@ -386,8 +345,8 @@ def status(
                                                        "(default: the newest).", autocompletion=complete_sweep)] = None,
     watch_: Annotated[bool, typer.Option("--watch", help="Live-update until no cell is queued or running.")] = False,
     as_json: JSON_OPT = False,
-    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
 ) -> None:
     """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
     store = existing_store(db, results_root(results_dir))
@@ -408,8 +367,8 @@ def status(
 
 def sweeps(
     as_json: JSON_OPT = False,
-    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
 ) -> None:
     """List sweeps with their cell counts."""
     store = existing_store(db, results_root(results_dir))
@@ -431,8 +390,8 @@ def cancel(
                                                                 autocompletion=complete_sweep)],
     timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")] = 60.0,
     as_json: JSON_OPT = False,
-    db: Annotated[Optional[str], typer.Option(help="Database URL [env FLCTL_DB].")] = None,
-    results_dir: Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP)] = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
 ) -> None:
     """Stop a sweep's workers and hand its running cells back; `flctl sweep` with the same axes resumes it.
 

@@ -11,14 +11,13 @@ import pyarrow.dataset as ds
 
 from flctl import records
 from flctl.errors import ConfigError
+from flctl.status import REPORTABLE
 from flctl.store import shown
 
 if TYPE_CHECKING:
     import numpy as np
 
     from flctl.store import RunRecord
-
-REPORTABLE = ("completed", "diverged")
 
 
 def select_runs(store, *, sweep: str | None = None, task: str | None = None,

@@ -2,7 +2,7 @@
 between two methods (paired by sample id). Results are pyarrow tables (shown and saved as Parquet).
 
 Both take the runs of one task (a sample id names a sample of one task only) and group them into configurations
-exactly as the tables do (``group_by_config``), labelled as the tables label their rows.
+exactly as the tables and figures do (flctl.report.groups_of_runs), labelled as the tables label their rows.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 
 from flctl.errors import ConfigError
 from flctl.report.data import final_records
-from flctl.report.tables import ConfigKey, group_by_config, one_task, row_labels
+from flctl.report.groups_of_runs import ConfigKey, group_by_config, row_labels
+from flctl.report.tables import one_task
 
 # Spelled out, so that a group with no violators (zero rows) still has the types of the others.
 VIOLATORS_SCHEMA = pa.schema([("group", pa.string()), ("eps", pa.float64()), ("sample_id", pa.int64()),
@@ -50,7 +51,7 @@ def violators(runs: list[RunRecord], records_root: Path, *, split: str = "train"
     out = []
     for key, label, group in _configs(runs):
         level = eps if eps is not None else key.eps
-        if not isinstance(level, (int, float)):   # no ε, or a per-sample one
+        if level is None:   # ERM and CSERM have no ε
             continue
         t = final_records(records_root, [r.id for r in group], ["run_id", "sample_id", "loss"], split=split)
         t = t.append_column("violates", pc.greater(t["loss"], level))

@@ -2,8 +2,8 @@
 
 ``build(name, runs, ...)`` turns finished runs into a ``Table``; ``render(table, fmt)`` writes it as rich,
 markdown, LaTeX (booktabs, ± part grey as in the paper) or CSV. The best value of each column is bold; a
-cell with fewer seeds than its siblings is flagged (†) and named in the notes. ``group_by_config`` is the one
-grouping of runs into configurations; the per-sample queries (flctl.report.samples) use it too. The runs table
+cell with fewer seeds than its siblings is flagged (†) and named in the notes. Rows are configurations as
+flctl.report.groups_of_runs groups and writes them (figures and per-sample queries use the same). The runs table
 is one row per run instead, of any set of runs.
 """
 
@@ -16,19 +16,19 @@ if TYPE_CHECKING:
 
 import csv
 import dataclasses
-import hashlib
 import io
 import math
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from flctl.config import FIELDS, NOT_IDENTITY, SWITCHED_FIELDS, with_later_defaults
+from flctl.config import FIELDS
 from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report import FORMATS, TABLES
+from flctl.report.groups_of_runs import group_by_config, hashable, number, row_labels, value_order
 
 SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
@@ -100,72 +100,11 @@ def aggregate(values: Sequence[float | None]) -> tuple[float | None, float | Non
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
 
 
-# ---------------------------------------------------------------- key values: grouping, order and labels
+# ---------------------------------------------------------------- rows
 
 # How many rows with fewer seeds than the others are named one by one; past this, one note sums them up (a grid of
 # single-seed cells beside one cell of two seeds would otherwise print a warning per cell).
 NAMED_SHORT_ROWS = 3
-
-
-def _hashable(v: Any) -> Hashable:
-    """A config value as a dict key: per-sample ε lists and task options become tuples."""
-    if isinstance(v, dict):
-        return tuple((k, _hashable(x)) for k, x in sorted(v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_hashable(x) for x in v)
-    return v
-
-
-def _order(v: Any) -> tuple:
-    """Sort key of a config value: numbers by value (1e-3 before 0.01, 25 before 100), None first, then text."""
-    if v is None:
-        return (0,)
-    if isinstance(v, (int, float)):
-        return (1, float(v))
-    if isinstance(v, tuple):
-        return (3, tuple(_order(x) for x in v))
-    return (2, str(v))
-
-
-def _float_text(v: float, extra: int) -> str:
-    """The tables' number style (two decimals, or 1e-03 below 0.01) with ``extra`` more digits."""
-    if v == 0 or not math.isfinite(v) or abs(v) >= 0.01:
-        return f"{v:.{2 + extra}f}"
-    return f"{v:.{extra}e}"
-
-
-def _plain_text(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, tuple) and all(isinstance(x, tuple) and len(x) == 2 for x in v):   # task options
-        return ",".join(f"{a}={b}" for a, b in v)
-    if isinstance(v, tuple):
-        return f"per-sample (mean {float(np.mean(v)):.3g})"
-    return str(v)
-
-
-def distinct_texts(values: Iterable[Hashable]) -> dict[Hashable, str]:
-    """Each distinct value's text, as short as the values allow while no two distinct values share one.
-
-    Floats get the tables' style (0.51, 1e-03) with as many more digits as tell them apart (ε = 0.5108 beside 0.51:
-    0.5108 and 0.5100); other values their plain text, with a short hash where two still read the same."""
-    distinct = set(values)
-    floats = sorted(v for v in distinct if isinstance(v, float))
-    texts: dict[Hashable, str] = {v: repr(v) for v in floats}
-    for extra in range(16):
-        tried: dict[Hashable, str] = {v: _float_text(v, extra) for v in floats}
-        if len(set(tried.values())) == len(tried):
-            texts = tried
-            break
-    texts.update({v: _plain_text(v) for v in distinct if v not in texts})
-    seen: dict[str, list[Hashable]] = {}
-    for v, text in texts.items():
-        seen.setdefault(text, []).append(v)
-    for text, same in seen.items():
-        if len(same) > 1:
-            for v in same:
-                texts[v] = f"{text} #{hashlib.sha1(repr(v).encode()).hexdigest()[:6]}"
-    return texts
 
 
 def one_task(runs: Sequence[RunRecord]) -> str:
@@ -177,79 +116,10 @@ def one_task(runs: Sequence[RunRecord]) -> str:
     return tasks[0]
 
 
-@dataclass(frozen=True)
-class ConfigKey:
-    """What identifies a configuration except the seed: one row of a table, one group of a per-sample query."""
-
-    method: str
-    eps: Any                                 # a float, None, or a per-sample tuple
-    alpha: float | None
-    model: Any                               # the task option `model` (the llm table's first key), or None
-    rest: tuple[tuple[str, Any], ...]        # (field, hashable value) of the other fields that vary among the runs
-
-    def sort_key(self, table: str = "main") -> tuple:
-        order = method_info(self.method).order
-        eps = -1.0 if self.eps is None else float(np.mean(self.eps))
-        alpha = math.inf if self.alpha is None else self.alpha
-        rest = tuple(_order(v) for _, v in self.rest)
-        if table == "ablation":   # ERM first; then per eps: FL (alpha = inf), RFL by decreasing alpha, CSERM
-            return (order != 0, eps, order, -alpha if self.method != "fl" else -math.inf, rest)
-        if table == "llm":
-            return (_order(self.model), order, eps, alpha, rest)
-        return (order, eps, alpha, rest)
-
-
-def group_by_config(runs: Sequence[RunRecord]) -> dict[ConfigKey, list[RunRecord]]:
-    """The runs by configuration (seeds together), in no order. Besides method, ε and α, only fields that take
-    several values among the runs that use them (e.g. a swept lr) split groups; values are compared as they are
-    stored, never as they print (lr 0.011 and 0.012 are two configurations)."""
-    fixed = ("seed", "method", "eps", "alpha", *NOT_IDENTITY)
-    configs = {r.id: with_later_defaults(r.config) for r in runs}
-    values_of: dict[str, set[Hashable]] = {}
-    for cfg in configs.values():
-        for name, v in cfg.items():
-            if name not in fixed and v is not None:
-                values_of.setdefault(name, set()).add(_hashable(v))
-    split_by = sorted(name for name, vs in values_of.items() if len(vs) > 1)
-    groups: dict[ConfigKey, list[RunRecord]] = {}
-    for r in runs:
-        cfg = configs[r.id]
-        key = ConfigKey(r.method, _hashable(cfg.get("eps")), cfg.get("alpha"),
-                        (cfg.get("options") or {}).get("model"),
-                        tuple((name, _hashable(cfg.get(name))) for name in split_by))
-        groups.setdefault(key, []).append(r)
-    return groups
-
-
-def row_labels(keys: Sequence[ConfigKey], table: str = "main") -> tuple[list[str], dict[ConfigKey, list[str]]]:
-    """The key columns of a table and each configuration's texts in them. Each column's values are written with
-    ``distinct_texts``, so two different configurations never share a label."""
-    eps = distinct_texts(k.eps for k in keys)
-    alpha = distinct_texts(k.alpha for k in keys)
-    fields = [name for name, _ in keys[0].rest] if keys else []
-    rest = {name: distinct_texts(dict(k.rest)[name] for k in keys) for name in fields}
-    out: dict[ConfigKey, list[str]] = {}
-    for k in keys:
-        label = method_info(k.method).label
-        if table == "ablation":
-            row = [eps[k.eps], label, "∞" if k.method == "fl" else alpha[k.alpha]]
-        elif table == "llm":
-            row = [str(k.model or "—"), label, eps[k.eps], alpha[k.alpha]]
-        else:
-            row = [label, eps[k.eps], alpha[k.alpha]]
-        if fields:
-            row.append(", ".join(f"{name}={rest[name][v]}" for name, v in k.rest))
-        out[k] = row
-    names = {"ablation": ["ε", "Method", "α"], "llm": ["Model", "Method", "ε", "α"]}.get(table, ["Method", "ε", "α"])
-    return names + (["Config"] if fields else []), out
-
-
 def _run_value(v: Any) -> str:
     """A run's field as a CSV cell: numbers in full (pandas reads them as numbers), empty when not read."""
     if v is None:
         return ""
-    if isinstance(v, (list, tuple)):
-        return "per-sample"
     return repr(v) if isinstance(v, float) else str(v)
 
 
@@ -263,16 +133,14 @@ def _runs_table(runs: list[RunRecord], columns: list[str],
                   per_run=True)
 
     def used(r: RunRecord) -> dict[str, Any]:
-        cfg = with_later_defaults(r.config)
-        for switch, (off, dependent) in SWITCHED_FIELDS.items():
-            if cfg.get(switch) == off:     # e.g. the nuPI gains of a gd run: checked, reset, never read
-                cfg.update(dict.fromkeys(dependent))
-        return cfg
+        # e.g. the nuPI gains of a gd run: checked, reset, never read
+        return {**r.config, **{name: None for name, f in FIELDS.items()
+                               if f.switched_by and r.config.get(f.switched_by) == FIELDS[f.switched_by].default}}
 
     rows = []
     for r in runs:
         cfg, opts = used(r), r.config.get("options") or {}
-        order = (r.task, method_info(r.method).order, tuple(_order(_hashable(cfg.get(f))) for f in fields if f != "seed"),
+        order = (r.task, method_info(r.method).order, tuple(value_order(hashable(cfg.get(f))) for f in fields if f != "seed"),
                  r.seed, r.id)
         rows.append((order, [r.id, r.task, r.method, *(_run_value(cfg.get(f)) for f in fields),
                              *(_run_value(opts.get(k)) for k in options)],
@@ -338,10 +206,6 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
     return table
 
 
-def _num(v: float | None, digits: int = 2) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
 def _varying_keys(table: Table) -> Table:
     """The runs table without the key columns that hold one value in every row: a terminal cannot show all of
     RunConfig's fields beside the metrics (CSV keeps them all)."""
@@ -368,9 +232,9 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
     best = table.best(digits)
 
     def cell_text(c: Cell, is_best: bool, bold: Callable[[str], str], pm: Callable[[str], str]) -> str:
-        text = bold(_num(c.mean, digits)) if is_best else _num(c.mean, digits)
+        text = bold(number(c.mean, digits)) if is_best else number(c.mean, digits)
         if c.std is not None and c.n > 1:
-            text += pm(_num(c.std, digits))
+            text += pm(number(c.std, digits))
         return text + ("†" if c.flagged else "")
 
     if fmt == "markdown":

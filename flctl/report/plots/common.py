@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flctl.config import with_later_defaults
 from flctl.errors import ConfigError
 from flctl.method_info import method_info
+from flctl.report.groups_of_runs import curve_labels, distinct_texts, group_by_config
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -22,9 +21,6 @@ if TYPE_CHECKING:
     from flctl.store import RunRecord
 
 DPI = 150
-# Config keys that never split runs into curves: seeds are what the median and band summarize, eps and alpha
-# are always in the label, and device/data_dir say where a run executed, not what it computed.
-NOT_CURVE_KEYS = frozenset({"task", "method", "seed", "eps", "alpha", "device", "data_dir"})
 STYLE: dict[Any, Any] = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
          "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "legend.framealpha": 0.9,
          "savefig.dpi": DPI}
@@ -46,68 +42,17 @@ class Group:
 
 
 def group_runs(runs: Sequence[RunRecord], ignore: Sequence[str] = ()) -> list[Group]:
-    """Group runs by method, ε, α and every other config field (``options.X`` for task options) that takes
-    several values among them, except those in ``ignore``; sorted ERM, FL, RFL, CSERM, then by value.
+    """The runs as the tables group them (flctl.report.groups_of_runs: method, ε, α and every other config field
+    that takes several values among them, except those in ``ignore``), in the tables' row order.
 
     Labels read like "RFL ε=0.1 α=0.01" plus the varying fields ("lr=1e-3"), so a sweep over a field that
     is not a seed is never silently averaged as if it were seeds."""
-    flat = [_flat_config(r.config) for r in runs]
-    values: dict[str, set[str]] = {}
-    for cfg in flat:
-        for name, v in cfg.items():
-            if name not in NOT_CURVE_KEYS and name not in ignore and v is not None:
-                values.setdefault(name, set()).add(fmt(v))
-    varying = sorted(name for name, vs in values.items() if len(vs) > 1)
-
-    buckets: dict[tuple, list[RunRecord]] = {}
-    for run, cfg in zip(runs, flat):
-        key = (run.method, cfg.get("eps"), cfg.get("alpha"), *(cfg.get(v) for v in varying))
-        buckets.setdefault(_hashable(key), []).append(run)
-
-    def order(key: tuple) -> tuple:
-        return (method_info(key[0]).order, key[0], *(_sortable(v) for v in key[1:]))
-
-    keys = sorted(buckets, key=order)
-    # A numeric field's values in one format (tick_labels), as on a heatmap's axis: lr=1e-2 beside lr=3.2e-3.
-    shown: dict[str, dict[Any, str]] = {}
-    for i, name in enumerate(varying, start=3):
-        numbers = sorted({k[i] for k in keys if isinstance(k[i], (int, float)) and not isinstance(k[i], bool)})
-        shown[name] = dict(zip(numbers, tick_labels(numbers)))
-    styles = curve_styles([key[0] for key in keys])
-    groups = []
-    for key, (color, linestyle) in zip(keys, styles):
-        method, eps, alpha, *rest = key
-        parts = [method_info(method).label]
-        parts += [f"ε={fmt(eps)}"] if eps is not None else []
-        parts += [f"α={fmt(alpha)}"] if alpha is not None else []
-        parts += [f"{name.removeprefix('options.')}={shown[name].get(v, fmt(v))}" for name, v in zip(varying, rest)
-                  if v is not None]
-        groups.append(Group(" ".join(parts), method, tuple(sorted(buckets[key], key=lambda r: r.seed)),
-                            color, linestyle))
-    return groups
-
-
-def _flat_config(config: dict) -> dict[str, Any]:
-    flat = {k: v for k, v in with_later_defaults(config).items() if k != "options"}
-    flat.update({f"options.{k}": v for k, v in (config.get("options") or {}).items()})
-    return flat
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    return value
-
-
-def _sortable(value: Any) -> tuple:
-    # None first, then numbers by value (so lr=1e-3 sorts before lr=1e-2), then anything else as text.
-    if value is None:
-        return (0, 0.0, "")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (1, float(value), "")
-    return (2, 0.0, str(value))
+    groups = group_by_config(runs, ignore)
+    keys = sorted(groups, key=lambda k: k.sort_key())
+    labels = curve_labels(keys)
+    styles = curve_styles([k.method for k in keys])
+    return [Group(labels[k], k.method, tuple(sorted(groups[k], key=lambda r: r.seed)), color, linestyle)
+            for k, (color, linestyle) in zip(keys, styles)]
 
 
 # A qualitative palette: ten hues told apart at a glance (and by most colour-blind readers), then, past ten
@@ -129,21 +74,6 @@ def curve_styles(methods: Sequence[str]) -> list[tuple[tuple[float, float, float
     colors = matplotlib.colormaps[PALETTE].colors  # type: ignore[attr-defined]  # a ListedColormap
     return [((*colors[i % len(colors)], 1.0), LINESTYLES[(i // len(colors)) % len(LINESTYLES)])
             for i in range(len(methods))]
-
-
-def fmt(value: Any) -> str:
-    """Compact text for a config value: 0.1, 1e-3, 5e-4, 10; per-sample ε lists as 'per-sample'."""
-    if isinstance(value, (list, tuple)):
-        return "per-sample"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    exp = math.floor(math.log10(abs(value)))
-    if -2 <= exp <= 2:
-        return f"{value:.3g}"
-    mantissa = value / 10**exp
-    return f"{'-' if mantissa < 0 else ''}1e{exp}" if math.isclose(abs(mantissa), 1.0) else f"{mantissa:.2g}e{exp}"
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -252,24 +182,11 @@ def wrap(text: str, width_in: float, fontsize: float) -> str:
 
 
 def tick_labels(values: Sequence[float | None]) -> list[str]:
-    """One format for all the ticks of an axis: plain ``%.3g`` when every value reads so without an exponent
-    (0.01 to 999), else compact scientific for all (1e-3, 3.2e-3, 1e-2), never a mix of 0.0316 and 3.2e-3."""
-    if all(isinstance(v, int) for v in values):   # counts (batch sizes, epochs): every digit
-        return [str(v) for v in values]
-    finite = [abs(float(v)) for v in values if v is not None and math.isfinite(float(v)) and v != 0]
-    if all(1e-2 <= v < 1e3 for v in finite):
-        return ["" if v is None else f"{v:.3g}" for v in values]
-    return ["" if v is None else _scientific(v) for v in values]
-
-
-def _scientific(value: float) -> str:
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    exp = math.floor(math.log10(abs(value)))
-    mantissa = round(value / 10**exp, 1)
-    if abs(mantissa) >= 10:   # 9.96e-3 rounds to 10e-3: 1e-2
-        mantissa, exp = mantissa / 10, exp + 1
-    return f"{mantissa:g}e{exp}"
+    """One format for all the ticks of an axis (``distinct_texts``, compact): plain ``%.3g`` when every value
+    reads so without an exponent (0.01 to 999), else compact scientific for all (1e-3, 3.2e-3, 1e-2), never a mix
+    of 0.0316 and 3.2e-3; counts (batch sizes, epochs) with every digit; None (no value) blank."""
+    texts = distinct_texts([v for v in values if v is not None], compact=True)
+    return ["" if v is None else texts[v] for v in values]
 
 
 def _with_seeds(label: str, n: int) -> str:

@@ -48,7 +48,7 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
            .aggregate([("multiplier", "max")]))
     series = {c: _by_run_epoch(stats, c) for c in ("loss_mean", "loss_max")}
     series["multiplier_max"] = _by_run_epoch(lam, "multiplier_max")
-    series["violation_rate"] = _violation_rates(table.filter(pc.equal(table["split"], split)), done, split)
+    series["violation_rate"] = _violation_rates(table.filter(pc.equal(table["split"], split)), done)
 
     fig = _figure(15.0, 3.6)
     axes = fig.subplots(1, 4)
@@ -77,20 +77,17 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
     return fig
 
 
-def _violation_rates(table, runs: list[RunRecord], split: str) -> dict[str, dict[int, float]]:
-    """Share of samples with loss above ε per run and eval epoch (runs with an ε; a per-sample ε is indexed by
-    sample id on the train split and averaged on the test split, as the summaries do)."""
+def _violation_rates(table, runs: list[RunRecord]) -> dict[str, dict[int, float]]:
+    """Share of samples with loss above ε per run and eval epoch (runs with an ε)."""
     out: dict[str, dict[int, float]] = {}
     run_ids = np.asarray(table["run_id"].to_pylist())
-    epochs, ids, losses = (table[c].to_numpy() for c in ("epoch", "sample_id", "loss"))
+    epochs, losses = (table[c].to_numpy() for c in ("epoch", "loss"))
     for r in runs:
         eps = r.config.get("eps")
         if eps is None:
             continue
         mine = run_ids == r.id
-        per_sample = np.asarray(eps, dtype=np.float64)
-        level = per_sample if not per_sample.ndim else per_sample[ids[mine]] if split == "train" else per_sample.mean()
-        violated = losses[mine] > level
+        violated = losses[mine] > eps
         out[r.id] = {int(e): float(violated[epochs[mine] == e].mean()) for e in np.unique(epochs[mine])}
     return out
 

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.errors import ConfigError
-from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_seeds, fmt, group_runs, tick_labels, wrap
+from flctl.report.groups_of_runs import figure_number
+from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_seeds, group_runs, tick_labels, wrap
+from flctl.status import REPORTABLE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -27,7 +29,7 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
-    runs = [r for r in runs if r.status in ("completed", "diverged")]   # queued/running/failed: no value yet
+    runs = [r for r in runs if r.status in REPORTABLE]   # queued/running/failed: no value yet
     if not runs:
         raise ConfigError("the heatmap plot needs completed or diverged runs; see `flctl runs`")
     task = _one_task(runs, "heatmap")
@@ -35,7 +37,7 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
     duals = sorted({float(r.config["dual_lr"]) for r in runs if r.config.get("dual_lr") is not None})
     if len(lrs) < 2 and len(duals) < 2:
         raise ConfigError("the heatmap plot needs runs that vary lr and dual_lr, e.g. `flctl sweep TASK -m erm,fl "
-                          f"--lr 1e-3,1e-2 --dual-lr 1e-3,1e-2`; these runs all use lr={fmt(lrs[0])}")
+                          f"--lr 1e-3,1e-2 --dual-lr 1e-3,1e-2`; these runs all use lr={tick_labels(lrs[:1])[0]}")
     panels = []
     for g in group_runs(runs, ignore=("lr", "dual_lr")):
         duals_here = sorted({float(r.config["dual_lr"]) for r in g.runs if r.config.get("dual_lr") is not None})
@@ -79,7 +81,7 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
         for (i, j), c in cells.items():
             if c.values:
                 rgba = cmap(norm(grid[i, j]))
-                text = f"{np.mean(c.values):.3g}" + (f"\n+{c.diverged} div." if c.diverged else "")
+                text = figure_number(float(np.mean(c.values))) + (f"\n+{c.diverged} div." if c.diverged else "")
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color=_ink(rgba))
             elif c.diverged:   # grey: every seed of this configuration diverged
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="0.7", lw=0))
@@ -97,8 +99,8 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
     bar = fig.colorbar(image, ax=list(axes), label="final train avg loss (log scale)", shrink=0.9)
     # Plain numbers on the log colour bar; under a decade only minor ticks exist, and matplotlib would label
     # them "6×10⁻¹". Over several decades the minor ticks stay unlabelled (they would crowd the bar).
-    bar.ax.yaxis.set_major_formatter(lambda v, _: f"{v:.2g}")
+    bar.ax.yaxis.set_major_formatter(lambda v, _: figure_number(v))
     if vmax / vmin < 10:
-        bar.ax.yaxis.set_minor_formatter(lambda v, _: f"{v:.2g}")
+        bar.ax.yaxis.set_minor_formatter(lambda v, _: figure_number(v))
     fig.suptitle(f"{task}: final average train loss, mean over seeds (grey: diverged)")
     return fig

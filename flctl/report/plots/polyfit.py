@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.errors import ConfigError
-from flctl.report.plots.common import _figure, _figure_legend, _sortable, group_runs, load_extras
+from flctl.report.groups_of_runs import value_order
+from flctl.report.plots.common import _figure, _figure_legend, group_runs, load_extras
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -25,7 +26,7 @@ def _polyfit(runs: list[RunRecord]) -> Figure:
         raise ConfigError("the polyfit plot needs completed polyfit runs with extras, e.g. "
                           "`flctl sweep polyfit -m erm,fl -o degree=10,20,30`; select them with --task polyfit")
     extras = {r.id: e for r, e in fits}
-    degrees = sorted({(r.config.get("options") or {}).get("degree") for r, _ in fits}, key=_sortable)
+    degrees = sorted({(r.config.get("options") or {}).get("degree") for r, _ in fits}, key=value_order)
 
     fig = _figure(4.0 * len(degrees), 3.5)
     axes = fig.subplots(1, len(degrees), squeeze=False, sharey=True)[0]
@@ -33,7 +34,7 @@ def _polyfit(runs: list[RunRecord]) -> Figure:
         panel = [r for r, _ in fits if (r.config.get("options") or {}).get("degree") == degree]
         first = extras[panel[0].id]
         ax.plot(first["curve_x"], first["truth_y"], "k--", lw=1.2, label="ground truth cos(πx)")
-        for g in group_runs(panel, ignore=("options.degree",)):
+        for g in group_runs(panel):
             e = extras[g.runs[0].id]   # seeds do not change a convex solve: one curve per config
             ax.plot(e["curve_x"], e["curve_y"], color=g.color, ls=g.linestyle, lw=1.8, label=g.label)
         ax.scatter(first["train_x"], first["train_y"], s=16, c="k", zorder=3, label="training data")

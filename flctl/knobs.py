@@ -1,0 +1,27 @@
+"""The knobs of a launch (workers, threads, attempts, checkpoint interval): each one's default and check, written
+once. Kept apart from flctl.launch (submitit, SQLAlchemy) so that the CLI declares its options and help from them
+without importing either."""
+
+from __future__ import annotations
+
+from flctl.errors import ConfigError
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_CHECKPOINT_EVERY_S = 60.0
+SLURM_DEFAULT_WORKERS = 64
+# Most cells one worker trains together by default (see flctl.launch.batch_runs_for and benchmarks/bench_sweep.py).
+AUTO_BATCH_RUNS = 8
+
+
+def check_count(flag: str, value: object) -> None:
+    """A count such as --workers, given (None: not given) or read from a spec's TOML: an integer of at least 1.
+    ConfigError otherwise; a TOML ``true`` is refused, though Python counts it as the integer 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{flag} must be an integer of at least 1, got {value!r}")
+
+
+def check_checkpoint_every(value: object) -> None:
+    """--checkpoint-every as seconds >= 0 (0: every epoch); ConfigError for anything else (a negative, NaN, a TOML
+    ``true``)."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0):
+        raise ConfigError(f"--checkpoint-every must be a number of seconds >= 0, got {value!r}")

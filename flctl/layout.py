@@ -1,0 +1,140 @@
+"""Every path under a results folder, named once.
+
+A results folder holds:
+
+    flctl.db                          the run database (SQLite), unless --db / FLCTL_DB names another
+    records/run_id=<id>/epoch=<e>.parquet   per-sample records (flctl.records writes the files of a run's folder)
+    runs/<id>/checkpoint.pt           while a run trains (flctl.cell: the checkpoint format)
+    runs/<id>/model.pt                the trained weights
+    runs/<id>/extras.npz              what the task's figures need
+    jobs/<sweep>/                     submitit's job files and logs (private to its owner: flctl.launch)
+    jobs/<sweep>/controllers.log      what the local executor's job controllers print
+    jobs/<sweep>/submitted.json       the jobs `flctl sweep` started
+    jobs/<sweep>/workers/<host>-<pid>.json   one per live worker
+    reports/<plot>.png, .pdf          a plot's default output
+    reports/samples-<query>.parquet   a sample query's default output
+
+The names are those of the first release: results folders written by any release keep working. No torch and no
+database here, so the CLI and the training loop derive their paths from the same place.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder, ``runs/<id>/``: what training writes there. Training is handed this folder, not the results
+    root, so the names of its files live here rather than on ``Layout`` alone."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def checkpoint(self) -> Path:
+        """``Cell.state_dict()`` while the run trains; removed once it is done."""
+        return self.path / "checkpoint.pt"
+
+    @property
+    def model(self) -> Path:
+        """The trainable weights of the finished run (an LLM: its LoRA adapter)."""
+        return self.path / "model.pt"
+
+    @property
+    def extras(self) -> Path:
+        """The arrays the task's figures read by key."""
+        return self.path / "extras.npz"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a results root keeps things. ``root`` may be given as a str; it is held as a Path."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    # ---- the database ----
+
+    @property
+    def db(self) -> Path:
+        return self.root / "flctl.db"
+
+    @property
+    def db_url(self) -> str:
+        """The database a command uses when neither --db nor FLCTL_DB names one."""
+        return f"sqlite:///{self.db}"
+
+    # ---- records and run folders ----
+
+    @property
+    def records(self) -> Path:
+        """The hive-partitioned Parquet dataset of every run (flctl.records reads and writes it)."""
+        return self.root / "records"
+
+    def run_records(self, run_id: str) -> Path:
+        """The folder of one run's record files."""
+        # imported here: pyarrow is no cost a command that only needs the database path should pay
+        from flctl import records
+
+        return records.run_dir(self.records, run_id)
+
+    def run(self, run_id: str) -> RunFolder:
+        return RunFolder(self.root / "runs" / run_id)
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.run(run_id).path
+
+    def checkpoint(self, run_id: str) -> Path:
+        return self.run(run_id).checkpoint
+
+    def model(self, run_id: str) -> Path:
+        return self.run(run_id).model
+
+    def clear(self, run_id: str) -> None:
+        """Delete a run's records and files (for --rerun): it then starts from scratch."""
+        shutil.rmtree(self.run_records(run_id), ignore_errors=True)
+        shutil.rmtree(self.run_dir(run_id), ignore_errors=True)
+
+    # ---- sweep jobs (flctl.launch keeps these folders private and checks what it reads back) ----
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    def sweep_jobs(self, sweep_id: str) -> Path:
+        """The sweep's submitit folder: job pickles, logs, and flctl's own files below."""
+        return self.jobs / sweep_id
+
+    def workers(self, sweep_id: str) -> Path:
+        return self.sweep_jobs(sweep_id) / "workers"
+
+    def worker_file(self, sweep_id: str, host: str, pid: int) -> Path:
+        """The file a live worker leaves while it runs."""
+        return self.workers(sweep_id) / f"{host}-{pid}.json"
+
+    def submitted(self, sweep_id: str) -> Path:
+        return self.sweep_jobs(sweep_id) / "submitted.json"
+
+    def controllers_log(self, sweep_id: str) -> Path:
+        return self.sweep_jobs(sweep_id) / "controllers.log"
+
+    # ---- reports ----
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    def plot(self, name: str) -> Path:
+        """A plot's default output stem (.png and .pdf are added to it)."""
+        return self.reports / name
+
+    def samples(self, query: str) -> Path:
+        """A per-sample query's default output file."""
+        return self.reports / f"samples-{query}.parquet"

@@ -1,0 +1,95 @@
+"""The docs say what the code does: each list a doc gives (record columns and their types, later fields, layers,
+summary metrics) is read out of the doc and compared with the code that defines it, both ways, so a column,
+field, module or metric added on one side only fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import flctl
+from flctl import records
+from flctl.metrics import SPLITS, SUMMARY_METRICS
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
+README = ROOT / "README.md"
+RESULTS_README = ROOT / "results" / "README.md"
+
+
+def section(path: Path, heading: str) -> str:
+    """The text under a Markdown heading (exactly ``heading``, any level), up to the next heading of that level or
+    above; fails when the doc has no such heading, so a renamed section is not read as an empty list."""
+    text = path.read_text()
+    m = re.search(rf"^(#+) {re.escape(heading)}\s*$", text, flags=re.M)
+    assert m, f"{path.name} has no heading {heading!r}"
+    level = len(m.group(1))
+    end = re.search(rf"^#{{1,{level}}} ", text[m.end():], flags=re.M)
+    return text[m.end(): m.end() + end.start() if end else len(text)]
+
+
+def between(text: str, start: str, end: str = ")") -> str:
+    """The text after the first ``start`` up to the next ``end``."""
+    assert start in text, f"{start!r} not found"
+    rest = text.split(start, 1)[1]
+    assert end in rest, f"no {end!r} after {start!r}"
+    return rest.split(end, 1)[0]
+
+
+def ticked(text: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", text)
+
+
+def test_design_record_columns_and_types_are_the_schema() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \|", section(DESIGN, "Records (`results/records/run_id=<id>/epoch=<e>.parquet`)"),
+                      flags=re.M)
+    assert [(name, pa.type_for_alias(kind)) for name, kind in rows] == [(f.name, f.type) for f in records.SCHEMA]
+
+
+def _later_fields() -> list[str]:
+    from flctl.config import FIELDS
+
+    return [f.name for f in FIELDS.values() if f.later]
+
+
+def test_design_later_fields_are_the_code() -> None:
+    listed = ticked(between(section(DESIGN, "Identity"), "Fields added after the first release ("))
+    assert len(listed) == len(set(listed))
+    assert set(listed) == set(_later_fields())
+
+
+def _modules() -> set[str]:
+    """flctl's modules and packages as the layer list names them: flctl/x.py, or flctl/x/ for a package."""
+    package = Path(flctl.__file__).parent
+    out = {f"flctl/{p.name}" for p in package.glob("*.py") if p.name != "__init__.py"}
+    return out | {f"flctl/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_design_layers_name_every_module_once() -> None:
+    layers = section(DESIGN, "Layers")
+    # The package's own modules and subpackages: a layer's text may also name a module inside a subpackage.
+    named = [path for path in ticked(layers) if re.fullmatch(r"flctl/[a-z_]+(\.py|/)", path)]
+    assert len(named) == len(set(named)), "a module is in two layers"
+    assert set(named) == _modules()
+
+
+def test_readme_report_columns_are_the_summary_metrics() -> None:
+    listed = ticked(between(README.read_text(), "Columns are `SPLIT.METRIC` with the recorded summary metrics ("))
+    assert listed == list(SUMMARY_METRICS)
+
+
+def test_readme_database_bullet_lists_the_summary_metrics() -> None:
+    bullet = between(section(README, "Where things go"), "summary metrics (")
+    listed = [m for m in ticked(bullet) if m.split(".")[0] not in ("SPLIT", *SPLITS)]   # not `train.avg_loss`
+    assert listed == list(SUMMARY_METRICS)
+
+
+@pytest.mark.parametrize(("doc", "start"), [(README, "per-sample records at each eval epoch: `"),
+                                            (RESULTS_README, "(columns: ")],
+                         ids=["README", "results-README"])
+def test_record_column_lists_are_the_schema(doc: Path, start: str) -> None:
+    listed = between(" ".join(doc.read_text().split()), start, "`" if start.endswith("`") else ";")
+    assert [c.strip() for c in listed.split(",")] == records.SCHEMA.names

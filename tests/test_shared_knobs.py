@@ -1,0 +1,79 @@
+"""Facts with one home: --db and --results-dir declared once for every command, launch knobs checked once, a sweep's
+ledger and when it is settled (flctl.status)."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from flctl.cli import app
+from flctl.errors import ConfigError
+from flctl.knobs import check_checkpoint_every, check_count
+from flctl.launch import LaunchSettings, local_slots, slurm_workers
+from flctl.status import LEDGER_COLUMNS, ledger, settled
+
+
+def test_every_command_that_opens_the_database_declares_db_and_results_dir_alike() -> None:
+    group = typer.main.get_command(app)
+    seen: dict[str, set[tuple[str | None, str | None]]] = {"db": set(), "results_dir": set()}
+    commands = 0
+    for command in group.commands.values():      # type: ignore[attr-defined]
+        params = {p.name: p for p in command.params}
+        if "db" in params:
+            commands += 1
+            assert "results_dir" in params, command.name
+        for name in seen:
+            if name in params:
+                seen[name].add((params[name].help, getattr(params[name], "rich_help_panel", None)))
+    assert commands == 8
+    assert all(len(found) == 1 for found in seen.values()), seen
+
+
+@pytest.mark.parametrize("value", [0, -3, True, 2.0, "4"])
+def test_a_count_is_an_integer_of_at_least_one_wherever_it_is_checked(value) -> None:
+    with pytest.raises(ConfigError, match=f"--workers must be an integer of at least 1, got {value!r}"):
+        check_count("--workers", value)
+    with pytest.raises(ConfigError, match="--workers must be an integer of at least 1"):
+        LaunchSettings.resolve({"workers": value}, {})
+    if isinstance(value, int) and not isinstance(value, bool):
+        with pytest.raises(ConfigError, match="--workers must be an integer of at least 1"):
+            local_slots(4, device="cpu", workers=value)
+        with pytest.raises(ConfigError, match="--workers must be an integer of at least 1"):
+            slurm_workers(4, value, 1)
+    check_count("--workers", None)
+    check_count("--workers", 1)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), True, "60"])
+def test_checkpoint_every_is_seconds_at_least_zero(value) -> None:
+    with pytest.raises(ConfigError, match="--checkpoint-every must be a number of seconds >= 0"):
+        check_checkpoint_every(value)
+    with pytest.raises(ConfigError, match="--checkpoint-every must be a number of seconds >= 0"):
+        LaunchSettings.resolve({"checkpoint_every": value}, {})
+    check_checkpoint_every(0)
+    assert LaunchSettings.resolve({}, {}).checkpoint_every == 60.0
+
+
+class _Store:
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def sweep_runs(self, sweep_id: str) -> list[dict]:
+        return self.rows
+
+
+def _row(method: str, status: str, stale: bool = False) -> dict:
+    return {"method": method, "status": status, "stale": stale}
+
+
+def test_the_ledger_counts_states_per_method_and_settles_when_no_cell_is_held_or_to_do() -> None:
+    finished = [_row("fl", "completed"), _row("fl", "failed"), _row("erm", "diverged")]
+    data = ledger(_Store(finished), "s1")
+    assert data["cells"] == 3 and list(data["total"]) == list(LEDGER_COLUMNS)
+    assert data["methods"]["fl"]["completed"] == 1 and data["methods"]["fl"]["failed"] == 1
+    assert settled(data)
+    for pending in (_row("fl", "queued"), _row("fl", "interrupted"), _row("fl", "running"),
+                    _row("fl", "running", stale=True)):
+        data = ledger(_Store([*finished, pending]), "s1")
+        assert not settled(data), pending
+    assert ledger(_Store([_row("fl", "running", stale=True)]), "s1")["total"]["stale"] == 1
