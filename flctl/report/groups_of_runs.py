@@ -83,7 +83,7 @@ def group_by_config(runs: Sequence[RunRecord], ignore: Collection[str] = ()) -> 
     groups: dict[ConfigKey, list[RunRecord]] = {}
     for r in runs:
         cfg = r.config
-        key = ConfigKey(r.method, hashable(cfg.get("eps")), cfg.get("alpha"), (cfg.get("options") or {}).get("model"),
+        key = ConfigKey(r.method, cfg.get("eps"), cfg.get("alpha"), (cfg.get("options") or {}).get("model"),
                         tuple((name, hashable(cfg.get(name))) for name in split_by))
         groups.setdefault(key, []).append(r)
     return groups
