@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))          # the tests' writers of the real on-disk formats
 
 from flctl.config import resolve  # noqa: E402
+from flctl.layout import Layout  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
 from flctl.train import EpochStats, train  # noqa: E402
 from tests.fixtures import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
@@ -83,7 +84,7 @@ def timed_epochs(cfg, work: Path, epochs: int, on_epoch=None) -> dict:
         torch.cuda.reset_peak_memory_stats()
     status = "timed"
     try:
-        status = train(cfg, work / "records", work / cfg.run_id, on_epoch=callback).status
+        status = train(cfg, Layout(work).records, Layout(work).run_dir(cfg.run_id), on_epoch=callback).status
     except Stop:
         pass
     times = [b - a for (a, _), (b, _) in zip([(start, False)] + marks[:-1], marks)]
@@ -246,9 +247,10 @@ def flctl_sweep(args, name: str, task_args: list[str], launch: list[str], timeou
         shutil.rmtree(results)
     cmd = [sys.executable, "-m", "flctl", "sweep", *task_args, "--device", args.device, "--wait",
            "--results-dir", str(results), *launch]
-    env = {**os.environ, "FLCTL_DB": f"sqlite:///{results}/flctl.db", "TERM": "dumb"}
+    layout = Layout(results)
+    env = {**os.environ, "FLCTL_DB": layout.db_url, "TERM": "dumb"}
     rc, seconds = run_logged(cmd, args.out / "sweeps.log", timeout, env=env)
-    ledger = _ledger(results / "flctl.db") if (results / "flctl.db").exists() else {}
+    ledger = _ledger(layout.db) if layout.db.exists() else {}
     row = {"command": "flctl sweep " + " ".join(task_args + launch), "rc": rc, "seconds": seconds,
            "ledger": ledger, "timed_out": rc is None}
     print(f"{name}: {row}", flush=True)
@@ -305,8 +307,9 @@ def precision(args) -> dict:
                 over = {"epochs": 20} if args.small else {}
                 cfg = config(task, method, args.device, seed=seed, precision=prec, **over)
                 t0 = time.perf_counter()
-                res = train(cfg, args.work / "prec" / "records", args.work / "prec" / cfg.run_id)
-                files = sorted((args.work / "prec" / "records" / f"run_id={cfg.run_id}").glob("epoch=*.parquet"))
+                prec_work = Layout(args.work / "prec")
+                res = train(cfg, prec_work.records, prec_work.run_dir(cfg.run_id))
+                files = sorted(prec_work.run_records(cfg.run_id).glob("epoch=*.parquet"))
                 schema = pq.read_schema(files[-1])
                 rows.append({"seed": seed, "seconds": time.perf_counter() - t0, "status": res.status,
                              **{k: res.metrics[k] for k in ("train.avg_loss", "train.max_loss", "train.accuracy",

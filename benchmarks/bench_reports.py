@@ -19,6 +19,7 @@ import numpy as np
 
 from flctl import records
 from flctl.config import RunConfig
+from flctl.layout import Layout
 from flctl.store import Store
 
 METHODS = ("erm", "fl", "rfl", "cserm")
@@ -26,9 +27,9 @@ METHODS = ("erm", "fl", "rfl", "cserm")
 
 def synthesize(root: Path, n_runs: int, n_samples: int) -> Store:
     """n_runs finished runs (methods x eps x seeds), each with one final epoch of records: 80 % train, 20 % test."""
-    db = root / "flctl.db"
-    fresh = not db.exists()
-    store = Store.open(f"sqlite:///{db}")
+    layout = Layout(root)
+    fresh = not layout.db.exists()
+    store = Store.open(layout.db_url)
     if not fresh:
         return store
     rng = np.random.default_rng(0)

@@ -56,6 +56,8 @@ def _proc_table(folder: Path) -> dict[int, int]:
 
 
 def grid() -> dict:
+    from flctl.layout import Layout
+
     with tempfile.TemporaryDirectory() as tmp:
         a_dir, b_dir = Path(tmp) / "a", Path(tmp) / "b"
         start = time.perf_counter()
@@ -71,7 +73,7 @@ def grid() -> dict:
         def sample(sweep_pid: int) -> None:
             page = os.sysconf("SC_PAGE_SIZE")
             while not done.is_set():
-                table = _proc_table(b_dir / "jobs")
+                table = _proc_table(Layout(b_dir).jobs)
                 try:   # with --wait the sweep process is one of the workers
                     table[sweep_pid] = int(Path(f"/proc/{sweep_pid}/statm").read_text().split()[1]) * page
                 except (OSError, IndexError):
@@ -119,7 +121,8 @@ def loop(repeats: int) -> dict:
     import torch
 
     from benchmarks.plain_two_moons import train as plain_train
-    from flctl.runner import Layout, execute
+    from flctl.layout import Layout
+    from flctl.runner import execute
     from flctl.store import Store
     from tests.helpers import config
 

@@ -13,6 +13,10 @@ class StoreError(RuntimeError):
     """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
 
 
+class OlderSchema(StoreError):
+    """A command that only reads met a database from an older flctl (`flctl migrate` upgrades it)."""
+
+
 class NewerSchema(RuntimeError):
     """The database was written by a newer flctl (its revision is not among ours)."""
 

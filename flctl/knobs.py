@@ -9,6 +9,8 @@ from flctl.errors import ConfigError
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_CHECKPOINT_EVERY_S = 60.0
 SLURM_DEFAULT_WORKERS = 64
+# Seconds `flctl cancel` gives a worker to checkpoint and hand its cell back before it is killed.
+DEFAULT_CANCEL_TIMEOUT_S = 60.0
 # Most cells one worker trains together by default (see flctl.launch.batch_runs_for and benchmarks/bench_sweep.py).
 AUTO_BATCH_RUNS = 8
 

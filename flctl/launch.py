@@ -43,6 +43,7 @@ from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
 from flctl.knobs import (
     AUTO_BATCH_RUNS,
+    DEFAULT_CANCEL_TIMEOUT_S,
     DEFAULT_CHECKPOINT_EVERY_S,
     DEFAULT_MAX_ATTEMPTS,
     SLURM_DEFAULT_WORKERS,
@@ -631,7 +632,7 @@ def submitted_jobs(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
 
 
 def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
-    """Slurm: W workers (default min(cells, 64)); with ``per_gpu`` K they run K to a job."""
+    """Slurm: W workers (default min(cells, SLURM_DEFAULT_WORKERS)); with ``per_gpu`` K they run K to a job."""
     for name, value in (("--workers", workers), ("--per-gpu", per_gpu)):
         check_count(name, value)
     w = min(workers or SLURM_DEFAULT_WORKERS, max(cells, 1))
@@ -640,7 +641,8 @@ def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
 
 # ---- cancel ----
 
-def cancel(store: Store, results_root: Path, sweep_id: str, *, timeout: float = 60.0) -> dict[str, Any]:
+def cancel(store: Store, results_root: Path, sweep_id: str, *,
+           timeout: float = DEFAULT_CANCEL_TIMEOUT_S) -> dict[str, Any]:
     """Stop a sweep's workers and hand its running cells back (interrupted, attempt not counted, resumable).
 
     Local workers get SIGINT (they finish their epoch, checkpoint and hand their cell back) and are killed if

@@ -25,6 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def records_of(records: Path, run_id: str) -> Path:
+    """One run's partition of a records dataset (``records/run_id=<id>/``, hive-style: the folder name is the
+    ``run_id`` column pyarrow reads back)."""
+    return Path(records) / f"run_id={run_id}"
+
+
 @dataclass(frozen=True)
 class RunFolder:
     """One run's folder, ``runs/<id>/``: what training writes there. Training is handed this folder, not the results
@@ -80,10 +86,7 @@ class Layout:
 
     def run_records(self, run_id: str) -> Path:
         """The folder of one run's record files."""
-        # imported here: pyarrow is no cost a command that only needs the database path should pay
-        from flctl import records
-
-        return records.run_dir(self.records, run_id)
+        return records_of(self.records, run_id)
 
     def run(self, run_id: str) -> RunFolder:
         return RunFolder(self.root / "runs" / run_id)

@@ -34,7 +34,7 @@ class Pruner:
         self.pruned |= self.streak >= self.patience
         return order[~self.pruned[order]]
 
-    def evaluated(self, losses: np.ndarray, eps: float | np.ndarray) -> None:
+    def evaluated(self, losses: np.ndarray, eps: float) -> None:
         """After an eval epoch: pruned samples whose loss is above ε come back."""
         back = torch.as_tensor(np.asarray(losses > eps), device=self.pruned.device) & self.pruned
         self.pruned &= ~back

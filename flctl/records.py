@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from flctl.errors import ConfigError
 from flctl.fs import atomic_path
+from flctl.layout import records_of
 
 SCHEMA = pa.schema(
     [
@@ -39,10 +40,6 @@ SCHEMA = pa.schema(
 # readers that merge the folder name with the column (pandas.read_parquet, pyarrow.parquet.read_table) agree
 # with the files. flctl reads with SCHEMA (plain strings), which also reads files written before this change.
 FILE_SCHEMA = SCHEMA.set(0, pa.field("run_id", pa.dictionary(pa.int32(), pa.string())))
-
-
-def run_dir(root: Path, run_id: str) -> Path:
-    return Path(root) / f"run_id={run_id}"
 
 
 def split_table(
@@ -81,7 +78,7 @@ def split_table(
 
 def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table]) -> Path:
     """Atomically write one eval epoch's records (all splits) for a run; returns the file path."""
-    folder = run_dir(root, run_id)
+    folder = records_of(root, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"epoch={epoch:05d}.parquet"
     with atomic_path(final) as tmp:
@@ -95,7 +92,7 @@ def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = N
     root = Path(root)
     files = None
     if run_ids is not None:
-        files = [str(p) for r in run_ids for p in sorted(run_dir(root, r).glob("epoch=*.parquet"))]
+        files = [str(p) for r in run_ids for p in sorted(records_of(root, r).glob("epoch=*.parquet"))]
         if not files:
             return SCHEMA.empty_table()
     flt = None
@@ -138,10 +135,10 @@ def _epoch_of(path: Path) -> int:
 
 
 def final_epoch(root: Path, run_id: str) -> int | None:
-    files = sorted(run_dir(root, run_id).glob("epoch=*.parquet"))
+    files = sorted(records_of(root, run_id).glob("epoch=*.parquet"))
     return _epoch_of(files[-1]) if files else None
 
 
 def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
     """A run's record files of epochs after ``epoch`` (what a run that restarts at ``epoch`` will redo)."""
-    return [p for p in sorted(run_dir(root, run_id).glob("epoch=*.parquet")) if _epoch_of(p) > epoch]
+    return [p for p in sorted(records_of(root, run_id).glob("epoch=*.parquet")) if _epoch_of(p) > epoch]

@@ -49,7 +49,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 from sqlalchemy.pool import NullPool
 
 from flctl.config import RunConfig
-from flctl.errors import ClaimLost, ConfigError, NewerSchema, StoreError
+from flctl.errors import ClaimLost, ConfigError, NewerSchema, OlderSchema, StoreError
 from flctl.status import TRAINABLE
 from flctl.text import redact
 
@@ -529,11 +529,12 @@ class Store:
             older = "flctl_meta" in tables and migrations.needs_upgrade(self.engine, scripts)
         except NewerSchema as exc:
             raise _newer(f"revision {exc}", "this flctl knows") from None
-        if self.readonly and ("flctl_meta" not in tables or row != str(SCHEMA_VERSION) or older):
+        if self.readonly and "flctl_meta" in tables and (row != str(SCHEMA_VERSION) or older):
+            raise OlderSchema("the database is from an older flctl: `flctl migrate` upgrades it (so do flctl run "
+                              "and flctl sweep); this command only reads")
+        if self.readonly and "flctl_meta" not in tables:
             raise StoreError("the database is " + ("empty: not an flctl database yet" if not tables else
-                             "not an flctl database" if "flctl_meta" not in tables else
-                             "from an older flctl: a command that writes (flctl run, flctl sweep) upgrades it")
-                             + "; this command only reads")
+                             "not an flctl database") + "; this command only reads")
         if "flctl_meta" not in tables and tables:
             raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
                              "database; point --db at an empty or flctl database")

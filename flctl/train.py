@@ -36,7 +36,7 @@ from flctl.cell import Cell, RunResult, atomic_save, trainable_state
 from flctl.config import RunConfig
 from flctl.data import Dataset, epoch_order
 from flctl.fs import atomic_path
-from flctl.layout import RunFolder
+from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
@@ -408,7 +408,7 @@ def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
         model = RunFolder(r.run_dir).model
         atomic_save(trainable_state(r.model), model)
         result.artifacts["model"] = str(model)
-    result.artifacts["records"] = str(records.run_dir(records_root, r.cfg.run_id))
+    result.artifacts["records"] = str(records_of(records_root, r.cfg.run_id))
     r.checkpoint.unlink(missing_ok=True)
     return result
 
@@ -426,7 +426,7 @@ def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: P
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])
     result.artifacts.update(_save_extras(run_dir, sol.extras))
-    result.artifacts["records"] = str(records.run_dir(records_root, cfg.run_id))
+    result.artifacts["records"] = str(records_of(records_root, cfg.run_id))
     if on_epoch is not None:
         loss = np.asarray(sol.train["loss"], dtype=np.float64)
         lam = None if sol.multipliers is None else float(np.max(sol.multipliers))

@@ -90,7 +90,8 @@ def test_cells_that_differ_beyond_per_cell_fields_are_refused(tmp_path: Path) ->
 
 
 def test_a_cell_that_leaves_the_group_is_recorded_then_not_when_the_group_ends(tmp_path: Path) -> None:
-    from flctl.runner import Layout, train_claimed
+    from flctl.layout import Layout
+    from flctl.runner import train_claimed
     from flctl.store import Store
 
     sgd = dict(optimizer="sgd", epochs=120, eval_every=40)

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from flctl import records
 from flctl.cli import app
-from flctl.runner import Layout, execute
+from flctl.layout import Layout, records_of
+from flctl.runner import execute
 from flctl.store import Store
 from tests.helpers import config
 
@@ -66,8 +67,8 @@ def test_a_checkpoint_that_cannot_be_loaded_is_set_aside_and_the_run_starts_over
     else:
         checkpoint.write_bytes(checkpoint.read_bytes()[: 0 if damage == "empty" else 3000])
     # a failed attempt's record of a later epoch, which the restart must not leave beside its own
-    stray = records.run_dir(root / "records", run_id) / "epoch=00005.parquet"
-    stray.write_bytes((records.run_dir(tmp_path / "a" / "records", run_id) / "epoch=00004.parquet").read_bytes())
+    stray = records_of(root / "records", run_id) / "epoch=00005.parquet"
+    stray.write_bytes((records_of(tmp_path / "a" / "records", run_id) / "epoch=00004.parquet").read_bytes())
 
     res = cli(root, *ARGS)
     assert res.exit_code == 0, res.output

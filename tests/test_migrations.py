@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from flctl import migrations
 from flctl.cli import app
-from flctl.errors import StoreError
+from flctl.errors import OlderSchema, StoreError
 from flctl.store import Base, Meta, Store
 from tests.helpers import config
 from tests.test_concurrency import pg_database
@@ -65,10 +65,20 @@ def test_a_database_from_before_migrations_is_adopted_and_keeps_its_runs(tmp_pat
         conn.execute(sa.insert(Meta).values(key="schema_version", value="1"))
     engine.dispose()
 
-    with pytest.raises(StoreError, match="older flctl: a command that writes .* upgrades it"):
+    with pytest.raises(OlderSchema, match="older flctl: `flctl migrate` upgrades it"):
         Store.open(url, readonly=True)                        # a read leaves it as it is
-    store = Store.open(url)
+    cli = CliRunner()
+    refused = cli.invoke(app, ["runs", "--db", url])
+    assert refused.exit_code == 2 and "`flctl migrate` upgrades it" in refused.stderr
+    with engine.connect() as conn:                            # left as it was: no revision table yet
+        assert "flctl_alembic_version" not in sa.inspect(conn).get_table_names()
+    migrated = cli.invoke(app, ["migrate", "--db", url])
+    assert migrated.exit_code == 0 and f"upgraded the database to schema revision {HEAD}" in migrated.stdout
     assert revision(url) == HEAD
+    assert config("two-moons", "fl").run_id in cli.invoke(app, ["runs", "--db", url]).stdout
+    again = cli.invoke(app, ["migrate", "--db", url])
+    assert again.exit_code == 0 and "up to date" in again.stdout
+    store = Store.open(url)
     assert [r.id for r in store.list_runs()] == [config("two-moons", "fl").run_id]
     store.close()
 

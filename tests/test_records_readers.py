@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from flctl import records
 from flctl.cli import app
+from flctl.layout import records_of
 
 
 def test_five_readers_read_the_records_folder_and_agree(results: Path) -> None:
@@ -48,7 +49,7 @@ def test_five_readers_read_the_records_folder_and_agree(results: Path) -> None:
 
 
 def test_records_written_before_run_id_was_dictionary_encoded_stay_readable(tmp_path: Path) -> None:
-    folder = records.run_dir(tmp_path, "0123456789abcdef")
+    folder = records_of(tmp_path, "0123456789abcdef")
     folder.mkdir(parents=True)
     old = records.split_table("0123456789abcdef", "train", 1, np.ones(3), np.zeros(3), np.zeros(3))
     old = old.set_column(0, "run_id", pa.array(["0123456789abcdef"] * 3))          # the old plain-string column

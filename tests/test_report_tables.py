@@ -140,6 +140,29 @@ def test_gd_and_nupi_runs_of_one_method_are_separate_rows() -> None:
                                                                        ("dual_optimizer=nupi, kp=1.00", 0.2)]
 
 
+def test_captured_and_eager_runs_are_one_configuration_and_only_varying_options_are_named() -> None:
+    import dataclasses
+
+    from flctl.report.groups_of_runs import curve_labels, group_by_config
+
+    def variant(seed: int, run_id: str, **fields) -> RunRecord:
+        base = run("fl", seed, eps=0.5, train__avg_loss=0.1 * (seed + 1))
+        return dataclasses.replace(base, id=run_id, config={**base.config, **fields})
+
+    # captured replays the eager step's kernels (one run id for both): one row of two seeds, no engine column
+    eager, captured = variant(0, "e", engine="eager"), variant(1, "c", engine="captured")
+    ((_, cells),) = build("main", [eager, captured], ["train.avg_loss"]).rows
+    assert cells[0].n == 2 and cells[0].mean == pytest.approx(0.15)
+    compiled = variant(2, "t", engine="compiled")       # another step: its own configuration
+    assert len(group_by_config([eager, captured, compiled])) == 2
+
+    # task options split configurations one by one, and a label names only those that vary
+    low, high = (variant(0, f"d{d}", options={"degree": d, "noise": 0.1}) for d in (3, 10))
+    labels = sorted(curve_labels(list(group_by_config([low, high]))).values())
+    assert labels == ["FL ε=0.5 degree=10", "FL ε=0.5 degree=3"]
+    assert [row[-1] for row, _ in build("main", [low, high], ["train.avg_loss"]).rows] == ["degree=3", "degree=10"]
+
+
 def test_unknown_table_format_and_column() -> None:
     with pytest.raises(ConfigError, match="choose one of: main, ablation, llm, runs"):
         build("figure", RUNS)

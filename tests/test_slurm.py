@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from flctl import records
+from flctl.layout import records_of
 from flctl.store import Store
 from tests import helpers
 
@@ -125,7 +126,7 @@ def sacct(job: str, *, duplicates: bool = False) -> list[tuple[str, str]]:
 def record_files(results: Path, run_id: str) -> dict[str, tuple[int, int]]:
     """Each eval epoch's records file of a run, with (inode, mtime): a rewritten file gets a new inode."""
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
-            for p in records.run_dir(results / "records", run_id).glob("epoch=*.parquet")}
+            for p in records_of(results / "records", run_id).glob("epoch=*.parquet")}
 
 
 def assert_resumed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flctl import records
+from flctl.layout import records_of
 from flctl.train import train
 from tests.helpers import config
 
@@ -180,7 +181,7 @@ def test_infeasible_fl_keeps_multipliers_finite(tmp_path: Path) -> None:
 def test_records_are_ordered_complete_and_atomic(tmp_path: Path) -> None:
     cfg = config("digits", "fl", epochs=2, eval_every=1, batch_size=256)
     result = run(cfg, tmp_path)
-    folder = records.run_dir(tmp_path / "records", cfg.run_id)
+    folder = records_of(tmp_path / "records", cfg.run_id)
     assert sorted(p.name for p in folder.iterdir()) == ["epoch=00001.parquet", "epoch=00002.parquet"]
     table = records.read(tmp_path / "records", [cfg.run_id], epoch=2)
     assert table.schema.equals(records.SCHEMA)

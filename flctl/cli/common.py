@@ -152,13 +152,19 @@ def existing_store(db: str | None, root: Path, *, readonly: bool = True):
     from flctl.errors import StoreError
     from flctl.store import Store
 
-    url = db_url(db, root)
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
-        fail(f"no run database at {url[len('sqlite:///'):]}; run `flctl run TASK` first or pass --db")
+    url = existing_db_url(db, root)
     try:
         return Store.open(url, readonly=readonly)
     except StoreError as exc:
         fail(str(exc))
+
+
+def existing_db_url(db: str | None, root: Path) -> str:
+    """The database's URL; exit 2 if it is a SQLite file that does not exist (opening it would create it)."""
+    url = db_url(db, root)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        fail(f"no run database at {url[len('sqlite:///'):]}; run `flctl run TASK` first or pass --db")
+    return url
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:

@@ -100,7 +100,7 @@ def run(
     # --rerun and a diverged run start from scratch: execute clears their old files once the claim is ours
     fresh = rerun or (previous is not None and previous.status == "diverged")
 
-    summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if isinstance(cfg.eps, float) else "") + (
+    summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if cfg.eps is not None else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
     allow = (*TRAINABLE, "diverged", "completed") if rerun else (*TRAINABLE, "diverged")
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.

@@ -14,6 +14,7 @@ from flctl.cli.common import (
     complete_run,
     complete_task,
     console,
+    existing_db_url,
     existing_store,
     fail,
     find,
@@ -83,8 +84,6 @@ def show(
 
     cfg = Table("config", "value", show_header=False)
     for k, v in sorted(run.config.items()):
-        if isinstance(v, list) and len(v) > 8:
-            v = f"[{len(v)} values]"
         cfg.add_row(safe(k), safe(v))
     console.print(cfg)
     console.print(safe(f"host {run.host} · git {run.git_sha or '-'} · attempts {run.attempts} · "
@@ -102,3 +101,30 @@ def _num(v) -> str:
     if isinstance(v, list):
         return f"[{len(v)}]"
     return f"{v:.4g}" if isinstance(v, float) else safe(v)
+
+
+
+def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
+    """Upgrade an existing database to this flctl's schema, changing no run (ids, results, records).
+
+    flctl run and flctl sweep upgrade a database on their own; the commands that only read (runs, show, status,
+    report) refuse one from an older flctl until something has.
+    """
+    from flctl import migrations
+    from flctl.errors import OlderSchema, StoreError
+    from flctl.store import Store
+
+    url = existing_db_url(db, results_root(results_dir))
+    try:
+        Store.open(url, readonly=True).close()
+        console.print(f"the database is up to date (schema revision {migrations.head()})")
+        return
+    except OlderSchema:
+        pass
+    except StoreError as exc:      # not an flctl database, newer, unreachable: nothing to upgrade
+        fail(str(exc))
+    try:
+        Store.open(url).close()    # a writable open upgrades it, under the schema lock
+    except StoreError as exc:
+        fail(str(exc))
+    console.print(f"upgraded the database to schema revision {migrations.head()}")

@@ -31,7 +31,13 @@ from flctl.cli.common import (
 )
 from flctl.cli.info import JSON_OPT
 from flctl.config import AXIS_FIELDS
-from flctl.knobs import AUTO_BATCH_RUNS, DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_MAX_ATTEMPTS, SLURM_DEFAULT_WORKERS
+from flctl.knobs import (
+    AUTO_BATCH_RUNS,
+    DEFAULT_CANCEL_TIMEOUT_S,
+    DEFAULT_CHECKPOINT_EVERY_S,
+    DEFAULT_MAX_ATTEMPTS,
+    SLURM_DEFAULT_WORKERS,
+)
 from flctl.status import LEDGER_COLUMNS, TO_DO, ledger, settled
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
@@ -388,14 +394,15 @@ def sweeps(
 def cancel(
     sweep_ref: Annotated[str, typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name.",
                                                                 autocompletion=complete_sweep)],
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")] = 60.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")]
+    = DEFAULT_CANCEL_TIMEOUT_S,
     as_json: JSON_OPT = False,
     db: DbOption = None,
     results_dir: ResultsDirOption = None,
 ) -> None:
     """Stop a sweep's workers and hand its running cells back; `flctl sweep` with the same axes resumes it.
 
-    Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held go
+    Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held
     are marked interrupted without counting an attempt.
     """
     from flctl.launch import cancel as cancel_sweep

@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 
 from flctl import records
 from flctl.errors import ConfigError
+from flctl.layout import records_of
 from flctl.status import REPORTABLE
 from flctl.store import shown
 
@@ -45,7 +46,7 @@ def final_files(records_root: Path, run_ids: Sequence[str]) -> dict[str, Path]:
     """Each run's last eval-epoch file (the final records); ConfigError when a run has none."""
     out: dict[str, Path] = {}
     for run_id in run_ids:
-        files = sorted(records.run_dir(records_root, run_id).glob("epoch=*.parquet"))
+        files = sorted(records_of(records_root, run_id).glob("epoch=*.parquet"))
         if not files:
             raise ConfigError(f"run {run_id} has no per-sample records under {records_root}; "
                               "was the results directory moved? (pass --results-dir)")
@@ -63,7 +64,7 @@ def final_records(records_root: Path, run_ids: Sequence[str], columns: Sequence[
 
 def all_epochs(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
     """Every eval epoch of the runs (for dynamics plots), reading only their folders."""
-    files = [str(p) for r in run_ids for p in sorted(records.run_dir(records_root, r).glob("epoch=*.parquet"))]
+    files = [str(p) for r in run_ids for p in sorted(records_of(records_root, r).glob("epoch=*.parquet"))]
     return records.table(files, columns, filter=ds.field("run_id").isin(list(run_ids)))
 
 

@@ -24,7 +24,7 @@ DEFAULT_COLUMNS = ("train.avg_loss", "train.max_loss", "test.avg_loss", "test.ma
 WORST = "worst group"
 
 
-def _group_value(losses: np.ndarray, metric: str, eps) -> float | None:
+def _group_value(losses: np.ndarray, metric: str, eps: float | None) -> float | None:
     """One column's value on one group's final losses; None where the column is not a function of the losses."""
     base, _, q = metric.partition("@")
     if base == "avg_loss":
@@ -36,7 +36,7 @@ def _group_value(losses: np.ndarray, metric: str, eps) -> float | None:
     if base == "quantile":
         return float(np.quantile(losses, float(q)))
     if base == "violation_rate":
-        return None if eps is None else float(np.mean(losses > np.mean(eps)))
+        return None if eps is None else float(np.mean(losses > eps))
     raise ConfigError(f"column {metric!r} is not computed per group; use avg_loss, max_loss, cvar_0.9, cvar@Q, "
                       "quantile@Q or violation_rate")
 

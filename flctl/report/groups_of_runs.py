@@ -14,7 +14,7 @@ from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flctl.config import NOT_IDENTITY
+from flctl.config import NOT_IDENTITY, SAME_NUMBERS_ENGINES
 from flctl.method_info import method_info
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # Fields that never split runs into configurations: the seed is what a group summarizes, method, ε and α are keys
 # of their own, a table or figure holds one task, and the rest say where a run executed, not what it computed.
 NOT_SPLITTING = frozenset({"task", "seed", "method", "eps", "alpha", *NOT_IDENTITY})
+OPTION = "options."   # a task option's name as a field of a configuration: options.degree
 
 
 def hashable(v: Any) -> Hashable:
@@ -68,23 +69,34 @@ class ConfigKey:
         return (order, eps, alpha, rest)
 
 
+def _compared(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored config as configurations are compared: each task option a field of its own (``options.degree``),
+    and an engine that computes the eager step's numbers counted as ``eager`` (its runs share their ids)."""
+    flat = {k: v for k, v in config.items() if k != "options"}
+    flat.update({f"{OPTION}{k}": v for k, v in (config.get("options") or {}).items()})
+    if flat.get("engine") in SAME_NUMBERS_ENGINES:
+        flat["engine"] = "eager"
+    return flat
+
+
 def group_by_config(runs: Sequence[RunRecord], ignore: Collection[str] = ()) -> dict[ConfigKey, list[RunRecord]]:
     """The runs by configuration (seeds together), in no order (``ConfigKey.sort_key`` orders them).
 
     Besides method, ε and α, only fields that take several values among the runs that use them (e.g. a swept lr)
-    split groups, except those in ``ignore`` (a heatmap's axes); task options count as one field, ``options``.
+    split groups, except those in ``ignore`` (a heatmap's axes); each task option is a field, ``options.NAME``.
     Values are compared as they are stored, never as they print (lr 0.011 and 0.012 are two configurations)."""
+    compared = {r.id: _compared(r.config) for r in runs}
     values_of: dict[str, set[Hashable]] = {}
-    for r in runs:
-        for name, v in r.config.items():
+    for flat in compared.values():
+        for name, v in flat.items():
             if name not in NOT_SPLITTING and name not in ignore and v is not None:
                 values_of.setdefault(name, set()).add(hashable(v))
     split_by = sorted(name for name, vs in values_of.items() if len(vs) > 1)
     groups: dict[ConfigKey, list[RunRecord]] = {}
     for r in runs:
-        cfg = r.config
-        key = ConfigKey(r.method, cfg.get("eps"), cfg.get("alpha"), (cfg.get("options") or {}).get("model"),
-                        tuple((name, hashable(cfg.get(name))) for name in split_by))
+        flat = compared[r.id]
+        key = ConfigKey(r.method, flat.get("eps"), flat.get("alpha"), flat.get(f"{OPTION}model"),
+                        tuple((name, hashable(flat.get(name))) for name in split_by))
         groups.setdefault(key, []).append(r)
     return groups
 
@@ -180,13 +192,16 @@ def key_texts(keys: Sequence[ConfigKey], compact: bool = False) -> dict[ConfigKe
     fields = [name for name, _ in keys[0].rest] if keys else []
     rest = {name: distinct_texts((dict(k.rest)[name] for k in keys), compact) for name in fields}
     return {k: KeyTexts(method_info(k.method).label, eps[k.eps], alpha[k.alpha],
-                        tuple((name, rest[name][v]) for name, v in k.rest)) for k in keys}
+                        tuple((name.removeprefix(OPTION), rest[name][v]) for name, v in k.rest)) for k in keys}
 
 
 def row_labels(keys: Sequence[ConfigKey], table: str = "main") -> tuple[list[str], dict[ConfigKey, list[str]]]:
     """The key columns of a table and each configuration's texts in them (what per-sample queries name groups by)."""
     texts = key_texts(keys)
-    fields = bool(keys) and bool(keys[0].rest)
+    # The other fields that vary, as name=text (the llm table's model has a column of its own).
+    config = {k: ", ".join(f"{name}={text}" for (name, text), (field, _) in zip(texts[k].rest, k.rest)
+                           if not (table == "llm" and field == f"{OPTION}model")) for k in keys}
+    fields = any(config.values())
     out: dict[ConfigKey, list[str]] = {}
     for k in keys:
         t = texts[k]
@@ -197,7 +212,7 @@ def row_labels(keys: Sequence[ConfigKey], table: str = "main") -> tuple[list[str
         else:
             row = [t.method, t.eps, t.alpha]
         if fields:
-            row.append(", ".join(f"{name}={text}" for name, text in t.rest))
+            row.append(config[k])
         out[k] = row
     names = {"ablation": ["ε", "Method", "α"], "llm": ["Model", "Method", "ε", "α"]}.get(table, ["Method", "ε", "α"])
     return names + (["Config"] if fields else []), out

@@ -51,7 +51,7 @@ def violators(runs: list[RunRecord], records_root: Path, *, split: str = "train"
     out = []
     for key, label, group in _configs(runs):
         level = eps if eps is not None else key.eps
-        if level is None:   # ERM and CSERM have no ε
+        if level is None:   # ERM has no ε
             continue
         t = final_records(records_root, [r.id for r in group], ["run_id", "sample_id", "loss"], split=split)
         t = t.append_column("violates", pc.greater(t["loss"], level))
