@@ -78,10 +78,10 @@ app.command(rich_help_panel="Inspect")(sweep.status)
 app.command(rich_help_panel="Inspect")(sweep.sweeps)
 app.command(rich_help_panel="Inspect")(runs.runs)
 app.command(rich_help_panel="Inspect")(runs.show)
-app.command(rich_help_panel="Maintain")(runs.migrate)
 app.command(rich_help_panel="Report")(report.report)
 app.command(rich_help_panel="Catalogue")(info.tasks)
 app.command(rich_help_panel="Catalogue")(info.methods)
+app.command(rich_help_panel="Maintain")(runs.migrate)
 
 
 def main() -> None:
