@@ -2,7 +2,7 @@
 
 For each model, one model + AdamW optimizer + method object is built per method from the same seed, and
 every method walks the same epoch orders (``flctl.data.epoch_order``) through the real
-``flctl.train.train_step``, exactly like the loop in ``flctl/train.py``::
+``flctl.step.train_step``, exactly like the loop in ``flctl/train.py``::
 
     x, y = x_train[ids], y_train[ids]
     epoch_losses[ids] = train_step(task, model, method, optimizer, x, y, ids)

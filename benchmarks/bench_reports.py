@@ -50,10 +50,11 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> Store:
             pred = np.where(rng.random(n) < 0.9, target, rng.integers(0, 10, n))
             lam = rng.exponential(0.1, n) if split == "train" and cfg.method in ("fl", "rfl") else None
             tables.append(records.split_table(cfg.run_id, split, 1, loss, pred, target, pred == target, lam))
-        path = records.write_epoch(root / "records", cfg.run_id, 1, tables)
+        path = records.write_epoch(layout.records, cfg.run_id, 1, tables)
         tr, te = tables[0]["loss"].to_numpy(), tables[1]["loss"].to_numpy()
-        store.claim_run(cfg.run_id)
-        store.finish_run(cfg.run_id, status="completed", epochs_done=1, duration_s=1.0, diverged_at=None,
+        token = store.claim_run(cfg.run_id)
+        assert token is not None        # a new run, queued and claimed by this process alone
+        store.finish_run(cfg.run_id, token, status="completed", epochs_done=1, duration_s=1.0, diverged_at=None,
                          lambda_capped=0, artifacts={"records": str(path.parent)},
                          metrics={"train.avg_loss": float(tr.mean()), "train.max_loss": float(tr.max()),
                                   "test.avg_loss": float(te.mean()), "test.max_loss": float(te.max()),

@@ -8,7 +8,7 @@ For each task, K cells (mixed methods and seeds) train E epochs three ways, thro
 
 Rounds alternate the ways, so drift of the machine hits all alike; printed are the median wall seconds over rounds
 and each way's ratio to alone. The ``batched`` flag of a task (vmap or interleave) is chosen from these numbers.
-Writes benchmarks/results/stacking-<date>-<device>.json (and the printed table as .txt beside it).
+Writes benchmarks/results/stacking-<date>-<device>.json (or under --out; the printed table as .txt beside it).
 
     python benchmarks/bench_stacking.py                          # two-moons, digits, cifar10 (fake, narrow)
     python benchmarks/bench_stacking.py --device cuda --tasks cifar10 --k 1,2,4,8
@@ -88,6 +88,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder of the results files")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     epochs = {"two-moons": 20, "digits": 3, "cifar10": 2, "diabetes": 20}
@@ -103,7 +104,7 @@ def main() -> None:
                     f"{w} {row['median_s'][w]:.2f} s ({row['ratio_to_alone'][w]:.2f}x)" for w in row["median_s"]),
                     flush=True)
     device = torch.cuda.get_device_name().replace(" ", "-") if args.device.startswith("cuda") else "cpu"
-    out = ROOT / "benchmarks" / "results" / f"stacking-{datetime.date.today()}-{device.lower()}.json"
+    out = args.out / f"stacking-{datetime.date.today()}-{device.lower()}.json"
     meta = {"device": device, "torch": torch.__version__, "threads": args.threads,
             "command": "python benchmarks/bench_stacking.py " + " ".join(sys.argv[1:])}
     out.write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")

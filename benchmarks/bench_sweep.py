@@ -11,7 +11,7 @@ Three measurements, printed side by side:
    a plain torch script), alternated, median of --repeats each; target ratio <= 1.3.
 3. loop: a two-moons FL run's epochs loop inside one process (through its runner, with a real SQLite database,
    records, checkpoints and heartbeats): the share of its wall time spent outside the optimizer steps (the
-   train_step calls, timed in the same run) and the part of it that is after-epoch bookkeeping (records,
+   cell_step calls, timed in the same run) and the part of it that is after-epoch bookkeeping (records,
    checkpoints, per-epoch numbers: _end_epoch minus its evals), target <= 10 %; and how much longer the whole
    loop takes than the plain script's loop doing the same steps and evals.
 
@@ -143,7 +143,8 @@ def loop(repeats: int) -> dict:
                     starts.append(time.perf_counter())     # the loop starts with the first epoch's order
                 return real_order(*a, **k)
 
-            real = {name: getattr(train_mod, name) for name in ("train_step", "_end_epoch", "evaluate")}
+            # the step as the loop calls it (flctl.step.cell_step, bound by _Stepper when the run starts)
+            real = {name: getattr(train_mod, name) for name in ("cell_step", "_end_epoch", "evaluate")}
             spent = dict.fromkeys(real, 0.0)
 
             def timed(name):
@@ -167,7 +168,7 @@ def loop(repeats: int) -> dict:
                     setattr(train_mod, name, fn)
             store.close()
         flctl_s.append(marks[-1] - starts[0])
-        outside.append(1 - spent["train_step"] / flctl_s[-1])
+        outside.append(1 - spent["cell_step"] / flctl_s[-1])
         # after-epoch bookkeeping (per-epoch numbers, records, checkpoints, progress) without the evals themselves
         bookkeeping.append((spent["_end_epoch"] - spent["evaluate"]) / flctl_s[-1])
         plain_s.append(plain_train(i)[0])
