@@ -103,7 +103,6 @@ def _num(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else safe(v)
 
 
-
 def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
     """Upgrade an existing database to this flctl's schema, changing no run (ids, results, records).
 
