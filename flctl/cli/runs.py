@@ -98,8 +98,6 @@ def show(
 def _num(v) -> str:
     if v is None:
         return ""
-    if isinstance(v, list):
-        return f"[{len(v)}]"
     return f"{v:.4g}" if isinstance(v, float) else safe(v)
 
 
