@@ -25,12 +25,42 @@ class Split:
 
 @dataclass
 class Dataset:
+    """Both splits and what the task knows about them. Per-sample facts in ``meta`` follow one convention, so that
+    ``subset`` keeps them aligned with the ids: ``meta["train_NAME"]`` / ``meta["test_NAME"]`` hold one value per
+    sample of that split, and ``meta["groups"][attr][split]`` one group label per sample."""
+
     train: Split
     test: Split
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to(self, device: torch.device | str) -> Dataset:
         return Dataset(self.train.to(device), self.test.to(device), self.meta)
+
+    def subset(self, n: int) -> Dataset:
+        """At most ``n`` samples of each split, spread evenly over it (every k-th, first and last kept), so that a
+        split ordered by class or by file name (UTKFace's begin with the age) keeps its range. The kept samples are
+        renumbered 0..n-1 (ids are positions); the per-sample ``meta`` entries are cut to match."""
+        import numpy as np
+
+        picks = {name: np.unique(np.linspace(0, len(s) - 1, min(n, len(s))).round().astype(np.int64))
+                 for name, s in (("train", self.train), ("test", self.test))}
+
+        def cut(split: Split, idx: np.ndarray) -> Split:
+            rows = torch.from_numpy(idx)
+            return Split(split.x[rows], split.y[rows])
+
+        def per_sample(values: Any, idx: np.ndarray) -> Any:
+            return [values[i] for i in idx] if isinstance(values, list) else np.asarray(values)[idx]
+
+        meta = dict(self.meta)
+        for key, values in self.meta.items():
+            split = key.split("_", 1)[0]
+            if split in picks and "_" in key:
+                meta[key] = per_sample(values, picks[split])
+        if "groups" in meta:
+            meta["groups"] = {attr: {sp: per_sample(v, picks[sp]) for sp, v in by_split.items()}
+                              for attr, by_split in meta["groups"].items()}
+        return Dataset(cut(self.train, picks["train"]), cut(self.test, picks["test"]), meta)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> Tensor:

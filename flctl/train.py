@@ -105,6 +105,8 @@ def train_together(
 
     # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
     data = task.load(cfgs[0].opts, cfgs[0].data_dir)
+    if cfgs[0].subset:
+        data = data.subset(cfgs[0].subset)
     if task.solve is not None:
         return [_run_solver(cfg, task, data, records_root, Path(d), fence, on_epoch)
                 for cfg, d in zip(cfgs, run_dirs)]

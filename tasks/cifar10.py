@@ -183,4 +183,5 @@ TASK = Task(
     augment=Augment(_draw, _apply),   # random crop (zero padding 4) and horizontal flip
     extras=extras,
     check=check,
+    smoke={"options": {"width": 8}},
 )

@@ -31,16 +31,21 @@ paper's hyperparameter table lists "LoRA alpha 1"; we follow the setting flctl w
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from flctl.data import Dataset, Split
 from flctl.errors import ConfigError
 from flctl.tasks import Task
+
+if TYPE_CHECKING:
+    import torch
+
+    from flctl.data import Dataset
 
 DATASET = "argilla/distilabel-intel-orca-dpo-pairs"
 HOME = f"https://huggingface.co/datasets/{DATASET}"    # where a copy for --data comes from (its Parquet files)
@@ -73,8 +78,11 @@ def _require_llm() -> None:
 def _read_rows(data: str | None) -> dict[str, list]:
     """The dataset's needed columns as lists, from a local JSONL/Parquet file or the Hugging Face Hub."""
     if data is None:
+        import datasets.config
         from datasets import load_dataset
 
+        if not _hub_reachable():   # the cache only: offline, each request would be retried for half a minute
+            datasets.config.HF_HUB_OFFLINE = True
         try:
             hub = load_dataset(DATASET, split="train")
         except Exception as exc:  # offline, proxy, no cache: one message naming the way out
@@ -186,6 +194,7 @@ def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
 
 def tokenize_pairs(tokenizer, rows: dict[str, list], idx: np.ndarray, options: dict) -> torch.Tensor:
     """Pack pairs as int32 [N, 2 (chosen, rejected), 2 (token, role), L]; role 1 = prompt, 2 = completion."""
+    import torch
     from trl.data_utils import common_prefix_length
 
     def ids(conversations, **kw) -> list[list[int]]:
@@ -232,6 +241,10 @@ def check(options: dict, data_dir: str | None) -> None:
 
 
 def load(options: dict, data_dir: str | None) -> Dataset:
+    import torch
+
+    from flctl.data import Dataset, Split
+
     _require_llm()
     rows = _read_rows(data_dir)
     keep, counts = select_pairs(rows)
@@ -248,32 +261,41 @@ def load(options: dict, data_dir: str | None) -> Dataset:
 
 # ---------------------------------------------------------------------------------------------- model
 
-class DPOPolicy(torch.nn.Module):
-    """Wraps a (LoRA-adapted) causal LM: packed pairs [B, 2, 2, L] -> policy margins [B]."""
+@functools.cache
+def _policy_class() -> type:
+    """The policy module's class, made at first use: planning a sweep of this task imports no torch."""
+    import torch
 
-    def __init__(self, lm: torch.nn.Module, beta: float) -> None:
-        super().__init__()
-        self.lm = lm
-        self.beta = beta
+    class DPOPolicy(torch.nn.Module):
+        """Wraps a (LoRA-adapted) causal LM: packed pairs [B, 2, 2, L] -> policy margins [B]."""
 
-    def sequence_logps(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of log-probabilities of each answer's completion tokens given what precedes them: [B, 2]."""
-        from trl.trainer.utils import selective_log_softmax
+        def __init__(self, lm: torch.nn.Module, beta: float) -> None:
+            super().__init__()
+            self.lm = lm
+            self.beta = beta
 
-        tokens, roles = x[:, :, 0].flatten(0, 1).long(), x[:, :, 1].flatten(0, 1)       # [2B, L]: y+, y-, ...
-        length = int((roles > 0).sum(-1).max())        # trim the split-wide padding to this batch's longest
-        tokens, roles = tokens[:, :length], roles[:, :length]
-        logits = self.lm(input_ids=tokens, attention_mask=(roles > 0).long(), use_cache=False).logits
-        token_logps = selective_log_softmax(logits[:, :-1], tokens[:, 1:])             # [2B, L-1]
-        completion = roles[:, 1:] == COMPLETION                                        # predicted token's role
-        return torch.where(completion, token_logps, 0.0).sum(-1).view(-1, 2)
+        def sequence_logps(self, x: torch.Tensor) -> torch.Tensor:
+            """Sum of log-probabilities of each answer's completion tokens given what precedes them: [B, 2]."""
+            from trl.trainer.utils import selective_log_softmax
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logps = self.sequence_logps(x)
-        return self.beta * (logps[:, 0] - logps[:, 1])
+            tokens, roles = x[:, :, 0].flatten(0, 1).long(), x[:, :, 1].flatten(0, 1)       # [2B, L]: y+, y-, ...
+            length = int((roles > 0).sum(-1).max())        # trim the split-wide padding to this batch's longest
+            tokens, roles = tokens[:, :length], roles[:, :length]
+            logits = self.lm(input_ids=tokens, attention_mask=(roles > 0).long(), use_cache=False).logits
+            token_logps = selective_log_softmax(logits[:, :-1], tokens[:, 1:])             # [2B, L-1]
+            completion = roles[:, 1:] == COMPLETION                                        # predicted token's role
+            return torch.where(completion, token_logps, 0.0).sum(-1).view(-1, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            logps = self.sequence_logps(x)
+            return self.beta * (logps[:, 0] - logps[:, 1])
+
+    return DPOPolicy
 
 
 def _base_model(options: dict, device: torch.device):
+    import torch
+
     if options["model"] == TINY:
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -317,17 +339,18 @@ def build_model(options: dict, data: Dataset) -> torch.nn.Module:
     lm = _base_model(options, device)
     lora = LoraConfig(r=options["lora_r"], lora_alpha=options["lora_alpha"], lora_dropout=options["lora_dropout"],
                       task_type="CAUSAL_LM")
-    return DPOPolicy(get_peft_model(lm, lora), options["beta"])   # adapter init draws from the run's seed
+    return _policy_class()(get_peft_model(lm, lora), options["beta"])   # adapter init draws from the run's seed
 
 
-@torch.no_grad()
-def prepare(model: DPOPolicy, data: Dataset, options: dict, precision: str = "auto") -> None:
+def prepare(model: torch.nn.Module, data: Dataset, options: dict, precision: str = "auto") -> None:
     """Reference margins of every pair: the same forward with the adapter disabled, in eval mode."""
+    import torch
+
     from flctl.losses import model_output
 
     was_training = model.training
     model.eval()
-    with model.lm.disable_adapter():
+    with torch.no_grad(), model.lm.disable_adapter():
         for split in (data.train, data.test):
             chunk = TASK.eval_chunk
             split.y = torch.cat([model_output(model, split.x[i:i + chunk], precision)
@@ -355,4 +378,5 @@ TASK = Task(
     extras=extras,
     check=check,
     eval_chunk=8,
+    smoke={"options": {"model": "tiny"}},
 )

@@ -286,4 +286,5 @@ TASK = Task(
     augment=Augment(_draw_flip, _apply_flip),
     extras=extras,
     check=check,
+    smoke={"options": {"size": 32, "width": 8}},
 )

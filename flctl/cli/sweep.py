@@ -47,6 +47,55 @@ SLURM_PANEL = "Slurm"
 MAX_REVIVALS = 3
 
 
+# The launch and Slurm options of `flctl sweep`, shared with `flctl paper` (which launches sweeps the same way).
+ExecutorOption = Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
+                                                "[default: the spec's, else local].",
+                                                rich_help_panel=LAUNCH_PANEL)]
+WorkersOption = Annotated[Optional[int], typer.Option(help="Pull workers [local: cores // threads, or GPUs x per-gpu "
+                                               f"with --device cuda; slurm: min(cells, {SLURM_DEFAULT_WORKERS})].",
+                                               rich_help_panel=LAUNCH_PANEL)]
+ThreadsOption = Annotated[Optional[int], typer.Option(help="torch threads per local worker [cores // workers].",
+                                               rich_help_panel=LAUNCH_PANEL)]
+PerGpuOption = Annotated[Optional[int], typer.Option("--per-gpu", help="Workers sharing one GPU [1].",
+                                               rich_help_panel=LAUNCH_PANEL)]
+BatchRunsOption = Annotated[Optional[int], typer.Option("--batch-runs", help="Cells a worker trains together in one "
+                                                  "process, each equal to the cell alone (small models: one "
+                                                  "vmapped model; others: step by step, on CUDA each on its own "
+                                                  "stream) [auto: on a GPU for small models an even share, at "
+                                                  f"most {AUTO_BATCH_RUNS}; else 1].",
+                                                  rich_help_panel=LAUNCH_PANEL)]
+CheckpointEveryOption = Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
+                                                          "checkpoints (also at eval epochs) "
+                                                          f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].",
+                                                          rich_help_panel=LAUNCH_PANEL)]
+MaxAttemptsOption = Annotated[Optional[int], typer.Option("--max-attempts", help="Give up on a cell after this many "
+                                                    f"tries [{DEFAULT_MAX_ATTEMPTS}].",
+                                                    rich_help_panel=LAUNCH_PANEL)]
+PartitionOption = Annotated[Optional[str], typer.Option(help="Slurm partition (sbatch --partition).",
+                                                 rich_help_panel=SLURM_PANEL)]
+GpusOption = Annotated[Optional[int], typer.Option(help="GPUs per job.", rich_help_panel=SLURM_PANEL)]
+CpusOption = Annotated[Optional[int], typer.Option(help="CPUs per job.", rich_help_panel=SLURM_PANEL)]
+MemGbOption = Annotated[Optional[float], typer.Option("--mem-gb", help="Memory per job in GB (sbatch --mem).",
+                                                rich_help_panel=SLURM_PANEL)]
+TimeMinOption = Annotated[Optional[int], typer.Option("--time-min", help="Time limit per job.",
+                                                rich_help_panel=SLURM_PANEL)]
+AccountOption = Annotated[Optional[str], typer.Option(help="Slurm account to charge (sbatch --account).",
+                                               rich_help_panel=SLURM_PANEL)]
+QosOption = Annotated[Optional[str], typer.Option(help="Slurm quality of service (sbatch --qos).",
+                                           rich_help_panel=SLURM_PANEL)]
+ArrayParallelismOption = Annotated[Optional[int], typer.Option(
+    "--array-parallelism", help="Slurm array tasks running at once (sbatch --array=...%N).",
+    rich_help_panel=SLURM_PANEL)]
+SbatchOption = Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
+                                                    rich_help_panel=SLURM_PANEL)]
+
+
+
+def launch_flags(*, sbatch: list[str] | None, **given) -> dict:
+    """The launch options as flctl.launch.LaunchSettings.resolve reads them over a spec's [launch] table."""
+    return {**given, "sbatch": parse_options(sbatch) or None}
+
+
 def _axis(help_text: str = ""):
     return typer.Option(help=help_text, rich_help_panel=AXES_PANEL)
 
@@ -65,29 +114,13 @@ def sweep(
     name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Accept a grid of more than 10,000 cells.")] = False,
-    executor: Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
-                                                    "[default: the spec's, else local].",
-                                                    rich_help_panel=LAUNCH_PANEL)] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Pull workers [local: cores // threads, or GPUs x per-gpu "
-                                                   f"with --device cuda; slurm: min(cells, {SLURM_DEFAULT_WORKERS})].",
-                                                   rich_help_panel=LAUNCH_PANEL)] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads per local worker [cores // workers].",
-                                                   rich_help_panel=LAUNCH_PANEL)] = None,
-    per_gpu: Annotated[Optional[int], typer.Option("--per-gpu", help="Workers sharing one GPU [1].",
-                                                   rich_help_panel=LAUNCH_PANEL)] = None,
-    batch_runs: Annotated[Optional[int], typer.Option("--batch-runs", help="Cells a worker trains together in one "
-                                                      "process, each equal to the cell alone (small models: one "
-                                                      "vmapped model; others: step by step, on CUDA each on its own "
-                                                      "stream) [auto: on a GPU for small models an even share, at "
-                                                      f"most {AUTO_BATCH_RUNS}; else 1].",
-                                                      rich_help_panel=LAUNCH_PANEL)] = None,
-    checkpoint_every: Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
-                                                              "checkpoints (also at eval epochs) "
-                                                              f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].",
-                                                              rich_help_panel=LAUNCH_PANEL)] = None,
-    max_attempts: Annotated[Optional[int], typer.Option("--max-attempts", help="Give up on a cell after this many "
-                                                        f"tries [{DEFAULT_MAX_ATTEMPTS}].",
-                                                        rich_help_panel=LAUNCH_PANEL)] = None,
+    executor: ExecutorOption = None,
+    workers: WorkersOption = None,
+    threads: ThreadsOption = None,
+    per_gpu: PerGpuOption = None,
+    batch_runs: BatchRunsOption = None,
+    checkpoint_every: CheckpointEveryOption = None,
+    max_attempts: MaxAttemptsOption = None,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
                                        rich_help_panel=LAUNCH_PANEL)] = False,
     tune: Annotated[Optional[int], typer.Option(help="TPE search: N trials over the axes instead of the grid "
@@ -98,23 +131,15 @@ def sweep(
     direction: Annotated[str, typer.Option(help="min or max.", rich_help_panel=LAUNCH_PANEL)] = "min",
     parallel: Annotated[int, typer.Option(help="Trials launched at once with --tune.",
                                           rich_help_panel=LAUNCH_PANEL)] = 1,
-    partition: Annotated[Optional[str], typer.Option(help="Slurm partition (sbatch --partition).",
-                                                     rich_help_panel=SLURM_PANEL)] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="GPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
-    cpus: Annotated[Optional[int], typer.Option(help="CPUs per job.", rich_help_panel=SLURM_PANEL)] = None,
-    mem_gb: Annotated[Optional[float], typer.Option("--mem-gb", help="Memory per job in GB (sbatch --mem).",
-                                                    rich_help_panel=SLURM_PANEL)] = None,
-    time_min: Annotated[Optional[int], typer.Option("--time-min", help="Time limit per job.",
-                                                    rich_help_panel=SLURM_PANEL)] = None,
-    account: Annotated[Optional[str], typer.Option(help="Slurm account to charge (sbatch --account).",
-                                                   rich_help_panel=SLURM_PANEL)] = None,
-    qos: Annotated[Optional[str], typer.Option(help="Slurm quality of service (sbatch --qos).",
-                                               rich_help_panel=SLURM_PANEL)] = None,
-    array_parallelism: Annotated[Optional[int], typer.Option(
-        "--array-parallelism", help="Slurm array tasks running at once (sbatch --array=...%N).",
-        rich_help_panel=SLURM_PANEL)] = None,
-    sbatch: Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
-                                                        rich_help_panel=SLURM_PANEL)] = None,
+    partition: PartitionOption = None,
+    gpus: GpusOption = None,
+    cpus: CpusOption = None,
+    mem_gb: MemGbOption = None,
+    time_min: TimeMinOption = None,
+    account: AccountOption = None,
+    qos: QosOption = None,
+    array_parallelism: ArrayParallelismOption = None,
+    sbatch: SbatchOption = None,
     results_dir: ResultsDirOption = None,
     db: DbOption = None,
     *,
@@ -131,10 +156,10 @@ def sweep(
 
     try:
         chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
-        flags = dict(executor=executor, workers=workers, threads=threads, per_gpu=per_gpu, max_attempts=max_attempts,
-                     checkpoint_every=checkpoint_every, batch_runs=batch_runs, partition=partition, gpus=gpus,
-                     cpus=cpus, mem_gb=mem_gb, time_min=time_min, account=account, qos=qos,
-                     array_parallelism=array_parallelism, sbatch=parse_options(sbatch) or None)
+        flags = launch_flags(executor=executor, workers=workers, threads=threads, per_gpu=per_gpu,
+                             max_attempts=max_attempts, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
+                             partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb, time_min=time_min,
+                             account=account, qos=qos, array_parallelism=array_parallelism, sbatch=sbatch)
         planned = plan_sweep(chosen, flags, results_root=results_root(results_dir), check_device=check_device,
                              dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune,
                              parallel=parallel)

@@ -85,3 +85,25 @@ def upgrade(engine: Engine, scripts: Path = SCRIPTS) -> list[str]:
         steps = [s.revision for s in known.iterate_revisions(target, at)][::-1]
         command.upgrade(cfg, "head")
         return steps
+
+
+# Rows a revision reads and writes at a time (fill_configs): a database of many runs is not held in memory at once.
+PAGE = 1000
+
+
+def fill_configs(conn: Connection, later: dict[str, object]) -> None:
+    """Write the ``later`` fields (name: the default older rows were hashed under) into every stored run config that
+    lacks them, page by page: what a revision does when flctl.config gains fields with ``later=True``."""
+    import sqlalchemy as sa
+
+    runs = sa.table("runs", sa.column("id", sa.String), sa.column("config", sa.JSON))
+    fill = runs.update().where(runs.c.id == sa.bindparam("run_id")).values(config=sa.bindparam("full"))
+    last = ""
+    while rows := conn.execute(sa.select(runs.c.id, runs.c.config).where(runs.c.id > last)
+                               .order_by(runs.c.id).limit(PAGE)).all():
+        # A config that is not a JSON object is left as it is: reading that run names the damage (Run.record).
+        changed = [{"run_id": run_id, "full": {**later, **config}} for run_id, config in rows
+                   if isinstance(config, dict) and not later.keys() <= config.keys()]
+        if changed:
+            conn.execute(fill, changed)
+        last = rows[-1].id

@@ -28,7 +28,7 @@ from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report import FORMATS, TABLES
-from flctl.report.groups_of_runs import group_by_config, hashable, number, row_labels, value_order
+from flctl.report.groups_of_runs import ConfigKey, group_by_config, hashable, number, row_labels, value_order
 
 SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
@@ -54,6 +54,8 @@ class Table:
     best_within_first_key: bool = False
     # One row per run (the runs table): cells are values, not means; CSV has no .std and .n columns.
     per_run: bool = False
+    # The configuration of each row (grouped tables; empty for the runs table), in the rows' order.
+    configs: list[ConfigKey] = field(default_factory=list)
 
     def best(self, digits: int = 2) -> list[set[int]]:
         """Rows holding the best mean of each column, as shown with ``digits`` decimals: every tied row is
@@ -201,6 +203,7 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
             mean, std = aggregate([value(r, c) for r in done])
             cells.append(Cell(mean, std, len(done), flagged=len(done) < expected))
         table.rows.append((labels[k], cells))
+        table.configs.append(k)
         seeds.append((labels[k], len(done), len(group), sum(r.status == "diverged" for r in group)))
     table.notes += _short_notes(seeds, expected)
     return table

@@ -6,16 +6,14 @@ Revision ID: 0004
 Revises: 0003
 """
 
-import sqlalchemy as sa
 from alembic import op
+
+from flctl.migrations import fill_configs
 
 revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None
-
-# Rows read and written at a time: a database of many runs is not held in memory at once.
-PAGE = 1000
 
 # The later fields as this revision knew them, with the defaults the stored rows were hashed under: written out,
 # not read from flctl.config, so the revision does the same to every database whatever fields flctl gains later (a
@@ -25,15 +23,4 @@ LATER = {"warmup_steps": 0, "micro_batch": 0, "precision": "auto", "engine": "ea
 
 
 def upgrade() -> None:
-    runs = sa.table("runs", sa.column("id", sa.String), sa.column("config", sa.JSON))
-    fill = runs.update().where(runs.c.id == sa.bindparam("run_id")).values(config=sa.bindparam("full"))
-    conn = op.get_bind()
-    last = ""
-    while rows := conn.execute(sa.select(runs.c.id, runs.c.config).where(runs.c.id > last)
-                               .order_by(runs.c.id).limit(PAGE)).all():
-        # A config that is not a JSON object is left as it is: reading that run names the damage (Run.record).
-        changed = [{"run_id": run_id, "full": {**LATER, **config}} for run_id, config in rows
-                   if isinstance(config, dict) and not LATER.keys() <= config.keys()]
-        if changed:
-            conn.execute(fill, changed)
-        last = rows[-1].id
+    fill_configs(op.get_bind(), LATER)

@@ -1,0 +1,228 @@
+"""`flctl paper`: the paper's whole programme in one command: plan with its cost, launch what is missing, and one
+browsable bundle of every table and figure with the paper's own numbers beside ours."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flctl.cli.common import (
+    DbOption,
+    ResultsDirOption,
+    check_device,
+    console,
+    db_url,
+    ensure_writable,
+    fail,
+    open_store,
+    results_root,
+    safe,
+)
+from flctl.cli.sweep import (
+    AccountOption,
+    ArrayParallelismOption,
+    BatchRunsOption,
+    CheckpointEveryOption,
+    CpusOption,
+    ExecutorOption,
+    GpusOption,
+    MaxAttemptsOption,
+    MemGbOption,
+    PartitionOption,
+    PerGpuOption,
+    QosOption,
+    SbatchOption,
+    ThreadsOption,
+    TimeMinOption,
+    WorkersOption,
+    launch_flags,
+)
+
+SPECS = Path(__file__).resolve().parents[2] / "sweeps"     # the checkout's sweeps/ (pip install -e)
+
+
+def paper(
+    only: Annotated[Optional[str], typer.Option(help="Only these tables and figures, e.g. table:1,figure:6 (or table, "
+                                                "figure).")] = None,
+    scale: Annotated[str, typer.Option(help="paper (the specs as written) or smoke (one seed, two epochs, 256 samples "
+                                       "of each split, small models: the whole path in minutes).")] = "paper",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and its cost; write nothing.")] = False,
+    report_only: Annotated[bool, typer.Option("--report-only", help="Write the bundle from what is finished; plan "
+                                              "and launch nothing.")] = False,
+    wait: Annotated[bool, typer.Option(help="Slurm: wait until every cell is done, then write the bundle (local and "
+                                       "debug executors always run the sweeps in turn, in the foreground).")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="Bundle folder [RESULTS/paper, or RESULTS/paper-smoke].")] = None,
+    specs: Annotated[Path, typer.Option(help="The folder of the paper's specs.")] = SPECS,
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N or auto for every cell [the specs': cpu].")]
+    = None,
+    data_dir: Annotated[Optional[str], typer.Option("--data-dir", help="Existing copy of the datasets for every "
+                                                    "spec.")] = None,
+    executor: ExecutorOption = None,
+    workers: WorkersOption = None,
+    threads: ThreadsOption = None,
+    per_gpu: PerGpuOption = None,
+    batch_runs: BatchRunsOption = None,
+    checkpoint_every: CheckpointEveryOption = None,
+    max_attempts: MaxAttemptsOption = None,
+    partition: PartitionOption = None,
+    gpus: GpusOption = None,
+    cpus: CpusOption = None,
+    mem_gb: MemGbOption = None,
+    time_min: TimeMinOption = None,
+    account: AccountOption = None,
+    qos: QosOption = None,
+    array_parallelism: ArrayParallelismOption = None,
+    sbatch: SbatchOption = None,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
+) -> None:
+    """The paper's programme: every table and figure with the spec that serves it, its cells and the device-hours
+    still to spend; then launch the missing cells (as `flctl sweep` does) and write one bundle (index.html,
+    tables/*.tex, figures/*.pdf|png, paper.json) with the paper's numbers beside ours. Re-running fills only what is
+    missing."""
+    from flctl.errors import ConfigError
+    from flctl.paper import plan_programme, stored_runs, tasks_of
+    from flctl.programme import SCALES, select
+
+    if dry_run and report_only:
+        fail("give --dry-run or --report-only, not both")
+    flags = launch_flags(executor=executor, workers=workers, threads=threads, per_gpu=per_gpu,
+                         max_attempts=max_attempts, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
+                         partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb, time_min=time_min,
+                         account=account, qos=qos, array_parallelism=array_parallelism, sbatch=sbatch)
+    root = results_root(results_dir)
+    url = db_url(db, root)
+    try:
+        if scale not in SCALES:
+            raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
+        items = select(only)
+        if device is not None:
+            device = check_device(device, here=(executor or "local") != "slurm")
+        runs = stored_runs(url, tasks_of(specs, items))
+        together = (batch_runs or 1) * ((per_gpu or 1) if (device or "cpu").startswith("cuda") else 1)
+        # A dry run plans without looking at the data (as `flctl sweep --dry-run`: a cluster's programme can be
+        # planned on a laptop, and checking imports each task's data stack).
+        programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
+                                   together=together, check_data=not dry_run)
+    except ConfigError as exc:
+        fail(str(exc))
+    if not report_only:
+        _print_plan(programme)
+    if dry_run:
+        console.print("nothing was written")
+        return
+    out = out if out is not None else root / ("paper" if scale == "paper" else f"paper-{scale}")
+    root = ensure_writable(root)
+    if not report_only:
+        _launch(programme, flags, url, root, wait)
+        runs = stored_runs(url, tasks_of(specs, items))
+        programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
+                                   together=together)
+    _write(programme, specs, items, root, url, out, runs)
+
+
+def _print_plan(programme) -> None:
+    from rich.table import Table
+
+    table = Table("", "specs", "cells", "done", "to do", f"{programme.device}-hours", "note",
+                  title=f"the paper's programme at the {programme.scale} scale")
+    total_todo, total_hours, unknown = 0, 0.0, 0
+    for p in programme.items:
+        to_do = p.to_do
+        hours = p.hours(to_do) if to_do else 0.0
+        note = ("no data here: " + p.no_data) if p.no_data else ("no history yet" if to_do and hours is None else "")
+        table.add_row(p.item.ref, safe(", ".join(p.item.all_specs())), str(len(p.cells)), str(len(p.finished)),
+                      str(len(to_do)), "—" if hours is None else f"{hours:.3g}", safe(note[:90]))
+    # Items share cells (Tables 1 and 5 are one sweep): the totals count each cell once.
+    seen: dict[str, object] = {}
+    for p in programme.items:
+        for c in p.to_do:
+            if c.run_id not in seen:
+                seen[c.run_id] = p
+                h = p.hours([c])
+                total_todo += 1
+                if h is None:
+                    unknown += 1
+                else:
+                    total_hours += h
+    console.print(table)
+    console.print(f"{total_todo} cell(s) to do, about {total_hours:.3g} {programme.device}-hours"
+                  + (f" (+ {unknown} cell(s) of tasks with no finished run on {programme.device} to estimate from)"
+                     if unknown else ""))
+
+
+def _launch(programme, flags: dict, url: str, root: Path, wait: bool) -> None:
+    """Launch each spec's missing cells as `flctl sweep --spec` would; the local and debug executors run the sweeps
+    one after another in this process (one machine's cores), Slurm submits them all (and waits with --wait)."""
+    from flctl.cli.sweep import _launch as launch_sweep
+    from flctl.cli.sweep import watch
+    from flctl.errors import ConfigError
+    from flctl.launch import plan_sweep
+    from flctl.paper import launch_programme
+    from flctl.sweep import sweep_id
+
+    store = open_store(url, root)
+    submitted: list[str] = []
+
+    def launch(sp, cells) -> None:
+        try:
+            planned = plan_sweep(sp.spec, flags, results_root=root, check_device=check_device, allow_large=True)
+        except ConfigError as exc:
+            fail(f"sweeps/{sp.name}.toml: {exc}")
+        wanted = {c.run_id for c in cells}
+        configs = [c for c in planned.configs if c.run_id in wanted]
+        sid = sweep_id(planned.spec, configs)
+        foreground = planned.settings.executor in ("local", "debug")
+        launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
+        if launched.here is not None and not launched.here():
+            console.print(f"[yellow]stopped[/]: `flctl cancel {sid}` stops the other workers; `flctl paper` again "
+                          "resumes")
+            raise typer.Exit(130)
+        if foreground:
+            watch(store, sid, until_done=True)
+        submitted.append(sid)
+
+    n = launch_programme(programme, launch)
+    if n == 0:
+        console.print("every cell the programme can run here is done: nothing to launch")
+    elif wait:
+        for sid in submitted:
+            watch(store, sid, until_done=True)
+    store.close()
+
+
+def _write(programme, specs: Path, items, root: Path, url: str, out: Path, runs) -> None:
+    import importlib.metadata as md
+
+    from flctl.layout import Layout
+    from flctl.paper import plan_programme
+    from flctl.programme import SCALES
+    from flctl.report.bundle import write_bundle
+    from flctl.runner import git_revision
+    from flctl.text import redact
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    # Finished runs of the same tables at the other scales: counted on the page, never averaged in.
+    others: dict[str, int] = {}
+    for scale in SCALES:
+        if scale != programme.scale:
+            other = plan_programme(specs, items, scale=scale, device=None, data_dir=None, runs=runs, check_data=False)
+            for p in other.items:
+                if p.finished:
+                    others[p.item.ref] = others.get(p.item.ref, 0) + len(p.finished)
+    provenance = {"flctl": version("flctl"), "commit": git_revision() or "unknown", "torch": version("torch"),
+                  "command": " ".join(["flctl", *sys.argv[1:]]), "made": datetime.now(UTC).isoformat(
+                      timespec="seconds"), "database": redact(url)}
+    t0 = time.perf_counter()
+    index = write_bundle(programme, Layout(root).records, out, provenance, others)
+    console.print(f"wrote {safe(index)} ({time.perf_counter() - t0:.1f} s); open it in a browser")
