@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def smoke(tmp: Path) -> dict[str, list[str]]:
     return {
         "bench_methods.py": ["--rounds", "2", "--warmup-rounds", "1", "--models", "two-moons"],
+        "bench_paper.py": ["--runs", "10", "--samples", "100", "--repeat", "1", "--dir", str(tmp / "paper"),
+                           "--out", str(tmp / "paper-out")],
         "bench_reports.py": ["--runs", "8", "--samples", "200", "--repeat", "1", "--dir", str(tmp / "reports")],
         "bench_sweep.py": ["loop", "--repeats", "1"],
         "bench_vision.py": ["--images", "128", "--steps", "1", "--rounds", "1"],

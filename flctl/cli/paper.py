@@ -106,9 +106,9 @@ def paper(
         runs = stored_runs(url, tasks_of(specs, items))
         together = (batch_runs or 1) * ((per_gpu or 1) if (device or "cpu").startswith("cuda") else 1)
         # A dry run plans without looking at the data (as `flctl sweep --dry-run`: a cluster's programme can be
-        # planned on a laptop, and checking imports each task's data stack).
+        # planned on a laptop, and checking imports each task's data stack); so does a bundle of what is finished.
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
-                                   together=together, check_data=not dry_run)
+                                   together=together, check_data=not (dry_run or report_only))
     except ConfigError as exc:
         fail(str(exc))
     if not report_only:

@@ -130,13 +130,10 @@ class _Bundle:
     def _row(self, plan: ItemPlan, row: Published | None, built: Table | None, j: int | None,
              groups: list[list[str]]) -> tuple[str, dict[str, Any]]:
         item, cols = plan.item, list(plan.item.columns)
-        if j is not None and built is not None:
-            k, cells = built.configs[j], built.rows[j][1]
-            label = _row_label(k.method, k.eps, k.alpha, k.model)
-        else:
-            assert row is not None
-            k, cells = None, None
-            label = _row_label(row.method, row.eps, row.alpha, row.model)
+        k, cells = (built.configs[j], built.rows[j][1]) if j is not None and built is not None else (None, None)
+        # The paper's row names it as the paper does (ε = 0.51); a row of ours alone by its own values.
+        label = (_row_label(row.method, row.eps, row.alpha, row.model) if row is not None else
+                 _row_label(k.method, k.eps, k.alpha, k.model) if k is not None else "")
         planned = [c for c in plan.cells.values()
                    if (row.matches(c.method, c.eps, c.alpha, c.opts.get("model")) if row is not None else
                        k is not None and (c.method, c.eps, c.alpha) == (k.method, k.eps, k.alpha))]
@@ -159,7 +156,7 @@ class _Bundle:
             data["status"] = "no data" if plan.no_data else "not run"
             return "<tr>" + "".join(tds) + "</tr>", data
         data["ours"] = {c: {"mean": cell.mean, "std": cell.std, "n": cell.n} for c, cell in zip(cols, cells)}
-        data["status"] = "partial" if to_do else "done"
+        data["status"] = "diverged" if cells[0].n == 0 else "partial" if to_do else "done"
         for c, cell in zip(cols, cells):
             value = row.values.get(c) if row is not None else None
             off = (value is not None and cell.mean is not None and self.p.scale == "paper"
@@ -244,7 +241,7 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
         runs = [programme.runs[i] for p in programme.items for i in p.finished]
         provenance = {**provenance, "scale": programme.scale,
                       "devices": dict(Counter(r.device or "?" for r in runs)),
-                      "trained_with": dict(Counter(json.dumps(r.trained_with, sort_keys=True)
+                      "trained_with": dict(Counter(", ".join(f"{k} {v}" for k, v in sorted(r.trained_with.items()))
                                                    for r in runs if r.trained_with))}
         (tmp / "index.html").write_text(_page(programme, sections, provenance), encoding="utf-8")
         (tmp / "paper.json").write_text(json.dumps({"provenance": provenance, "items": items}, indent=1,

@@ -1,0 +1,182 @@
+"""`flctl paper`: the plan, the launch of what is missing, and the bundle with the paper's numbers beside ours.
+
+One database is built once for the module, as a user would build it: the smoke-scale two-moons and polyfit cells
+trained by `flctl paper` itself, two CIFAR-10 cells on format-true batches (the rest of Table 1 not run), one cell
+recorded as diverged, and the paper-scale polyfit runs (another scale in the same database).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flctl.cli import app
+from flctl.programme import ITEMS, PUBLISHED, published, scaled
+from flctl.store import Store
+from flctl.sweep import load_spec, plan
+from tests.fixtures import write_cifar10
+from tests.helpers import files_under
+
+runner = CliRunner()
+SPECS = Path(__file__).resolve().parents[1] / "sweeps"
+ONLY = "table:1,table:11,figure:1,figure:3"
+
+
+def flctl(*args: str) -> str:
+    res = runner.invoke(app, list(args), env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    base = tmp_path_factory.mktemp("paper")
+    root, data = base / "results", write_cifar10(base / "data")
+    env = ["--results-dir", str(root)]
+    first = flctl("paper", "--scale", "smoke", "--only", ONLY, "--executor", "debug", *env)
+    # Two CIFAR-10 cells of Table 1 at the smoke scale, trained as a user would; one more recorded as diverged.
+    cells = {c.method + str(c.eps): c for c in plan(scaled(load_spec(SPECS / "cifar10-main.toml"), "smoke"),
+                                                        check_data=False)}
+    for c in (cells["ermNone"], cells["fl0.5108256237659907"]):
+        flctl("run", "cifar10", "-m", c.method, *(["--eps", repr(c.eps)] if c.eps is not None else []), "--epochs", "2",
+              "--subset", "256", "-o", "width=8", "--data-dir", str(data), *env)
+    diverged = cells["cserm0.5108256237659907"]
+    store = Store.open(f"sqlite:///{root / 'flctl.db'}")
+    store.add_runs([diverged])
+    token = store.claim_run(diverged.run_id)
+    assert token is not None
+    store.finish_run(diverged.run_id, token, status="diverged", epochs_done=1, duration_s=1.0,
+                     diverged_at={"epoch": 1, "step": 1}, lambda_capped=0, artifacts={},
+                     metrics={"train.avg_loss": float("inf")})
+    store.close()
+    flctl("paper", "--only", "figure:1", "--executor", "debug", *env)      # the paper scale's polyfit runs
+    # The bundle of what is finished (Table 1 partial), planning and launching nothing.
+    second = flctl("paper", "--scale", "smoke", "--only", ONLY, "--report-only", *env)
+    bundle = root / "paper-smoke"
+    return {"root": root, "data": data, "first": first, "second": second, "bundle": bundle, "diverged": diverged,
+            "json": json.loads((bundle / "paper.json").read_text())}
+
+
+def item(world: dict, ref: str) -> dict:
+    return next(i for i in world["json"]["items"] if i["ref"] == ref)
+
+
+def test_the_plan_names_every_table_and_figure_and_a_dry_run_writes_nothing(world: dict) -> None:
+    before = {p: p.read_bytes() for p in files_under(world["root"])}
+    out = flctl("paper", "--dry-run", "--results-dir", str(world["root"]))
+    for i in ITEMS:
+        assert f"│ {i.ref} " in out
+    assert {p: p.read_bytes() for p in files_under(world["root"])} == before
+    assert "nothing was written" in out
+    # the finished polyfit runs are counted as done; the others have no history to estimate from
+    assert "│ figure:1  │ polyfit" in out and "│ 6     │ 6    │ 0" in out
+
+
+def test_re_running_launches_nothing(world: dict, tmp_path: Path) -> None:
+    assert "sweep" in world["first"] and "nothing to launch" not in world["first"]
+    assert "sweep " not in world["second"]          # --report-only: no plan, no launch
+    store = Store.open(f"sqlite:///{world['root'] / 'flctl.db'}", readonly=True)
+    n = store.count_runs()
+    store.close()
+    out = flctl("paper", "--scale", "smoke", "--only", "figure:1,figure:3", "--executor", "debug", "--results-dir",
+                str(world["root"]), "--out", str(tmp_path / "bundle"))
+    assert "nothing to launch" in out
+    store = Store.open(f"sqlite:///{world['root'] / 'flctl.db'}", readonly=True)
+    assert store.count_runs() == n
+    store.close()
+
+
+def test_every_item_is_in_the_bundle_drawn_or_marked_not_run(world: dict) -> None:
+    bundle = world["bundle"]
+    page = (bundle / "index.html").read_text()
+    for ref in ONLY.split(","):
+        assert html.escape(next(i.title for i in ITEMS if i.ref == ref)) in page
+    assert {p.name for p in (bundle / "figures").iterdir()} == {
+        "figure-1-polyfit.png", "figure-1-polyfit.pdf", "figure-3-multipliers.png", "figure-3-multipliers.pdf"}
+    assert (bundle / "tables" / "table-1.tex").read_text().count(r"\toprule") == 1
+    t1 = item(world, "table:1")
+    status = {r["label"]: r["status"] for r in t1["rows"]}
+    assert status == {"ERM": "done", "FL ε=0.51 α=∞": "done", "RFL ε=0.51 α=1": "not run", "CSERM ε=0.51": "diverged",
+                      "FL ε=0 α=∞": "not run", "RFL ε=0 α=1": "not run", "CSERM ε=0": "not run"}
+    assert "not run: 1 cell(s) to do" in page
+    assert "1 diverged" in " ".join(t1["notes"])
+    assert item(world, "table:11")["rows"][0]["status"] == "not run"
+    assert "no data here: could not load argilla" in world["first"]     # the plan before launching says why
+    assert "http" not in page.replace("https://huggingface.co", "")     # no link to load anything from
+    # the other scale's runs are counted on the page, never averaged in
+    assert "6 finished run(s) of this figure at another scale" in page
+    assert item(world, "figure:1")["runs"] and len(item(world, "figure:1")["runs"]) == 6
+
+
+def test_bundle_numbers_are_flctl_reports_and_the_papers_are_the_transcribed_file(world: dict) -> None:
+    report = flctl("report", "--table", "main", "--task", "cifar10", "--format", "csv", "--columns",
+                   "train.avg_loss,train.accuracy,test.avg_loss,test.accuracy", "--results-dir", str(world["root"]))
+    rows = {(r["Method"], r["ε"]): r for r in csv.DictReader(io.StringIO(report[report.index("Method"):]))}
+    ours = {r["keys"]["method"]: r for r in item(world, "table:1")["rows"] if r["ours"]}
+    for (method, _), r in rows.items():
+        if r["train.avg_loss"]:
+            assert ours[method.lower()]["ours"]["train.avg_loss"]["mean"] == float(r["train.avg_loss"])
+            assert ours[method.lower()]["ours"]["test.accuracy"]["mean"] == float(r["test.accuracy"])
+    tables = published()
+    for ref in ("table:1", "table:11"):
+        rows_json = [r for r in item(world, ref)["rows"] if r["paper"] is not None]
+        assert len(rows_json) == len(tables[int(ref.split(":")[1])])
+        for r, p in zip(rows_json, tables[int(ref.split(":")[1])]):
+            assert r["paper"] == {c: {"value": v[0], "std": v[1]} for c, v in p.values.items()}
+
+
+def test_published_file_holds_every_number_of_the_papers_tables() -> None:
+    tables = published()
+    shape = {1: (7, 4), 2: (7, 4), 5: (7, 6), 6: (6, 6), 7: (6, 6), 8: (7, 4), 9: (7, 4), 10: (7, 4), 11: (4, 4)}
+    assert {t: (len(rows), len(rows[0].values)) for t, rows in tables.items()} == shape
+    assert all(len(r.values) == shape[t][1] for t, rows in tables.items() for r in rows)
+    assert sum(1 for _ in PUBLISHED.open()) - 1 == sum(r * c for r, c in shape.values())
+    erm = tables[5][0]
+    assert (erm.method, erm.eps, erm.values["test.max_loss"]) == ("erm", None, (12.83, 0.443, "12.830"))
+    best = next(r for r in tables[2] if r.alpha == 1e-3)
+    assert best.values["train.avg_loss"][0] == 0.01 and best.values["test.max_loss"][0] == 11.42
+    zephyr = tables[11][3]
+    assert (zephyr.model, zephyr.method, zephyr.values["train.max_loss"][0]) == (
+        "stabilityai/stablelm-zephyr-3b", "rfl", 1.368)
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    for args, message in ((["--only", "table:3"], "not a table or figure"), (["--scale", "huge"], "unknown scale"),
+                          (["--dry-run", "--report-only"], "not both"),
+                          (["--specs", str(tmp_path / "none")], "specs are missing")):
+        res = runner.invoke(app, ["paper", *args, "--results-dir", str(tmp_path / "r")])
+        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "r").exists()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_page_opens_from_disk_in_a_real_browser(world: dict, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    index = world["bundle"] / "index.html"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1300, "height": 1800})
+        errors: list[str] = []
+        requests: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(index.as_uri())
+        widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
+        page.screenshot(path=str(tmp_path / "bundle.png"), full_page=True)
+        browser.close()
+    assert len(widths) == 2 and all(w > 0 for w in widths)
+    assert errors == []
+    assert requests == [index.as_uri()]
+    assert (tmp_path / "bundle.png").stat().st_size > 10_000
