@@ -153,14 +153,16 @@ class Published:
 
 def published(path: Path = PUBLISHED) -> dict[int, list[Published]]:
     """The paper's tables, by number, each a list of rows in the paper's order."""
-    out: dict[int, dict[tuple, dict[str, tuple[float, float | None, str]]]] = {}
+    out: dict[int, dict[tuple[str | None, str, float | None, float | None],
+                        dict[str, tuple[float, float | None, str]]]] = {}
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             key = (row["model"] or None, row["method"], float(row["eps"]) if row["eps"] else None,
                    float(row["alpha"]) if row["alpha"] else None)
             out.setdefault(int(row["table"]), {}).setdefault(key, {})[row["column"]] = (
                 float(row["value"]), float(row["std"]) if row["std"] else None, row["value"])
-    return {t: [Published(t, *key, values) for key, values in rows.items()] for t, rows in out.items()}
+    return {t: [Published(t, model, method, eps, alpha, values) for (model, method, eps, alpha), values in rows.items()]
+            for t, rows in out.items()}
 
 
 def tolerance(printed: str, paper_std: float | None, our_std: float | None) -> float:

@@ -188,6 +188,10 @@ def _launch(programme, flags: dict, url: str, root: Path, wait: bool) -> None:
         submitted.append(sid)
 
     n = launch_programme(programme, launch)
+    lacking = sorted(name for name, sp in programme.specs.items() if sp.no_data and programme.cells_to_do(name))
+    if lacking:
+        console.print(f"[yellow]not launched[/], their data is not here: {safe(', '.join(lacking))} (see the plan; "
+                      "--data-dir)")
     if n == 0:
         console.print("every cell the programme can run here is done: nothing to launch")
     elif wait:

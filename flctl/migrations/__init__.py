@@ -13,6 +13,7 @@ writes one from script.py.mako.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from alembic import command
@@ -91,7 +92,7 @@ def upgrade(engine: Engine, scripts: Path = SCRIPTS) -> list[str]:
 PAGE = 1000
 
 
-def fill_configs(conn: Connection, later: dict[str, object]) -> None:
+def fill_configs(conn: Connection, later: Mapping[str, object]) -> None:
     """Write the ``later`` fields (name: the default older rows were hashed under) into every stored run config that
     lacks them, page by page: what a revision does when flctl.config gains fields with ``later=True``."""
     import sqlalchemy as sa

@@ -72,7 +72,9 @@ def _row_label(method: str, eps: float | None, alpha: float | None, model: Any) 
 
 
 def _hours(h: float | None, device: str) -> str:
-    return "no history to estimate the device-hours" if h is None else f"≈ {h:.3g} {device}-hours"
+    if h is None:
+        return "no history to estimate the device-hours"
+    return f"≈ {h:.3g} {device}-hours" if h >= 0.1 else f"≈ {max(h * 60, 1):.0f} {device}-minute(s)"
 
 
 class _Bundle:
