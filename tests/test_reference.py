@@ -11,8 +11,18 @@ import pytest
 
 from flctl.train import train, train_together
 from tests.helpers import config
-from tests.reference import (CASES, KERNEL_DEPENDENT, KERNEL_TOLERANCE, LAYOUT, OLD_CHECKPOINT, OLD_CHECKPOINT_CASE,
-                             REFERENCE, digest, together_configs, train_case)
+from tests.reference import (
+    CASES,
+    KERNEL_DEPENDENT,
+    KERNEL_TOLERANCE,
+    LAYOUT,
+    OLD_CHECKPOINT,
+    OLD_CHECKPOINT_CASE,
+    REFERENCE,
+    digest,
+    together_configs,
+    train_case,
+)
 
 EXPECTED = json.loads(REFERENCE.read_text())
 
