@@ -38,6 +38,7 @@ from typing import Any
 
 import submitit
 
+import flctl.plugins
 from flctl.config import RunConfig
 from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
@@ -161,14 +162,25 @@ def local_slots(cells: int, *, device: str, workers: int | None = None, threads:
     return [Slot(i, t) for i in range(w)]
 
 
+class TaskUnavailable(Exception):
+    """A worker claimed a cell whose task it cannot load (a plugin missing on its node); the cell is failed."""
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(why)
+        self.run_id = run_id
+
+
 class Worker(submitit.helpers.Checkpointable):
     """The job body: pull the sweep's cells one at a time until none is left. Picklable; holds only plain data."""
 
     def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
                  max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
                  checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1,
-                 sync_study: bool = True, linger_s: float = 0.0) -> None:
+                 sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
+        # The plugin task files and modules the launching process used (FLCTL_TASKS, a spec's task_module): a
+        # worker on another node or under another environment loads the same ones.
+        self.plugins = tuple(flctl.plugins.paths() if plugins is None else plugins)
         self.sync_study, self.linger_s = sync_study, linger_s
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
         self.batch_runs = batch_runs
@@ -178,6 +190,7 @@ class Worker(submitit.helpers.Checkpointable):
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
             os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
+        flctl.plugins.add(self.plugins)
         threads = slot.threads or _slurm_cpus()
         if threads:
             import torch
@@ -192,7 +205,12 @@ class Worker(submitit.helpers.Checkpointable):
                 stop_on_signals(signals) as stop:
             try:
                 while not stop.is_set():
-                    claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
+                    try:
+                        claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
+                    except TaskUnavailable as exc:   # the next cells would fail alike: leave them to other workers
+                        outcome[exc.run_id] = "failed: task unavailable"
+                        print(f"flctl worker: {exc}", file=sys.stderr)
+                        break
                     if not claimed:
                         break
                     cfgs = [c for c, _ in claimed]
@@ -227,8 +245,14 @@ class Worker(submitit.helpers.Checkpointable):
         first = claim()
         if first is None:
             return []
+        try:
+            task = get_task(first[0].task)
+        except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
+            why = f"task {first[0].task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
+            store.fail_run(first[0].run_id, first[1], why, 0.0)
+            raise TaskUnavailable(first[0].run_id, why) from None
         claimed = [first]
-        if self.batch_runs > 1 and get_task(first[0].task).build_model is not None:   # every task with a model
+        if self.batch_runs > 1 and task.build_model is not None:   # every task with a model
             key = first[0].together_key()
             while len(claimed) < self.batch_runs:
                 more = claim(lambda config: RunConfig.from_json(config).together_key() == key)
@@ -260,7 +284,7 @@ class Worker(submitit.helpers.Checkpointable):
             Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
                    checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
-                   sync_study=self.sync_study, linger_s=self.linger_s), slot)
+                   sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins), slot)
 
 
 def _slurm_cpus() -> int | None:

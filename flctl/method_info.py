@@ -3,12 +3,17 @@ the tables and the figures read. The torch class that trains a method (flctl.met
 entry here by name.
 
 Adding a method: one ``describe(MethodInfo(...))`` call here (or in your own module, before use) and one
-``@register`` subclass of ``flctl.methods.Method`` with the same ``name``.
+``@register`` subclass of ``flctl.methods.Method`` with the same ``name``. A method in its own package: an entry
+point in the group ``flctl.methods`` naming its ``MethodInfo``, whose ``impl`` says where the class is; it is
+described when this module loads and its class imported when a run trains it (docs/extending.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from flctl import plugins
+from flctl.plugins import Source
 
 # The RunConfig fields a method may read besides the shared ones (the method knobs); a field a method does not read
 # is stored as None, so that e.g. ERM runs that differ only in eps are the same run (same hash) and a sweep does not
@@ -26,6 +31,7 @@ class MethodInfo:
     rule: str                  # its update rule in words, for `flctl methods`
     cmap: str = "Purples"      # matplotlib colormap: one hue per method, shades for its eps/alpha variants
     linestyle: str = "-"
+    impl: str | None = None    # "module:Class" of a plugin's torch class (flctl.methods.get_method imports it)
 
     def __post_init__(self) -> None:
         if not self.reads <= set(METHOD_FIELDS):
@@ -38,6 +44,7 @@ class MethodInfo:
 
 
 METHOD_INFO: dict[str, MethodInfo] = {}
+METHOD_SOURCES: dict[str, Source] = {}     # a plugin method's name -> its package (flctl's own: flctl.methods)
 
 
 def describe(info: MethodInfo) -> MethodInfo:
@@ -45,6 +52,11 @@ def describe(info: MethodInfo) -> MethodInfo:
         raise ValueError(f"method {info.name!r} is already described differently")
     METHOD_INFO[info.name] = info
     return info
+
+
+def method_source(name: str) -> Source:
+    """Where method ``name``'s code comes from (what a run records as its provenance)."""
+    return METHOD_SOURCES.get(name) or plugins.module_source("flctl.methods")
 
 
 def method_info(name: str) -> MethodInfo:
@@ -60,3 +72,28 @@ describe(MethodInfo("rfl", "RFL", 2, frozenset({"eps", "alpha", "dual_lr"}), "λ
                     cmap="Oranges", linestyle="--"))
 describe(MethodInfo("cserm", "CSERM", 3, frozenset({"eps", "alpha"}), "(α/2)·mean([g−ε]₊²)",
                     cmap="Greens", linestyle="-."))
+
+
+def _load_plugins() -> None:
+    """The methods installed packages declare (entry point group ``flctl.methods``), each a problem line when
+    it is not a usable MethodInfo, so that flctl's own methods always load."""
+    for info, source in plugins.method_infos():
+        key = f"method {source.entry_point}"
+        if not isinstance(info, MethodInfo) or info.impl is None:
+            plugins.report(key, f"plugin method {source.where()} is not a MethodInfo with impl='module:Class'")
+        elif info.name in METHOD_INFO and info.name not in METHOD_SOURCES:
+            plugins.report(key, f"plugin method {info.name!r} from {source.where()} has a built-in method's name; "
+                                "ignored: rename it")
+        elif info.name in METHOD_SOURCES and METHOD_SOURCES[info.name] != source:
+            plugins.report(key, f"method {info.name!r} is defined twice: by {METHOD_SOURCES[info.name].where()} "
+                                f"and by {source.where()}; the second is ignored")
+        else:
+            try:
+                describe(info)
+            except ValueError as exc:
+                plugins.report(key, f"plugin method {source.where()}: {exc}")
+                continue
+            METHOD_SOURCES[info.name] = source
+
+
+_load_plugins()

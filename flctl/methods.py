@@ -97,6 +97,18 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 def get_method(name: str) -> type[Method]:
+    """The class of method ``name``: flctl's own, or a plugin's, imported from its ``MethodInfo.impl``."""
+    from flctl.method_info import METHOD_INFO
+    from flctl.plugins import load_object
+
+    impl = METHOD_INFO[name].impl if name in METHOD_INFO else None
+    if name not in METHODS and impl:
+        cls = load_object(impl)
+        if not (isinstance(cls, type) and issubclass(cls, Method) and cls.name == name):
+            from flctl.errors import ConfigError
+
+            raise ConfigError(f"{impl} is not a flctl.methods.Method subclass named {name!r}")
+        METHODS[name] = cls
     try:
         return METHODS[name]
     except KeyError:

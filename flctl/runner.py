@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -35,6 +36,15 @@ def git_revision() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def provenance(cfg: RunConfig) -> dict[str, Any]:
+    """Where the code that trains ``cfg`` comes from: its task's and its method's module, file, source hash and
+    package (flctl.plugins.Source), as each run records it."""
+    from flctl.method_info import method_source
+    from flctl.tasks import task_source
+
+    return {"task": task_source(cfg.task).provenance(), "method": method_source(cfg.method).provenance()}
 
 
 class _Heartbeat(threading.Thread):
@@ -127,6 +137,8 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
 
     ids = [c.run_id for c in cfgs]
     started = time.perf_counter()
+    for cfg in cfgs:
+        store.record_provenance(cfg.run_id, tokens[cfg.run_id], provenance(cfg))
     beat = _Heartbeat(store, tokens, HEARTBEAT_S)
     beat.start()
 

@@ -145,6 +145,8 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # {"engine": eager | captured | compiled | vmap, "cells_together": K, "device": the device's name}
     trained_with: Mapped[dict | None] = mapped_column(JSON)
+    # Where the code that trained it came from (flctl.plugins.Source.provenance): {"task": {...}, "method": {...}}
+    provenance: Mapped[dict | None] = mapped_column(JSON)
     # The fencing token of the current claim: new at every claim, so a worker that lost its claim (stale, taken
     # over) finds another token here and writes nothing (flctl.runner checks it before every write that matters).
     claim_token: Mapped[str | None] = mapped_column(String(32))
@@ -158,7 +160,7 @@ class Run(Base):
         d["metrics"] = d["metrics"] or {}
         # JSON of another shape (PostgreSQL's JSON column admits any JSON) would fail later, deep in a command
         for k, kind in (("config", dict), ("metrics", dict), ("diverged_at", (dict, type(None))),
-                        ("trained_with", (dict, type(None)))):
+                        ("trained_with", (dict, type(None))), ("provenance", (dict, type(None)))):
             if not isinstance(d[k], kind):
                 raise StoreError(f"the database is damaged: run {shown(self.id)}'s {k} is "
                                  f"{type(d[k]).__name__} JSON, not an object; restore it from a backup or delete "
@@ -196,6 +198,7 @@ class RunRecord:
     lambda_capped: int | None
     error: str | None
     trained_with: dict[str, Any] | None   # engine, cells_together, device (flctl.cell.RunResult)
+    provenance: dict[str, Any] | None     # task and method code: origin, module, file, sha256, distribution, version
     claim_token: str | None            # the current claim's fencing token (Run.claim_token)
     artifacts: dict[str, str]          # kind (records, model, extras) -> path
 
@@ -786,6 +789,10 @@ class Store:
                             .values(**values, **extra).execution_options(synchronize_session=False))
             return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return self.write(fn)
+
+    def record_provenance(self, run_id: str, token: str, provenance: dict[str, Any]) -> bool:
+        """Where the code that trains the claimed run comes from (flctl.runner, as training starts)."""
+        return self._fenced_update(run_id, token, {"provenance": provenance})
 
     def finish_run(self, run_id: str, token: str, *, status: str, epochs_done: int, metrics: dict[str, float],
                    diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],

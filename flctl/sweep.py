@@ -32,7 +32,7 @@ MAX_CELLS = 10_000
 DEFAULT_METHOD = "fl"
 # Keys a spec file may hold besides the axes.
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
-             "device"}
+             "device", "task_module"}
 
 
 def parse_float_axis(name: str, text: str) -> list[float]:
@@ -110,6 +110,8 @@ class SweepSpec:
     objective: str | None = None
     # Axes given as log ranges (LOW..HIGH), kept as continuous intervals for --tune's TPE search.
     ranges: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # Plugin task files or modules the task comes from (flctl.plugins; paths resolved against the spec's folder).
+    task_module: tuple[str, ...] = ()
     # What planning chose for the user (e.g. the methods of an α sweep that named none), said in the plan; not
     # part of the spec's JSON.
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -119,7 +121,9 @@ class SweepSpec:
                 "options": {k: list(v) for k, v in self.options.items()}, "name": self.name,
                 "description": self.description, "device": self.device, "data_dir": self.data_dir,
                 "launch": dict(self.launch), "tune": self.tune, "objective": self.objective,
-                "ranges": {k: list(v) for k, v in self.ranges.items()}}
+                "ranges": {k: list(v) for k, v in self.ranges.items()},
+                # only when given: the JSON of a spec without one (and its --tune study id) stays as it was
+                **({"task_module": list(self.task_module)} if self.task_module else {})}
 
 
 def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None = None,
@@ -222,9 +226,20 @@ def load_spec(path: Path) -> SweepSpec:
         if key in data and (not isinstance(data[key], kind) or isinstance(data[key], bool)):
             what = {str: "a string", int: "an integer", dict: "a table ([" + key + "])"}[kind]
             raise ConfigError(f"spec {str(path)!r}: {key} must be {what}, got {data[key]!r}")
+    modules = data.get("task_module", [])
+    modules = [modules] if isinstance(modules, str) else modules
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m.strip() for m in modules):
+        raise ConfigError(f"spec {str(path)!r}: task_module must be a file, folder or module name (or a list of "
+                          f"them), got {data['task_module']!r}")
+    if modules:
+        from flctl import plugins
+
+        modules = [plugins.resolve_entry(m, Path(path).resolve().parent) for m in modules]
+        plugins.add(modules)       # before the task is looked up below
     axes = {k: data[k] for k in AXES if k in data}
-    fields = {k: data[k] for k in ("name", "description", "device", "data_dir", "launch", "tune", "objective")
-              if k in data}
+    fields: dict[str, Any] = {k: data[k] for k in ("name", "description", "device", "data_dir", "launch", "tune",
+                                                   "objective") if k in data}
+    fields["task_module"] = tuple(modules)
     fields.setdefault("name", Path(path).stem)
     try:
         return spec_from_values(data["task"], axes, seeds=data.get("seeds"), options=data.get("options"), **fields)

@@ -1,7 +1,7 @@
-"""Task registry. A task is one file under the top-level ``tasks/`` folder, installed as ``flctl_tasks``.
+"""Task registry. A task is one file defining ``TASK = Task(...)``: its data, model and the paper's defaults.
 
-Each file defines ``TASK = Task(...)``: its data, model and the paper's defaults. Adding a task is adding a
-file there; it is discovered by name and tested by the parametrized registry tests. A task named
+flctl's own tasks are the files under the top-level ``tasks/`` folder, installed as ``flctl_tasks``; a researcher's
+come from an installed package's entry point or a file named by FLCTL_TASKS (flctl.plugins), without an edit here. A task named
 ``two-moons`` lives in ``two_moons.py``: using one task imports only its module (not torchvision or another
 task's dataset code); listing all tasks imports them all. A task module imports torch, scikit-learn and
 torchvision inside the functions that use them, so planning a sweep (its defaults, options, checks) starts
@@ -16,9 +16,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from flctl import plugins
+from flctl.plugins import Source
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+    from flctl.errors import ConfigError
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
 # the policy's log-ratio margin and the targets hold the frozen reference's (see flctl.losses).
@@ -106,33 +111,29 @@ class Solution:
     multipliers: np.ndarray | None = None
 
 
-def _discover() -> dict[str, Task]:
-    import flctl_tasks
+def _builtin() -> dict[str, Task]:
+    global _BUILTIN
+    if _BUILTIN is None:
+        import flctl_tasks
 
-    found: dict[str, Task] = {}
-    for mod in pkgutil.iter_modules(flctl_tasks.__path__):
-        if mod.name.startswith("_"):
-            continue
-        task = getattr(importlib.import_module(f"flctl_tasks.{mod.name}"), "TASK", None)
-        if isinstance(task, Task):
-            found[task.name] = task
-    return dict(sorted(found.items()))
-
-
-_REGISTRY: dict[str, Task] | None = None
-
-
-def all_tasks() -> dict[str, Task]:
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = _discover()
-    return _REGISTRY
+        found: dict[str, Task] = {}
+        for mod in pkgutil.iter_modules(flctl_tasks.__path__):
+            if mod.name.startswith("_"):
+                continue
+            task = getattr(importlib.import_module(f"flctl_tasks.{mod.name}"), "TASK", None)
+            if isinstance(task, Task):
+                found[task.name] = task
+        _BUILTIN = dict(sorted(found.items()))
+    return _BUILTIN
 
 
-def get_task(name: str) -> Task:
-    if _REGISTRY is None and name.replace("-", "_").isidentifier():
-        # The task's own module first, by the naming convention; a module that does not follow it is found
-        # by full discovery below.
+_BUILTIN: dict[str, Task] | None = None
+_SOURCES: dict[str, Source] = {}     # task name -> where the task this process uses came from
+
+
+def _builtin_one(name: str) -> Task | None:
+    """flctl's own task ``name`` by the naming convention (its module alone imported), else by full discovery."""
+    if _BUILTIN is None and name.replace("-", "_").isidentifier():
         try:
             task = getattr(importlib.import_module(f"flctl_tasks.{name.replace('-', '_')}"), "TASK", None)
         except ModuleNotFoundError as exc:
@@ -141,9 +142,66 @@ def get_task(name: str) -> Task:
             task = None
         if isinstance(task, Task) and task.name == name:
             return task
-    tasks = all_tasks()
-    if name not in tasks:
-        from flctl.errors import ConfigError
+    return _builtin().get(name)
 
-        raise ConfigError(f"unknown task {name!r}; choose one of: {', '.join(tasks)} (see `flctl tasks`)")
-    return tasks[name]
+
+def _plugin_tasks() -> dict[str, tuple[Task, Source]]:
+    """Every plugin task (flctl.plugins): a name two plugins define is a ConfigError naming both."""
+    from flctl.errors import ConfigError
+
+    found: dict[str, tuple[Task, Source]] = {}
+    for task, source in plugins.task_modules():
+        if not isinstance(task, Task):
+            plugins.report(source.module, f"plugin {source.where()}: TASK is a {type(task).__name__}, not a "
+                                          "flctl.tasks.Task")
+            continue
+        if task.name in found:
+            raise ConfigError(f"task {task.name!r} is defined twice: by {found[task.name][1].where()} and by "
+                              f"{source.where()}; remove or rename one")
+        found[task.name] = (task, source)
+    return found
+
+
+def _clash(name: str, plugin: Source) -> ConfigError:
+    from flctl.errors import ConfigError
+
+    return ConfigError(f"task {name!r} is defined twice: built into flctl and by {plugin.where()}; rename the "
+                       "plugin's task")
+
+
+def all_tasks() -> dict[str, Task]:
+    """Every task: flctl's own and the plugins' (flctl.plugins), by name."""
+    tasks = dict(_builtin())
+    for name, (task, source) in _plugin_tasks().items():
+        if name in tasks:
+            raise _clash(name, source)
+        tasks[name] = task
+        _SOURCES[name] = source
+    return dict(sorted(tasks.items()))
+
+
+def task_source(name: str) -> Source:
+    """Where task ``name``'s code comes from (what a run records as its provenance)."""
+    get_task(name)
+    if name in _SOURCES:
+        return _SOURCES[name]
+    return plugins.module_source(get_task(name).load.__module__)
+
+
+def get_task(name: str) -> Task:
+    from flctl.errors import ConfigError
+
+    # The plugins are few and light: all of them load, so that a plugin shadowing a built-in name is seen.
+    plugin = _plugin_tasks().get(name)
+    builtin = _builtin_one(name)
+    if plugin is not None:
+        if builtin is not None:
+            raise _clash(name, plugin[1])
+        _SOURCES[name] = plugin[1]
+        return plugin[0]
+    if builtin is not None:
+        return builtin
+    known = ", ".join(all_tasks())
+    broken = plugins.problems()
+    hint = f"; {len(broken)} plugin(s) did not load: {' | '.join(broken)}" if broken else ""
+    raise ConfigError(f"unknown task {name!r}; choose one of: {known} (see `flctl tasks`){hint}")

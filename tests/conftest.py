@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-# A database or results folder the developer's shell names is never the tests': dropped at session start, before
+# A database, results folder or plugin list the developer's shell names is never the tests': dropped at session start, before
 # module- and session-scoped fixtures (the populated folder of test_bad_input) run, which _isolate_env comes too
 # late for.
-for _name in ("FLCTL_DB", "FLCTL_RESULTS"):
+for _name in ("FLCTL_DB", "FLCTL_RESULTS", "FLCTL_TASKS"):
     os.environ.pop(_name, None)
 # huggingface_hub reads these once, at import: set them before any test imports it.
 os.environ["HF_HUB_OFFLINE"] = "1"

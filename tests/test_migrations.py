@@ -37,8 +37,9 @@ def upgrade() -> None:
 '''
 
 
-# Columns of the runs table that revisions after the baseline added (0002: trained_with, 0003: claim_token).
-V1_LATER_COLUMNS = ("trained_with", "claim_token")
+# Columns of the runs table that revisions after the baseline added (0002: trained_with, 0003: claim_token,
+# 0006: provenance).
+V1_LATER_COLUMNS = ("trained_with", "claim_token", "provenance")
 
 
 def url_for(backend: str, tmp_path: Path) -> str:

@@ -25,7 +25,7 @@ def run(method: str, seed: int, eps=None, alpha=None, status="completed", task="
                      status=status, epochs_done=1, attempts=1, host=None, pid=None, job_id=None, git_sha=None,
                      device=None, created_at="", started_at=None, finished_at=None, heartbeat_at=None,
                      duration_s=None, metrics={f"{k.replace('__', '.')}": v for k, v in metrics.items()},
-                     diverged_at=None, lambda_capped=None, error=None, trained_with=None, claim_token=None,
+                     diverged_at=None, lambda_capped=None, error=None, trained_with=None, provenance=None, claim_token=None,
                      artifacts={})
 
 

@@ -322,3 +322,22 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     assert_resumed(files, record_files(tmp_path, rid))
     assert_complete_records(tmp_path, rid, epochs, every)
     store.close()
+
+
+def test_a_plugin_task_named_by_a_spec_trains_on_slurm(tmp_path: Path, leftovers) -> None:
+    from tests.test_plugins import task_source
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "blobs_task.py").write_text(task_source("blobs"))
+    spec = tmp_path / "blobs.toml"     # task_module relative to the spec's folder; the workers get it resolved
+    spec.write_text('task = "blobs"\ntask_module = "mine/blobs_task.py"\nmethod = ["erm", "fl"]\nseeds = 1\n')
+    results = tmp_path / "results"
+    out = flctl(results, "sweep", "--spec", str(spec), "--executor", "slurm", "--workers", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    leftovers["jobs"].append(submitted_job(out.stdout))
+    wait_until(lambda: statuses(results)["completed"] == 2, "2 completed plugin cells", logs=results / "jobs")
+    store = Store.open(f"sqlite:///{results / 'flctl.db'}")
+    runs = store.list_runs()
+    store.close()
+    assert {r.provenance["task"]["file"] for r in runs} == {str(tmp_path / "mine" / "blobs_task.py")}
+    assert all(r.job_id and r.provenance["task"]["origin"] == "file" for r in runs)

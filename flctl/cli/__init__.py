@@ -8,7 +8,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from flctl.cli import info, paper, report, run, runs, sweep
+from flctl.cli import info, new_task, paper, report, run, runs, sweep
 from flctl.cli.common import print_error, tolerate_narrow_encodings
 from flctl.errors import ConfigError, StoreError
 
@@ -82,6 +82,7 @@ app.command(rich_help_panel="Report")(report.report)
 app.command(rich_help_panel="Report")(paper.paper)
 app.command(rich_help_panel="Catalogue")(info.tasks)
 app.command(rich_help_panel="Catalogue")(info.methods)
+app.command("new-task", rich_help_panel="Catalogue")(new_task.new_task)
 app.command(rich_help_panel="Maintain")(runs.migrate)
 
 

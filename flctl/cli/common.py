@@ -13,7 +13,9 @@ from typing import Annotated, Any, NoReturn, Optional, TypeVar
 import typer
 from rich.console import Console
 
+from flctl import api
 from flctl.config import PANELS
+from flctl.errors import ConfigError
 
 
 def tolerate_narrow_encodings() -> None:
@@ -39,7 +41,7 @@ def tolerate_narrow_encodings() -> None:
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 10_000, emoji=False)
 err_console = Console(stderr=True, emoji=False)
 
-DEFAULT_RESULTS = "results"
+DEFAULT_RESULTS = api.DEFAULT_RESULTS
 
 
 def safe(text: object) -> str:
@@ -66,7 +68,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def results_root(path: Path | None) -> Path:
     # An empty FLCTL_RESULTS (`export FLCTL_RESULTS=`) is unset, not the current directory.
-    return Path(path if path is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS)
+    return api.results_root(path)
 
 
 def ensure_writable(root: Path) -> Path:
@@ -85,27 +87,10 @@ def db_url(db: str | None, root: Path) -> str:
     """The database a command uses: --db, else FLCTL_DB, else results/flctl.db. An in-memory SQLite database is
     refused here (one line, exit 2): it would train, then lose every row when the command exits, and no worker
     or report could ever see it."""
-    from flctl.layout import Layout
-
-    url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
-    if _in_memory(url):
-        fail(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this command exits; give a file "
-             "(sqlite:///results/flctl.db) or a server (postgresql://user@host/db)")
-    return url
-
-
-def _in_memory(url: str) -> bool:
-    if not url.startswith("sqlite"):
-        return False
-    from sqlalchemy.engine import make_url
-
     try:
-        parsed = make_url(url)
-    except Exception:       # Store.open says what is wrong with it
-        return False
-    return parsed.get_backend_name() == "sqlite" and (
-        not parsed.database or parsed.database == ":memory:" or parsed.query.get("mode") == "memory"
-        or parsed.database.startswith("file::memory:"))
+        return api.database_url(db, root)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def check_device(device: str, *, here: bool = True) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from flctl.cli.common import (
     DbOption,
@@ -18,6 +19,7 @@ from flctl.cli.common import (
     console,
     db_url,
     ensure_writable,
+    err_console,
     fail,
     open_store,
     results_root,
@@ -227,6 +229,11 @@ def _write(programme, specs: Path, items, root: Path, url: str, out: Path, runs)
     provenance = {"flctl": version("flctl"), "commit": git_revision() or "unknown", "torch": version("torch"),
                   "command": " ".join(["flctl", *sys.argv[1:]]), "made": datetime.now(UTC).isoformat(
                       timespec="seconds"), "database": redact(url)}
+    from flctl.report.tables import mixed_code_notes
+
+    for plan in programme.items:
+        for note in mixed_code_notes([programme.runs[i] for i in plan.finished]):
+            err_console.print(f"[yellow]warning:[/yellow] {plan.item.ref}: {escape(note)}", soft_wrap=True)
     t0 = time.perf_counter()
     index = write_bundle(programme, Layout(root).records, out, provenance, others)
     console.print(f"wrote {safe(index)} ({time.perf_counter() - t0:.1f} s); open it in a browser")

@@ -35,16 +35,12 @@ from flctl.status import TRAINABLE
 
 
 def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
-    """Task defaults + overrides -> validated RunConfig; bad input exits 2 before anything is written."""
-    from flctl.config import resolve
-    from flctl.tasks import get_task
+    """Task defaults + overrides -> validated RunConfig (flctl.api.config); bad input exits 2 before anything is
+    written."""
+    from flctl import api
 
     try:
-        spec = get_task(task)
-        cfg = resolve(spec, method, overrides, p_min)
-        if spec.check is not None:
-            spec.check(cfg.opts, cfg.data_dir)
-        return cfg
+        return api.config(task, method, p_min=p_min, **overrides)
     except ConfigError as exc:
         fail(str(exc))
 

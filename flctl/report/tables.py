@@ -206,7 +206,26 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
         table.configs.append(k)
         seeds.append((labels[k], len(done), len(group), sum(r.status == "diverged" for r in group)))
     table.notes += _short_notes(seeds, expected)
+    table.notes += mixed_code_notes(runs)
     return table
+
+
+def mixed_code_notes(runs: Sequence[RunRecord]) -> list[str]:
+    """A note for each configuration (a table's row) whose runs were trained by different code of its task or
+    method: the source hashes each run records (RunRecord.provenance), so that a task file edited between seeds
+    does not pass unseen."""
+    groups = group_by_config(runs)
+    _, labels = row_labels(list(groups))
+    notes = []
+    for key, group in groups.items():
+        label = labels[key]
+        for what in ("task", "method"):
+            hashes = {h for r in group if (h := ((r.provenance or {}).get(what) or {}).get("sha256"))}
+            if len(hashes) > 1:
+                short = ", ".join(sorted(h[:10] for h in hashes))
+                notes.append(f"‡ {' · '.join(label)}: its runs came from {len(hashes)} versions of the {what}'s code "
+                             f"({short}); see `flctl show RUN --json` (provenance)")
+    return notes
 
 
 def _varying_keys(table: Table) -> Table:
