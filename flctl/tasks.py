@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from flctl import plugins
+from flctl.errors import ConfigError
 from flctl.plugins import Source
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-
-    from flctl.errors import ConfigError
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
 # the policy's log-ratio margin and the targets hold the frozen reference's (see flctl.losses).
@@ -146,8 +145,24 @@ def _builtin_one(name: str) -> Task | None:
 
 
 def _plugin_tasks() -> dict[str, tuple[Task, Source]]:
-    """Every plugin task (flctl.plugins): a name two plugins define is a ConfigError naming both."""
-    from flctl.errors import ConfigError
+    """Every plugin task (flctl.plugins): a name two plugins define is a ConfigError naming both. Read once per
+    plugin list (get_task is called per cell of a sweep: the entry point scan alone takes milliseconds)."""
+    key = tuple(plugins.paths())
+    if key not in _PLUGIN_TASKS:
+        try:
+            _PLUGIN_TASKS[key] = _read_plugin_tasks()
+        except ConfigError as exc:
+            _PLUGIN_TASKS[key] = exc
+    found = _PLUGIN_TASKS[key]
+    if isinstance(found, ConfigError):
+        raise found
+    return found
+
+
+_PLUGIN_TASKS: dict[tuple[str, ...], dict[str, tuple[Task, Source]] | ConfigError] = {}
+
+
+def _read_plugin_tasks() -> dict[str, tuple[Task, Source]]:
 
     found: dict[str, tuple[Task, Source]] = {}
     for task, source in plugins.task_modules():
@@ -163,8 +178,6 @@ def _plugin_tasks() -> dict[str, tuple[Task, Source]]:
 
 
 def _clash(name: str, plugin: Source) -> ConfigError:
-    from flctl.errors import ConfigError
-
     return ConfigError(f"task {name!r} is defined twice: built into flctl and by {plugin.where()}; rename the "
                        "plugin's task")
 
@@ -189,8 +202,6 @@ def task_source(name: str) -> Source:
 
 
 def get_task(name: str) -> Task:
-    from flctl.errors import ConfigError
-
     # The plugins are few and light: all of them load, so that a plugin shadowing a built-in name is seen.
     plugin = _plugin_tasks().get(name)
     builtin = _builtin_one(name)

@@ -110,6 +110,7 @@ def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugins, "_modules", {})
     monkeypatch.setattr(plugins, "_problems", {})
     monkeypatch.setattr(tasks, "_SOURCES", {})
+    monkeypatch.setattr(tasks, "_PLUGIN_TASKS", {})
     monkeypatch.delenv(plugins.ENV, raising=False)
 
 
