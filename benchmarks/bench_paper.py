@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from flctl import records
+from flctl.db import RunQueue, Store
 from flctl.layout import Layout
 from flctl.paper import plan_programme
 from flctl.programme import ITEMS
-from flctl.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,9 +74,9 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> int:
             metrics |= {f"{split}.avg_loss": float(loss.mean()), f"{split}.max_loss": float(loss.max()),
                         f"{split}.accuracy": float((pred == target).mean())}
         path = records.write_epoch(layout.records, cfg.run_id, cfg.epochs, tables)
-        token = store.claim_run(cfg.run_id)
+        token = RunQueue(store).claim_run(cfg.run_id)
         assert token is not None
-        store.finish_run(cfg.run_id, token, status="completed", epochs_done=cfg.epochs, duration_s=cfg.epochs * 4.0,
+        RunQueue(store).finish_run(cfg.run_id, token, status="completed", epochs_done=cfg.epochs, duration_s=cfg.epochs * 4.0,
                          diverged_at=None, lambda_capped=0, artifacts={"records": str(path.parent)}, metrics=metrics)
         if k % 200 == 199:
             print(f"  wrote {k + 1} of {len(configs)} runs ({time.perf_counter() - t0:.0f} s)", flush=True)

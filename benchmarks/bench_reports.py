@@ -19,8 +19,8 @@ import numpy as np
 
 from flctl import records
 from flctl.config import RunConfig
+from flctl.db import RunQueue, Store
 from flctl.layout import Layout
-from flctl.store import Store
 
 METHODS = ("erm", "fl", "rfl", "cserm")
 
@@ -52,9 +52,9 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> Store:
             tables.append(records.split_table(cfg.run_id, split, 1, loss, pred, target, pred == target, lam))
         path = records.write_epoch(layout.records, cfg.run_id, 1, tables)
         tr, te = tables[0]["loss"].to_numpy(), tables[1]["loss"].to_numpy()
-        token = store.claim_run(cfg.run_id)
+        token = RunQueue(store).claim_run(cfg.run_id)
         assert token is not None        # a new run, queued and claimed by this process alone
-        store.finish_run(cfg.run_id, token, status="completed", epochs_done=1, duration_s=1.0, diverged_at=None,
+        RunQueue(store).finish_run(cfg.run_id, token, status="completed", epochs_done=1, duration_s=1.0, diverged_at=None,
                          lambda_capped=0, artifacts={"records": str(path.parent)},
                          metrics={"train.avg_loss": float(tr.mean()), "train.max_loss": float(tr.max()),
                                   "test.avg_loss": float(te.mean()), "test.max_loss": float(te.max()),

@@ -121,9 +121,9 @@ def loop(repeats: int) -> dict:
     import torch
 
     from benchmarks.plain_two_moons import train as plain_train
+    from flctl.db import Store
     from flctl.layout import Layout
     from flctl.runner import execute
-    from flctl.store import Store
     from tests.helpers import config
 
     torch.set_num_threads(1)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from flctl.config import RunConfig
-    from flctl.store import RunRecord, Store
+    from flctl.db import RunRecord, Store
 
 DEFAULT_RESULTS = "results"
 
@@ -73,7 +73,7 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
 
 def open_store(results_dir: str | Path | None = None, db: str | None = None, *, create: bool = True) -> Store:
     """The run database of a results folder (made when ``create``; else read-only, and it must exist)."""
-    from flctl.store import Store
+    from flctl.db import Store
 
     root = results_root(results_dir)
     url = database_url(db, root)

@@ -40,6 +40,7 @@ import submitit
 
 import flctl.plugins
 from flctl.config import RunConfig
+from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
 from flctl.knobs import (
@@ -55,7 +56,7 @@ from flctl.layout import Layout
 from flctl.procs import Process, children, process, recorded, send, still
 from flctl.runner import git_revision, stop_on_signals, train_claimed
 from flctl.status import TRAINABLE
-from flctl.store import STALE_AFTER_S, Store, shown
+from flctl.text import shown
 
 EXECUTORS = ("debug", "local", "slurm")
 # A --tune sweep adds its next trial's cell a moment after the last one finished: its workers wait this long for
@@ -237,7 +238,7 @@ class Worker(submitit.helpers.Checkpointable):
         from flctl.tasks import get_task
 
         def claim(accept=None) -> tuple[RunConfig, str] | None:
-            got = store.claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
+            got = RunQueue(store).claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
                                    job_id=job_id, git_sha=git_sha, accept=accept)
             run = None if got is None else store.get_run(got[0])
             return None if run is None or got is None else (RunConfig.from_json(run.config), got[1])
@@ -249,7 +250,7 @@ class Worker(submitit.helpers.Checkpointable):
             task = get_task(first[0].task)
         except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
             why = f"task {first[0].task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
-            store.fail_run(first[0].run_id, first[1], why, 0.0)
+            RunQueue(store).fail_run(first[0].run_id, first[1], why, 0.0)
             raise TaskUnavailable(first[0].run_id, why) from None
         claimed = [first]
         if self.batch_runs > 1 and task.build_model is not None:   # every task with a model
@@ -277,7 +278,7 @@ class Worker(submitit.helpers.Checkpointable):
             store = Store.open(self.db_url)
             try:
                 for run_id, token in self.current.items():
-                    store.requeue(run_id, token, "preempted or timed out; job requeued")
+                    RunQueue(store).requeue(run_id, token, "preempted or timed out; job requeued")
             finally:
                 store.close()
         return submitit.helpers.DelayedSubmission(
@@ -709,7 +710,7 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *,
     host = socket.gethostname()
     for pid in stopped:   # a killed worker cannot unregister itself
         Layout(results_root).worker_file(sweep_id, host, pid).unlink(missing_ok=True)
-    handed_back = store.hand_back(sweep_id, "cancelled; resumes from its checkpoint",
+    handed_back = RunQueue(store).hand_back(sweep_id, "cancelled; resumes from its checkpoint",
                                   pids=set(stopped), job_prefixes=set(slurm_ids))
     return {"sweep": sweep_id, "killed": killed, "handed_back": handed_back,
             "stopped": [{"kind": "process", "pid": p.pid, "job_id": job_id} for p, job_id in stopped.values()]
@@ -841,7 +842,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     private_folder(root, Layout(root).sweep_jobs(sid))
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
-    requeued, gave_up = store.reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
+    requeued, gave_up = RunQueue(store).reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
     cells = {r["id"]: r for r in store.sweep_runs(sid)}
     todo = [i for i in ids if cells[i]["status"] in TRAINABLE
             and cells[i]["attempts"] < settings.max_attempts]

@@ -122,7 +122,7 @@ def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: s
 
 def stored_runs(url: str, tasks: Sequence[str]) -> list[Any]:
     """The runs of ``tasks`` in the database at ``url``, read-only; none where there is no database yet."""
-    from flctl.store import Store
+    from flctl.db import Store
 
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return []

@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from flctl.config import RunConfig
+from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ClaimLost
 from flctl.fs import DiskFull
 from flctl.layout import Layout
 from flctl.status import TRAINABLE
-from flctl.store import HEARTBEAT_S, STALE_AFTER_S, Store
 
 
 def git_revision() -> str | None:
@@ -52,9 +52,9 @@ class _Heartbeat(threading.Thread):
     write per run and period however short the epochs, and long epochs do not look like a lost worker. A beat
     that finds the claim gone (another worker took the run over) stops beating for that run."""
 
-    def __init__(self, store: Store, tokens: dict[str, str], period: float) -> None:
+    def __init__(self, queue: RunQueue, tokens: dict[str, str], period: float) -> None:
         super().__init__(daemon=True, name="heartbeat")
-        self.store, self.period, self.tokens = store, period, tokens
+        self.queue, self.period, self.tokens = queue, period, tokens
         self.epochs_done: dict[str, int | None] = dict.fromkeys(tokens)
         self.stopped = threading.Event()
 
@@ -62,7 +62,7 @@ class _Heartbeat(threading.Thread):
         while not self.stopped.wait(self.period):
             for run_id, epochs in list(self.epochs_done.items()):
                 try:
-                    if not self.store.heartbeat(run_id, self.tokens[run_id], epochs):
+                    if not self.queue.heartbeat(run_id, self.tokens[run_id], epochs):
                         self.epochs_done.pop(run_id, None)
                 except Exception:  # a missed beat is harmless; the next one retries
                     pass
@@ -112,7 +112,8 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
     ``fresh``: start from scratch (--rerun, a diverged run): its old records and files are cleared once the claim
     is ours, never before, so a run another process is training is never cleared."""
     store.add_runs([cfg])
-    token = store.claim_run(cfg.run_id, allow=allow, max_attempts=max_attempts, stale_after=stale_after,
+    queue = RunQueue(store)
+    token = queue.claim_run(cfg.run_id, allow=allow, max_attempts=max_attempts, stale_after=stale_after,
                             job_id=job_id, git_sha=git_revision(), device=cfg.device)
     if token is None:
         return None
@@ -137,9 +138,10 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
 
     ids = [c.run_id for c in cfgs]
     started = time.perf_counter()
+    queue = RunQueue(store)
     for cfg in cfgs:
-        store.record_provenance(cfg.run_id, tokens[cfg.run_id], provenance(cfg))
-    beat = _Heartbeat(store, tokens, HEARTBEAT_S)
+        queue.record_provenance(cfg.run_id, tokens[cfg.run_id], provenance(cfg))
+    beat = _Heartbeat(queue, tokens, HEARTBEAT_S)
     beat.start()
 
     def epoch_done(stats) -> None:
@@ -155,13 +157,13 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
         recorded.add(result.run_id)
         token = tokens[result.run_id]
         if result.status == "stopped":
-            store.requeue(result.run_id, token, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
+            queue.requeue(result.run_id, token, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
                           time.perf_counter() - started, epochs_done=result.epochs_done)
             return
         try:
             if result.status == "lost":
                 raise ClaimLost(f"run {result.run_id}: another worker holds it now")
-            store.finish_run(result.run_id, token, status=result.status, epochs_done=result.epochs_done,
+            queue.finish_run(result.run_id, token, status=result.status, epochs_done=result.epochs_done,
                              metrics=result.metrics, diverged_at=result.diverged_at,
                              lambda_capped=result.lambda_capped, artifacts=result.artifacts,
                              duration_s=time.perf_counter() - started, trained_with=result.trained_with)
@@ -178,10 +180,10 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     try:
         results = train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
                                  checkpoint_every=checkpoint_every, stop=stop, on_done=record,
-                                 fence=lambda run_id: store.holds(run_id, tokens[run_id]))
+                                 fence=lambda run_id: queue.holds(run_id, tokens[run_id]))
     except (KeyboardInterrupt, SystemExit):   # cells recorded already are no longer running: left as they are
         for run_id in ids:
-            store.requeue(run_id, tokens[run_id], "interrupted; resumes from its last checkpoint",
+            queue.requeue(run_id, tokens[run_id], "interrupted; resumes from its last checkpoint",
                           time.perf_counter() - started)
         raise
     except DiskFull:        # free space, run again: each cell resumes from its last checkpoint
@@ -189,17 +191,17 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
             # the database may sit on the full disk too: then the row stays running until its worker is seen
             # gone (dead pid, stale heartbeat) and the next claim takes it over
             with contextlib.suppress(Exception):
-                store.requeue(run_id, tokens[run_id], "the disk filled up; resumes from its last checkpoint",
+                queue.requeue(run_id, tokens[run_id], "the disk filled up; resumes from its last checkpoint",
                               time.perf_counter() - started)
         raise
     except ClaimLost:       # a write found a claim gone (see flctl.train.Writer): hand back the cells still ours
         for run_id in ids:
-            store.requeue(run_id, tokens[run_id], "a sibling cell's claim was lost; resumes from its checkpoint",
+            queue.requeue(run_id, tokens[run_id], "a sibling cell's claim was lost; resumes from its checkpoint",
                           time.perf_counter() - started)
         raise
     except BaseException:   # fenced: a cell another worker took over stays theirs
         for run_id in ids:
-            store.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started)
+            queue.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started)
         raise
     finally:
         beat.stopped.set()

@@ -1,5 +1,5 @@
 """A run's states, in the order tables list them, and the sets of them that mean something to flctl. Kept apart from
-flctl.store (and torch) so the CLI can name them in its help without importing SQLAlchemy.
+flctl.db (and torch) so the CLI can name them in its help without importing SQLAlchemy.
 
 - queued: waiting for a worker (never started, or re-queued after its worker was lost)
 - running: held by a live worker (or a lost one, until it is found stale)
@@ -28,7 +28,7 @@ LEDGER_COLUMNS = ("completed", "running", "stale", *(s for s in STATUSES if s no
 
 def ledger(store: Any, sweep_id: str) -> dict[str, Any]:
     """Per-method counts of the sweep's cell states (LEDGER_COLUMNS), their total and the number of cells, from
-    ``store.sweep_runs`` (a flctl.store.Store)."""
+    ``store.sweep_runs`` (a flctl.db.Store)."""
     per_method: dict[str, Counter] = {}
     for r in store.sweep_runs(sweep_id):
         state = "stale" if r["stale"] else r["status"]

@@ -16,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, RunConfig
+from flctl.db import SCHEMA_LOCK, normalize_url
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.status import REPORTABLE, TERMINAL, TO_DO
-from flctl.store import SCHEMA_LOCK, normalize_url
 
 # The metric a sweep's study records when its spec and command line name none.
 DEFAULT_OBJECTIVE = "train.avg_loss"

@@ -129,8 +129,7 @@ class SweepSpec:
 def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None = None,
                      options: Mapping[str, Any] | None = None, **fields: Any) -> SweepSpec:
     """Build a spec from CLI/TOML values; raises ConfigError on malformed axes or a name with control characters."""
-    from flctl.store import shown
-    from flctl.text import first_control
+    from flctl.text import first_control, shown
 
     sweep_name = fields.get("name")
     if isinstance(sweep_name, str) and (bad := first_control(sweep_name)) is not None:

@@ -62,3 +62,8 @@ def redact(text: str, url: str | None = None) -> str:
                 text = text.replace(form, HIDDEN)
     text = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{HIDDEN}@", text)
     return _PASSWORD_PARAM.sub(lambda m: f"{m['head']}{HIDDEN}", text)
+
+
+def shown(text: str, limit: int = 24) -> str:
+    """``text`` quoted for a one-line message, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")

@@ -90,15 +90,15 @@ def test_cells_that_differ_beyond_per_cell_fields_are_refused(tmp_path: Path) ->
 
 
 def test_a_cell_that_leaves_the_group_is_recorded_then_not_when_the_group_ends(tmp_path: Path) -> None:
+    from flctl.db import RunQueue, Store
     from flctl.layout import Layout
     from flctl.runner import train_claimed
-    from flctl.store import Store
 
     sgd = dict(optimizer="sgd", epochs=120, eval_every=40)
     cfgs = [config("diabetes", "fl", seed=0, lr=1e-2, **sgd), config("diabetes", "fl", seed=1, lr=1e3, **sgd)]
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
     store.add_runs(cfgs)
-    tokens = {c.run_id: store.claim_run(c.run_id) for c in cfgs}
+    tokens = {c.run_id: RunQueue(store).claim_run(c.run_id) for c in cfgs}
     assert all(tokens.values())
     seen: dict[int, str | None] = {}
 

@@ -15,23 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from flctl.store import Store
+from flctl.db import RunQueue, Store
 from tests.helpers import config
 
 WORKERS, RUNS, BUMPS = 16, 64, 20
 
 WORKER = r"""
 import json, sys
-from flctl.store import Store
+from flctl.db import RunQueue, Store
 url, ids = sys.argv[1], json.loads(sys.argv[2])
 store = Store.open(url)
 claimed = []
 for i, run_id in enumerate(ids):
-    token = store.claim_run(run_id, stale_after=3600)
+    token = RunQueue(store).claim_run(run_id, stale_after=3600)
     if token:
         claimed.append(run_id)
-        assert store.heartbeat(run_id, token, 1)
-        store.finish_run(run_id, token, status="completed", epochs_done=1, metrics={"x": 1.0}, diverged_at=None,
+        assert RunQueue(store).heartbeat(run_id, token, 1)
+        RunQueue(store).finish_run(run_id, token, status="completed", epochs_done=1, metrics={"x": 1.0}, diverged_at=None,
                          lambda_capped=0, artifacts={"records": "r"}, duration_s=0.0)
     if i % 3 == 0 and i < 60:  # 20 increments, interleaved with the claims
         store.count_submission("shared")
@@ -48,7 +48,7 @@ def pg_database() -> str:
         pytest.skip("no PostgreSQL server: run .ci/postgres.sh and export FLCTL_TEST_PG")
     import sqlalchemy as sa
 
-    from flctl.store import normalize_url
+    from flctl.db import normalize_url
 
     name = f"flctl_test_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(normalize_url(base), isolation_level="AUTOCOMMIT")
@@ -85,7 +85,7 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path, backend: str) -> None
 
 SYNC = r"""
 import sys, time
-from flctl.store import Store
+from flctl.db import Store
 from flctl.study import sync_sweep
 url, sweep_id, start_at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 store = Store.open(url)
@@ -108,9 +108,9 @@ def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend:
     configs = [config("two-moons", "fl", seed=s, lr=lr) for s in range(3) for lr in (1e-3, 1e-2)]
     store.create_sweep("grid", "grid", "two-moons", {}, configs)
     for i, cfg in enumerate(configs):
-        token = store.claim_run(cfg.run_id)
+        token = RunQueue(store).claim_run(cfg.run_id)
         assert token
-        store.finish_run(cfg.run_id, token, status="completed", epochs_done=1, metrics={"train.avg_loss": float(i)},
+        RunQueue(store).finish_run(cfg.run_id, token, status="completed", epochs_done=1, metrics={"train.avg_loss": float(i)},
                          diverged_at=None, lambda_capped=0, artifacts={}, duration_s=1.0)
     start_at = time.time() + 8
     procs = [subprocess.Popen([sys.executable, "-c", SYNC, url, "grid", str(start_at)], stdout=subprocess.PIPE,
@@ -128,7 +128,7 @@ def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend:
 
 OPEN = r"""
 import sys, time
-from flctl.store import Store
+from flctl.db import Store
 url, start_at = sys.argv[1], float(sys.argv[2])
 while time.time() < start_at:
     time.sleep(0.001)

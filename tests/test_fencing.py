@@ -19,8 +19,9 @@ import pytest
 from sqlalchemy import update
 
 from flctl import records
+from flctl.db import RunQueue, Store
+from flctl.db.schema import Run, now
 from flctl.errors import ClaimLost, StoreError
-from flctl.store import Run, Store, now
 from tests.helpers import config, wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -60,26 +61,26 @@ def test_a_stolen_claim_fences_every_write_of_its_old_holder(tmp_path: Path) -> 
     cfg = config("two-moons", "fl")
     store.add_runs([cfg])
     rid = cfg.run_id
-    old = store.claim_run(rid, stale_after=60)
-    assert old and store.holds(rid, old) and store.heartbeat(rid, old, 1)
-    assert store.claim_run(rid, stale_after=60) is None              # live: nobody else gets it
+    old = RunQueue(store).claim_run(rid, stale_after=60)
+    assert old and RunQueue(store).holds(rid, old) and RunQueue(store).heartbeat(rid, old, 1)
+    assert RunQueue(store).claim_run(rid, stale_after=60) is None              # live: nobody else gets it
     with store.session() as s:                                       # its holder froze: no beat for 2 minutes
         s.execute(update(Run).where(Run.id == rid).values(heartbeat_at=now() - timedelta(seconds=120)))
-    new = store.claim_run(rid, stale_after=60)
-    assert new and new != old and store.holds(rid, new) and not store.holds(rid, old)
+    new = RunQueue(store).claim_run(rid, stale_after=60)
+    assert new and new != old and RunQueue(store).holds(rid, new) and not RunQueue(store).holds(rid, old)
     # The old holder wakes up: none of its writes lands.
-    assert not store.heartbeat(rid, old, 5)
-    assert not store.requeue(rid, old, "stopped")
-    assert not store.fail_run(rid, old, "boom", 1.0)
+    assert not RunQueue(store).heartbeat(rid, old, 5)
+    assert not RunQueue(store).requeue(rid, old, "stopped")
+    assert not RunQueue(store).fail_run(rid, old, "boom", 1.0)
     with pytest.raises(ClaimLost):
-        store.finish_run(rid, old, status="completed", epochs_done=5, metrics={"x": 1.0}, diverged_at=None,
+        RunQueue(store).finish_run(rid, old, status="completed", epochs_done=5, metrics={"x": 1.0}, diverged_at=None,
                          lambda_capped=0, artifacts={}, duration_s=1.0)
     run = store.get_run(rid)
     assert (run.status, run.attempts, run.epochs_done, run.error, run.claim_token) == ("running", 2, 1, None, new)
     # A handed-back attempt gives the same attempt number again: the token, not the count, tells claims apart.
-    assert store.requeue(rid, new, "preempted") and store.get_run(rid).attempts == 1
-    third = store.claim_run(rid)
-    assert third and store.get_run(rid).attempts == 2 and not store.holds(rid, new)
+    assert RunQueue(store).requeue(rid, new, "preempted") and store.get_run(rid).attempts == 1
+    third = RunQueue(store).claim_run(rid)
+    assert third and store.get_run(rid).attempts == 2 and not RunQueue(store).holds(rid, new)
     store.close()
 
 
@@ -88,12 +89,12 @@ def test_the_stale_bound_is_a_positive_number_of_seconds(tmp_path: Path, bound: 
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
     cfg = config("two-moons", "fl")
     store.add_runs([cfg])
-    assert store.claim_run(cfg.run_id)
+    assert RunQueue(store).claim_run(cfg.run_id)
     if bound == float("inf"):          # never stale is a valid (if unwise) bound
-        assert store.claim_run(cfg.run_id, stale_after=bound) is None
+        assert RunQueue(store).claim_run(cfg.run_id, stale_after=bound) is None
     else:
         with pytest.raises(StoreError, match="positive number of seconds"):
-            store.claim_run(cfg.run_id, stale_after=bound)
+            RunQueue(store).claim_run(cfg.run_id, stale_after=bound)
     store.close()
 
 

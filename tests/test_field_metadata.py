@@ -19,7 +19,8 @@ import sqlalchemy as sa
 import flctl
 from flctl import migrations
 from flctl.config import FIELDS, RunConfig
-from flctl.store import Run, Store, now
+from flctl.db import Store
+from flctl.db.schema import Run, now
 from tests.helpers import config
 from tests.test_migrations import revision, url_for
 

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from flctl import records
 from flctl.cli import app
+from flctl.db import Store
 from flctl.layout import Layout, records_of
 from flctl.runner import execute
-from flctl.store import Store
 from tests.helpers import config
 
 FLCTL = [sys.executable, "-m", "flctl"]

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.store import Store
+from flctl.db import Store
 from flctl.study import tune
 from flctl.sweep import resolve_cell, spec_from_values
 

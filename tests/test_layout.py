@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
+from flctl.db import Store
 from flctl.layout import Layout
 from flctl.runner import execute
-from flctl.store import Store
 from tests.helpers import config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_the_default_database_url_is_the_layouts(tmp_path: Path, monkeypatch: py
     assert db_url("sqlite:////elsewhere/x.db", tmp_path) == "sqlite:////elsewhere/x.db"
 
 
-# What a command may leave beside the database: SQLite's own files and flctl.store's lock files (Store.exclusive),
+# What a command may leave beside the database: SQLite's own files and flctl.db's lock files (Store.exclusive),
 # named after whichever database file is used, --db included.
 DB_COMPANION = re.compile(r"(-wal|-shm|-journal|\.[a-z_]+\.lock)")
 # What submitit writes into the folder it is given (Layout.sweep_jobs): job pickles, results and logs.

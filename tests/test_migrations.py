@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from flctl import migrations
 from flctl.cli import app
+from flctl.db import Store
+from flctl.db.schema import Base, Meta
 from flctl.errors import OlderSchema, StoreError
-from flctl.store import Base, Meta, Store
 from tests.helpers import config
 from tests.test_concurrency import pg_database
 

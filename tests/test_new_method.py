@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from flctl import method_info, methods
 from flctl.cli import app
+from flctl.db import Store
 from flctl.method_info import MethodInfo, describe
 from flctl.methods import FL, register
 from flctl.report.data import select_runs
 from flctl.report.plots import figure
-from flctl.store import Store
 
 runner = CliRunner()
 

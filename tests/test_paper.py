@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
+from flctl.db import RunQueue, Store
 from flctl.programme import ITEMS, PUBLISHED, published, scaled
-from flctl.store import Store
 from flctl.sweep import load_spec, plan
 from tests.fixtures import write_cifar10
 from tests.helpers import files_under
@@ -50,9 +50,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     diverged = cells["cserm0.5108256237659907"]
     store = Store.open(f"sqlite:///{root / 'flctl.db'}")
     store.add_runs([diverged])
-    token = store.claim_run(diverged.run_id)
+    token = RunQueue(store).claim_run(diverged.run_id)
     assert token is not None
-    store.finish_run(diverged.run_id, token, status="diverged", epochs_done=1, duration_s=1.0,
+    RunQueue(store).finish_run(diverged.run_id, token, status="diverged", epochs_done=1, duration_s=1.0,
                      diverged_at={"epoch": 1, "step": 1}, lambda_capped=0, artifacts={},
                      metrics={"train.avg_loss": float("inf")})
     store.close()

@@ -86,7 +86,7 @@ def test_a_damaged_postgresql_database_is_one_line_and_left_as_it_is(results: Pa
                                                                      command: list[str], needle: str) -> None:
     import sqlalchemy as sa
 
-    from flctl.store import normalize_url
+    from flctl.db import normalize_url
     from tests.test_concurrency import pg_database
 
     url = pg_database()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from flctl import api, plugins, tasks
+from flctl.db import Store
 from flctl.errors import ConfigError
-from flctl.store import Store
 
 FLCTL = [sys.executable, "-m", "flctl"]
 

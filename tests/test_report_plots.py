@@ -13,10 +13,10 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from flctl.cli import app
+from flctl.db import Store
 from flctl.errors import ConfigError
 from flctl.report.data import select_runs
 from flctl.report.plots import PLOTS, figure, plot
-from flctl.store import Store
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -204,7 +204,7 @@ def test_plotting_never_imports_torch(made: Path, tmp_path: Path) -> None:
         "from flctl.report.plots import plot\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported at flctl import time'\n"
         "from flctl.report.data import select_runs\n"
-        "from flctl.store import Store\n"
+        "from flctl.db import Store\n"
         f"root = Path({str(made)!r})\n"
         "store = Store.open(f'sqlite:///{root}/flctl.db')\n"
         f"plot('top-multipliers', select_runs(store, task='digits'), root / 'records', Path({str(tmp_path)!r}) / 't')\n"
@@ -243,7 +243,7 @@ def test_reliability_refuses_a_regression_task(made: Path) -> None:
 
 
 def test_dynamics_overlays_gd_and_nupi_as_separate_curves(tmp_path: Path) -> None:
-    from flctl.store import Store
+    from flctl.db import Store
 
     root = tmp_path / "results"
     for extra in ([], ["--dual-optimizer", "nupi", "--kp", "5"]):

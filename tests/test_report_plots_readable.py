@@ -17,9 +17,9 @@ from matplotlib.text import Text
 from typer.testing import CliRunner
 
 from flctl.cli import app
+from flctl.db import Store
 from flctl.report.data import select_runs
 from flctl.report.plots import figure
-from flctl.store import Store
 
 runner = CliRunner()
 GRID = ["sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1e-2:5", "--dual-lr", "1e-3..1e-1:4", "--epochs", "2",

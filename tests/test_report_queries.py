@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.config import FIELDS
+from flctl.db import Store
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report.groups_of_runs import distinct_texts
 from flctl.report.tables import build, render
-from flctl.store import Store
 from tests.test_report_tables import run as record
 
 runner = CliRunner()

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.config import RunConfig
+from flctl.db import RunRecord
 from flctl.errors import ConfigError
 from flctl.metrics import cvar, ece, split_summary
 from flctl.report.tables import aggregate, build, render
-from flctl.store import RunRecord
 
 runner = CliRunner()
 
@@ -203,8 +203,8 @@ def test_report_tables_from_the_database_and_records(finished: Path, tmp_path: P
     tex = out.read_text()
     assert r"\toprule" in tex and "test.cvar@0.95" in tex and tex.count(r"\\") >= 4
     # The computed tail column equals CVaR of the final records, averaged over seeds.
+    from flctl.db import Store
     from flctl.report.data import final_records
-    from flctl.store import Store
 
     store = Store.open(f"sqlite:///{finished / 'flctl.db'}")
     fl = [r for r in store.list_runs(method="fl")]
@@ -249,7 +249,7 @@ def test_output_paths_are_checked_before_any_work(finished: Path, tmp_path: Path
 def test_missing_records_and_a_sweep_without_completed_cells(finished: Path) -> None:
     import shutil
 
-    from flctl.store import Store
+    from flctl.db import Store
     from tests.helpers import config
 
     store = Store.open(f"sqlite:///{finished / 'flctl.db'}")

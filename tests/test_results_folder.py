@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from flctl import launch
 from flctl.cli import app
+from flctl.db import Store
 from flctl.procs import process
-from flctl.store import Store
 from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -281,7 +281,7 @@ def test_read_commands_leave_the_results_folder_as_it_was(populated: Path, tmp_p
 def test_a_reader_sees_a_writer_and_never_the_file_change_under_it(populated: Path, tmp_path: Path) -> None:
     from sqlalchemy import func, select
 
-    from flctl.store import Run
+    from flctl.db.schema import Run
     from tests.helpers import config
 
     results = tmp_path / "results"

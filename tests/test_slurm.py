@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from flctl import records
+from flctl.db import Store
 from flctl.layout import records_of
-from flctl.store import Store
 from tests import helpers
 
 # A real cluster on a loaded 2-core machine: each test bounds its own waits (wait_until), so the per-test

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from flctl.store import Run, Store, now
+from flctl.db import RunQueue, Store
+from flctl.db.schema import Run, now
 from tests.helpers import config
 
 
@@ -29,48 +30,48 @@ def age_heartbeat(store: Store, run_id: str, seconds: float, pid: int | None = N
 
 def test_a_run_is_claimed_once_until_its_worker_is_lost(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
-    assert store.claim_run(rid, stale_after=60)
-    assert not store.claim_run(rid, stale_after=60)           # held by a live worker (this process)
+    assert RunQueue(store).claim_run(rid, stale_after=60)
+    assert not RunQueue(store).claim_run(rid, stale_after=60)           # held by a live worker (this process)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     age_heartbeat(store, rid, 0, pid=int(dead.stdout))         # its pid is gone: stale at once
-    assert store.claim_run(rid, stale_after=60)
+    assert RunQueue(store).claim_run(rid, stale_after=60)
     assert store.get_run(rid).attempts == 2
 
 
 def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
-    assert store.claim_run(rid)
+    assert RunQueue(store).claim_run(rid)
     age_heartbeat(store, rid, 10)
-    assert store.reap(stale_after=60) == ([], [])              # recent heartbeat: still alive
+    assert RunQueue(store).reap(stale_after=60) == ([], [])              # recent heartbeat: still alive
     age_heartbeat(store, rid, 120)
-    assert store.reap(stale_after=60, max_attempts=3) == ([rid], [])
+    assert RunQueue(store).reap(stale_after=60, max_attempts=3) == ([rid], [])
     assert store.get_run(rid).status == "queued"
-    assert store.claim_run(rid) and store.claim_run(rid, allow=("queued",)) is None
+    assert RunQueue(store).claim_run(rid) and RunQueue(store).claim_run(rid, allow=("queued",)) is None
     age_heartbeat(store, rid, 120)
-    assert store.reap(stale_after=60, max_attempts=2) == ([], [rid])
+    assert RunQueue(store).reap(stale_after=60, max_attempts=2) == ([], [rid])
     row = store.get_run(rid)
     assert row.status == "failed" and "gave up after 2 attempts" in row.error
-    assert not store.claim_run(rid, max_attempts=2)
+    assert not RunQueue(store).claim_run(rid, max_attempts=2)
 
 
 def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
-    token = store.claim_run(rid, max_attempts=1)
-    assert token and store.requeue(rid, token, "preempted")
+    token = RunQueue(store).claim_run(rid, max_attempts=1)
+    assert token and RunQueue(store).requeue(rid, token, "preempted")
     row = store.get_run(rid)
     assert (row.status, row.attempts) == ("interrupted", 0)
-    assert store.claim_run(rid, max_attempts=1)                # the requeued job can take it again
+    assert RunQueue(store).claim_run(rid, max_attempts=1)                # the requeued job can take it again
 
 
 def test_completed_runs_are_never_claimed_again(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
-    token = store.claim_run(rid)
+    token = RunQueue(store).claim_run(rid)
     assert token
-    store.finish_run(rid, token, status="completed", epochs_done=1, metrics={}, diverged_at=None, lambda_capped=0,
+    RunQueue(store).finish_run(rid, token, status="completed", epochs_done=1, metrics={}, diverged_at=None, lambda_capped=0,
                      artifacts={}, duration_s=1.0)
     age_heartbeat(store, rid, 10_000)
-    assert not store.claim_run(rid) and store.reap(stale_after=1) == ([], [])
-    assert not store.fail_run(rid, token, "late failure report", 1.0)   # only a running run can fail
+    assert not RunQueue(store).claim_run(rid) and RunQueue(store).reap(stale_after=1) == ([], [])
+    assert not RunQueue(store).fail_run(rid, token, "late failure report", 1.0)   # only a running run can fail
     assert store.get_run(rid).status == "completed"
 
 
@@ -80,7 +81,8 @@ def test_run_record_fields_are_the_runs_table_columns() -> None:
 
     from sqlalchemy import inspect
 
-    from flctl.store import Run, RunRecord
+    from flctl.db import RunRecord
+    from flctl.db.schema import Run
 
     columns = [c.key for c in inspect(Run).column_attrs]
     assert [f.name for f in dataclasses.fields(RunRecord)] == [*columns, "artifacts"]

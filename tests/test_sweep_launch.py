@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from flctl import records
+from flctl.db import Store
 from flctl.errors import ConfigError
 from flctl.launch import Slot, local_slots
-from flctl.store import Store
 from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]

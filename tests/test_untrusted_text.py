@@ -226,7 +226,7 @@ def test_a_database_password_never_shows(results: Path, url: str) -> None:
 
 
 def test_a_driver_message_quoting_the_connection_string_is_redacted() -> None:
-    from flctl.store import _one_line
+    from flctl.db.store import _one_line
 
     class DriverError(Exception):
         pass

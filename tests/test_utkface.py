@@ -166,9 +166,9 @@ def test_p_min_is_rejected_for_regression(faces: Path, results: Path) -> None:
 
 
 def test_top_multipliers_shows_the_faces_by_file_name(tmp_path: Path, results: Path) -> None:
+    from flctl.db import Store
     from flctl.report.data import select_runs
     from flctl.report.plots import _extras_images, plot
-    from flctl.store import Store
 
     data = write_utkface(tmp_path / "faces", n=40)
     res = CliRunner().invoke(app, ["run", "utkface", "-m", "rfl", "--eps", "0", "--alpha", "1e-3", "--data-dir",

@@ -123,8 +123,8 @@ def check_device(device: str, *, here: bool = True) -> str:
 
 
 def open_store(db: str | None, root: Path):
+    from flctl.db import Store
     from flctl.errors import StoreError
-    from flctl.store import Store
 
     try:
         return Store.open(db_url(db, root))
@@ -134,8 +134,8 @@ def open_store(db: str | None, root: Path):
 
 def existing_store(db: str | None, root: Path, *, readonly: bool = True):
     """Open an existing database without creating one; ``readonly`` (listings, reports) writes nothing to it."""
+    from flctl.db import Store
     from flctl.errors import StoreError
-    from flctl.store import Store
 
     url = existing_db_url(db, root)
     try:
@@ -187,7 +187,7 @@ def find(lookup: Callable[[str], T | None], ref: str, what: str) -> T:
     """``lookup(ref)`` (a run or sweep by id, unique id prefix or name), or a one-line error: a malformed or
     ambiguous reference, or none found (``what``: "run" or "sweep", whose listing command is named)."""
     from flctl.errors import ConfigError
-    from flctl.store import shown
+    from flctl.text import shown
 
     try:
         found = lookup(ref)
@@ -240,7 +240,7 @@ def complete_from(values, *, listed: bool = False) -> Callable[[str], list[str]]
 def _complete_ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
     """Ids (and sweep names) in the database the command would open, read-only; nothing when there is none or it
     cannot be read: completion never prints an error."""
-    from flctl.store import Store
+    from flctl.db import Store
 
     try:
         root = results_root(ctx.params.get("results_dir"))

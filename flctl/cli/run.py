@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 import dataclasses
 from typing import Annotated, Optional

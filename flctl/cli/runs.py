@@ -108,8 +108,8 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
     report) refuse one from an older flctl until something has.
     """
     from flctl import migrations
+    from flctl.db import Store
     from flctl.errors import OlderSchema, StoreError
-    from flctl.store import Store
 
     url = existing_db_url(db, results_root(results_dir))
     try:

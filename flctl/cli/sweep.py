@@ -311,8 +311,8 @@ def _print_plan(sid: str, spec, configs) -> None:
 def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
     """The plan's device-hours from the database's finished runs of the same task and device, read-only; a line for
     console.print (the device and task are user text, made safe)."""
+    from flctl.db import Store
     from flctl.errors import StoreError
-    from flctl.store import Store
     from flctl.sweep import estimate_cost
 
     device, task = safe(configs[0].device), safe(configs[0].task)

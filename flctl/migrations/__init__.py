@@ -6,7 +6,7 @@ existed (schema v1: ``flctl_meta`` but no ``alembic_version``) is first stamped 
 which is exactly that schema. A database stamped with a revision this flctl does not know was written by a newer
 flctl and is refused.
 
-A schema change is: the new column or table in ``flctl/store.py`` and one revision file under ``versions/`` that
+A schema change is: the new column or table in ``flctl/db/schema.py`` and one revision file under ``versions/`` that
 makes the same change to an existing database; ``alembic -c flctl/migrations/alembic.ini revision -m "..."``
 writes one from script.py.mako.
 """

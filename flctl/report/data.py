@@ -13,12 +13,12 @@ from flctl import records
 from flctl.errors import ConfigError
 from flctl.layout import records_of
 from flctl.status import REPORTABLE
-from flctl.store import shown
+from flctl.text import shown
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 def select_runs(store, *, sweep: str | None = None, task: str | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,7 +19,9 @@ from flctl.metrics import cvar
 from flctl.report.data import final_records
 from flctl.report.plots.common import load_extras
 from flctl.report.tables import Table, build, check_column
-from flctl.store import RunRecord
+
+if TYPE_CHECKING:
+    from flctl.db import RunRecord
 
 DEFAULT_COLUMNS = ("train.avg_loss", "train.max_loss", "test.avg_loss", "test.max_loss")
 WORST = "worst group"

@@ -18,7 +18,7 @@ from flctl.config import NOT_IDENTITY, SAME_NUMBERS_ENGINES
 from flctl.method_info import method_info
 
 if TYPE_CHECKING:
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 # Fields that never split runs into configurations: the seed is what a group summarizes, method, ε and α are keys
 # of their own, a table or figure holds one task, and the rest say where a run executed, not what it computed.

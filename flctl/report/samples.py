@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 from pathlib import Path
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 import csv
 import dataclasses

@@ -32,7 +32,7 @@ __all__ = ["PLOTS", "figure", "plot", "save", "_cvar_curve", "_extras_images"]
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 

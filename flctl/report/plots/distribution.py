@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 def _final_losses(records_root: Path, runs: Sequence[RunRecord], split: str | None) -> dict[tuple[str, str], np.ndarray]:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> Figure:

@@ -16,7 +16,7 @@ from flctl.status import REPORTABLE
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 @dataclass

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")

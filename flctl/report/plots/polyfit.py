@@ -13,7 +13,7 @@ from flctl.report.plots.common import _figure, _figure_legend, group_runs, load_
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 CURVE_KEYS = ("curve_x", "curve_y", "truth_y", "train_x", "train_y")

@@ -17,7 +17,7 @@ from flctl.report.plots.common import _completed, _figure, _one_task, _with_seed
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -> Figure:

@@ -16,7 +16,7 @@ from flctl.report.plots.common import _figure, group_runs, load_extras, wrap
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from flctl.store import RunRecord
+    from flctl.db import RunRecord
 
 
 def _top_multipliers(runs: list[RunRecord], records_root: Path, k: int) -> Figure:

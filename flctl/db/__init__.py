@@ -1,0 +1,9 @@
+"""The run database: readers get a ``Store`` (flctl.db.store), workers a ``RunQueue`` over it (flctl.db.queue)."""
+
+from flctl.db.liveness import HEARTBEAT_S, STALE_AFTER_S, check_stale_after
+from flctl.db.queue import RunQueue
+from flctl.db.schema import RunRecord
+from flctl.db.store import SCHEMA_LOCK, Store, normalize_url
+
+__all__ = ["HEARTBEAT_S", "SCHEMA_LOCK", "STALE_AFTER_S", "RunQueue", "RunRecord", "Store", "check_stale_after",
+           "normalize_url"]

@@ -1,0 +1,212 @@
+"""The fenced claim protocol of workers: ``RunQueue(store)`` takes a run (compare-and-swap on status, attempts and
+claim token), beats its heartbeat, hands it back, finishes or fails it, and reaps runs whose worker is gone.
+
+Every write of a claim's holder names the claim's token and takes effect only while the run still carries it, so
+a worker presumed lost (frozen, stalled past the stale bound) whose run was taken over writes nothing more. Only
+the runner and sweep workers use it; readers get a Store.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from flctl.db.liveness import STALE_AFTER_S, _is_stale, check_stale_after, db_now
+from flctl.db.schema import Artifact, Run, SweepCell, now
+from flctl.db.sqlite import READ_ONLY
+from flctl.db.store import Store
+from flctl.errors import ClaimLost
+from flctl.status import TRAINABLE
+
+
+class RunQueue:
+    """A worker's side of the run database: the claim protocol over a Store's transactions."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.engine, self.session, self.write = store.engine, store.session, store.write
+
+    def claim_run(self, run_id: str, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
+                  allow: Iterable[str] = TRAINABLE, job_id: str | None = None,
+                  git_sha: str | None = None, device: str | None = None) -> str | None:
+        """Atomically take a run for this process; returns the claim's fencing token, or None if someone else
+        holds it or it is not claimable.
+
+        Claimable: status in ``allow``, or running with a stale heartbeat (or a dead pid on this host).
+        The update is a compare-and-swap on (status, attempts, token), so two workers never both win; the token
+        is new at every claim, and the writes of the claim's holder (heartbeat, finish, hand-back, and through
+        ``holds`` its files) take effect only while the run still carries it.
+        """
+        allow = set(allow)
+        check_stale_after(stale_after)
+
+        def fn(s: Session) -> str | None:
+            run = s.get(Run, run_id)
+            if run is None:
+                return None
+            stamp = db_now(s)
+            if not (run.status in allow or (run.status == "running" and _is_stale(run, stale_after, stamp))):
+                return None
+            if max_attempts is not None and run.attempts >= max_attempts:
+                return None
+            token = secrets.token_hex(16)
+            res = s.execute(
+                update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts,
+                                  Run.claim_token.is_(None) if run.claim_token is None
+                                  else Run.claim_token == run.claim_token)
+                .values(status="running", attempts=run.attempts + 1, error=None, host=socket.gethostname(),
+                        pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
+                        heartbeat_at=stamp, finished_at=None, claim_token=token)
+                .execution_options(synchronize_session=False))
+            return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+        return self.write(fn)
+
+    def holds(self, run_id: str, token: str) -> bool:
+        """Whether the claim with ``token`` still holds the run (it is running under that claim). A read that takes
+        no write lock: training asks it before its writes, and a preemption handler interrupting it on the same
+        thread (submitit's checkpoint, which hands the run back) must not wait for a lock its own thread holds."""
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
+            return conn.scalar(select(func.count()).select_from(Run).where(
+                Run.id == run_id, Run.status == "running", Run.claim_token == token)) == 1
+
+    def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
+                   job_id: str | None = None, git_sha: str | None = None,
+                   accept: Callable[[dict], bool] | None = None) -> tuple[str, str] | None:
+        """Claim the sweep's next cell still to do, for a pull worker: (run id, fencing token), or None when none
+        is left. With ``accept``,
+        only a cell whose stored config it accepts (e.g. one that can train together with cells already held).
+
+        To do: queued, failed with attempts left, or running with a lost worker. Candidates are tried in id
+        order through ``claim_run``'s compare-and-swap, so workers racing for the same cell never both win.
+        """
+        cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config)
+        with self.session() as s:
+            rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
+                             .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
+                                    Run.status.in_((*TRAINABLE, "running")))
+                             .order_by(Run.id)).all()
+            at = db_now(s)
+        for r in rows:
+            if (r.status == "running" and not _is_stale(r, stale_after, at)) or (accept and not accept(r.config)):
+                continue
+            token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
+                                   git_sha=git_sha, device=r.config.get("device"))
+            if token is not None:
+                return r.id, token
+        return None
+
+    def hand_back(self, sweep_id: str, reason: str, *, pids: Collection[int] = frozenset(),
+                  job_prefixes: Collection[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
+        """Hand back the sweep's running cells held by the given local pids or Slurm jobs (by array id), or by
+        any lost worker: interrupted, the attempt not counted. Returns their ids."""
+        host = socket.gethostname()
+
+        def fn(s: Session) -> list[str]:
+            q = (select(Run).join(SweepCell, SweepCell.run_id == Run.id)
+                 .where(SweepCell.sweep_id == sweep_id, Run.status == "running"))
+            ids = []
+            at = db_now(s)
+            for run in s.scalars(q).all():
+                ours = ((run.host == host and run.pid in pids)
+                        or (run.job_id is not None and run.job_id.split("_")[0] in job_prefixes))
+                if not (ours or _is_stale(run, stale_after, at)):
+                    continue
+                res = s.execute(update(Run).where(Run.id == run.id, Run.status == "running",
+                                                  Run.attempts == run.attempts)
+                                .values(status="interrupted", error=reason, attempts=max(run.attempts - 1, 0))
+                                .execution_options(synchronize_session=False))
+                if res.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+                    ids.append(run.id)
+            return ids
+        return self.write(fn)
+
+    def reap(self, *, stale_after: float = STALE_AFTER_S, max_attempts: int | None = None,
+             run_ids: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+        """Re-queue running runs whose worker is gone (stale heartbeat, or dead pid on this host).
+
+        Runs that already used ``max_attempts`` are marked failed instead. Returns (requeued, failed).
+        """
+        def fn(s: Session) -> tuple[list[str], list[str]]:
+            q = select(Run).where(Run.status == "running")
+            if run_ids is not None:
+                q = q.where(Run.id.in_(list(run_ids)))
+            requeued: list[str] = []
+            failed: list[str] = []
+            at = db_now(s)
+            for run in s.scalars(q).all():
+                if not _is_stale(run, stale_after, at):
+                    continue
+                give_up = max_attempts is not None and run.attempts >= max_attempts
+                res = s.execute(
+                    update(Run).where(Run.id == run.id, Run.status == "running", Run.attempts == run.attempts)
+                    .values(status="failed" if give_up else "queued",
+                            error=(f"worker lost (heartbeat stale); gave up after {run.attempts} attempts"
+                                   if give_up else "worker lost (heartbeat stale); re-queued"))
+                    .execution_options(synchronize_session=False))
+                if res.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+                    (failed if give_up else requeued).append(run.id)
+            return requeued, failed
+        return self.write(fn)
+
+    def requeue(self, run_id: str, token: str, reason: str, duration_s: float = 0.0,
+                epochs_done: int | None = None) -> bool:
+        """Hand a running run back (stopped, preempted, timed out): interrupted, and the next claim resumes it
+        from its checkpoint. The time it trained counts towards its duration. False (nothing written) when the
+        claim ``token`` no longer holds the run.
+
+        A handed-back attempt is not a failed one, so it is given back too; otherwise a cell preempted
+        ``max_attempts`` times would stay queued with no attempt left to claim it.
+        """
+        values: dict[str, Any] = {"status": "interrupted", "error": reason, "attempts": Run.attempts - 1,
+                                  "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
+        if epochs_done is not None:
+            values["epochs_done"] = epochs_done
+        return self._fenced_update(run_id, token, values)
+
+    def heartbeat(self, run_id: str, token: str, epochs_done: int | None = None) -> bool:
+        """Refresh the claim's heartbeat (the database's clock); False when the claim no longer holds the run."""
+        values: dict[str, Any] = {}
+        if epochs_done is not None:
+            values["epochs_done"] = epochs_done
+        return self._fenced_update(run_id, token, values, beat=True)
+
+    def _fenced_update(self, run_id: str, token: str, values: dict[str, Any], beat: bool = False) -> bool:
+        def fn(s: Session) -> bool:
+            extra = {"heartbeat_at": db_now(s)} if beat else {}
+            res = s.execute(update(Run).where(Run.id == run_id, Run.status == "running", Run.claim_token == token)
+                            .values(**values, **extra).execution_options(synchronize_session=False))
+            return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+        return self.write(fn)
+
+    def record_provenance(self, run_id: str, token: str, provenance: dict[str, Any]) -> bool:
+        """Where the code that trains the claimed run comes from (flctl.runner, as training starts)."""
+        return self._fenced_update(run_id, token, {"provenance": provenance})
+
+    def finish_run(self, run_id: str, token: str, *, status: str, epochs_done: int, metrics: dict[str, float],
+                   diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],
+                   duration_s: float, trained_with: dict[str, Any] | None = None) -> None:
+        """Record how a run ended. ClaimLost (nothing written) when the claim ``token`` no longer holds it."""
+        def fn(s: Session) -> None:
+            run = s.get(Run, run_id)
+            assert run is not None, run_id     # a claimed run is never deleted
+            if run.status != "running" or run.claim_token != token:
+                raise ClaimLost(f"run {run_id}: another worker holds it now; its outcome here is not recorded")
+            run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
+            run.trained_with = trained_with or None
+            run.diverged_at, run.lambda_capped = diverged_at, lambda_capped
+            run.finished_at = run.heartbeat_at = now()
+            run.duration_s = (run.duration_s or 0.0) + duration_s
+            run.artifacts = [Artifact(kind=k, path=p) for k, p in sorted(artifacts.items())]
+        self.write(fn)
+
+    def fail_run(self, run_id: str, token: str, error: str, duration_s: float) -> bool:
+        # Only a run still running under this claim fails: one handed back by a preempted job stays interrupted,
+        # and one another worker took over is theirs.
+        return self._fenced_update(run_id, token, {"status": "failed", "error": error, "finished_at": now(),
+                                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s})

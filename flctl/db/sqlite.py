@@ -1,0 +1,129 @@
+"""SQLite's connection rules for the run database: pragmas, BEGIN IMMEDIATE for writers, and read-only opens that
+create no file (immutable under a shared lock of an idle WAL database)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    # busy_timeout makes a locked writer wait instead of failing. The driver's own transaction handling is turned
+    # off so that _sqlite_begin decides how to begin. No journal mode here: the file may not be flctl's, and
+    # switching it to WAL rewrites its header (Store._use_wal does it once the schema is known to be ours).
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _sqlite_pragmas_readonly(dbapi_conn, _record) -> None:
+    # As _sqlite_pragmas, for a database opened read-only.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+# SQLite's rollback-mode locks are byte ranges of the database file (os_unix.c): a reader holds a read lock on
+# these bytes, and the last connection of a WAL database must write-lock them before it checkpoints into the file.
+_SQLITE_SHARED_FIRST, _SQLITE_SHARED_SIZE = 0x40000000 + 2, 510
+_LOCK_WAIT_S = 30.0                      # as busy_timeout
+
+
+class _LockedConnection(sqlite3.Connection):
+    """A read-only connection that holds a shared lock on its file (an open descriptor) until it is closed."""
+
+    lock_fd: int | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+
+
+def _shared_lock(fd: int) -> bool:
+    """A read lock on SQLite's shared byte range of the open file ``fd``, as an open-file-description lock (kept
+    whatever other descriptors of the file this process opens and closes); False where there are none (not
+    Linux) or a writer held the range for longer than ``_LOCK_WAIT_S``."""
+    import fcntl
+    import struct
+
+    if not hasattr(fcntl, "F_OFD_SETLK"):
+        return False
+    request = struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, _SQLITE_SHARED_FIRST, _SQLITE_SHARED_SIZE, 0)
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+            return True
+        except (BlockingIOError, PermissionError):    # a writer holds it (checkpointing): wait a moment
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        except OSError:
+            return False
+
+
+def _idle_wal_lock(path: Path) -> int | None:
+    """When ``path`` is a WAL database that no connection has open (no -wal file beside it: SQLite removes it as
+    the last connection closes), an open descriptor holding a shared lock on it; else None. While the lock is held
+    the file holds every commit and stays as it is: a writer that opens the database meanwhile commits into a new
+    -wal file and cannot checkpoint into the database file (that needs the lock we share)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # bytes 18-19 of the header: the file format versions, 2 and 2 in WAL mode, 1 and 1 with a rollback journal
+        if os.pread(fd, 2, 18) == b"\x02\x02" and _shared_lock(fd) and not Path(f"{path}-wal").exists():
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _readonly_sqlite(path: Path, immutable: bool = False) -> Callable[[], sqlite3.Connection]:
+    """Connections that read the SQLite database at ``path`` and create or change no file. SQLite's read-only mode
+    creates the -wal and -shm files of a WAL database that has none, and leaves them behind; such a database is
+    read as immutable instead, under the shared lock of _idle_wal_lock. Decided for each connection, so a reader
+    that lives on (`flctl status --watch`) follows a sweep that starts meanwhile through SQLite's read-only mode,
+    which reads its -wal. ``immutable``: always (a folder that cannot take SQLite's lock files)."""
+    from urllib.parse import quote
+
+    def connect() -> sqlite3.Connection:
+        lock = None if immutable else _idle_wal_lock(path)
+        mode = "ro&immutable=1" if immutable or lock is not None else "ro"
+        try:
+            conn = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, timeout=30,
+                                   check_same_thread=False, factory=_LockedConnection)
+        except BaseException:
+            if lock is not None:
+                os.close(lock)
+            raise
+        conn.lock_fd = lock
+        return conn
+    return connect
+
+
+def _sqlite_begin_readonly(conn) -> None:
+    conn.exec_driver_sql("BEGIN")
+
+
+# Execution option of a connection that only reads (Store.holds): see _sqlite_begin.
+READ_ONLY = "flctl_read_only"
+
+
+def _sqlite_begin(conn) -> None:
+    # BEGIN IMMEDIATE takes the write lock up front (waiting up to busy_timeout). A deferred transaction that
+    # reads and then writes can instead fail at once with SQLITE_BUSY when another process wrote in between.
+    # A read-only transaction (READ_ONLY) begins deferred: in WAL it takes no lock a writer waits for.
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")

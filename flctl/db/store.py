@@ -1,0 +1,399 @@
+"""The run database: SQLite under ``results/`` by default, PostgreSQL by URL. ``Store`` opens it (checking, creating
+or upgrading the schema), runs transactions with retries, holds database-wide locks and answers the read queries;
+the fenced claim protocol of workers is flctl.db.queue's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, delete, event, func, insert, inspect, select, update
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
+from flctl.db.schema import SCHEMA_VERSION, Base, Meta, Run, RunRecord, Sweep, SweepCell, now
+from flctl.db.sqlite import (
+    _readonly_sqlite,
+    _sqlite_begin,
+    _sqlite_begin_readonly,
+    _sqlite_pragmas,
+    _sqlite_pragmas_readonly,
+)
+from flctl.errors import ConfigError, NewerSchema, OlderSchema, StoreError
+from flctl.text import redact, shown
+
+T = TypeVar("T")
+# The database-wide lock (Store.exclusive) under which schemas are created or upgraded, flctl's and Optuna's.
+SCHEMA_LOCK = "schema"
+_MEMORY_LOCK = threading.Lock()        # Store.exclusive for an in-memory SQLite database: this process only
+
+
+class _Unopenable(StoreError):
+    """SQLite could not open the file at all (e.g. a read-only folder for a read-only open)."""
+
+
+def normalize_url(url: str) -> str:
+    # psycopg 3 is the driver we ship; plain postgresql:// would ask SQLAlchemy for psycopg2.
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
+
+
+def is_id_prefix(text: str) -> bool:
+    """Run and sweep ids are hex; a reference to one gives at least 4 and at most 64 of its digits."""
+    return ID_PREFIX.fullmatch(text) is not None
+
+
+def _ambiguous(what: str, prefix: str, ids: list[str]) -> str:
+    more = ", ..." if len(ids) > 5 else ""
+    return f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); give more digits"
+
+
+def _newer(found: str, known: str) -> StoreError:
+    """The refusal of a database written by a newer flctl (``found``: its schema version or revision; ``known``: what
+    this flctl knows of it), one line that says what to do."""
+    return StoreError(f"database schema {found} is newer than {known}: upgrade flctl (pip install -U flctl) to open it")
+
+
+def _one_line(exc: BaseException, url: str | None = None) -> str:
+    """The first line of a driver's error, without the password: drivers may quote the connection string they were
+    given (with ``url``, its password is removed wherever it appears; any URL password or password=... is too)."""
+
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip()
+    return redact(text.splitlines()[0] if text else type(orig).__name__, url)
+
+
+class Store:
+    """A handle on the run database. ``Store.open(url)`` checks it is reachable and of our schema."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.readonly = False
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str, *, readonly: bool = False) -> Store:
+        """Open (creating or upgrading as needed) the run database at ``url``. ``readonly``: for commands that
+        only read (reports, listings): nothing is created, upgraded or written, and no file is added beside the
+        database; SQLite opens the file read-only (see _readonly_sqlite; immutable when its folder cannot take the
+        lock files), PostgreSQL in read-only transactions. A SQLite file is put in WAL mode only once its schema
+        is known to be flctl's (or it is new): a foreign database is left as it was."""
+        _check_environment()
+        url = normalize_url(url)
+        try:
+            parsed = make_url(url)
+        except Exception:
+            raise StoreError(f"not a database URL: {redact(url, url)!r} (e.g. sqlite:///results/flctl.db, "
+                             "postgresql://user@host/db)") from None
+        shown_url = parsed.render_as_string(hide_password=True)
+        sqlite = parsed.get_backend_name() == "sqlite"
+        attempts: list[str | Callable[[], sqlite3.Connection]] = [url]
+        if readonly and sqlite and parsed.database:
+            path = Path(parsed.database).resolve()
+            attempts = [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
+        for target in attempts[:-1]:
+            try:
+                return cls._open(target, sqlite, shown_url, readonly)
+            except _Unopenable:   # a read-only folder cannot take SQLite's lock files: read it as immutable
+                pass
+        return cls._open(attempts[-1], sqlite, shown_url, readonly)
+
+    @classmethod
+    def _open(cls, target: str | Callable[[], sqlite3.Connection], sqlite: bool, shown_url: str,
+              readonly: bool) -> Store:
+        """``target``: a URL, or a function that connects to a SQLite file (a read-only open, see
+        _readonly_sqlite), whose connections are not pooled, so that each session decides afresh how to read."""
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        url = target if isinstance(target, str) else "sqlite://"
+        if not isinstance(target, str):
+            kwargs.update(creator=target, poolclass=NullPool)
+        elif sqlite:
+            kwargs["connect_args"] = {"timeout": 30}
+        elif url.startswith("postgresql"):
+            kwargs["connect_args"] = {"connect_timeout": 10}
+            if readonly:
+                kwargs["connect_args"]["options"] = "-c default_transaction_read_only=on"
+        try:
+            engine = create_engine(url, **kwargs)
+        except Exception as exc:  # unknown dialect or driver
+            # shown_url hides the URL's password, not a ?password= parameter
+
+            raise StoreError(f"cannot use database {redact(shown_url)}: {_one_line(exc, url)}") from None
+        if sqlite:
+            event.listen(engine, "connect", _sqlite_pragmas_readonly if readonly else _sqlite_pragmas)
+            event.listen(engine, "begin", _sqlite_begin_readonly if readonly else _sqlite_begin)
+        store = cls(engine)
+        store.readonly = readonly
+        try:
+            store._check_schema()
+            store._use_wal()
+        except StoreError:
+            engine.dispose()
+            raise
+        except (SQLAlchemyError, DBAPIError) as exc:
+            engine.dispose()
+            error = _Unopenable if readonly and "unable to open database file" in str(exc) else StoreError
+            # shown_url hides the URL's password, not a ?password= parameter
+
+            raise error(f"cannot open database {redact(shown_url)}: {_one_line(exc, url)} "
+                        "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
+        return store
+
+    def _check_schema(self, scripts: Path | None = None, locked: bool = False) -> None:
+        """Create a new database, or upgrade an flctl one in place (flctl.migrations); refuse anything else. Creating
+        and upgrading happen under SCHEMA_LOCK (``locked``: held already), so processes that open a new database at
+        the same moment do not both create its tables (on PostgreSQL the second would fail on pg_type)."""
+        from flctl import migrations
+
+        scripts = scripts or migrations.SCRIPTS
+        with self.engine.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+            row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar() \
+                if "flctl_meta" in tables else None
+        if row is not None and (not str(row).isdigit() or int(row) > SCHEMA_VERSION):
+            raise _newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
+        try:
+            older = "flctl_meta" in tables and migrations.needs_upgrade(self.engine, scripts)
+        except NewerSchema as exc:
+            raise _newer(f"revision {exc}", "this flctl knows") from None
+        if self.readonly and "flctl_meta" in tables and (row != str(SCHEMA_VERSION) or older):
+            raise OlderSchema("the database is from an older flctl: `flctl migrate` upgrades it (so do flctl run "
+                              "and flctl sweep); this command only reads")
+        if self.readonly and "flctl_meta" not in tables:
+            raise StoreError("the database is " + ("empty: not an flctl database yet" if not tables else
+                             "not an flctl database") + "; this command only reads")
+        if "flctl_meta" not in tables and tables:
+            raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
+                             "database; point --db at an empty or flctl database")
+        if not locked and ("flctl_meta" not in tables or older or row != str(SCHEMA_VERSION)):
+            with self.exclusive(SCHEMA_LOCK):     # then look again: another process may have done it meanwhile
+                return self._check_schema(scripts, locked=True)
+        if "flctl_meta" not in tables:
+            with self.engine.begin() as conn:        # one transaction: a database is created whole or not at all
+                Base.metadata.create_all(conn)
+                conn.execute(delete(Meta).where(Meta.key == "schema_version"))
+                conn.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+                migrations.stamp_new(conn, scripts)
+            return
+        version = int(row) if row is not None and str(row).isdigit() else None
+        if version is None or version > SCHEMA_VERSION:
+            raise _newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
+        try:
+            migrations.upgrade(self.engine, scripts)
+        except NewerSchema as exc:
+            raise _newer(f"revision {exc}", "this flctl knows") from None
+        if version < SCHEMA_VERSION:
+            with self.session() as s:
+                s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    def _use_wal(self) -> None:
+        """Put flctl's SQLite database (known to be ours by now) in WAL mode, where readers run beside one writer.
+        The mode is kept in the file, so it is set once, on the driver's connection, outside any transaction."""
+        if self.readonly or self.engine.dialect.name != "sqlite":
+            return
+        conn = self.engine.raw_connection()
+        try:
+            if conn.cursor().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return                     # the usual case: set by whoever opened the database first
+            # Switching needs the file to itself, and SQLite answers "database is locked" at once (no busy wait)
+            # while another process holds it: e.g. several processes opening a new database together. The schema
+            # lock orders them; a reader still in the file gets a few short retries.
+            with self.exclusive(SCHEMA_LOCK):
+                for attempt in range(50):
+                    try:
+                        conn.cursor().execute("PRAGMA journal_mode=WAL")
+                        return
+                    except sqlite3.OperationalError as exc:
+                        if "locked" not in str(exc) or attempt == 49:
+                            raise
+                        time.sleep(0.1)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction. A database whose schema was damaged (a table or column gone) or whose rows hold invalid
+        JSON is StoreError, one line, for every command alike; lock conflicts stay OperationalError (``write``
+        retries them)."""
+        try:
+            with self._sessions() as s, s.begin():
+                yield s
+        except (OperationalError, ProgrammingError) as exc:
+            text = str(getattr(exc, "orig", exc))
+            if not any(k in text for k in ("no such table", "no such column", "does not exist")):
+                raise
+            raise StoreError(f"the database is damaged: {text.splitlines()[0]}; restore it from a backup "
+                             "(flctl creates and upgrades its tables itself)") from None
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"the database is damaged: a row holds invalid JSON ({exc}); restore it from a "
+                             "backup or delete that row") from None
+
+    def write(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
+        """Run ``fn`` in a transaction, retrying lock/serialization conflicts with jittered backoff."""
+        for attempt in range(attempts):
+            try:
+                with self.session() as s:
+                    return fn(s)
+            except OperationalError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    # ---- runs ----
+
+    def add_runs(self, configs: Iterable[Any]) -> int:
+        """Insert the configs (RunConfig objects) not yet in the database as queued runs; returns how many."""
+        configs = list({c.run_id: c for c in configs}.values())   # one row per distinct run
+
+        def fn(s: Session) -> int:
+            have: set[str] = set()
+            ids = [c.run_id for c in configs]
+            for chunk in range(0, len(ids), 500):
+                have.update(s.scalars(select(Run.id).where(Run.id.in_(ids[chunk:chunk + 500]))).all())
+            new = [c for c in configs if c.run_id not in have]
+            stamp = now()
+            s.add_all(Run(id=c.run_id, config_hash=c.config_hash, task=c.task, method=c.method, seed=c.seed,
+                          config=c.to_dict(), status="queued",
+                          created_at=stamp, attempts=0) for c in new)
+            return len(new)
+        return self.write(fn)
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold the database-wide lock ``name`` (one holder at a time, across processes and hosts): PostgreSQL's
+        transaction-level advisory lock, released with its transaction however the block ends; SQLite's database
+        is one machine's file, so an exclusive file lock beside it. For what must not run twice at once on one
+        database: creating schemas, syncing Optuna studies."""
+        url = self.engine.url
+        if url.get_backend_name() == "postgresql":
+            with self.engine.connect() as conn, conn.begin():
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({zlib.crc32(f'flctl:{name}'.encode())})")
+                yield
+            return
+        import fcntl
+
+        path = Path(url.database or "")
+        if not url.database or url.database == ":memory:":
+            with _MEMORY_LOCK:
+                yield
+            return
+        with open(path.with_name(f"{path.name}.{name}.lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    # ---- sweeps ----
+
+    def create_sweep(self, sweep_id: str, name: str | None, task: str, spec: dict[str, Any],
+                     configs: list[Any]) -> int:
+        """Record the sweep and its cells (runs inserted as queued when new). Idempotent; returns new runs."""
+        added = self.add_runs(configs)
+
+        def fn(s: Session) -> None:
+            if s.get(Sweep, sweep_id) is None:
+                s.add(Sweep(id=sweep_id, name=name, task=task, spec=spec, created_at=now(), submissions=0))
+            have = set(s.scalars(select(SweepCell.run_id).where(SweepCell.sweep_id == sweep_id)).all())
+            s.add_all(SweepCell(sweep_id=sweep_id, run_id=c.run_id) for c in configs if c.run_id not in have)
+        self.write(fn)
+        return added
+
+    def count_submission(self, sweep_id: str) -> None:
+        self.write(lambda s: s.execute(update(Sweep).where(Sweep.id == sweep_id)
+                                       .values(submissions=Sweep.submissions + 1)))
+
+    def get_sweep(self, sweep_id_or_name: str) -> dict[str, Any] | None:
+        """A sweep by its id, its name (the latest of that name) or a unique hex prefix of its id (4 digits or
+        more, matched literally); None when nothing matches. ConfigError for an ambiguous prefix."""
+        with self.session() as s:
+            sweep = s.get(Sweep, sweep_id_or_name) or s.scalars(
+                select(Sweep).where(Sweep.name == sweep_id_or_name).order_by(Sweep.created_at.desc())).first()
+            if sweep is None and is_id_prefix(sweep_id_or_name):
+                prefix = sweep_id_or_name.lower()
+                matches = s.scalars(select(Sweep).where(Sweep.id.startswith(prefix, autoescape=True))
+                                    .order_by(Sweep.id).limit(6)).all()
+                if len(matches) > 1:
+                    raise ConfigError(_ambiguous("sweep", prefix, [m.id for m in matches]))
+                sweep = matches[0] if matches else None
+            if sweep is None:
+                return None
+            return {"id": sweep.id, "name": sweep.name, "task": sweep.task, "spec": sweep.spec,
+                    "created_at": sweep.created_at.isoformat(), "submissions": sweep.submissions}
+
+    def list_sweeps(self) -> list[dict[str, Any]]:
+        with self.session() as s:
+            sweeps = s.scalars(select(Sweep).order_by(Sweep.created_at.desc())).all()
+            counts = dict(s.execute(select(SweepCell.sweep_id, func.count()).group_by(SweepCell.sweep_id)).all())
+            done = dict(s.execute(select(SweepCell.sweep_id, func.count()).join(Run, Run.id == SweepCell.run_id)
+                                  .where(Run.status == "completed").group_by(SweepCell.sweep_id)).all())
+            return [{"id": w.id, "name": w.name, "task": w.task, "created_at": w.created_at.isoformat(),
+                     "cells": counts.get(w.id, 0), "completed": done.get(w.id, 0), "submissions": w.submissions}
+                    for w in sweeps]
+
+    def sweep_runs(self, sweep_id: str, stale_after: float = STALE_AFTER_S) -> list[dict[str, Any]]:
+        """The runs of a sweep's cells (status, attempts, heartbeat, metrics), without their artifacts;
+        ``stale`` marks running runs whose worker is gone."""
+        cols = (Run.id, Run.method, Run.seed, Run.status, Run.attempts, Run.epochs_done, Run.heartbeat_at,
+                Run.host, Run.pid, Run.metrics, Run.config, Run.error, Run.finished_at, Run.duration_s)
+        with self.session() as s:
+            rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
+                             .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()
+            at = db_now(s)
+            return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after, at)) for r in rows]
+
+    def get_run(self, run_id_or_prefix: str) -> RunRecord | None:
+        """A run by its id or a unique hex prefix of it (4 to 64 digits, matched literally: no wildcards); None
+        when none matches. ConfigError for anything that is not such a prefix, or one several runs share."""
+        if not is_id_prefix(run_id_or_prefix):
+            raise ConfigError(f"run id {shown(run_id_or_prefix)}: give 4 to 64 hex digits of it (see `flctl runs`)")
+        prefix = run_id_or_prefix.lower()
+        with self.session() as s:
+            run = s.get(Run, prefix)
+            if run is None:
+                matches = s.scalars(select(Run).where(Run.id.startswith(prefix, autoescape=True))
+                                    .order_by(Run.id).limit(6)).all()
+                if len(matches) > 1:
+                    raise ConfigError(_ambiguous("run", prefix, [m.id for m in matches]))
+                run = matches[0] if matches else None
+            return None if run is None else run.record()
+
+    def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
+                  seed: int | None = None, limit: int | None = None) -> list[RunRecord]:
+        q = _run_filter(select(Run).order_by(Run.created_at.desc()), task, method, status, seed)
+        if limit:
+            q = q.limit(limit)
+        with self.session() as s:
+            return [r.record() for r in s.scalars(q).all()]
+
+    def count_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
+                   seed: int | None = None) -> int:
+        """How many runs ``list_runs`` would list without a limit."""
+        with self.session() as s:
+            return s.scalar(_run_filter(select(func.count()).select_from(Run), task, method, status, seed)) or 0
+
+
+def _run_filter(q: Any, task: str | None, method: str | None, status: str | None, seed: int | None) -> Any:
+    """``q`` restricted to the runs of the given task, method, status and seed (None: any)."""
+    for col, val in ((Run.task, task), (Run.method, method), (Run.status, status), (Run.seed, seed)):
+        if val is not None:
+            q = q.where(col == val)
+    return q
