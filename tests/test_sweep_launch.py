@@ -74,15 +74,15 @@ def test_slots_on_cpu_and_on_gpus() -> None:
 
 
 def test_a_slurm_worker_takes_as_many_threads_as_slurm_gave_it(monkeypatch) -> None:
-    from flctl.launch import _slurm_cpus
+    from flctl.launch.slurm import allocated_cpus
 
     for name in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
         monkeypatch.delenv(name, raising=False)
-    assert _slurm_cpus() is None                                  # outside Slurm: torch's own default
+    assert allocated_cpus() is None                                  # outside Slurm: torch's own default
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
-    assert _slurm_cpus() == 1
+    assert allocated_cpus() == 1
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")                # --cpus-per-task wins over the node's count
-    assert _slurm_cpus() == 3
+    assert allocated_cpus() == 3
 
 
 def test_pull_workers_never_exceed_w_and_rerun_submits_nothing(tmp_path: Path) -> None:

@@ -1,0 +1,142 @@
+"""`flctl sweep`'s plan and launch: every check first (plan_sweep), then record the sweep, re-queue the cells of
+lost workers and start the workers still needed (launch_sweep)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from flctl.config import RunConfig
+from flctl.db import STALE_AFTER_S, RunQueue, Store
+from flctl.errors import ConfigError
+from flctl.launch.jobs import live_controllers, live_workers, private_folder
+from flctl.launch.settings import LaunchSettings, Slot, batch_runs_for
+from flctl.launch.slurm import check_executor, check_script_path, check_slurm_cluster
+from flctl.launch.submit import submit
+from flctl.launch.worker import Worker
+from flctl.layout import Layout
+from flctl.status import TRAINABLE
+
+# A --tune sweep adds its next trial's cell a moment after the last one finished: its workers wait this long for
+# one before they exit, so that one worker serves trial after trial instead of a new process (torch start-up,
+# seconds) per trial.
+TUNE_LINGER_S = 10.0
+
+
+@dataclass
+class Launched:
+    """What `flctl sweep` did: the sweep's cells, what was already there, and the workers it started."""
+
+    cells: int
+    added: int
+    completed: int
+    requeued: list[str]
+    gave_up: list[str]
+    todo: int
+    live: int
+    jobs: list[submitit.Job]
+    here: _Here | None = None
+
+
+def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],
+                 settings: LaunchSettings, join: bool = False) -> Launched:
+    """Record the sweep, re-queue cells of lost workers, and start workers for the cells still to do: never more
+    live workers than the settings ask for, counting those of an earlier launch still running.
+
+    With ``join`` (``flctl sweep --wait`` on the local executor) one of the W workers is this process, which would
+    otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it.
+
+    ConfigError, before anything is written, when results/jobs cannot be made private (another user's folder)."""
+    private_folder(root, Layout(root).sweep_jobs(sid))
+    added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
+    ids = [c.run_id for c in configs]
+    requeued, gave_up = RunQueue(store).reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
+    cells = {r["id"]: r for r in store.sweep_runs(sid)}
+    todo = [i for i in ids if cells[i]["status"] in TRAINABLE
+            and cells[i]["attempts"] < settings.max_attempts]
+    registered = live_workers(root, sid)
+    # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
+    started = {w["job_id"] for w in registered}
+    live = len(registered) + sum(str(c.pid) not in started for c in live_controllers(root, sid))
+    slots = settings.slots(len(todo), configs[0].device if configs else "cpu")
+    slots = slots[:max(0, len(slots) - live)] if todo else []
+    batch_runs = settings.batch_runs or batch_runs_for(spec.task, len(todo), max(len(slots), 1), configs[0].device)
+    here = None
+    if join and settings.executor == "local" and slots and slots[0].cuda is None:
+        here = _Here(Worker(url, str(root), sid, executor="local", max_attempts=settings.max_attempts,
+                            checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs,
+                            sync_study=False), slots[0])      # the waiting command syncs once all is done
+        slots = slots[1:]
+    jobs = submit(sid, slots, db_url=url, results_root=root, executor=settings.executor, slurm=settings.slurm,
+                  per_gpu=settings.per_gpu, max_attempts=settings.max_attempts,
+                  checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs,
+                  linger_s=TUNE_LINGER_S if spec.tune and settings.executor != "debug" else 0.0)
+    if jobs or here:
+        store.count_submission(sid)
+    return Launched(len(configs), added, sum(cells[i]["status"] == "completed" for i in ids), requeued,
+                    gave_up, len(todo), live, jobs, here)
+
+
+@dataclass
+class _Here:
+    """A worker to run in this process (see launch_sweep's ``join``)."""
+
+    worker: Worker
+    slot: Slot
+
+    def __call__(self) -> bool:
+        """Work until no cell is left; False when a signal stopped it first."""
+        self.worker(self.slot)
+        return not self.worker.stopped
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep ready to launch (plan_sweep): nothing of it is written yet."""
+
+    spec: Any                     # flctl.sweep.SweepSpec, its device resolved; a grid's names its study's objective
+    configs: list[RunConfig]
+    sweep_id: str                 # the grid's id; a --tune sweep's is flctl.sweep.tune_id of its spec
+    settings: LaunchSettings
+    objective: str
+    tune: int | None              # trials of a TPE search; None: the grid
+
+
+def plan_sweep(spec: Any, flags: Mapping[str, Any], *, results_root: Path, check_device: Callable[..., str],
+               dry_run: bool = False, allow_large: bool = False, objective: str | None = None, direction: str = "min",
+               tune: int | None = None, parallel: int = 1) -> SweepPlan:
+    """`flctl sweep`'s plan of ``spec`` (a flctl.sweep.SweepSpec) with the launch ``flags`` over its [launch] table,
+    checked in the order a user meets the errors: launch settings, device (``check_device(device, here=...)`` gives
+    the device the runs train on, or stops the command), grid (with its data unless ``dry_run``; over MAX_CELLS
+    only with ``allow_large``), objective and search space, Slurm script path, and unless ``dry_run`` that the
+    executor and the workers' devices are there. The objective and trial count fall back to the spec's.
+    ConfigError (TypeError from a malformed [launch] table) before anything is written."""
+    from flctl.study import DEFAULT_OBJECTIVE, check_objective, search_space
+    from flctl.sweep import plan, sweep_id
+
+    settings = LaunchSettings.resolve(spec.launch, flags)
+    # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
+    spec = replace(spec, device=check_device(spec.device, here=settings.executor != "slurm"))
+    configs = plan(spec, check_data=not dry_run, allow_large=allow_large)
+    sid = sweep_id(spec, configs)
+    objective = objective or spec.objective or DEFAULT_OBJECTIVE
+    tune = tune if tune is not None else spec.tune
+    check_objective(objective, direction)
+    if tune is None:   # the workers mirror finished cells into the sweep's Optuna study with this objective
+        spec = replace(spec, objective=objective)
+    if tune is not None and (tune < 1 or parallel < 1):
+        raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
+    if tune is not None:
+        search_space(spec)     # a search needs a range or a list to search
+    if settings.executor == "slurm":
+        check_script_path(results_root)
+    if not dry_run:
+        check_executor(settings.executor)
+        if settings.executor == "slurm":       # before the sweep is recorded: sbatch would fail after
+            check_slurm_cluster()
+        settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
+    return SweepPlan(spec, configs, sid, settings, objective, tune)

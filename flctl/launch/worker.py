@@ -1,0 +1,178 @@
+"""The job body of a sweep: a pull worker that claims the sweep's next cell (RunQueue's compare-and-swap), trains
+it, and repeats until none is left, then exits. Cells of different lengths balance themselves, and interpreter and
+torch start-up are paid once per worker, not per cell. A cell whose worker died (kill -9, lost node) is claimed
+again by any worker once it is stale.
+
+Stopping: a worker that gets SIGINT (and SIGTERM, except under Slurm) finishes the epoch it is in, checkpoints,
+hands its cell back (interrupted, attempt not counted) and exits. Under Slurm, SIGTERM keeps submitit's meaning
+(preemption: USR2 follows and ``Worker.checkpoint`` hands the cell back and requeues the job)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import submitit
+
+import flctl.plugins
+from flctl.config import RunConfig
+from flctl.db import STALE_AFTER_S, RunQueue, Store
+from flctl.errors import ConfigError
+from flctl.knobs import (
+    DEFAULT_CHECKPOINT_EVERY_S,
+    DEFAULT_MAX_ATTEMPTS,
+)
+from flctl.launch.jobs import registered
+from flctl.launch.settings import Slot
+from flctl.launch.slurm import allocated_cpus
+from flctl.layout import Layout
+from flctl.runner import git_revision, stop_on_signals, train_claimed
+
+_LINGER_POLL_S = 0.2
+
+
+class TaskUnavailable(Exception):
+    """A worker claimed a cell whose task it cannot load (a plugin missing on its node); the cell is failed."""
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__(why)
+        self.run_id = run_id
+
+
+class Worker(submitit.helpers.Checkpointable):
+    """The job body: pull the sweep's cells one at a time until none is left. Picklable; holds only plain data."""
+
+    def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
+                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1,
+                 sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None) -> None:
+        self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
+        # The plugin task files and modules the launching process used (FLCTL_TASKS, a spec's task_module): a
+        # worker on another node or under another environment loads the same ones.
+        self.plugins = tuple(flctl.plugins.paths() if plugins is None else plugins)
+        self.sync_study, self.linger_s = sync_study, linger_s
+        self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
+        self.batch_runs = batch_runs
+        self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
+        self.stopped = False
+
+    def __call__(self, slot: Slot) -> dict[str, str]:
+        if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
+            os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
+        flctl.plugins.add(self.plugins)
+        threads = slot.threads or allocated_cpus()
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        store = Store.open(self.db_url)
+        layout = Layout(Path(self.results_root))
+        job_id, git_sha = _job_id(), git_revision()
+        outcome: dict[str, str] = {}
+        signals = ("SIGINT",) if self.executor == "slurm" else ("SIGINT", "SIGTERM")
+        with registered(Path(self.results_root), self.sweep_id, job_id, self.executor), \
+                stop_on_signals(signals) as stop:
+            try:
+                while not stop.is_set():
+                    try:
+                        claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
+                    except TaskUnavailable as exc:   # the next cells would fail alike: leave them to other workers
+                        outcome[exc.run_id] = "failed: task unavailable"
+                        print(f"flctl worker: {exc}", file=sys.stderr)
+                        break
+                    if not claimed:
+                        break
+                    cfgs = [c for c, _ in claimed]
+                    self.current = {c.run_id: token for c, token in claimed}
+                    try:
+                        results = train_claimed(cfgs, dict(self.current), store, layout,
+                                                checkpoint_every=self.checkpoint_every, stop=stop.is_set)
+                    except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
+                        outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
+                        continue
+                    finally:
+                        self.current = {}
+                    outcome.update((r.run_id, r.status) for r in results)
+                if self.sync_study and outcome:
+                    _sync_study_once(store, self.db_url, self.sweep_id)
+            finally:
+                store.close()
+                self.stopped = stop.is_set()
+        return outcome
+
+    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
+        """The next cell, and up to ``batch_runs - 1`` more that can train together with it, with their claims'
+        fencing tokens."""
+        from flctl.tasks import get_task
+
+        def claim(accept=None) -> tuple[RunConfig, str] | None:
+            got = RunQueue(store).claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
+                                   job_id=job_id, git_sha=git_sha, accept=accept)
+            run = None if got is None else store.get_run(got[0])
+            return None if run is None or got is None else (RunConfig.from_json(run.config), got[1])
+
+        first = claim()
+        if first is None:
+            return []
+        try:
+            task = get_task(first[0].task)
+        except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
+            why = f"task {first[0].task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
+            RunQueue(store).fail_run(first[0].run_id, first[1], why, 0.0)
+            raise TaskUnavailable(first[0].run_id, why) from None
+        claimed = [first]
+        if self.batch_runs > 1 and task.build_model is not None:   # every task with a model
+            key = first[0].together_key()
+            while len(claimed) < self.batch_runs:
+                more = claim(lambda config: RunConfig.from_json(config).together_key() == key)
+                if more is None:
+                    break
+                claimed.append(more)
+        return claimed
+
+    def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
+        """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
+        deadline = time.monotonic() + self.linger_s
+        while time.monotonic() < deadline and not stop.is_set():
+            time.sleep(_LINGER_POLL_S)
+            if claimed := self._claim(store, job_id, git_sha):
+                return claimed
+        return []
+
+    def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
+        # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
+        # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
+        if self.current:
+            store = Store.open(self.db_url)
+            try:
+                for run_id, token in self.current.items():
+                    RunQueue(store).requeue(run_id, token, "preempted or timed out; job requeued")
+            finally:
+                store.close()
+        return submitit.helpers.DelayedSubmission(
+            Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
+                   max_attempts=self.max_attempts, stale_after=self.stale_after,
+                   checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
+                   sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins), slot)
+
+
+def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
+    """The sweep's finished cells into its Optuna study (flctl.study.sync_sweep: one sync at a time per database).
+    A failed sync is not the worker's failure."""
+    from flctl.study import sync_sweep
+
+    try:
+        sync_sweep(store, url, sweep_id)
+    except Exception as exc:
+        print(f"flctl worker: could not sync the Optuna study of sweep {sweep_id}: {exc}", file=sys.stderr)
+
+
+def _job_id() -> str | None:
+    try:
+        return submitit.JobEnvironment().job_id
+    except RuntimeError:  # not inside a submitit job (debug executor runs in process)
+        return None
