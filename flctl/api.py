@@ -6,7 +6,7 @@
     run = api.run("my-task", "fl", eps=0.1, epochs=5)      # trains, records, returns the run as the database has it
     table = api.records([run], split="train")             # a pyarrow Table, one row per sample and epoch
     df = table.to_pandas()
-    done = api.runs(task="my-task", status="completed")
+    done = api.runs(task="my-task", status=Status.COMPLETED)
 
 The same functions back ``flctl run`` (the configuration, the results folder and database) so that both take the
 same defaults: the results folder is ``results_dir``, else FLCTL_RESULTS, else ./results; the database is ``db``,
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
+from flctl.status import Status
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -97,10 +98,10 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
     store = open_store(results_dir, db)
     try:
         previous = store.get_run(cfg.run_id)
-        if previous is not None and previous.status == "completed" and not rerun:
+        if previous is not None and previous.status == Status.COMPLETED and not rerun:
             return previous
-        fresh = rerun or (previous is not None and previous.status == "diverged")
-        allow = (*TRAINABLE, "diverged", "completed") if rerun else (*TRAINABLE, "diverged")
+        fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
+        allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
         result = execute(cfg, store, Layout(results_root(results_dir)), on_epoch=on_epoch, allow=allow, fresh=fresh)
         record = store.get_run(cfg.run_id)
         if result is None and record is not None:

@@ -25,13 +25,16 @@ from flctl.fs import atomic_path
 from flctl.layout import RunFolder
 from flctl.methods import Method, NuPI, get_method
 from flctl.pruning import Pruner
+from flctl.status import Status
 from flctl.tasks import Task
 
 
 @dataclass
 class RunResult:
     run_id: str
-    status: str      # "completed" | "diverged" | "stopped" (asked to, checkpointed) | "lost" (claim taken over)
+    # Status.TRAINING while it trains, then COMPLETED | DIVERGED | STOPPED (asked to, checkpointed) | LOST (claim
+    # taken over)
+    status: Status
     epochs_done: int
     metrics: dict[str, float]                    # flattened final summary: "train.avg_loss", ...
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -111,7 +114,7 @@ class Cell:
 
     @property
     def training(self) -> bool:
-        return self.result.status == "completed" and self.epoch < self.cfg.epochs
+        return self.result.status == Status.TRAINING and self.epoch < self.cfg.epochs
 
     @property
     def device(self) -> torch.device:
@@ -142,7 +145,7 @@ class Cell:
         method = get_method(cfg.method)(n_train, eps=eps, alpha=cfg.alpha, dual_lr=cfg.dual_lr, device=device,
                                         **nupi)
         cell = cls(cfg, model, optimizer, scheduler, schedule_per_step, method, run_dir,
-                   RunResult(cfg.run_id, "completed", 0, {}), 0, torch.empty(n_train, device=device), pruner=pruner)
+                   RunResult(cfg.run_id, Status.TRAINING, 0, {}), 0, torch.empty(n_train, device=device), pruner=pruner)
         if cell.checkpoint.exists():
             try:
                 # Loaded on the CPU: load_state_dict copies each tensor to where its parameter lives, and the RNG
@@ -199,7 +202,7 @@ class Cell:
             self.epoch_losses.copy_(state["epoch_losses"])
         self.epoch = state["epoch"]
         self.samples_seen = state.get("samples_seen", self.epoch * len(self.epoch_losses))  # older: every sample
-        self.result = RunResult(self.cfg.run_id, "completed", self.epoch, {}, state["history"],
+        self.result = RunResult(self.cfg.run_id, Status.TRAINING, self.epoch, {}, state["history"],
                                 resumed_from=self.epoch)
 
     # ---- RNG streams of cells that share a process ----

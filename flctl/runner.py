@@ -25,7 +25,7 @@ from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ClaimLost
 from flctl.fs import DiskFull
 from flctl.layout import Layout
-from flctl.status import TRAINABLE
+from flctl.status import TRAINABLE, Status
 
 
 def git_revision() -> str | None:
@@ -156,12 +156,12 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
         beat.epochs_done.pop(result.run_id, None)       # no more beats for it
         recorded.add(result.run_id)
         token = tokens[result.run_id]
-        if result.status == "stopped":
+        if result.status == Status.STOPPED:
             queue.requeue(result.run_id, token, f"stopped at epoch {result.epochs_done}; resumes from its checkpoint",
                           time.perf_counter() - started, epochs_done=result.epochs_done)
             return
         try:
-            if result.status == "lost":
+            if result.status == Status.LOST:
                 raise ClaimLost(f"run {result.run_id}: another worker holds it now")
             queue.finish_run(result.run_id, token, status=result.status, epochs_done=result.epochs_done,
                              metrics=result.metrics, diverged_at=result.diverged_at,
@@ -173,7 +173,7 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
                 raise
             raise full from exc
         except ClaimLost:
-            result.status = "lost"
+            result.status = Status.LOST
             print(f"flctl: run {result.run_id} was taken over by another worker while this process was presumed "
                   f"lost (no heartbeat for over {STALE_AFTER_S:g} s); stopped without writing", file=sys.stderr)
 

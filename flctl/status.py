@@ -5,25 +5,47 @@ flctl.db (and torch) so the CLI can name them in its help without importing SQLA
 - running: held by a live worker (or a lost one, until it is found stale)
 - interrupted: stopped partway (a signal, `flctl cancel`, a preemption) with a checkpoint; the next claim resumes it
 - completed, failed, diverged: finished
+
+A cell that trains in this process has its own words too (flctl.cell.RunResult): training while it runs, then
+completed or diverged, or stopped (asked to, checkpointed) or lost (its claim was taken over). Code names every
+state through ``Status``, never as a bare string, so that a state is spelled once.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from enum import StrEnum
 from typing import Any
 
-STATUSES = ("queued", "running", "interrupted", "completed", "failed", "diverged")
-TO_DO = ("queued", "interrupted")      # any claim takes both
+
+class Status(StrEnum):
+    """A run's state in the database, and a training cell's outcome (equal to its string: stored and compared as
+    text)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DIVERGED = "diverged"
+    # a cell in this process (flctl.cell.RunResult), never stored
+    TRAINING = "training"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+STATUSES = (Status.QUEUED, Status.RUNNING, Status.INTERRUPTED, Status.COMPLETED, Status.FAILED, Status.DIVERGED)
+TO_DO = (Status.QUEUED, Status.INTERRUPTED)      # any claim takes both
 # What a worker may claim (a sweep's: a failed cell until it has used its attempts).
-TRAINABLE = (*TO_DO, "failed")
+TRAINABLE = (*TO_DO, Status.FAILED)
 # No worker holds the run and none will take it up on its own: what a wait on a run waits for.
-TERMINAL = ("completed", "failed", "diverged")
+TERMINAL = (Status.COMPLETED, Status.FAILED, Status.DIVERGED)
 # Finished with a result: reports and the Optuna mirror show these (a diverged run's result is its divergence).
-REPORTABLE = ("completed", "diverged")
+REPORTABLE = (Status.COMPLETED, Status.DIVERGED)
 
 # A sweep's ledger: the states, with "stale" (marked running, its worker gone) beside running.
-LEDGER_COLUMNS = ("completed", "running", "stale", *(s for s in STATUSES if s not in ("completed", "running")),
-                  "missing")
+LEDGER_COLUMNS = (Status.COMPLETED, Status.RUNNING, "stale",
+                  *(s for s in STATUSES if s not in (Status.COMPLETED, Status.RUNNING)), "missing")
 
 
 def ledger(store: Any, sweep_id: str) -> dict[str, Any]:
@@ -41,4 +63,4 @@ def ledger(store: Any, sweep_id: str) -> dict[str, Any]:
 
 def settled(data: dict[str, Any]) -> bool:
     """A ledger with no cell a worker holds or will take (running, stale, queued, interrupted)."""
-    return not any(data["total"][k] for k in ("running", "stale", *TO_DO))
+    return not any(data["total"][k] for k in (Status.RUNNING, "stale", *TO_DO))

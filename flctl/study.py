@@ -19,7 +19,7 @@ from flctl.config import AXIS_FIELDS, RunConfig
 from flctl.db import SCHEMA_LOCK, normalize_url
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
-from flctl.status import REPORTABLE, TERMINAL, TO_DO
+from flctl.status import REPORTABLE, TERMINAL, TO_DO, Status
 
 # The metric a sweep's study records when its spec and command line name none.
 DEFAULT_OBJECTIVE = "train.avg_loss"
@@ -95,7 +95,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
         if run is None or cfg.run_id in known or run["status"] not in REPORTABLE:
             continue
         value = (run.get("metrics") or {}).get(objective)
-        ok = run["status"] == "completed" and value is not None
+        ok = run["status"] == Status.COMPLETED and value is not None
         trial = create_trial(params=params_of(cfg, list(space)), distributions=dists, value=value if ok else None,
                              state=TrialState.COMPLETE if ok else TrialState.FAIL,
                              user_attrs={"run_id": cfg.run_id, "status": run["status"]})
@@ -148,7 +148,7 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
         for number, cfg in batch:
             value = (rows[cfg.run_id].get("metrics") or {}).get(objective)
             # skip_if_finished: a second `--tune` of the same study may have adopted and told the trial already
-            if rows[cfg.run_id]["status"] == "completed" and value is not None:
+            if rows[cfg.run_id]["status"] == Status.COMPLETED and value is not None:
                 study.tell(number, value, skip_if_finished=True)
             else:
                 study.tell(number, state=TrialState.FAIL, skip_if_finished=True)

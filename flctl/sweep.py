@@ -19,6 +19,7 @@ from typing import Any
 from flctl.config import AXIS_FIELDS, FIELDS, RunConfig, resolve
 from flctl.errors import ConfigError
 from flctl.method_info import METHOD_INFO
+from flctl.status import Status
 
 # The RunConfig fields a sweep may vary (flctl.config.FIELDS), plus p_min, which sets eps.
 AXES = (*AXIS_FIELDS, "p_min")
@@ -352,9 +353,9 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
     import statistics
 
     task, device = configs[0].task, configs[0].device
-    done = {r.id for r in runs if r.status == "completed"}
+    done = {r.id for r in runs if r.status == Status.COMPLETED}
     history = [r.duration_s / r.epochs_done for r in runs
-               if r.task == task and r.device == device and r.status == "completed" and r.duration_s
+               if r.task == task and r.device == device and r.status == Status.COMPLETED and r.duration_s
                and r.epochs_done]
     if not history:
         return None

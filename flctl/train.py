@@ -40,6 +40,7 @@ from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
+from flctl.status import Status
 from flctl.step import CapturedStep, EpochBatches, batched_step, cell_step, compile_objective, step_objective
 from flctl.tasks import Solution, Task, get_task
 
@@ -233,7 +234,7 @@ class _Stepper:
 def _end(c: Cell, task: Task, data, records_root: Path, trained_with: dict[str, Any],
          fence: Callable[[str], bool] | None = None) -> RunResult:
     c.result.trained_with = trained_with
-    if c.result.status in ("stopped", "lost") or not _held(c, fence):
+    if c.result.status in (Status.STOPPED, Status.LOST) or not _held(c, fence):
         return c.result
     return _finish(c, task, data, records_root)
 
@@ -242,7 +243,7 @@ def _held(c: Cell, fence: Callable[[str], bool] | None) -> bool:
     """Whether this process still holds the cell's claim; if not, the cell ends "lost" (it writes nothing more)."""
     if fence is None or fence(c.cfg.run_id):
         return True
-    c.result.status = "lost"
+    c.result.status = Status.LOST
     return False
 
 
@@ -347,7 +348,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     avg_loss, max_loss, *max_lam = torch.stack(numbers).tolist()
     if not math.isfinite(max_loss):
         first_bad_position = int((~torch.isfinite(r.epoch_losses[order])).nonzero()[0, 0])
-        result.status = "diverged"
+        result.status = Status.DIVERGED
         result.diverged_at = {"epoch": epoch + 1,
                               "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
         result.epochs_done = epoch + 1
@@ -369,7 +370,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
             r.pruner.evaluated(train_eval["loss"], cfg.eps)
         if not all(math.isfinite(v) for v in metrics.values()):
-            result.status = "diverged"
+            result.status = Status.DIVERGED
             result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
             result.epochs_done = epoch + 1
             return
@@ -390,7 +391,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
         writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)
         r.last_save = time.monotonic()
         if stopping:
-            result.status = "stopped"
+            result.status = Status.STOPPED
             return
     if on_epoch is not None:
         on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
@@ -400,11 +401,13 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
 def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
     """Final metrics, task extras, model weights; the checkpoint is no longer needed."""
     result = r.result
-    if result.status == "completed" and not result.metrics:
+    if result.status == Status.TRAINING:      # every epoch done, none diverged
+        result.status = Status.COMPLETED
+    if result.status == Status.COMPLETED and not result.metrics:
         result.metrics = next((h["metrics"] for h in reversed(result.history) if h.get("metrics")), {})
     if r.method.multipliers is not None:
         result.lambda_capped = int((r.method.multipliers >= LAMBDA_CAP).sum())
-    if result.status == "completed":
+    if result.status == Status.COMPLETED:
         if task.extras is not None:
             result.artifacts.update(_save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
         model = RunFolder(r.run_dir).model
@@ -423,10 +426,10 @@ def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: P
     assert task.solve is not None
     sol: Solution = task.solve(cfg, data)
     if fence is not None and not fence(cfg.run_id):
-        return RunResult(cfg.run_id, "lost", 0, {}, [])
+        return RunResult(cfg.run_id, Status.LOST, 0, {}, [])
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
-    result = RunResult(cfg.run_id, "completed", 1, metrics, [{"epoch": 1, "metrics": metrics}])
+    result = RunResult(cfg.run_id, Status.COMPLETED, 1, metrics, [{"epoch": 1, "metrics": metrics}])
     result.artifacts.update(_save_extras(run_dir, sol.extras))
     result.artifacts["records"] = str(records_of(records_root, cfg.run_id))
     if on_epoch is not None:

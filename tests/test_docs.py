@@ -93,3 +93,24 @@ def test_readme_database_bullet_lists_the_summary_metrics() -> None:
 def test_record_column_lists_are_the_schema(doc: Path, start: str) -> None:
     listed = between(" ".join(doc.read_text().split()), start, "`" if start.endswith("`") else ";")
     assert [c.strip() for c in listed.split(",")] == records.SCHEMA.names
+
+
+def test_run_states_are_named_through_the_status_module() -> None:
+    """A state is spelled once (flctl.status.Status): no module compares or assigns one as a bare string."""
+    import io
+    import tokenize
+
+    from flctl.status import Status
+
+    words = {f'"{s.value}"' for s in Status} | {f"'{s.value}'" for s in Status}
+    # the cancel outcome's "stopped" lists the processes cancel stopped: a JSON key, not a run's state
+    allowed = {("flctl/launch/cancel.py", '"stopped"'), ("flctl/cli/sweep.py", '"stopped"')}
+    found = []
+    for path in sorted((ROOT / "flctl").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "flctl/status.py":
+            continue
+        for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if tok.type == tokenize.STRING and tok.string in words and (rel, tok.string) not in allowed:
+                found.append(f"{rel}:{tok.start[0]} {tok.string}")
+    assert not found, found

@@ -31,7 +31,7 @@ from flctl.cli.common import (
 from flctl.config import PANELS
 from flctl.errors import ConfigError
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every
-from flctl.status import TRAINABLE
+from flctl.status import TRAINABLE, Status
 
 
 def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
@@ -89,16 +89,16 @@ def run(
 
     layout = Layout(root)
     previous = store.get_run(cfg.run_id)
-    if previous is not None and previous.status == "completed" and not rerun:
+    if previous is not None and previous.status == Status.COMPLETED and not rerun:
         console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
         print_summary(previous)
         return
     # --rerun and a diverged run start from scratch: execute clears their old files once the claim is ours
-    fresh = rerun or (previous is not None and previous.status == "diverged")
+    fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
 
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if cfg.eps is not None else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
-    allow = (*TRAINABLE, "diverged", "completed") if rerun else (*TRAINABLE, "diverged")
+    allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
     outcome: BaseException | None = None
     with _progress(cfg.epochs, summary_line) as on_epoch, stop_on_signals() as stop:
@@ -113,7 +113,7 @@ def run(
         console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id} from its "
                       "last checkpoint")
         raise typer.Exit(stop.exit_code)
-    if isinstance(outcome, ClaimLost) or (outcome is None and result is not None and result.status == "lost"):
+    if isinstance(outcome, ClaimLost) or (outcome is None and result is not None and result.status == Status.LOST):
         fail(f"run {cfg.run_id} was taken over by another worker while this process was presumed lost (no "
              "heartbeat past the stale bound); it stopped without writing more (see `flctl show "
              f"{cfg.run_id}`)", code=1)
@@ -128,7 +128,7 @@ def run(
         fail(f"run {cfg.run_id} is being trained by {held.host} pid {held.pid} (last heartbeat "
              f"{held.heartbeat_at}); " + ("--rerun leaves a live run alone: " if rerun else "")
              + f"wait for it, or see `flctl show {cfg.run_id}`", code=2 if rerun else 1)
-    if result.status == "stopped":
+    if result.status == Status.STOPPED:
         console.print(f"[yellow]interrupted[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the "
                       f"same options resumes run {cfg.run_id}")
         raise typer.Exit(stop.exit_code)
@@ -164,7 +164,8 @@ class _progress:
 def print_summary(run: RunRecord) -> None:
     from rich.table import Table
 
-    status_style = {"completed": "green", "diverged": "yellow", "failed": "red"}.get(run.status, "white")
+    styles: dict[str, str] = {Status.COMPLETED: "green", Status.DIVERGED: "yellow", Status.FAILED: "red"}
+    status_style = styles.get(run.status, "white")
     console.print(f"run [bold]{safe(run.id)}[/] [{status_style}]{safe(run.status)}[/] after "
                   f"{safe(run.epochs_done)} epochs"
                   + (f" in {run.duration_s:.1f}s" if run.duration_s else ""))

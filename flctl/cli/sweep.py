@@ -38,7 +38,7 @@ from flctl.knobs import (
     DEFAULT_MAX_ATTEMPTS,
     SLURM_DEFAULT_WORKERS,
 )
-from flctl.status import LEDGER_COLUMNS, TO_DO, ledger, settled
+from flctl.status import LEDGER_COLUMNS, TO_DO, Status, ledger, settled
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
 LAUNCH_PANEL = "Launch"
@@ -409,9 +409,9 @@ def sweeps(
         return
     from rich.table import Table
 
-    table = Table("id", "name", "task", "cells", "completed", "submissions", "created")
+    table = Table("id", "name", "task", "cells", Status.COMPLETED, "submissions", "created")
     for r in rows:
-        table.add_row(safe(r["id"]), safe(r["name"] or ""), safe(r["task"]), str(r["cells"]), str(r["completed"]),
+        table.add_row(safe(r["id"]), safe(r["name"] or ""), safe(r["task"]), str(r["cells"]), str(r[Status.COMPLETED]),
                       str(r["submissions"]), safe(r["created_at"][:19]))
     console.print(table)
 
@@ -439,7 +439,7 @@ def cancel(
     reader = existing_store(db, root)      # read-only until there is something to cancel
     found = find(reader.get_sweep, sweep_ref, "sweep")
     sid = found["id"]
-    running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == "running"]
+    running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == Status.RUNNING]
     reader.close()
     slurm = any(j["executor"] == "slurm" for j in submitted_jobs(root, sid))
     if not (running or live_workers(root, sid) or live_controllers(root, sid) or slurm):

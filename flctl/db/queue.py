@@ -22,7 +22,7 @@ from flctl.db.schema import Artifact, Run, SweepCell, now
 from flctl.db.sqlite import READ_ONLY
 from flctl.db.store import Store
 from flctl.errors import ClaimLost
-from flctl.status import TRAINABLE
+from flctl.status import TRAINABLE, Status
 
 
 class RunQueue:
@@ -51,7 +51,7 @@ class RunQueue:
             if run is None:
                 return None
             stamp = db_now(s)
-            if not (run.status in allow or (run.status == "running" and _is_stale(run, stale_after, stamp))):
+            if not (run.status in allow or (run.status == Status.RUNNING and _is_stale(run, stale_after, stamp))):
                 return None
             if max_attempts is not None and run.attempts >= max_attempts:
                 return None
@@ -60,7 +60,7 @@ class RunQueue:
                 update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts,
                                   Run.claim_token.is_(None) if run.claim_token is None
                                   else Run.claim_token == run.claim_token)
-                .values(status="running", attempts=run.attempts + 1, error=None, host=socket.gethostname(),
+                .values(status=Status.RUNNING, attempts=run.attempts + 1, error=None, host=socket.gethostname(),
                         pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
                         heartbeat_at=stamp, finished_at=None, claim_token=token)
                 .execution_options(synchronize_session=False))
@@ -73,7 +73,7 @@ class RunQueue:
         thread (submitit's checkpoint, which hands the run back) must not wait for a lock its own thread holds."""
         with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
             return conn.scalar(select(func.count()).select_from(Run).where(
-                Run.id == run_id, Run.status == "running", Run.claim_token == token)) == 1
+                Run.id == run_id, Run.status == Status.RUNNING, Run.claim_token == token)) == 1
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None,
@@ -89,11 +89,11 @@ class RunQueue:
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
-                                    Run.status.in_((*TRAINABLE, "running")))
+                                    Run.status.in_((*TRAINABLE, Status.RUNNING)))
                              .order_by(Run.id)).all()
             at = db_now(s)
         for r in rows:
-            if (r.status == "running" and not _is_stale(r, stale_after, at)) or (accept and not accept(r.config)):
+            if (r.status == Status.RUNNING and not _is_stale(r, stale_after, at)) or (accept and not accept(r.config)):
                 continue
             token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
                                    git_sha=git_sha, device=r.config.get("device"))
@@ -109,7 +109,7 @@ class RunQueue:
 
         def fn(s: Session) -> list[str]:
             q = (select(Run).join(SweepCell, SweepCell.run_id == Run.id)
-                 .where(SweepCell.sweep_id == sweep_id, Run.status == "running"))
+                 .where(SweepCell.sweep_id == sweep_id, Run.status == Status.RUNNING))
             ids = []
             at = db_now(s)
             for run in s.scalars(q).all():
@@ -117,9 +117,9 @@ class RunQueue:
                         or (run.job_id is not None and run.job_id.split("_")[0] in job_prefixes))
                 if not (ours or _is_stale(run, stale_after, at)):
                     continue
-                res = s.execute(update(Run).where(Run.id == run.id, Run.status == "running",
+                res = s.execute(update(Run).where(Run.id == run.id, Run.status == Status.RUNNING,
                                                   Run.attempts == run.attempts)
-                                .values(status="interrupted", error=reason, attempts=max(run.attempts - 1, 0))
+                                .values(status=Status.INTERRUPTED, error=reason, attempts=max(run.attempts - 1, 0))
                                 .execution_options(synchronize_session=False))
                 if res.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
                     ids.append(run.id)
@@ -133,7 +133,7 @@ class RunQueue:
         Runs that already used ``max_attempts`` are marked failed instead. Returns (requeued, failed).
         """
         def fn(s: Session) -> tuple[list[str], list[str]]:
-            q = select(Run).where(Run.status == "running")
+            q = select(Run).where(Run.status == Status.RUNNING)
             if run_ids is not None:
                 q = q.where(Run.id.in_(list(run_ids)))
             requeued: list[str] = []
@@ -144,8 +144,8 @@ class RunQueue:
                     continue
                 give_up = max_attempts is not None and run.attempts >= max_attempts
                 res = s.execute(
-                    update(Run).where(Run.id == run.id, Run.status == "running", Run.attempts == run.attempts)
-                    .values(status="failed" if give_up else "queued",
+                    update(Run).where(Run.id == run.id, Run.status == Status.RUNNING, Run.attempts == run.attempts)
+                    .values(status=Status.FAILED if give_up else Status.QUEUED,
                             error=(f"worker lost (heartbeat stale); gave up after {run.attempts} attempts"
                                    if give_up else "worker lost (heartbeat stale); re-queued"))
                     .execution_options(synchronize_session=False))
@@ -163,7 +163,7 @@ class RunQueue:
         A handed-back attempt is not a failed one, so it is given back too; otherwise a cell preempted
         ``max_attempts`` times would stay queued with no attempt left to claim it.
         """
-        values: dict[str, Any] = {"status": "interrupted", "error": reason, "attempts": Run.attempts - 1,
+        values: dict[str, Any] = {"status": Status.INTERRUPTED, "error": reason, "attempts": Run.attempts - 1,
                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
         if epochs_done is not None:
             values["epochs_done"] = epochs_done
@@ -179,7 +179,7 @@ class RunQueue:
     def _fenced_update(self, run_id: str, token: str, values: dict[str, Any], beat: bool = False) -> bool:
         def fn(s: Session) -> bool:
             extra = {"heartbeat_at": db_now(s)} if beat else {}
-            res = s.execute(update(Run).where(Run.id == run_id, Run.status == "running", Run.claim_token == token)
+            res = s.execute(update(Run).where(Run.id == run_id, Run.status == Status.RUNNING, Run.claim_token == token)
                             .values(**values, **extra).execution_options(synchronize_session=False))
             return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return self.write(fn)
@@ -195,7 +195,7 @@ class RunQueue:
         def fn(s: Session) -> None:
             run = s.get(Run, run_id)
             assert run is not None, run_id     # a claimed run is never deleted
-            if run.status != "running" or run.claim_token != token:
+            if run.status != Status.RUNNING or run.claim_token != token:
                 raise ClaimLost(f"run {run_id}: another worker holds it now; its outcome here is not recorded")
             run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
             run.trained_with = trained_with or None
@@ -208,5 +208,5 @@ class RunQueue:
     def fail_run(self, run_id: str, token: str, error: str, duration_s: float) -> bool:
         # Only a run still running under this claim fails: one handed back by a preempted job stays interrupted,
         # and one another worker took over is theirs.
-        return self._fenced_update(run_id, token, {"status": "failed", "error": error, "finished_at": now(),
+        return self._fenced_update(run_id, token, {"status": Status.FAILED, "error": error, "finished_at": now(),
                                                    "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s})

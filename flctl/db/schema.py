@@ -17,6 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from flctl.config import RunConfig
 from flctl.errors import StoreError
+from flctl.status import Status
 from flctl.text import shown
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
@@ -42,7 +43,7 @@ class Run(Base):
     method: Mapped[str] = mapped_column(String(16), index=True)
     seed: Mapped[int] = mapped_column(Integer)
     config: Mapped[dict] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(16), index=True, default=Status.QUEUED.value)
     epochs_done: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     host: Mapped[str | None] = mapped_column(String(255))

@@ -33,6 +33,7 @@ from flctl.db.sqlite import (
     _sqlite_pragmas_readonly,
 )
 from flctl.errors import ConfigError, NewerSchema, OlderSchema, StoreError
+from flctl.status import Status
 from flctl.text import redact, shown
 
 T = TypeVar("T")
@@ -274,7 +275,7 @@ class Store:
             new = [c for c in configs if c.run_id not in have]
             stamp = now()
             s.add_all(Run(id=c.run_id, config_hash=c.config_hash, task=c.task, method=c.method, seed=c.seed,
-                          config=c.to_dict(), status="queued",
+                          config=c.to_dict(), status=Status.QUEUED,
                           created_at=stamp, attempts=0) for c in new)
             return len(new)
         return self.write(fn)
@@ -344,9 +345,9 @@ class Store:
             sweeps = s.scalars(select(Sweep).order_by(Sweep.created_at.desc())).all()
             counts = dict(s.execute(select(SweepCell.sweep_id, func.count()).group_by(SweepCell.sweep_id)).all())
             done = dict(s.execute(select(SweepCell.sweep_id, func.count()).join(Run, Run.id == SweepCell.run_id)
-                                  .where(Run.status == "completed").group_by(SweepCell.sweep_id)).all())
+                                  .where(Run.status == Status.COMPLETED).group_by(SweepCell.sweep_id)).all())
             return [{"id": w.id, "name": w.name, "task": w.task, "created_at": w.created_at.isoformat(),
-                     "cells": counts.get(w.id, 0), "completed": done.get(w.id, 0), "submissions": w.submissions}
+                     "cells": counts.get(w.id, 0), Status.COMPLETED: done.get(w.id, 0), "submissions": w.submissions}
                     for w in sweeps]
 
     def sweep_runs(self, sweep_id: str, stale_after: float = STALE_AFTER_S) -> list[dict[str, Any]]:
@@ -358,7 +359,7 @@ class Store:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id).order_by(Run.id)).all()
             at = db_now(s)
-            return [dict(r._mapping, stale=r.status == "running" and _is_stale(r, stale_after, at)) for r in rows]
+            return [dict(r._mapping, stale=r.status == Status.RUNNING and _is_stale(r, stale_after, at)) for r in rows]
 
     def get_run(self, run_id_or_prefix: str) -> RunRecord | None:
         """A run by its id or a unique hex prefix of it (4 to 64 digits, matched literally: no wildcards); None

@@ -19,7 +19,7 @@ from flctl.launch.slurm import check_executor, check_script_path, check_slurm_cl
 from flctl.launch.submit import submit
 from flctl.launch.worker import Worker
 from flctl.layout import Layout
-from flctl.status import TRAINABLE
+from flctl.status import TRAINABLE, Status
 
 # A --tune sweep adds its next trial's cell a moment after the last one finished: its workers wait this long for
 # one before they exit, so that one worker serves trial after trial instead of a new process (torch start-up,
@@ -77,7 +77,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
                   linger_s=TUNE_LINGER_S if spec.tune and settings.executor != "debug" else 0.0)
     if jobs or here:
         store.count_submission(sid)
-    return Launched(len(configs), added, sum(cells[i]["status"] == "completed" for i in ids), requeued,
+    return Launched(len(configs), added, sum(cells[i]["status"] == Status.COMPLETED for i in ids), requeued,
                     gave_up, len(todo), live, jobs, here)
 
 

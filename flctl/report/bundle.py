@@ -27,6 +27,7 @@ from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.programme import tolerance
 from flctl.report.groups_of_runs import number
+from flctl.status import Status
 
 if TYPE_CHECKING:
     from flctl.paper import ItemPlan, Programme
@@ -158,7 +159,7 @@ class _Bundle:
             data["status"] = "no data" if plan.no_data else "not run"
             return "<tr>" + "".join(tds) + "</tr>", data
         data["ours"] = {c: {"mean": cell.mean, "std": cell.std, "n": cell.n} for c, cell in zip(cols, cells)}
-        data["status"] = "diverged" if cells[0].n == 0 else "partial" if to_do else "done"
+        data["status"] = Status.DIVERGED if cells[0].n == 0 else "partial" if to_do else "done"
         for c, cell in zip(cols, cells):
             value = row.values.get(c) if row is not None else None
             off = (value is not None and cell.mean is not None and self.p.scale == "paper"

@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 from flctl import records
 from flctl.errors import ConfigError
 from flctl.layout import records_of
-from flctl.status import REPORTABLE
+from flctl.status import REPORTABLE, Status
 from flctl.text import shown
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def select_runs(store, *, sweep: str | None = None, task: str | None = None,
             raise ConfigError(f"no sweep {shown(sweep)}; list them with `flctl sweeps`")
         ids = {r["id"] for r in store.sweep_runs(found["id"])}
         runs = [r for r in store.list_runs(task=task) if r.id in ids]
-        if not any(r.status == "completed" for r in runs):
+        if not any(r.status == Status.COMPLETED for r in runs):
             raise ConfigError(f"sweep {found['id']} has no completed cells yet; see `flctl status {found['id']}`")
     else:
         runs = store.list_runs(task=task)

@@ -19,6 +19,7 @@ from flctl.metrics import cvar
 from flctl.report.data import final_records
 from flctl.report.plots.common import load_extras
 from flctl.report.tables import Table, build, check_column
+from flctl.status import Status
 
 if TYPE_CHECKING:
     from flctl.db import RunRecord
@@ -48,7 +49,7 @@ def groups_table(runs: list[RunRecord], records_root: Path, by: str, columns: Se
     columns = list(columns or DEFAULT_COLUMNS)
     for c in columns:
         check_column(c)
-    done = [r for r in runs if r.status == "completed"]
+    done = [r for r in runs if r.status == Status.COMPLETED]
     labels: dict[str, dict[str, np.ndarray]] = {}
     found: set[str] = set()
     for r in done:

@@ -22,6 +22,7 @@ from flctl.errors import ConfigError
 from flctl.report.data import final_records
 from flctl.report.groups_of_runs import ConfigKey, group_by_config, row_labels
 from flctl.report.tables import one_task
+from flctl.status import Status
 
 # Spelled out, so that a group with no violators (zero rows) still has the types of the others.
 VIOLATORS_SCHEMA = pa.schema([("group", pa.string()), ("eps", pa.float64()), ("sample_id", pa.int64()),
@@ -37,7 +38,7 @@ def _configs(runs: list[RunRecord]) -> list[tuple[ConfigKey, str, list[RunRecord
     _, labels = row_labels(keys)
     out = []
     for k in keys:
-        done = [r for r in groups[k] if r.status == "completed"]
+        done = [r for r in groups[k] if r.status == Status.COMPLETED]
         if done:
             out.append((k, " · ".join(labels[k]), done))
     return out

@@ -29,6 +29,7 @@ from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report import FORMATS, TABLES
 from flctl.report.groups_of_runs import ConfigKey, group_by_config, hashable, number, row_labels, value_order
+from flctl.status import Status
 
 SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
@@ -197,14 +198,14 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
     seeds = []
     for k in keys:
         group = groups[k]
-        done = [r for r in group if r.status == "completed"]
+        done = [r for r in group if r.status == Status.COMPLETED]
         cells = []
         for c in columns:
             mean, std = aggregate([value(r, c) for r in done])
             cells.append(Cell(mean, std, len(done), flagged=len(done) < expected))
         table.rows.append((labels[k], cells))
         table.configs.append(k)
-        seeds.append((labels[k], len(done), len(group), sum(r.status == "diverged" for r in group)))
+        seeds.append((labels[k], len(done), len(group), sum(r.status == Status.DIVERGED for r in group)))
     table.notes += _short_notes(seeds, expected)
     table.notes += mixed_code_notes(runs)
     return table
@@ -317,7 +318,7 @@ def record_values(runs: list[RunRecord], records_root, columns: Sequence[str]) -
     tails = [c for c in columns if "@" in c]
     computed: dict[tuple[str, str], float] = {}
     if tails:
-        done = [r.id for r in runs if r.status == "completed"]
+        done = [r.id for r in runs if r.status == Status.COMPLETED]
         losses = final_losses(records_root, done, sorted({c.split(".", 1)[0] for c in tails}))
         for (run_id, split), chunk in losses.items():
             for c in tails:

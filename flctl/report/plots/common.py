@@ -13,6 +13,7 @@ import numpy as np
 from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.report.groups_of_runs import curve_labels, distinct_texts, group_by_config
+from flctl.status import Status
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -95,7 +96,7 @@ def _one_task(runs: Sequence[RunRecord], name: str) -> str:
 
 def _completed(runs: Sequence[RunRecord], name: str) -> tuple[list[RunRecord], str]:
     """Completed runs (diverged ones have no final records) and a note on how many were left out."""
-    done = [r for r in runs if r.status == "completed"]
+    done = [r for r in runs if r.status == Status.COMPLETED]
     if not done:
         raise ConfigError(f"the {name} plot needs completed runs; all {len(runs)} selected runs diverged")
     left = len(runs) - len(done)

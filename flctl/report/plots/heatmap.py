@@ -11,7 +11,7 @@ import numpy as np
 from flctl.errors import ConfigError
 from flctl.report.groups_of_runs import figure_number
 from flctl.report.plots.common import _cmap, _figure, _ink, _one_task, _with_seeds, group_runs, tick_labels, wrap
-from flctl.status import REPORTABLE
+from flctl.status import REPORTABLE, Status
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -47,7 +47,7 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
             dual = r.config.get("dual_lr")
             cell = cells[(rows.index(None if dual is None else float(dual)), lrs.index(float(r.config["lr"])))]
             loss = r.metrics.get("train.avg_loss")
-            if r.status == "diverged" or (loss is not None and not math.isfinite(loss)):
+            if r.status == Status.DIVERGED or (loss is not None and not math.isfinite(loss)):
                 cell.diverged += 1
             elif loss is not None:
                 cell.values.append(float(loss))

@@ -12,6 +12,7 @@ from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
 from flctl.report.plots.common import _figure, group_runs, legend_below, load_extras, wrap
+from flctl.status import Status
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -24,7 +25,7 @@ GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")
 
 
 def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
-    candidates = [r for r in runs if method_info(r.method).has_multipliers and r.status == "completed"]
+    candidates = [r for r in runs if method_info(r.method).has_multipliers and r.status == Status.COMPLETED]
     with_grid = [(r, e) for r in candidates if (e := load_extras(r, GRID_KEYS)) is not None]
     if not with_grid:
         raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "

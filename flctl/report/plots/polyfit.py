@@ -9,6 +9,7 @@ import numpy as np
 from flctl.errors import ConfigError
 from flctl.report.groups_of_runs import value_order
 from flctl.report.plots.common import _figure, _figure_legend, group_runs, load_extras
+from flctl.status import Status
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -20,7 +21,7 @@ CURVE_KEYS = ("curve_x", "curve_y", "truth_y", "train_x", "train_y")
 
 
 def _polyfit(runs: list[RunRecord]) -> Figure:
-    fits = [(r, e) for r in runs if r.task == "polyfit" and r.status == "completed"
+    fits = [(r, e) for r in runs if r.task == "polyfit" and r.status == Status.COMPLETED
             and (e := load_extras(r, CURVE_KEYS)) is not None]
     if not fits:
         raise ConfigError("the polyfit plot needs completed polyfit runs with extras, e.g. "

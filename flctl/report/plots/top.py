@@ -12,6 +12,7 @@ from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.report.data import final_records
 from flctl.report.plots.common import _figure, group_runs, load_extras, wrap
+from flctl.status import Status
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def _top_multipliers(runs: list[RunRecord], records_root: Path, k: int) -> Figure:
-    run = next((r for r in runs if method_info(r.method).has_multipliers and r.status == "completed"), None)
+    run = next((r for r in runs if method_info(r.method).has_multipliers and r.status == Status.COMPLETED), None)
     if run is None:
         raise ConfigError("the top-multipliers plot needs a completed fl or rfl run; select one with --task or "
                           "--sweep (e.g. `flctl run digits -m fl`)")
