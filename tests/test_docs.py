@@ -104,7 +104,7 @@ def test_run_states_are_named_through_the_status_module() -> None:
 
     words = {f'"{s.value}"' for s in Status} | {f"'{s.value}'" for s in Status}
     # the cancel outcome's "stopped" lists the processes cancel stopped: a JSON key, not a run's state
-    allowed = {("flctl/launch/cancel.py", '"stopped"'), ("flctl/cli/sweep.py", '"stopped"')}
+    allowed = {("flctl/launch/cancel.py", '"stopped"'), ("flctl/cli/ledger.py", '"stopped"')}
     found = []
     for path in sorted((ROOT / "flctl").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
@@ -114,3 +114,33 @@ def test_run_states_are_named_through_the_status_module() -> None:
             if tok.type == tokenize.STRING and tok.string in words and (rel, tok.string) not in allowed:
                 found.append(f"{rel}:{tok.start[0]} {tok.string}")
     assert not found, found
+
+
+def test_modules_stay_small_and_each_job_has_one_home() -> None:
+    """docs/design.md's layers, held: no module over 450 lines, no class over 250; the claim token, SQLite's locking
+    and the Slurm commands each in their own module; db/ and launch/ modules import few flctl modules outside their
+    package."""
+    import ast
+
+    sources = {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted((ROOT / "flctl").rglob("*.py"))}
+    long = [f"{path}: {text.count(chr(10))} lines" for path, text in sources.items() if text.count("\n") > 450]
+    big = [f"{path}: class {node.name} {node.end_lineno - node.lineno + 1} lines"
+           for path, text in sources.items() for node in ast.walk(ast.parse(text))
+           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250]
+    assert not long and not big, long + big
+
+    def holding(*needles: str) -> set[str]:
+        return {path for path, text in sources.items() if any(n in text for n in needles)}
+
+    assert holding("claim_token") == {"flctl/db/queue.py", "flctl/db/schema.py",
+                                      "flctl/migrations/versions/0003_claim_token.py"}
+    assert holding("F_OFD_SETLK", "journal_mode") <= {"flctl/db/sqlite.py", "flctl/db/store.py"}
+    assert holding('"scancel"', '"squeue"', '"sinfo"') == {"flctl/launch/slurm.py"}
+    for path, text in sources.items():
+        package = path.split("/")[1]
+        if package not in ("db", "launch"):
+            continue
+        imported = {(node.module or "") for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom)}
+        imported |= {a.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import) for a in node.names}
+        outside = {m for m in imported if m.startswith("flctl") and not m.startswith(f"flctl.{package}")}
+        assert len(outside) <= 8, (path, sorted(outside))

@@ -13,6 +13,7 @@ from flctl import migrations
 from flctl.cli import app
 from flctl.db import Store
 from flctl.db.schema import Base, Meta
+from flctl.db.upgrade import check_schema
 from flctl.errors import OlderSchema, StoreError
 from tests.helpers import config
 from tests.test_concurrency import pg_database
@@ -95,12 +96,12 @@ def test_the_next_version_upgrades_in_place_and_this_one_refuses_it(tmp_path: Pa
     scripts = tmp_path / "next"                               # the next flctl: today's revisions plus one
     shutil.copytree(Path(__import__("flctl.migrations").migrations.SCRIPTS), scripts)
     (scripts / "versions" / f"{NEXT_REVISION}_note.py").write_text(NEXT)
-    store._check_schema(scripts)
+    check_schema(store, scripts)
     assert revision(url) == NEXT_REVISION
     with store.engine.connect() as conn:
         assert "note" in {c["name"] for c in sa.inspect(conn).get_columns("runs")}
     assert len(store.list_runs()) == 1                        # nothing lost
-    store._check_schema(scripts)                              # at head: nothing to do
+    check_schema(store, scripts)                              # at head: nothing to do
     store.close()
 
     with pytest.raises(StoreError, match=f"revision {NEXT_REVISION} is newer than this flctl knows: upgrade flctl"):

@@ -198,13 +198,18 @@ def test_the_jobs_folder_is_private_and_a_linked_one_is_refused(tmp_path: Path) 
 
 def test_cancel_right_after_sweep_returns_stops_the_sweep(tmp_path: Path, leftovers) -> None:
     # Each job process sleeps 5 s before Python runs it, so `flctl cancel` certainly comes before any worker
-    # has registered its file: all it can go by is what `flctl sweep` recorded of its launch.
+    # has registered its file: all it can go by is what `flctl sweep` recorded of its launch. A SIGINT in that
+    # sleep ends the process, as it would a worker still starting (Python reports an exception raised in
+    # sitecustomize and goes on, which would let the worker train to the end on a loaded machine).
     slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(
         "import os, time\n"
         "if b'submitit.core._submit' in open(f'/proc/{os.getpid()}/cmdline', 'rb').read():\n"
-        "    time.sleep(5)\n")
+        "    try:\n"
+        "        time.sleep(5)\n"
+        "    except KeyboardInterrupt:\n"
+        "        os._exit(130)\n")
     results = tmp_path / "results"
     out = flctl(results, "sweep", "two-moons", "-m", "fl", "--seed", "0,1", "--epochs", "3000", "--workers", "2",
                 "--threads", "1", "--executor", "local", env={"PYTHONPATH": str(slow)})

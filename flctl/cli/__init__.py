@@ -8,7 +8,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from flctl.cli import info, new_task, paper, report, run, runs, sweep
+from flctl.cli import info, ledger, new_task, paper, report, run, runs, sweep
 from flctl.cli.common import print_error, tolerate_narrow_encodings
 from flctl.errors import ConfigError, StoreError
 
@@ -73,9 +73,9 @@ app = typer.Typer(
 )
 app.command(rich_help_panel="Train")(run.run)
 app.command(rich_help_panel="Train")(sweep.sweep)
-app.command(rich_help_panel="Train")(sweep.cancel)
-app.command(rich_help_panel="Inspect")(sweep.status)
-app.command(rich_help_panel="Inspect")(sweep.sweeps)
+app.command(rich_help_panel="Train")(ledger.cancel)
+app.command(rich_help_panel="Inspect")(ledger.status)
+app.command(rich_help_panel="Inspect")(ledger.sweeps)
 app.command(rich_help_panel="Inspect")(runs.runs)
 app.command(rich_help_panel="Inspect")(runs.show)
 app.command(rich_help_panel="Report")(report.report)

@@ -161,8 +161,8 @@ def _print_plan(programme) -> None:
 def _launch(programme, flags: dict, url: str, root: Path, wait: bool) -> None:
     """Launch each spec's missing cells as `flctl sweep --spec` would; the local and debug executors run the sweeps
     one after another in this process (one machine's cores), Slurm submits them all (and waits with --wait)."""
+    from flctl.cli.ledger import watch
     from flctl.cli.sweep import _launch as launch_sweep
-    from flctl.cli.sweep import watch
     from flctl.errors import ConfigError
     from flctl.launch import plan_sweep
     from flctl.paper import launch_programme

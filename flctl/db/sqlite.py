@@ -8,12 +8,16 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flctl.db.store import Store
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # busy_timeout makes a locked writer wait instead of failing. The driver's own transaction handling is turned
     # off so that _sqlite_begin decides how to begin. No journal mode here: the file may not be flctl's, and
-    # switching it to WAL rewrites its header (Store._use_wal does it once the schema is known to be ours).
+    # switching it to WAL rewrites its header (flctl.db.upgrade.use_wal does it once the schema is known to be ours).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=30000")
@@ -127,3 +131,30 @@ def _sqlite_begin(conn) -> None:
     # reads and then writes can instead fail at once with SQLITE_BUSY when another process wrote in between.
     # A read-only transaction (READ_ONLY) begins deferred: in WAL it takes no lock a writer waits for.
     conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
+
+
+def use_wal(store: Store) -> None:
+    """Put flctl's SQLite database (known to be ours by now) in WAL mode, where readers run beside one writer.
+    The mode is kept in the file, so it is set once, on the driver's connection, outside any transaction."""
+    if store.readonly or store.engine.dialect.name != "sqlite":
+        return
+    from flctl.db.upgrade import SCHEMA_LOCK
+
+    conn = store.engine.raw_connection()
+    try:
+        if conn.cursor().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            return                     # the usual case: set by whoever opened the database first
+        # Switching needs the file to itself, and SQLite answers "database is locked" at once (no busy wait)
+        # while another process holds it: e.g. several processes opening a new database together. The schema
+        # lock orders them; a reader still in the file gets a few short retries.
+        with store.exclusive(SCHEMA_LOCK):
+            for attempt in range(50):
+                try:
+                    conn.cursor().execute("PRAGMA journal_mode=WAL")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or attempt == 49:
+                        raise
+                    time.sleep(0.1)
+    finally:
+        conn.close()

@@ -17,28 +17,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, delete, event, func, insert, inspect, select, update
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
-from flctl.db.schema import SCHEMA_VERSION, Base, Meta, Run, RunRecord, Sweep, SweepCell, now
+from flctl.db.schema import Run, RunRecord, Sweep, SweepCell, now
 from flctl.db.sqlite import (
     _readonly_sqlite,
     _sqlite_begin,
     _sqlite_begin_readonly,
     _sqlite_pragmas,
     _sqlite_pragmas_readonly,
+    use_wal,
 )
-from flctl.errors import ConfigError, NewerSchema, OlderSchema, StoreError
+from flctl.db.upgrade import check_schema
+from flctl.errors import ConfigError, StoreError
 from flctl.status import Status
 from flctl.text import redact, shown
 
 T = TypeVar("T")
-# The database-wide lock (Store.exclusive) under which schemas are created or upgraded, flctl's and Optuna's.
-SCHEMA_LOCK = "schema"
 _MEMORY_LOCK = threading.Lock()        # Store.exclusive for an in-memory SQLite database: this process only
 
 
@@ -64,12 +64,6 @@ def is_id_prefix(text: str) -> bool:
 def _ambiguous(what: str, prefix: str, ids: list[str]) -> str:
     more = ", ..." if len(ids) > 5 else ""
     return f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); give more digits"
-
-
-def _newer(found: str, known: str) -> StoreError:
-    """The refusal of a database written by a newer flctl (``found``: its schema version or revision; ``known``: what
-    this flctl knows of it), one line that says what to do."""
-    return StoreError(f"database schema {found} is newer than {known}: upgrade flctl (pip install -U flctl) to open it")
 
 
 def _one_line(exc: BaseException, url: str | None = None) -> str:
@@ -143,8 +137,8 @@ class Store:
         store = cls(engine)
         store.readonly = readonly
         try:
-            store._check_schema()
-            store._use_wal()
+            check_schema(store)
+            use_wal(store)
         except StoreError:
             engine.dispose()
             raise
@@ -156,77 +150,6 @@ class Store:
             raise error(f"cannot open database {redact(shown_url)}: {_one_line(exc, url)} "
                         "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
         return store
-
-    def _check_schema(self, scripts: Path | None = None, locked: bool = False) -> None:
-        """Create a new database, or upgrade an flctl one in place (flctl.migrations); refuse anything else. Creating
-        and upgrading happen under SCHEMA_LOCK (``locked``: held already), so processes that open a new database at
-        the same moment do not both create its tables (on PostgreSQL the second would fail on pg_type)."""
-        from flctl import migrations
-
-        scripts = scripts or migrations.SCRIPTS
-        with self.engine.connect() as conn:
-            tables = set(inspect(conn).get_table_names())
-            row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar() \
-                if "flctl_meta" in tables else None
-        if row is not None and (not str(row).isdigit() or int(row) > SCHEMA_VERSION):
-            raise _newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
-        try:
-            older = "flctl_meta" in tables and migrations.needs_upgrade(self.engine, scripts)
-        except NewerSchema as exc:
-            raise _newer(f"revision {exc}", "this flctl knows") from None
-        if self.readonly and "flctl_meta" in tables and (row != str(SCHEMA_VERSION) or older):
-            raise OlderSchema("the database is from an older flctl: `flctl migrate` upgrades it (so do flctl run "
-                              "and flctl sweep); this command only reads")
-        if self.readonly and "flctl_meta" not in tables:
-            raise StoreError("the database is " + ("empty: not an flctl database yet" if not tables else
-                             "not an flctl database") + "; this command only reads")
-        if "flctl_meta" not in tables and tables:
-            raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
-                             "database; point --db at an empty or flctl database")
-        if not locked and ("flctl_meta" not in tables or older or row != str(SCHEMA_VERSION)):
-            with self.exclusive(SCHEMA_LOCK):     # then look again: another process may have done it meanwhile
-                return self._check_schema(scripts, locked=True)
-        if "flctl_meta" not in tables:
-            with self.engine.begin() as conn:        # one transaction: a database is created whole or not at all
-                Base.metadata.create_all(conn)
-                conn.execute(delete(Meta).where(Meta.key == "schema_version"))
-                conn.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
-                migrations.stamp_new(conn, scripts)
-            return
-        version = int(row) if row is not None and str(row).isdigit() else None
-        if version is None or version > SCHEMA_VERSION:
-            raise _newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
-        try:
-            migrations.upgrade(self.engine, scripts)
-        except NewerSchema as exc:
-            raise _newer(f"revision {exc}", "this flctl knows") from None
-        if version < SCHEMA_VERSION:
-            with self.session() as s:
-                s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-
-    def _use_wal(self) -> None:
-        """Put flctl's SQLite database (known to be ours by now) in WAL mode, where readers run beside one writer.
-        The mode is kept in the file, so it is set once, on the driver's connection, outside any transaction."""
-        if self.readonly or self.engine.dialect.name != "sqlite":
-            return
-        conn = self.engine.raw_connection()
-        try:
-            if conn.cursor().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-                return                     # the usual case: set by whoever opened the database first
-            # Switching needs the file to itself, and SQLite answers "database is locked" at once (no busy wait)
-            # while another process holds it: e.g. several processes opening a new database together. The schema
-            # lock orders them; a reader still in the file gets a few short retries.
-            with self.exclusive(SCHEMA_LOCK):
-                for attempt in range(50):
-                    try:
-                        conn.cursor().execute("PRAGMA journal_mode=WAL")
-                        return
-                    except sqlite3.OperationalError as exc:
-                        if "locked" not in str(exc) or attempt == 49:
-                            raise
-                        time.sleep(0.1)
-        finally:
-            conn.close()
 
     def close(self) -> None:
         self.engine.dispose()

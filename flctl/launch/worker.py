@@ -22,12 +22,8 @@ import flctl.plugins
 from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ConfigError
-from flctl.knobs import (
-    DEFAULT_CHECKPOINT_EVERY_S,
-    DEFAULT_MAX_ATTEMPTS,
-)
 from flctl.launch.jobs import registered
-from flctl.launch.settings import Slot
+from flctl.launch.settings import LaunchSettings, Slot
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
 from flctl.runner import git_revision, stop_on_signals, train_claimed
@@ -47,8 +43,8 @@ class Worker(submitit.helpers.Checkpointable):
     """The job body: pull the sweep's cells one at a time until none is left. Picklable; holds only plain data."""
 
     def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, stale_after: float = STALE_AFTER_S,
-                 checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S, batch_runs: int = 1,
+                 max_attempts: int = LaunchSettings.max_attempts, stale_after: float = STALE_AFTER_S,
+                 checkpoint_every: float = LaunchSettings.checkpoint_every, batch_runs: int = 1,
                  sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
         # The plugin task files and modules the launching process used (FLCTL_TASKS, a spec's task_module): a

@@ -1,0 +1,157 @@
+"""`flctl status`, `flctl sweeps` and `flctl cancel`: a sweep's ledger, watched live, and its workers stopped."""
+
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from flctl.cli.common import (
+    DbOption,
+    ResultsDirOption,
+    complete_sweep,
+    console,
+    existing_store,
+    fail,
+    find,
+    results_root,
+    safe,
+)
+from flctl.cli.info import JSON_OPT
+from flctl.knobs import (
+    DEFAULT_CANCEL_TIMEOUT_S,
+)
+from flctl.status import LEDGER_COLUMNS, TO_DO, Status, ledger, settled
+
+AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
+LAUNCH_PANEL = "Launch"
+SLURM_PANEL = "Slurm"
+# Workers a --tune may start in a row for trials no worker took before it gives up (they die at start-up).
+MAX_REVIVALS = 3
+
+
+def _ledger_table(data: dict):
+    from rich.table import Table
+
+    table = Table("method", *LEDGER_COLUMNS, "cells", title=f"sweep {safe(data['sweep'])}")
+    for method, counts in sorted(data["methods"].items()):
+        table.add_row(safe(method), *(str(counts[k]) for k in LEDGER_COLUMNS), str(sum(counts.values())))
+    table.add_row("[bold]all", *(f"[bold]{data['total'][k]}" for k in LEDGER_COLUMNS), f"[bold]{data['cells']}")
+    return table
+
+
+def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
+    """Redraw the sweep's ledger in place until it settles (``until_done``) or forever; piped or redirected, print
+    only the last ledger (a file gets the result, not every redraw, and ends with a newline)."""
+    from rich.live import Live
+
+    data = ledger(store, sid)
+    if not console.is_terminal:
+        while not (until_done and settled(data)):
+            time.sleep(interval)
+            data = ledger(store, sid)
+        console.print(_ledger_table(data))
+        return data
+    with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
+        while not (until_done and settled(data)):
+            time.sleep(interval)
+            data = ledger(store, sid)
+            live.update(_ledger_table(data))
+    return data
+
+
+def status(
+    sweep_ref: Annotated[Optional[str], typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name "
+                                                       "(default: the newest).", autocompletion=complete_sweep)] = None,
+    watch_: Annotated[bool, typer.Option("--watch", help="Live-update until no cell is queued or running.")] = False,
+    as_json: JSON_OPT = False,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
+) -> None:
+    """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
+    store = existing_store(db, results_root(results_dir))
+    if sweep_ref is None:
+        sweeps = store.list_sweeps()
+        if not sweeps:
+            fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
+        sweep_ref = sweeps[0]["id"]
+    found = find(store.get_sweep, sweep_ref, "sweep")
+    if as_json:
+        print(json.dumps(ledger(store, found["id"]), indent=2))
+        return
+    if watch_:
+        watch(store, found["id"], until_done=True)
+    else:
+        console.print(_ledger_table(ledger(store, found["id"])))
+
+
+def sweeps(
+    as_json: JSON_OPT = False,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
+) -> None:
+    """List sweeps with their cell counts."""
+    store = existing_store(db, results_root(results_dir))
+    rows = store.list_sweeps()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("id", "name", "task", "cells", Status.COMPLETED, "submissions", "created")
+    for r in rows:
+        table.add_row(safe(r["id"]), safe(r["name"] or ""), safe(r["task"]), str(r["cells"]), str(r[Status.COMPLETED]),
+                      str(r["submissions"]), safe(r["created_at"][:19]))
+    console.print(table)
+
+
+def cancel(
+    sweep_ref: Annotated[str, typer.Argument(metavar="SWEEP", help="Sweep id, prefix or name.",
+                                                                autocompletion=complete_sweep)],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for workers to stop cleanly before killing them.")]
+    = DEFAULT_CANCEL_TIMEOUT_S,
+    as_json: JSON_OPT = False,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
+) -> None:
+    """Stop a sweep's workers and hand its running cells back; `flctl sweep` with the same axes resumes it.
+
+    Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held
+    are marked interrupted without counting an attempt.
+    """
+    from flctl.launch import cancel as cancel_sweep
+    from flctl.launch import live_controllers, live_workers, submitted_jobs
+
+    if not timeout >= 0:
+        fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
+    root = results_root(results_dir)
+    reader = existing_store(db, root)      # read-only until there is something to cancel
+    found = find(reader.get_sweep, sweep_ref, "sweep")
+    sid = found["id"]
+    running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == Status.RUNNING]
+    reader.close()
+    slurm = any(j["executor"] == "slurm" for j in submitted_jobs(root, sid))
+    if not (running or live_workers(root, sid) or live_controllers(root, sid) or slurm):
+        if as_json:
+            print(json.dumps({"sweep": sid, "stopped": [], "killed": [], "handed_back": []}))
+        else:
+            console.print(f"sweep {safe(sid)}: nothing to cancel (no live worker, no running cell)")
+        return
+    store = existing_store(db, root, readonly=False)
+    outcome = cancel_sweep(store, root, sid, timeout=timeout)
+    # A worker that stops cleanly hands its own cell back before cancel_sweep looks, which then finds nothing left
+    # to hand back: count every cell that was running and is now to do again, whoever handed it back.
+    back = {r["id"] for r in store.sweep_runs(sid) if r["id"] in set(running) and r["status"] in TO_DO}
+    outcome["handed_back"] = sorted(back | set(outcome["handed_back"]))
+    if as_json:
+        print(json.dumps(outcome, indent=2))
+        return
+    console.print(f"sweep [bold]{safe(sid)}[/]: stopped {len(outcome['stopped'])} worker(s)"
+                  + (f" ({len(outcome['killed'])} killed after {timeout:g} s)" if outcome["killed"] else "")
+                  + f", {len(outcome['handed_back'])} running cell(s) handed back (interrupted); "
+                  f"`flctl sweep` with the same axes resumes it")
+    for w in outcome["stopped"]:
+        console.print(safe(f"  {w['kind']} {w.get('pid') or ''} job {w.get('job_id') or '-'}"))
