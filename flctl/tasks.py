@@ -195,10 +195,8 @@ def all_tasks() -> dict[str, Task]:
 
 def task_source(name: str) -> Source:
     """Where task ``name``'s code comes from (what a run records as its provenance)."""
-    get_task(name)
-    if name in _SOURCES:
-        return _SOURCES[name]
-    return plugins.module_source(get_task(name).load.__module__)
+    task = get_task(name)              # a plugin's source is noted as it is found
+    return _SOURCES.get(name) or plugins.module_source(task.load.__module__)
 
 
 def get_task(name: str) -> Task:
