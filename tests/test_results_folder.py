@@ -200,12 +200,14 @@ def test_cancel_right_after_sweep_returns_stops_the_sweep(tmp_path: Path, leftov
     # Each job process sleeps 5 s before Python runs it, so `flctl cancel` certainly comes before any worker
     # has registered its file: all it can go by is what `flctl sweep` recorded of its launch. A SIGINT in that
     # sleep ends the process, as it would a worker still starting (Python reports an exception raised in
-    # sitecustomize and goes on, which would let the worker train to the end on a loaded machine).
+    # sitecustomize and goes on, which would let the worker train to the end). The handler is set here because a
+    # process started in the background of a non-interactive shell (`bash .ci/run &`) inherits SIGINT ignored.
     slow = tmp_path / "slow"
     slow.mkdir()
     (slow / "sitecustomize.py").write_text(
-        "import os, time\n"
+        "import os, signal, time\n"
         "if b'submitit.core._submit' in open(f'/proc/{os.getpid()}/cmdline', 'rb').read():\n"
+        "    signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "    try:\n"
         "        time.sleep(5)\n"
         "    except KeyboardInterrupt:\n"
