@@ -347,6 +347,31 @@ def device_problem(device: object) -> str | None:
     return f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto"
 
 
+def resolve_device(device: str, *, here: bool = True) -> str:
+    """The device a run or sweep trains on, checked at input and resolved (ConfigError otherwise): ``auto`` becomes
+    cuda where CUDA is available, else cpu. torch is imported only for a CUDA device or auto. ``here``: the runs
+    train on this machine, so CUDA must be there (not so for Slurm jobs submitted from a login node, where only the
+    name is checked)."""
+    if (problem := device_problem(device)) is not None:
+        raise ConfigError(problem)
+    if device == "cpu":
+        return device
+    if not here:
+        if device == "auto":
+            raise ConfigError("--device auto is resolved on this machine, not on the cluster's nodes; give cuda or cpu")
+        return device
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(f"--device {device}: this machine has {count} visible CUDA device(s) (cuda:0..cuda:{count - 1})")
+    return device
+
+
 def validate(cfg: RunConfig) -> None:
     def bad(msg: str) -> NoReturn:
         raise ConfigError(msg)

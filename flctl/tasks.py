@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,6 +23,8 @@ from flctl.plugins import Source
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+    from flctl.config import RunConfig
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
 # the policy's log-ratio margin and the targets hold the frozen reference's (see flctl.losses).
@@ -214,3 +216,13 @@ def get_task(name: str) -> Task:
     broken = plugins.problems()
     hint = f"; {len(broken)} plugin(s) did not load: {' | '.join(broken)}" if broken else ""
     raise ConfigError(f"unknown task {name!r}; choose one of: {known} (see `flctl tasks`){hint}")
+
+
+def can_train_together(cfgs: Sequence[RunConfig]) -> bool:
+    """Whether these cells may train in one process as one group (flctl.train.train_together), the one rule the
+    worker's claim and the trainer both ask: a cell alone always; several when their task trains a model (a solver
+    task's cells are solved one by one) and they agree on every field but the per-cell ones
+    (RunConfig.together_key: device, data, engine and the shared fields)."""
+    if len(cfgs) < 2:
+        return True
+    return get_task(cfgs[0].task).build_model is not None and len({c.together_key() for c in cfgs}) == 1

@@ -42,7 +42,7 @@ from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
 from flctl.status import Status
 from flctl.step import CapturedStep, EpochBatches, batched_step, cell_step, compile_objective, step_objective
-from flctl.tasks import Solution, Task, get_task
+from flctl.tasks import Solution, Task, can_train_together, get_task
 
 __all__ = ["EpochStats", "RunResult", "train", "train_together"]
 
@@ -100,7 +100,7 @@ def train_together(
     write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more."""
     records_root = Path(records_root)
     task = get_task(cfgs[0].task)
-    if len({c.together_key() for c in cfgs}) != 1 or (len(cfgs) > 1 and task.build_model is None):
+    if not can_train_together(cfgs):
         raise ValueError(f"these {len(cfgs)} cells cannot train together")
     device = torch.device(cfgs[0].device)
 

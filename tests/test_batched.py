@@ -84,6 +84,17 @@ def test_cells_resumed_at_different_epochs_train_together(tmp_path: Path) -> Non
 
 
 def test_cells_that_differ_beyond_per_cell_fields_are_refused(tmp_path: Path) -> None:
+    """One rule (flctl.tasks.can_train_together) for the worker's claim and the trainer: per-cell fields may
+    differ, nothing else; a solver task's cells never group; a cell alone always trains."""
+    from flctl.tasks import can_train_together
+
+    base = config("two-moons", "fl", epochs=2)
+    assert can_train_together([base, config("two-moons", "rfl", seed=3, epochs=2, alpha=0.5)])
+    assert not can_train_together([base, config("two-moons", "fl", epochs=3)])
+    assert not can_train_together([base, config("two-moons", "fl", epochs=2, engine="compiled")])
+    assert not can_train_together([base, config("two-moons", "fl", epochs=2, prune_after=1)])
+    assert not can_train_together([config("polyfit", "fl", seed=0), config("polyfit", "fl", seed=1)])
+    assert can_train_together([config("polyfit", "fl")]) and can_train_together([base])
     with pytest.raises(ValueError, match="cannot train together"):
         train_together([config("two-moons", "fl", epochs=2), config("two-moons", "fl", epochs=3)], tmp_path,
                        [tmp_path / "a", tmp_path / "b"])

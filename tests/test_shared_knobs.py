@@ -29,12 +29,40 @@ def test_every_command_that_opens_the_database_declares_db_and_results_dir_alike
     assert all(len(found) == 1 for found in seen.values()), seen
 
 
+def test_the_launch_flags_are_declared_once_for_sweep_and_paper_and_cover_the_settings() -> None:
+    """LaunchFlags is the one list of launch options: `flctl sweep` and `flctl paper` offer each with the same help
+    and panel, a spec's [launch] table takes the same keys, and every one lands in LaunchSettings."""
+    import dataclasses
+
+    from flctl.launch import LaunchFlags, SlurmOptions
+
+    group = typer.main.get_command(app)
+    names = [f.name for f in dataclasses.fields(LaunchFlags)]
+    shown = {}
+    for command in ("sweep", "paper"):
+        params = {p.name: p for p in group.commands[command].params}      # type: ignore[attr-defined]
+        shown[command] = {n: (params[n].opts, params[n].help, params[n].rich_help_panel) for n in names}
+    assert shown["sweep"] == shown["paper"]
+    assert shown["sweep"]["batch_runs"][0] == ["--batch-runs"]
+    assert shown["sweep"]["partition"][2] == "Slurm" and shown["sweep"]["workers"][2] == "Launch"
+    settings = {f.name for f in dataclasses.fields(LaunchSettings)} - {"slurm"}
+    slurm = {f.name for f in dataclasses.fields(SlurmOptions)} - {"extra"} | {"sbatch"}
+    assert set(names) == settings | slurm and not settings & slurm
+    given = LaunchFlags(workers=3, per_gpu=2, batch_runs=4, partition="gpu", sbatch={"constraint": "a100"})
+    resolved = LaunchSettings.resolve({"workers": 1, "threads": 2, "partition": "cpu"}, given)
+    assert (resolved.workers, resolved.threads, resolved.slurm.partition) == (3, 2, "gpu")   # the command line wins
+    assert resolved.slurm.extra == {"constraint": "a100"}
+    assert resolved.cells_per_device("cuda:1") == 8 and resolved.cells_per_device("cpu") == 4
+    with pytest.raises(ConfigError, match=r"unknown \[launch\] key\(s\) batchruns; valid: account, array_parallelism"):
+        LaunchSettings.resolve({"batchruns": 2})
+
+
 @pytest.mark.parametrize("value", [0, -3, True, 2.0, "4"])
 def test_a_count_is_an_integer_of_at_least_one_wherever_it_is_checked(value) -> None:
     with pytest.raises(ConfigError, match=f"--workers must be an integer of at least 1, got {value!r}"):
         check_count("--workers", value)
     with pytest.raises(ConfigError, match="--workers must be an integer of at least 1"):
-        LaunchSettings.resolve({"workers": value}, {})
+        LaunchSettings.resolve({"workers": value})
     if isinstance(value, int) and not isinstance(value, bool):
         with pytest.raises(ConfigError, match="--workers must be an integer of at least 1"):
             local_slots(4, device="cpu", workers=value)
@@ -49,9 +77,9 @@ def test_checkpoint_every_is_seconds_at_least_zero(value) -> None:
     with pytest.raises(ConfigError, match="--checkpoint-every must be a number of seconds >= 0"):
         check_checkpoint_every(value)
     with pytest.raises(ConfigError, match="--checkpoint-every must be a number of seconds >= 0"):
-        LaunchSettings.resolve({"checkpoint_every": value}, {})
+        LaunchSettings.resolve({"checkpoint_every": value})
     check_checkpoint_every(0)
-    assert LaunchSettings.resolve({}, {}).checkpoint_every == 60.0
+    assert LaunchSettings.resolve({}).checkpoint_every == 60.0
 
 
 class _Store:

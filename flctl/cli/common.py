@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
@@ -94,32 +95,13 @@ def db_url(db: str | None, root: Path) -> str:
 
 
 def check_device(device: str, *, here: bool = True) -> str:
-    """The device a run or sweep trains on, checked at input (one line, exit 2, nothing written) and resolved:
-    ``auto`` becomes cuda where CUDA is available, else cpu. Only cpu, cuda and cuda:N exist for flctl (the names
-    come from flctl.config.device_problem); torch is imported only for a CUDA device or auto. ``here``: the runs
-    train on this machine, so CUDA must be there (not so for Slurm jobs submitted from a login node, where only
-    the name is checked)."""
-    from flctl.config import device_problem
+    """flctl.config.resolve_device, or its one line and exit 2."""
+    from flctl.config import resolve_device
 
-    if (problem := device_problem(device)) is not None:
-        fail(problem)
-    if device == "cpu":
-        return device
-    if not here:
-        if device == "auto":
-            fail("--device auto is resolved on this machine, not on the cluster's nodes; give cuda or cpu")
-        return device
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        fail(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    index = int(device.partition(":")[2] or 0)
-    if index >= torch.cuda.device_count():
-        fail(f"--device {device}: this machine has {torch.cuda.device_count()} visible CUDA device(s) "
-             f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
-    return device
+    try:
+        return resolve_device(device, here=here)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def open_store(db: str | None, root: Path):
@@ -178,6 +160,39 @@ def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any
         return command
 
     return decorate
+
+
+LAUNCH_PANEL = "Launch"
+SLURM_PANEL = "Slurm"
+
+
+def launch_options(fn: Callable[..., Any]) -> Callable[..., None]:
+    """Give a command one option per launch flag (flctl.launch.settings.LaunchFlags: name, help, panel); the command
+    receives them as ``launch``, a LaunchFlags. `flctl sweep` and `flctl paper` launch sweeps the same way."""
+    import typing
+
+    from flctl.launch.settings import LaunchFlags
+
+    panels = {"launch": LAUNCH_PANEL, "slurm": SLURM_PANEL}
+    kinds = typing.get_type_hints(LaunchFlags)
+    signature = inspect.signature(fn, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "launch"]
+    added = []
+    for f in dataclasses.fields(LaunchFlags):
+        kind = list[str] if f.name == "sbatch" else next(a for a in typing.get_args(kinds[f.name]) if a is not type(None))
+        option = typer.Option(f"--{f.name.replace('_', '-')}", help=f.metadata["help"],
+                              rich_help_panel=panels[f.metadata["panel"]])
+        added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                       annotation=Annotated[Optional[kind], option]))
+
+    def command(**kwargs: Any) -> None:
+        given = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(LaunchFlags)}
+        given["sbatch"] = parse_options(given["sbatch"], "--sbatch") or None
+        fn(**kwargs, launch=LaunchFlags(**given))
+
+    command.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+    command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+    return command
 
 
 T = TypeVar("T")
@@ -270,14 +285,14 @@ def complete_sweep(ctx: typer.Context, incomplete: str) -> list[str]:
     return _complete_ids(ctx, incomplete, "sweep")
 
 
-def parse_options(pairs: list[str] | None) -> dict[str, str]:
+def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, str]:
     """Repeated ``KEY=VALUE`` options (-o, --sbatch) as a dict, the last of a key winning; a pair without ``=`` or
     without a key is one line, exit 2."""
     out: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            fail(f"--option expects KEY=VALUE, got {pair!r}")
+            fail(f"{flag} expects KEY=VALUE, got {pair!r}")
         out[key.strip()] = value.strip()
     return out
 

@@ -26,12 +26,6 @@ from flctl.knobs import (
 )
 from flctl.status import LEDGER_COLUMNS, TO_DO, Status, ledger, settled
 
-AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
-LAUNCH_PANEL = "Launch"
-SLURM_PANEL = "Slurm"
-# Workers a --tune may start in a row for trials no worker took before it gives up (they die at start-up).
-MAX_REVIVALS = 3
-
 
 def _ledger_table(data: dict):
     from rich.table import Table
@@ -122,8 +116,8 @@ def cancel(
     Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held
     are marked interrupted without counting an attempt.
     """
-    from flctl.launch import cancel as cancel_sweep
     from flctl.launch import live_controllers, live_workers, submitted_jobs
+    from flctl.launch.cancel import cancel as cancel_sweep
 
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")

@@ -15,39 +15,23 @@ from rich.markup import escape
 from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
-    check_device,
     console,
     db_url,
     ensure_writable,
     err_console,
     fail,
+    launch_options,
     open_store,
     results_root,
     safe,
 )
-from flctl.cli.sweep import (
-    AccountOption,
-    ArrayParallelismOption,
-    BatchRunsOption,
-    CheckpointEveryOption,
-    CpusOption,
-    ExecutorOption,
-    GpusOption,
-    MaxAttemptsOption,
-    MemGbOption,
-    PartitionOption,
-    PerGpuOption,
-    QosOption,
-    SbatchOption,
-    ThreadsOption,
-    TimeMinOption,
-    WorkersOption,
-    launch_flags,
-)
+from flctl.config import resolve_device
+from flctl.launch.settings import LaunchFlags, LaunchSettings
 
 SPECS = Path(__file__).resolve().parents[2] / "sweeps"     # the checkout's sweeps/ (pip install -e)
 
 
+@launch_options
 def paper(
     only: Annotated[Optional[str], typer.Option(help="Only these tables and figures, e.g. table:1,figure:6 (or table, "
                                                 "figure).")] = None,
@@ -64,24 +48,10 @@ def paper(
     = None,
     data_dir: Annotated[Optional[str], typer.Option("--data-dir", help="Existing copy of the datasets for every "
                                                     "spec.")] = None,
-    executor: ExecutorOption = None,
-    workers: WorkersOption = None,
-    threads: ThreadsOption = None,
-    per_gpu: PerGpuOption = None,
-    batch_runs: BatchRunsOption = None,
-    checkpoint_every: CheckpointEveryOption = None,
-    max_attempts: MaxAttemptsOption = None,
-    partition: PartitionOption = None,
-    gpus: GpusOption = None,
-    cpus: CpusOption = None,
-    mem_gb: MemGbOption = None,
-    time_min: TimeMinOption = None,
-    account: AccountOption = None,
-    qos: QosOption = None,
-    array_parallelism: ArrayParallelismOption = None,
-    sbatch: SbatchOption = None,
     db: DbOption = None,
     results_dir: ResultsDirOption = None,
+    *,
+    launch: LaunchFlags,
 ) -> None:
     """The paper's programme: every table and figure with the spec that serves it, its cells and the device-hours
     still to spend; then launch the missing cells (as `flctl sweep` does) and write one bundle (index.html,
@@ -93,20 +63,17 @@ def paper(
 
     if dry_run and report_only:
         fail("give --dry-run or --report-only, not both")
-    flags = launch_flags(executor=executor, workers=workers, threads=threads, per_gpu=per_gpu,
-                         max_attempts=max_attempts, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
-                         partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb, time_min=time_min,
-                         account=account, qos=qos, array_parallelism=array_parallelism, sbatch=sbatch)
     root = results_root(results_dir)
     url = db_url(db, root)
     try:
         if scale not in SCALES:
             raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
         items = select(only)
+        settings = LaunchSettings.resolve({}, launch)
         if device is not None:
-            device = check_device(device, here=(executor or "local") != "slurm")
+            device = resolve_device(device, here=settings.executor != "slurm")
         runs = stored_runs(url, tasks_of(specs, items))
-        together = (batch_runs or 1) * ((per_gpu or 1) if (device or "cpu").startswith("cuda") else 1)
+        together = settings.cells_per_device(device or "cpu")
         # A dry run plans without looking at the data (as `flctl sweep --dry-run`: a cluster's programme can be
         # planned on a laptop, and checking imports each task's data stack); so does a bundle of what is finished.
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
@@ -121,7 +88,7 @@ def paper(
     out = out if out is not None else root / ("paper" if scale == "paper" else f"paper-{scale}")
     root = ensure_writable(root)
     if not report_only:
-        _launch(programme, flags, url, root, wait)
+        _launch(programme, launch, url, root, wait)
         runs = stored_runs(url, tasks_of(specs, items))
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
                                    together=together)
@@ -158,7 +125,7 @@ def _print_plan(programme) -> None:
                      if unknown else ""))
 
 
-def _launch(programme, flags: dict, url: str, root: Path, wait: bool) -> None:
+def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> None:
     """Launch each spec's missing cells as `flctl sweep --spec` would; the local and debug executors run the sweeps
     one after another in this process (one machine's cores), Slurm submits them all (and waits with --wait)."""
     from flctl.cli.ledger import watch
@@ -173,7 +140,7 @@ def _launch(programme, flags: dict, url: str, root: Path, wait: bool) -> None:
 
     def launch(sp, cells) -> None:
         try:
-            planned = plan_sweep(sp.spec, flags, results_root=root, check_device=check_device, allow_large=True)
+            planned = plan_sweep(sp.spec, flags, results_root=root, allow_large=True)
         except ConfigError as exc:
             fail(f"sweeps/{sp.name}.toml: {exc}")
         wanted = {c.run_id for c in cells}

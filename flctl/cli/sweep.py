@@ -9,15 +9,16 @@ from typing import Annotated, Optional
 import typer
 
 from flctl.cli.common import (
+    LAUNCH_PANEL,
     DbOption,
     ResultsDirOption,
-    check_device,
     complete_task,
     config_options,
     console,
     db_url,
     ensure_writable,
     fail,
+    launch_options,
     open_store,
     parse_options,
     results_root,
@@ -26,67 +27,11 @@ from flctl.cli.common import (
 )
 from flctl.cli.ledger import watch
 from flctl.config import AXIS_FIELDS
-from flctl.knobs import (
-    AUTO_BATCH_RUNS,
-    DEFAULT_CHECKPOINT_EVERY_S,
-    DEFAULT_MAX_ATTEMPTS,
-    SLURM_DEFAULT_WORKERS,
-)
+from flctl.launch.settings import LaunchFlags
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
-LAUNCH_PANEL = "Launch"
-SLURM_PANEL = "Slurm"
 # Workers a --tune may start in a row for trials no worker took before it gives up (they die at start-up).
 MAX_REVIVALS = 3
-
-
-# The launch and Slurm options of `flctl sweep`, shared with `flctl paper` (which launches sweeps the same way).
-ExecutorOption = Annotated[Optional[str], typer.Option(help="debug (in process), local (subprocesses) or slurm "
-                                                "[default: the spec's, else local].",
-                                                rich_help_panel=LAUNCH_PANEL)]
-WorkersOption = Annotated[Optional[int], typer.Option(help="Pull workers [local: cores // threads, or GPUs x per-gpu "
-                                               f"with --device cuda; slurm: min(cells, {SLURM_DEFAULT_WORKERS})].",
-                                               rich_help_panel=LAUNCH_PANEL)]
-ThreadsOption = Annotated[Optional[int], typer.Option(help="torch threads per local worker [cores // workers].",
-                                               rich_help_panel=LAUNCH_PANEL)]
-PerGpuOption = Annotated[Optional[int], typer.Option("--per-gpu", help="Workers sharing one GPU [1].",
-                                               rich_help_panel=LAUNCH_PANEL)]
-BatchRunsOption = Annotated[Optional[int], typer.Option("--batch-runs", help="Cells a worker trains together in one "
-                                                  "process, each equal to the cell alone (small models: one "
-                                                  "vmapped model; others: step by step, on CUDA each on its own "
-                                                  "stream) [auto: on a GPU for small models an even share, at "
-                                                  f"most {AUTO_BATCH_RUNS}; else 1].",
-                                                  rich_help_panel=LAUNCH_PANEL)]
-CheckpointEveryOption = Annotated[Optional[float], typer.Option("--checkpoint-every", help="Seconds between a run's "
-                                                          "checkpoints (also at eval epochs) "
-                                                          f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].",
-                                                          rich_help_panel=LAUNCH_PANEL)]
-MaxAttemptsOption = Annotated[Optional[int], typer.Option("--max-attempts", help="Give up on a cell after this many "
-                                                    f"tries [{DEFAULT_MAX_ATTEMPTS}].",
-                                                    rich_help_panel=LAUNCH_PANEL)]
-PartitionOption = Annotated[Optional[str], typer.Option(help="Slurm partition (sbatch --partition).",
-                                                 rich_help_panel=SLURM_PANEL)]
-GpusOption = Annotated[Optional[int], typer.Option(help="GPUs per job.", rich_help_panel=SLURM_PANEL)]
-CpusOption = Annotated[Optional[int], typer.Option(help="CPUs per job.", rich_help_panel=SLURM_PANEL)]
-MemGbOption = Annotated[Optional[float], typer.Option("--mem-gb", help="Memory per job in GB (sbatch --mem).",
-                                                rich_help_panel=SLURM_PANEL)]
-TimeMinOption = Annotated[Optional[int], typer.Option("--time-min", help="Time limit per job.",
-                                                rich_help_panel=SLURM_PANEL)]
-AccountOption = Annotated[Optional[str], typer.Option(help="Slurm account to charge (sbatch --account).",
-                                               rich_help_panel=SLURM_PANEL)]
-QosOption = Annotated[Optional[str], typer.Option(help="Slurm quality of service (sbatch --qos).",
-                                           rich_help_panel=SLURM_PANEL)]
-ArrayParallelismOption = Annotated[Optional[int], typer.Option(
-    "--array-parallelism", help="Slurm array tasks running at once (sbatch --array=...%N).",
-    rich_help_panel=SLURM_PANEL)]
-SbatchOption = Annotated[Optional[list[str]], typer.Option(help="Extra sbatch option KEY=VALUE (repeatable).",
-                                                    rich_help_panel=SLURM_PANEL)]
-
-
-
-def launch_flags(*, sbatch: list[str] | None, **given) -> dict:
-    """The launch options as flctl.launch.LaunchSettings.resolve reads them over a spec's [launch] table."""
-    return {**given, "sbatch": parse_options(sbatch) or None}
 
 
 def _axis(help_text: str = ""):
@@ -94,6 +39,7 @@ def _axis(help_text: str = ""):
 
 
 @config_options(AXES_PANEL)
+@launch_options
 def sweep(
     task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).",
                                                   autocompletion=complete_task)] = None,
@@ -107,13 +53,6 @@ def sweep(
     name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Accept a grid of more than 10,000 cells.")] = False,
-    executor: ExecutorOption = None,
-    workers: WorkersOption = None,
-    threads: ThreadsOption = None,
-    per_gpu: PerGpuOption = None,
-    batch_runs: BatchRunsOption = None,
-    checkpoint_every: CheckpointEveryOption = None,
-    max_attempts: MaxAttemptsOption = None,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
                                        rich_help_panel=LAUNCH_PANEL)] = False,
     tune: Annotated[Optional[int], typer.Option(help="TPE search: N trials over the axes instead of the grid "
@@ -124,19 +63,11 @@ def sweep(
     direction: Annotated[str, typer.Option(help="min or max.", rich_help_panel=LAUNCH_PANEL)] = "min",
     parallel: Annotated[int, typer.Option(help="Trials launched at once with --tune.",
                                           rich_help_panel=LAUNCH_PANEL)] = 1,
-    partition: PartitionOption = None,
-    gpus: GpusOption = None,
-    cpus: CpusOption = None,
-    mem_gb: MemGbOption = None,
-    time_min: TimeMinOption = None,
-    account: AccountOption = None,
-    qos: QosOption = None,
-    array_parallelism: ArrayParallelismOption = None,
-    sbatch: SbatchOption = None,
     results_dir: ResultsDirOption = None,
     db: DbOption = None,
     *,
     fields: dict,
+    launch: LaunchFlags,
 ) -> None:
     """Plan a grid of runs and launch the ones not done yet; re-running fills only what is missing.
 
@@ -149,12 +80,7 @@ def sweep(
 
     try:
         chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
-        flags = launch_flags(executor=executor, workers=workers, threads=threads, per_gpu=per_gpu,
-                             max_attempts=max_attempts, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
-                             partition=partition, gpus=gpus, cpus=cpus, mem_gb=mem_gb, time_min=time_min,
-                             account=account, qos=qos, array_parallelism=array_parallelism, sbatch=sbatch)
-        planned = plan_sweep(chosen, flags, results_root=results_root(results_dir), check_device=check_device,
-                             dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune,
+        planned = plan_sweep(chosen, launch, results_root=results_root(results_dir), dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune,
                              parallel=parallel)
     except (ConfigError, TypeError) as exc:
         fail(str(exc))
@@ -309,7 +235,6 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
     from flctl.sweep import estimate_cost
 
     device, task = safe(configs[0].device), safe(configs[0].task)
-    together = (settings.batch_runs or 1) * ((settings.per_gpu or 1) if device.startswith("cuda") else 1)
     url = db_url(db, results_root(results_dir))
     runs = []
     if not (url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists()):
@@ -321,7 +246,7 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
                 store.close()
         except StoreError:
             runs = []
-    cost = estimate_cost(runs, configs, together)
+    cost = estimate_cost(runs, configs, settings.cells_per_device(configs[0].device))
     if cost is None:
         return (f"cost: no finished {task} runs on {device} in the database yet, so no estimate "
                 "(it comes from their median seconds per epoch)")

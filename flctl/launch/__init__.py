@@ -1,18 +1,31 @@
 """Launching a sweep: W pull workers through submitit, debug (in process), local (subprocesses) or Slurm.
 
 A sweep's cells are rows in the database, not arguments of jobs: each worker (flctl.launch.worker) claims the next
-one until none is left. By job: settings (LaunchSettings, Slot), plan (`flctl sweep`'s checks and launch), submit
-(submitit), worker (the pull loop), jobs (results/jobs/<sweep>/ and its trust checks), slurm (every Slurm command
-flctl runs itself), cancel.
+one until none is left. By job: settings (LaunchFlags, LaunchSettings, Slot), plan (`flctl sweep`'s checks and
+launch), submit (submitit), worker (the pull loop), jobs (results/jobs/<sweep>/ and its trust checks), slurm (every
+Slurm command flctl runs itself), cancel.
+
+The names below are imported on first use, so that the CLI reads LaunchFlags (no database layer) at start-up.
+`cancel` and `submit` are functions of the modules of those names: import them from there.
 """
 
-from flctl.launch.cancel import cancel
-from flctl.launch.jobs import has_workers, live_controllers, live_workers, private_folder, submitted_jobs
-from flctl.launch.plan import Launched, SweepPlan, launch_sweep, plan_sweep
-from flctl.launch.settings import LaunchSettings, Slot, SlurmOptions, batch_runs_for, local_slots, slurm_workers
-from flctl.launch.submit import submit
-from flctl.launch.worker import Worker
+from __future__ import annotations
 
-__all__ = ["LaunchSettings", "Launched", "Slot", "SlurmOptions", "SweepPlan", "Worker", "batch_runs_for", "cancel",
-           "has_workers", "launch_sweep", "live_controllers", "live_workers", "local_slots", "plan_sweep",
-           "private_folder", "slurm_workers", "submit", "submitted_jobs"]
+import importlib
+from typing import Any
+
+_HOME = {
+    "has_workers": "jobs", "live_controllers": "jobs", "live_workers": "jobs", "private_folder": "jobs",
+    "submitted_jobs": "jobs",
+    "Launched": "plan", "SweepPlan": "plan", "launch_sweep": "plan", "plan_sweep": "plan",
+    "LaunchFlags": "settings", "LaunchSettings": "settings", "Slot": "settings", "SlurmOptions": "settings",
+    "batch_runs_for": "settings", "local_slots": "settings", "slurm_workers": "settings",
+    "Worker": "worker",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'flctl.launch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"flctl.launch.{_HOME[name]}"), name)

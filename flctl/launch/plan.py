@@ -3,18 +3,18 @@ lost workers and start the workers still needed (launch_sweep)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from flctl.config import RunConfig
+from flctl.config import RunConfig, resolve_device
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ConfigError
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
-from flctl.launch.settings import LaunchSettings, Slot, batch_runs_for
+from flctl.launch.settings import LaunchFlags, LaunchSettings, Slot, batch_runs_for
 from flctl.launch.slurm import check_executor, check_script_path, check_slurm_cluster
 from flctl.launch.submit import submit
 from flctl.launch.worker import Worker
@@ -106,12 +106,10 @@ class SweepPlan:
     tune: int | None              # trials of a TPE search; None: the grid
 
 
-def plan_sweep(spec: Any, flags: Mapping[str, Any], *, results_root: Path, check_device: Callable[..., str],
-               dry_run: bool = False, allow_large: bool = False, objective: str | None = None, direction: str = "min",
+def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bool = False, allow_large: bool = False, objective: str | None = None, direction: str = "min",
                tune: int | None = None, parallel: int = 1) -> SweepPlan:
     """`flctl sweep`'s plan of ``spec`` (a flctl.sweep.SweepSpec) with the launch ``flags`` over its [launch] table,
-    checked in the order a user meets the errors: launch settings, device (``check_device(device, here=...)`` gives
-    the device the runs train on, or stops the command), grid (with its data unless ``dry_run``; over MAX_CELLS
+    checked in the order a user meets the errors: launch settings, device (flctl.config.resolve_device), grid (with its data unless ``dry_run``; over MAX_CELLS
     only with ``allow_large``), objective and search space, Slurm script path, and unless ``dry_run`` that the
     executor and the workers' devices are there. The objective and trial count fall back to the spec's.
     ConfigError (TypeError from a malformed [launch] table) before anything is written."""
@@ -120,7 +118,7 @@ def plan_sweep(spec: Any, flags: Mapping[str, Any], *, results_root: Path, check
 
     settings = LaunchSettings.resolve(spec.launch, flags)
     # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
-    spec = replace(spec, device=check_device(spec.device, here=settings.executor != "slurm"))
+    spec = replace(spec, device=resolve_device(spec.device, here=settings.executor != "slurm"))
     configs = plan(spec, check_data=not dry_run, allow_large=allow_large)
     sid = sweep_id(spec, configs)
     objective = objective or spec.objective or DEFAULT_OBJECTIVE

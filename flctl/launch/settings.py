@@ -8,7 +8,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flctl.errors import ConfigError
@@ -128,6 +128,43 @@ def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
     return [Slot(i) for i in range(math.ceil(w / per_gpu) * per_gpu)]
 
 
+def _flag(help: str, panel: str = "launch") -> Any:
+    """A launch flag of `flctl sweep` and `flctl paper`: None (not given) unless the command line says otherwise;
+    its help text and help panel (launch or slurm) are read by flctl.cli.common.launch_options."""
+    return field(default=None, metadata={"help": help, "panel": panel})
+
+
+@dataclass(frozen=True)
+class LaunchFlags:
+    """What a command line said about launching (None: not given, so the spec's [launch] table or the default
+    holds). One field per option, its help written here once; LaunchSettings.resolve merges it over the spec."""
+
+    executor: str | None = _flag("debug (in process), local (subprocesses) or slurm [default: the spec's, else local].")
+    workers: int | None = _flag("Pull workers [local: cores // threads, or GPUs x per-gpu with --device cuda; slurm: "
+                                f"min(cells, {SLURM_DEFAULT_WORKERS})].")
+    threads: int | None = _flag("torch threads per local worker [cores // workers].")
+    per_gpu: int | None = _flag("Workers sharing one GPU [1].")
+    batch_runs: int | None = _flag("Cells a worker trains together in one process, each equal to the cell alone "
+                                   "(small models: one vmapped model; others: step by step, on CUDA each on its own "
+                                   "stream) [auto: on a GPU for small models an even share, at most "
+                                   f"{AUTO_BATCH_RUNS}; else 1].")
+    checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
+                                           f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")
+    max_attempts: int | None = _flag(f"Give up on a cell after this many tries [{DEFAULT_MAX_ATTEMPTS}].")
+    partition: str | None = _flag("Slurm partition (sbatch --partition).", "slurm")
+    gpus: int | None = _flag("GPUs per job.", "slurm")
+    cpus: int | None = _flag("CPUs per job.", "slurm")
+    mem_gb: float | None = _flag("Memory per job in GB (sbatch --mem).", "slurm")
+    time_min: int | None = _flag("Time limit per job.", "slurm")
+    account: str | None = _flag("Slurm account to charge (sbatch --account).", "slurm")
+    qos: str | None = _flag("Slurm quality of service (sbatch --qos).", "slurm")
+    array_parallelism: int | None = _flag("Slurm array tasks running at once (sbatch --array=...%N).", "slurm")
+    sbatch: dict[str, str] | None = _flag("Extra sbatch option KEY=VALUE (repeatable).", "slurm")
+
+    def given(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclass(frozen=True)
 class LaunchSettings:
     executor: str = "local"
@@ -140,21 +177,22 @@ class LaunchSettings:
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     @classmethod
-    def resolve(cls, spec_launch: Mapping[str, Any], flags: Mapping[str, Any]) -> LaunchSettings:
-        """The command line wins over the spec's [launch] table; keys are the flags' names."""
-        slurm_keys = {f for f in SlurmOptions.__dataclass_fields__ if f != "extra"} | {"sbatch"}
-        own = {f for f in cls.__dataclass_fields__ if f != "slurm"}
-        unknown = set(spec_launch) - own - slurm_keys
+    def resolve(cls, spec_launch: Mapping[str, Any], flags: LaunchFlags = LaunchFlags()) -> LaunchSettings:
+        """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags)."""
+        slurm_keys = {f.name for f in fields(LaunchFlags) if f.metadata["panel"] == "slurm"}
+        unknown = set(spec_launch) - set(LaunchFlags.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: "
-                              f"{', '.join(sorted(own | slurm_keys))}")
-        merged = {**spec_launch, **{k: v for k, v in flags.items() if v is not None}}
+                              f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
+        merged = {**spec_launch, **flags.given()}
         sbatch = merged.pop("sbatch", None) or {}
         if not isinstance(sbatch, Mapping):
             raise ConfigError(f"sbatch must be a table of KEY = VALUE ([launch.sbatch]), got {sbatch!r}")
         extra = {str(k): str(v) for k, v in sbatch.items()}
         slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
         settings = cls(**merged, slurm=slurm)
+        if settings.executor not in EXECUTORS:
+            raise ConfigError(f"unknown executor {settings.executor!r}; choose one of: {', '.join(EXECUTORS)}")
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
             check_count(f"--{name.replace('_', '-')}", getattr(settings, name))
         check_checkpoint_every(settings.checkpoint_every)
@@ -169,6 +207,11 @@ class LaunchSettings:
                 raise ConfigError(f"--{name.replace('_', '-')} must be {what} {least}, got {value!r}")
         slurm.check_script_text()
         return settings
+
+    def cells_per_device(self, device: str) -> int:
+        """Cells training at once on one device, as the cost estimate counts them: --batch-runs per worker, times
+        --per-gpu workers on a GPU (on the CPU each worker has cores of its own)."""
+        return (self.batch_runs or 1) * (self.per_gpu if device.startswith("cuda") else 1)
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (see local_slots and slurm_workers)."""

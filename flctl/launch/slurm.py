@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from flctl.errors import ConfigError
-from flctl.launch.settings import EXECUTORS
 
 # What flctl and submitit run: sbatch submits, srun starts each job's task (submitit's batch script), sacct and
 # squeue tell a job's state, scancel stops it, sinfo proves the cluster answers (check_slurm_cluster).
@@ -22,8 +21,7 @@ SLURM_ANSWER_S = 15.0
 
 
 def check_executor(executor: str) -> None:
-    if executor not in EXECUTORS:
-        raise ConfigError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    """The executor's commands are here (its name was checked by LaunchSettings.resolve)."""
     if executor == "slurm" and (missing := [c for c in SLURM_COMMANDS if shutil.which(c) is None]):
         raise ConfigError(f"--executor slurm needs Slurm's commands on PATH ({', '.join(missing)} "
                           f"{'is' if len(missing) == 1 else 'are'} missing); use --executor local on this machine")

@@ -103,7 +103,7 @@ class Worker(submitit.helpers.Checkpointable):
     def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
         """The next cell, and up to ``batch_runs - 1`` more that can train together with it, with their claims'
         fencing tokens."""
-        from flctl.tasks import get_task
+        from flctl.tasks import can_train_together, get_task
 
         def claim(accept=None) -> tuple[RunConfig, str] | None:
             got = RunQueue(store).claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
@@ -115,19 +115,17 @@ class Worker(submitit.helpers.Checkpointable):
         if first is None:
             return []
         try:
-            task = get_task(first[0].task)
+            get_task(first[0].task)
         except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
             why = f"task {first[0].task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
             RunQueue(store).fail_run(first[0].run_id, first[1], why, 0.0)
             raise TaskUnavailable(first[0].run_id, why) from None
-        claimed = [first]
-        if self.batch_runs > 1 and task.build_model is not None:   # every task with a model
-            key = first[0].together_key()
-            while len(claimed) < self.batch_runs:
-                more = claim(lambda config: RunConfig.from_json(config).together_key() == key)
-                if more is None:
-                    break
-                claimed.append(more)
+        claimed, lead = [first], first[0]
+        while len(claimed) < self.batch_runs:
+            more = claim(lambda config: can_train_together([lead, RunConfig.from_json(config)]))
+            if more is None:
+                break
+            claimed.append(more)
         return claimed
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
