@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flctl import launch
 from flctl.cli import app
 from flctl.db import Store
+from flctl.launch.cancel import cancel
 from flctl.procs import process
 from tests.helpers import wait_until
 
@@ -145,7 +145,7 @@ def test_cancel_never_signals_pid_minus_one_zero_or_one(tmp_path: Path, monkeypa
             real_kill(pid, 0)
 
     monkeypatch.setattr(os, "kill", kill)
-    outcome = launch.cancel(store, results, SID, timeout=0.2)
+    outcome = cancel(store, results, SID, timeout=0.2)
     res = runner.invoke(app, ["cancel", SID, "--timeout", "0.2", "--results-dir", str(results)])
     assert res.exit_code == 0, res.output
     assert [s for s in sent if not (isinstance(s[0], int) and s[0] > 1)] == []
@@ -165,7 +165,7 @@ def test_a_planted_job_id_never_reaches_scancel(tmp_path: Path, monkeypatch, cap
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", run)
-    launch.cancel(store, results, SID, timeout=0.2)
+    cancel(store, results, SID, timeout=0.2)
     scancel = [c for c in calls if c[0] == "scancel"]
     assert scancel and all(c[-2:] == ["12345", "12346"] for c in scancel), calls   # real ids go on as before
     assert not any(arg in ("--user=alice", "-1", "7;rm") for c in calls for arg in c), calls

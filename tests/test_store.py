@@ -106,3 +106,35 @@ def test_id_prefixes_are_hex_matched_literally_and_an_ambiguous_one_lists_candid
         with pytest.raises(ConfigError, match="give 4 to 64 hex digits"):
             store.get_run(bad)
     assert store.get_sweep("%") is None and store.get_sweep("") is None
+
+
+def test_a_reader_opened_beside_a_writer_in_one_process_leaves_the_writers_lock_alone(tmp_path: Path) -> None:
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it. A read-only open in a process
+    that has the database open for writing (`flctl run`, then a report, through the Python API or one test) must not
+    open and close the file itself: the writer's shared lock would go, another process's last connection would
+    checkpoint and delete the -wal file under it, and it would read "database disk image is malformed"."""
+    from flctl.db.sqlite import _SQLITE_SHARED_FIRST, _SQLITE_SHARED_SIZE
+
+    path = tmp_path / "flctl.db"
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n"
+             f"    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, {_SQLITE_SHARED_SIZE}, {_SQLITE_SHARED_FIRST})\n"
+             "    print('free')\n"
+             "except OSError:\n"
+             "    print('held')")
+
+    def shared_range() -> str:        # what another process finds: can it write-lock SQLite's shared bytes?
+        return subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True).stdout.strip()
+
+    writer = Store.open(f"sqlite:///{path}")
+    try:
+        writer.add_runs([config("two-moons", "fl")])       # WAL; the pooled connection stays open with its lock
+        assert (tmp_path / "flctl.db-wal").exists() and shared_range() == "held"
+        for _ in range(2):
+            reader = Store.open(f"sqlite:///{path}", readonly=True)
+            assert len(reader.list_runs()) == 1
+            reader.close()
+        assert shared_range() == "held"
+    finally:
+        writer.close()
+    assert shared_range() == "free"

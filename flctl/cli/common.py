@@ -105,13 +105,23 @@ def check_device(device: str, *, here: bool = True) -> str:
 
 
 def open_store(db: str | None, root: Path):
+    """The run database, opened for writing and closed when the command ends (also when it runs in a process that
+    lives on: the Python API, a test's CliRunner)."""
     from flctl.db import Store
     from flctl.errors import StoreError
 
     try:
-        return Store.open(db_url(db, root))
+        store = Store.open(db_url(db, root))
     except StoreError as exc:
         fail(str(exc))
+    try:        # typer >= 0.29 vendors click
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context  # type: ignore[no-redef]
+    context = get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(store.close)
+    return store
 
 
 def existing_store(db: str | None, root: Path, *, readonly: bool = True):

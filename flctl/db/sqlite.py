@@ -80,7 +80,15 @@ def _idle_wal_lock(path: Path) -> int | None:
     """When ``path`` is a WAL database that no connection has open (no -wal file beside it: SQLite removes it as
     the last connection closes), an open descriptor holding a shared lock on it; else None. While the lock is held
     the file holds every commit and stays as it is: a writer that opens the database meanwhile commits into a new
-    -wal file and cannot checkpoint into the database file (that needs the lock we share)."""
+    -wal file and cannot checkpoint into the database file (that needs the lock we share).
+
+    The -wal file is looked for before the database file is opened: closing any descriptor of a file drops every
+    POSIX lock this process holds on it, SQLite's own included, so a process that has the database open (a -wal
+    file is there while it does: `flctl run` then a report through the Python API) must not open and close it here.
+    Without its shared lock, another process's last connection would checkpoint and delete the -wal file under it,
+    and it would read a "malformed" database."""
+    if Path(f"{path}-wal").exists():
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
