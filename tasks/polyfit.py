@@ -46,7 +46,6 @@ def _vander(x: np.ndarray, degree: int) -> np.ndarray:
 def solve(cfg, data: Dataset) -> Solution:
     import cvxpy as cp
 
-
     degree = cfg.opts["degree"]
     x_tr, y_tr = data.train.x.numpy(), data.train.y.numpy()
     x_te, y_te = data.test.x.numpy(), data.test.y.numpy()
@@ -84,7 +83,6 @@ TASK = Task(
     name="polyfit",
     kind="regression",
     description="20 noisy cosine points, polynomial of a given degree (10/20/30); ERM least squares, FL SOCP",
-    # No gradient loop: epochs/lrs are placeholders (FL is solved by SCS, not by dual ascent).
     # No gradient loop: epochs and learning rates are placeholders (FL is solved by SCS, not dual ascent).
     defaults=dict(epochs=1, batch_size=20, optimizer="sgd", lr=0.0, eval_every=1, eps=0.2, dual_lr=0.0),
     options=dict(degree=10, n_train=20, n_test=200, noise=0.2, data_seed=0),

@@ -14,7 +14,6 @@ from tests.helpers import config
 from tests.reference import (
     CASES,
     KERNEL_DEPENDENT,
-    KERNEL_TOLERANCE,
     LAYOUT,
     OLD_CHECKPOINT,
     OLD_CHECKPOINT_CASE,
@@ -34,7 +33,7 @@ def test_records_equal_the_reference(tmp_path: Path, name: str, task: str, metho
     assert cfg.run_id == want["run_id"]
     assert result.status == want["status"]
     if task in KERNEL_DEPENDENT:
-        assert result.metrics == pytest.approx(want["metrics"], abs=KERNEL_TOLERANCE)
+        assert result.metrics == pytest.approx(want["metrics"], abs=KERNEL_DEPENDENT[task])
         assert digest(tmp_path / "records", cfg.run_id, LAYOUT) == want["layout"]
     else:
         assert result.metrics == want["metrics"]
