@@ -11,6 +11,13 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # late for.
 for _name in ("FLCTL_DB", "FLCTL_RESULTS", "FLCTL_TASKS"):
     os.environ.pop(_name, None)
+# pytest-xdist's workers inherit COLUMNS=80 from their controller; flctl's tables then wrap at 80 columns and the
+# tests that read whole rows of them fail under -n but not without it. Tests that want a width set their own.
+os.environ.pop("COLUMNS", None)
+# The suite runs several processes at once (xdist's workers, each test's flctl processes and sweep workers) on
+# machines with few cores. torch's OpenMP pool takes a thread per core in every one of them, and waiting threads
+# spin: oversubscribed, tests ran 3-20x slower under xdist. One thread each; no test's numbers depend on more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # huggingface_hub reads these once, at import: set them before any test imports it.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -28,3 +35,11 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Tests never touch the checkout's results/ or a database named in the developer's environment.
     monkeypatch.delenv("FLCTL_DB", raising=False)
     monkeypatch.setenv("FLCTL_RESULTS", str(tmp_path / "results"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Under xdist's --dist loadgroup (pyproject's addopts) tests sharing a resource run on one worker: the Slurm
+    # cluster has one node of 2 CPUs, and two tests' job arrays on it would wait on each other past their timeouts.
+    for item in items:
+        if item.path.name == "test_slurm.py":
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -15,6 +15,7 @@ import pytest
 from flctl import records
 
 FLCTL = [sys.executable, "-m", "flctl"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def flctl(results: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -55,6 +56,16 @@ def test_killed_run_resumes_and_ends_equal_to_an_uninterrupted_run(tmp_path: Pat
     assert len(a) == 15 * 2 * 1000 and a.equals(b)          # no lost and no duplicated rows
     row = json.loads(flctl(killed, "show", run_id, "--json").stdout)
     assert row["status"] == "completed" and row["attempts"] == 2
+
+
+def test_the_installed_package_holds_every_package_of_the_checkout() -> None:
+    """pyproject.toml lists flctl's packages by hand (tasks/ installs as flctl_tasks): a package missing there is
+    missing from every non-editable install (the Dockerfile's), while the editable checkout still works."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "flctl").rglob("__init__.py")}
+    assert listed - {"flctl_tasks"} == found and "flctl_tasks" in listed
 
 
 def test_cli_startup_does_not_import_torch() -> None:
