@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import traceback
 from pathlib import Path
 
 from flctl.config import RunConfig, resolve
@@ -31,3 +33,19 @@ def wait_until(predicate, what: str = "a condition", timeout: float = 240, inter
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f"\n{explain()}" if explain else ""))
+
+
+def in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`flctl *args` run in this process by click's runner, its result shaped as subprocess.run's (an exception
+    other than SystemExit is appended to stderr as a traceback). For the commands a test needs done, not watched
+    as a process: a new interpreter spends ~5 s of CPU importing torch, torch._dynamo and scikit-learn before it
+    trains, and the suite's time is mostly that CPU. Signals, kills, exit codes of a real process and concurrent
+    writers stay subprocesses."""
+    from typer.testing import CliRunner
+
+    from flctl.cli import app
+
+    res = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+    said = "".join(traceback.format_exception(res.exception)) \
+        if res.exception and not isinstance(res.exception, SystemExit) else ""
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr + said)

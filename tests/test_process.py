@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flctl import records
+from tests.helpers import in_process
 
 FLCTL = [sys.executable, "-m", "flctl"]
 REPO = Path(__file__).resolve().parents[1]
@@ -23,9 +24,14 @@ def flctl(results: Path, *args: str, **kw) -> subprocess.CompletedProcess:
                           timeout=300, **kw)
 
 
+def cli(results: Path, *args: str) -> subprocess.CompletedProcess:
+    """flctl in this process: the uninterrupted runs, resumes and reads around the process a test kills."""
+    return in_process(*args, "--results-dir", str(results))
+
+
 def test_killed_run_resumes_and_ends_equal_to_an_uninterrupted_run(tmp_path: Path) -> None:
     args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "150", "--eval-every", "10")
-    whole = flctl(tmp_path / "a", *args)
+    whole = cli(tmp_path / "a", *args)
     assert whole.returncode == 0, whole.stderr
 
     killed = tmp_path / "b"
@@ -44,7 +50,7 @@ def test_killed_run_resumes_and_ends_equal_to_an_uninterrupted_run(tmp_path: Pat
     assert len(run_dirs) == 1 and (run_dirs[0] / "checkpoint.pt").exists(), "killed before the first checkpoint"
     assert not (run_dirs[0] / "model.pt").exists(), "the run finished before it was killed"
 
-    resumed = flctl(killed, *args)
+    resumed = cli(killed, *args)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from epoch" in resumed.stdout
 
@@ -54,7 +60,7 @@ def test_killed_run_resumes_and_ends_equal_to_an_uninterrupted_run(tmp_path: Pat
     b = records.read(killed / "records", [run_id]).sort_by([("epoch", "ascending"), ("split", "ascending"),
                                                              ("sample_id", "ascending")])
     assert len(a) == 15 * 2 * 1000 and a.equals(b)          # no lost and no duplicated rows
-    row = json.loads(flctl(killed, "show", run_id, "--json").stdout)
+    row = json.loads(cli(killed, "show", run_id, "--json").stdout)
     assert row["status"] == "completed" and row["attempts"] == 2
 
 
@@ -110,7 +116,7 @@ def test_planning_a_sweep_imports_no_torch(task: str) -> None:
 def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_records(tmp_path: Path) -> None:
     args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "600", "--eval-every", "50",
             "--checkpoint-every", "3600")          # by time: never; the checkpoints are the eval epochs' and the stop's
-    whole = flctl(tmp_path / "a", *args)
+    whole = cli(tmp_path / "a", *args)
     assert whole.returncode == 0, whole.stderr
     order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
 
@@ -125,24 +131,24 @@ def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_r
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == code, (sig, out)
         [run_dir] = list((stopped / "runs").iterdir())
-        row = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
+        row = json.loads(cli(stopped, "show", run_dir.name, "--json").stdout)
         assert row["status"] == "interrupted" and row["attempts"] == 0, row     # handed back, not failed
         # One line after the progress bar, which is closed by then: the last line of the output.
         assert out.strip().splitlines()[-1].startswith(f"interrupted after epoch {row['epochs_done']}, "
                                                        "checkpointed"), out
-        listed = json.loads(flctl(stopped, "runs", "--status", "interrupted", "--json").stdout)
+        listed = json.loads(cli(stopped, "runs", "--status", "interrupted", "--json").stdout)
         assert [r["id"] for r in listed] == [run_dir.name]
         import torch
 
         assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["epoch"] == row["epochs_done"]
 
-        resumed = flctl(stopped, *args)
+        resumed = cli(stopped, *args)
         assert resumed.returncode == 0, resumed.stderr
         assert f"resumed from epoch {row['epochs_done']}" in resumed.stdout
         a = records.read(tmp_path / "a" / "records", [run_dir.name]).sort_by(order)
         b = records.read(stopped / "records", [run_dir.name]).sort_by(order)
         assert len(a) == 12 * 2 * 1000 and a.equals(b)
-        done = json.loads(flctl(stopped, "show", run_dir.name, "--json").stdout)
+        done = json.loads(cli(stopped, "show", run_dir.name, "--json").stdout)
         assert done["status"] == "completed" and done["attempts"] == 1
         assert done["duration_s"] > row["duration_s"] > 0                          # both attempts' time
 

@@ -20,14 +20,12 @@ import shlex
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from flctl.cli import app
 from tests.fixtures import orca_rows
+from tests.helpers import in_process
 
 REPO = Path(__file__).resolve().parents[1]
 # What a line needs that this machine does not have; such a line must refuse in one line, exit 2.
@@ -98,10 +96,7 @@ def _run(cwd: Path, command: str, quick_start: bool = False) -> subprocess.Compl
     args = shlex.split(command)[1:]
     if args[0] in IN_PROCESS and "--watch" not in args and not quick_start:
         assert Path.cwd() == cwd
-        res = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
-        said = "".join(traceback.format_exception(res.exception)) \
-            if res.exception and not isinstance(res.exception, SystemExit) else ""
-        return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr + said)
+        return in_process(*args, env={"COLUMNS": "160"})
     return subprocess.run([sys.executable, "-m", "flctl", *args], capture_output=True, text=True, timeout=300,
                           cwd=cwd, errors="replace", env={**os.environ, "COLUMNS": "160"})
 
