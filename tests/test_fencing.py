@@ -22,7 +22,7 @@ from flctl import records
 from flctl.db import RunQueue, Store
 from flctl.db.schema import Run, now
 from flctl.errors import ClaimLost, StoreError
-from tests.helpers import config, wait_until
+from tests.helpers import config, in_process, wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
 RUN = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--eval-every", "1")
@@ -126,7 +126,7 @@ def test_rerun_of_a_run_that_is_training_leaves_it_alone(tmp_path: Path) -> None
 
 def test_a_worker_frozen_past_the_stale_bound_stops_without_writing_when_it_wakes(tmp_path: Path) -> None:
     args = (*RUN, "--epochs", "60")
-    whole = flctl(tmp_path / "whole", *args)
+    whole = in_process(*args, "--results-dir", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
 
     results = tmp_path / "r"
@@ -155,5 +155,5 @@ def test_a_worker_frozen_past_the_stale_bound_stops_without_writing_when_it_wake
     assert run["status"] == "completed" and run["attempts"] == 2 and run["pid"] != first.pid
     run_id = run["id"]
     assert sorted_records(results, run_id).equals(sorted_records(tmp_path / "whole", run_id))
-    assert json.loads(flctl(results, "show", run_id, "--json").stdout)["metrics"] == \
-        json.loads(flctl(tmp_path / "whole", "show", run_id, "--json").stdout)["metrics"]
+    assert json.loads(in_process("show", run_id, "--json", "--results-dir", str(results)).stdout)["metrics"] == \
+        json.loads(in_process("show", run_id, "--json", "--results-dir", str(tmp_path / "whole")).stdout)["metrics"]

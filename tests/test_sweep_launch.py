@@ -17,7 +17,7 @@ from flctl import records
 from flctl.db import Store
 from flctl.errors import ConfigError
 from flctl.launch import Slot, local_slots
-from tests.helpers import wait_until
+from tests.helpers import in_process, wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
 ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
@@ -30,7 +30,7 @@ def flctl(results: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def ledger(results: Path, sweep: str | None = None) -> dict:
-    out = flctl(results, "status", *([sweep] if sweep else []), "--json")
+    out = in_process("status", *([sweep] if sweep else []), "--json", "--results-dir", str(results))   # polled
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -171,7 +171,7 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the re-run to finish the sweep")
     run = store.get_run(interrupted[0].id)
     assert run.attempts == 1                                                  # one counted attempt in all
-    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(run.seed))
+    reference = in_process("run", *cell, "--seed", str(run.seed), "--results-dir", str(tmp_path / "ref"))
     assert reference.returncode == 0, reference.stderr
     assert same_records(tmp_path / "ref", results, run.id)
 
