@@ -32,6 +32,7 @@ paper's hyperparameter table lists "LoRA alpha 1"; we follow the setting flctl w
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import warnings
 from pathlib import Path
@@ -67,12 +68,11 @@ def _require_llm() -> None:
     # `kernels` package at import (peft imports it), and a transformers deprecation peft triggers.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-    try:
-        import peft  # noqa: F401
-        import transformers  # noqa: F401
-        import trl  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError(f"orca-dpo needs the llm extra ({exc.name} is missing): pip install -e '.[llm]'") from None
+    # Looked up, not imported: importing peft (and transformers under it) takes ~5 s, which a refusal or a plan
+    # should not wait for; each is imported where it is used.
+    for name in ("peft", "transformers", "trl"):
+        if importlib.util.find_spec(name) is None:
+            raise ConfigError(f"orca-dpo needs the llm extra ({name} is missing): pip install -e '.[llm]'")
 
 
 def _read_rows(data: str | None) -> dict[str, list]:

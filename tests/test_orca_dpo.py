@@ -287,6 +287,15 @@ def test_a_local_model_folder_loads_through_auto_classes(pairs: Path, tmp_path: 
     assert result.metrics["train.avg_loss"] == pytest.approx(math.log(2), rel=1e-3)
 
 
+def test_a_missing_llm_extra_is_one_line_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs the llm extra \(trl is missing\): pip install"):
+        TASK.check(OPTS, None)
+
+
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
