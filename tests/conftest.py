@@ -37,9 +37,18 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLCTL_RESULTS", str(tmp_path / "results"))
 
 
+# The modules whose tests run minutes of other processes (workers, Slurm jobs, killed and resumed runs), longest
+# first: xdist hands tests out in collection order, and one of these started last is the whole suite's tail.
+LONG_FIRST = ("test_readme_commands.py", "test_slurm.py", "test_sweep_launch.py", "test_process.py",
+              "test_plugins.py", "test_fencing.py", "test_benchmarks.py", "test_first_contact_sweep.py",
+              "test_concurrency.py", "test_results_folder.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under xdist's --dist loadgroup (pyproject's addopts) tests sharing a resource run on one worker: the Slurm
     # cluster has one node of 2 CPUs, and two tests' job arrays on it would wait on each other past their timeouts.
     for item in items:
         if item.path.name == "test_slurm.py":
             item.add_marker(pytest.mark.xdist_group("slurm"))
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest keep their order
