@@ -301,7 +301,10 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     if unknown:
         valid = ", ".join(sorted(task_options)) or "none"
         raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))} for task {task_name!r}; valid: {valid}")
-    opts = {**task_options, **{k: _coerce_like(task_options[k], v, k) for k, v in user_opts.items()}}
+    if task.device_options and overrides.get("device") == "auto":   # its options depend on the device: settle it
+        overrides["device"] = resolve_device("auto")
+    defaults = task.options_for(overrides.get("device", FIELDS["device"].default))
+    opts = {**defaults, **{k: _coerce_like(task_options[k], v, k) for k, v in user_opts.items()}}
     for k, v in opts.items():   # a task option keeps its default's type (a float option takes an integer too)
         kind = type(task_options[k])
         number = isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -27,13 +27,29 @@ def small_cnn(in_channels: int, n_classes: int, width: int = 32) -> nn.Sequentia
     )
 
 
-def resnet18(num_outputs: int, small_inputs: bool = True, width: int = 64) -> nn.Module:
+def conv_net(in_channels: int, n_classes: int, width: int = 16) -> nn.Sequential:
+    """Three conv-BatchNorm-ReLU blocks (``width``, 2x, 4x channels; max-pool after the first two) and a linear head
+    on the global average: a CPU-sized stand-in for ResNet-18 on 28x28 images (28 -> 14 -> 7). BatchNorm keeps it
+    stable at the ResNet's SGD step size (0.1), so the task's paper defaults fit both models."""
+    def block(a: int, b: int) -> list[nn.Module]:
+        return [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU()]
+
+    return nn.Sequential(
+        *block(in_channels, width), nn.MaxPool2d(2),
+        *block(width, 2 * width), nn.MaxPool2d(2),
+        *block(2 * width, 4 * width),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(4 * width, n_classes),
+    )
+
+
+def resnet18(num_outputs: int, small_inputs: bool = True, width: int = 64, in_channels: int = 3) -> nn.Module:
     """torchvision's ResNet-18 with a ``num_outputs`` head.
 
     ``small_inputs`` swaps the ImageNet stem (7x7 stride-2 conv + max-pool) for the CIFAR one (3x3 stride-1
-    conv, no pool), as in the paper's CIFAR-10 experiments. ``width`` < 64 gives a narrower copy (same depth)
-    for CPU tests and benchmarks; the head always matches ``num_outputs`` (the reference code's 1000-way head
-    on CIFAR is exactly the slip this guards against).
+    conv, no pool), as in the paper's CIFAR-10 experiments; ``in_channels`` = 1 for grayscale images. ``width`` < 64
+    gives a narrower copy (same depth) for CPU tests and benchmarks; the head always matches ``num_outputs`` (the
+    reference code's 1000-way head on CIFAR is exactly the slip this guards against).
     """
     from torchvision.models.resnet import BasicBlock, ResNet
 
@@ -42,7 +58,7 @@ def resnet18(num_outputs: int, small_inputs: bool = True, width: int = 64) -> nn
             super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=num_outputs)
             if width != 64:  # rebuild the stages at the requested width
                 self.inplanes = width
-                self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+                self.conv1 = nn.Conv2d(in_channels, width, 7, 2, 3, bias=False)
                 self.bn1 = nn.BatchNorm2d(width)
                 self.layer1 = self._make_layer(BasicBlock, width, 2)
                 self.layer2 = self._make_layer(BasicBlock, 2 * width, 2, stride=2)
@@ -58,6 +74,8 @@ def resnet18(num_outputs: int, small_inputs: bool = True, width: int = 64) -> nn
 
     model = _Narrow()
     if small_inputs:
-        model.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
+        model.conv1 = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
+    elif in_channels != 3:
+        model.conv1 = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=3, bias=False)
     return model

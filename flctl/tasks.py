@@ -55,6 +55,10 @@ class Task:
     build_model: Callable[..., Any] | None = None
     # Task-specific options with defaults (``-o KEY=VALUE`` on the command line); part of the run identity.
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Option defaults that depend on where a run trains, by device kind ("cuda", "cpu"), over ``options``: e.g. the
+    # paper's ResNet-18 on a GPU and a small CNN on a CPU. Settled when the run is resolved, so its identity holds the
+    # value it trained with.
+    device_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # The methods the task accepts; None: every method described in flctl.method_info (see ``supported``).
     methods: tuple[str, ...] | None = None
     # Random augmentation of training batches on the device (flctl.data.Augment: its parameters are drawn once per
@@ -84,6 +88,10 @@ class Task:
     # The paper programme's smoke scale (flctl.programme.scaled): run fields and, under "options", task options that
     # make a cell tiny beyond one seed, two epochs and 256 samples (e.g. a narrow network).
     smoke: Mapping[str, Any] = field(default_factory=dict)
+
+    def options_for(self, device: str) -> dict[str, Any]:
+        """The option defaults of runs on ``device`` (cpu, cuda, cuda:N)."""
+        return {**self.options, **self.device_options.get(device.partition(":")[0], {})}
 
     def defaults_for(self, method: str) -> dict[str, Any]:
         """The paper's values of the run fields for ``method`` on this task; given values override them."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from flctl_tasks.fashion_mnist import DEBIAN, _complete
 
 
 def write_cifar10(root: Path, per_batch: int = 8, seed: int = 0) -> Path:
@@ -99,3 +103,17 @@ def write_orca_dpo(root: Path, n: int = 16, seed: int = 0, fmt: str = "jsonl", r
 
 # task name -> writer(root) -> data_dir, for registry-parametrized tests
 WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface, "orca-dpo": write_orca_dpo}
+
+
+def real_fashion_mnist() -> None:
+    """The real Fashion-MNIST, where Debian's package installs it (.ci/run installs dataset-fashion-mnist): the
+    tests that train on real images skip without it, except in CI, where its absence is a failure."""
+    if not _complete(DEBIAN):
+        why = f"Fashion-MNIST is not in {DEBIAN}: apt install dataset-fashion-mnist"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must provide the real images: {why}", pytrace=False)
+        pytest.skip(why)
+
+
+# Tasks whose real data a machine installs (and tests train on): task name -> the check that it is there.
+REAL = {"fashion-mnist": real_fashion_mnist}

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import real_fashion_mnist
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def smoke(tmp: Path) -> dict[str, list[str]]:
     return {
+        "bench_fashion_mnist.py": ["--smoke", "--work", str(tmp / "fm"), "--out", str(tmp / "fm-out")],
         "bench_methods.py": ["--rounds", "2", "--warmup-rounds", "1", "--models", "two-moons"],
         "bench_paper.py": ["--runs", "10", "--samples", "100", "--repeat", "1", "--dir", str(tmp / "paper"),
                            "--out", str(tmp / "paper-out")],
@@ -36,6 +39,8 @@ def test_every_benchmark_script_has_a_smoke_run() -> None:
 
 @pytest.mark.parametrize("script", sorted(smoke(Path("."))))
 def test_the_benchmark_runs(script: str, tmp_path: Path) -> None:
+    if script == "bench_fashion_mnist.py":
+        real_fashion_mnist()                     # trains on the real images
     before = sorted((ROOT / "benchmarks" / "results").iterdir())
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *smoke(tmp_path)[script]],
                          cwd=tmp_path, capture_output=True, text=True, timeout=240,

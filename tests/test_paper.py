@@ -11,6 +11,7 @@ import csv
 import html
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def test_the_plan_names_every_table_and_figure_and_a_dry_run_writes_nothing(worl
     assert {p: p.read_bytes() for p in files_under(world["root"])} == before
     assert "nothing was written" in out
     # the finished polyfit runs are counted as done; the others have no history to estimate from
-    assert "│ figure:1  │ polyfit" in out and "│ 6     │ 6    │ 0" in out
+    assert re.search(r"│ figure:1 +│ polyfit", out) and "│ 6     │ 6    │ 0" in out
 
 
 def test_re_running_launches_nothing(world: dict, tmp_path: Path) -> None:

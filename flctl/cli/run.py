@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flctl.db import RunRecord
 
-import dataclasses
 from typing import Annotated, Optional
 
 import typer
@@ -75,9 +74,9 @@ def run(
     except ConfigError as exc:
         fail(str(exc))
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
-    overrides = {**fields, "options": with_model(parse_options(option), model)}
+    # the device first: a task's option defaults may depend on it (fashion-mnist's model)
+    overrides = {**fields, "device": check_device(device), "options": with_model(parse_options(option), model)}
     cfg = resolve_config(task, method, overrides, p_min)
-    cfg = dataclasses.replace(cfg, device=check_device(device))
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     store = open_store(url, ensure_writable(root))

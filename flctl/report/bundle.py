@@ -95,9 +95,10 @@ class _Bundle:
 
             write_text_atomic(self.folder / "tables" / f"{item.name}.tex", render(built, "latex", item.digits))
         cols = list(item.columns)
+        paper = "paper" if item.stands_in is None else f"paper, Table {item.stands_in}"   # another data set's numbers
         head = ("<tr><th rowspan=2>Row</th><th rowspan=2>seeds</th>"
                 + "".join(f"<th colspan=2>{_e(c)}</th>" for c in cols) + "</tr><tr>"
-                + "<th>ours</th><th>paper</th>" * len(cols) + "</tr>")
+                + f"<th>ours</th><th>{_e(paper)}</th>" * len(cols) + "</tr>")
         body, rows_json, used = [], [], set()
         groups = self._groups(built, runs)
         for row in plan.rows:
@@ -162,7 +163,7 @@ class _Bundle:
         data["status"] = Status.DIVERGED if cells[0].n == 0 else "partial" if to_do else "done"
         for c, cell in zip(cols, cells):
             value = row.values.get(c) if row is not None else None
-            off = (value is not None and cell.mean is not None and self.p.scale == "paper"
+            off = (value is not None and cell.mean is not None and self.p.scale == "paper" and item.stands_in is None
                    and abs(cell.mean - value[0]) > tolerance(value[2], value[1], cell.std))
             if off:
                 data["outside"].append(c)
@@ -271,7 +272,8 @@ def _page(programme: Programme, sections: list[str], provenance: dict[str, Any])
               "finished/planned where some are missing; † fewer seeds than the other rows). Paper: the published value "
               "(± its spread where it gives one). A red cell lies outside the tolerance: twice the larger standard "
               "deviation (the paper's or ours) and at least the rounding of the printed value; where the paper gives "
-              "no spread, 10 % of its value plus 0.01.</p>")
+              "no spread, 10 % of its value plus 0.01. A stand-in (ours on another data set, beside a published "
+              "table) shows the paper's numbers for orientation only: none of its cells is marked.</p>")
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>Feasible Learning: the paper's tables "
             f"and figures</title><style>{CSS}</style></head><body><h1>Feasible Learning: the paper's tables and "
             "figures, ours beside the published</h1><p>Ramirez, Hounie, Elenter, Gallego-Posada, Hashemizadeh, "
