@@ -144,7 +144,8 @@ def write(m: dict, lines: list[dict], wall_s: float, out: Path, stem: str, smoke
             f"{m['runs']} runs in {wall_s / 60:.1f} min of wall time (`flctl paper --only {ITEM}`, two local "
             f"workers); median {m['s_per_epoch_median']:.2f} s per epoch per run; torch {torch.__version__}"
             + (" — SMOKE scale: 1 seed, 2 epochs, 256 samples; these numbers measure nothing" if smoke else ""), "",
-            m["table_markdown"], "", "## Claims of the paper, here", ""]
+            m["table_markdown"], "", "## Claims of the paper, here", "",
+            f"{sum(bool(c['holds']) for c in lines)} of {len(lines)} hold on this data at this size.", ""]
     head += [f"- **{'holds' if c['holds'] else 'does not hold'}** — {c['claim']}: {c['numbers']}" for c in lines]
     head += ["", "## Loss distribution (seeds pooled): share of samples under each loss level", "",
              "| row | split | " + " | ".join(f"< {x}" for x in LEVELS) + " | " +

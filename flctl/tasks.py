@@ -1,11 +1,11 @@
 """Task registry. A task is one file defining ``TASK = Task(...)``: its data, model and the paper's defaults.
 
 flctl's own tasks are the files under the top-level ``tasks/`` folder, installed as ``flctl_tasks``; a researcher's
-come from an installed package's entry point or a file named by FLCTL_TASKS (flctl.plugins), without an edit here. A task named
-``two-moons`` lives in ``two_moons.py``: using one task imports only its module (not torchvision or another
-task's dataset code); listing all tasks imports them all. A task module imports torch, scikit-learn and
-torchvision inside the functions that use them, so planning a sweep (its defaults, options, checks) starts
-the workers without those imports (tests/test_process.py checks it; orca-dpo's policy class needs torch).
+come from an installed package's entry point or a file named by FLCTL_TASKS (flctl.plugins), without an edit here.
+A task named ``two-moons`` lives in ``two_moons.py``: using one task imports only its module (not torchvision, nor
+another task's module unless it builds on it: fashion-mnist takes cifar10's paper defaults); listing all tasks
+imports them all. A task module imports torch, scikit-learn and torchvision inside the functions that use them, so
+planning a sweep (its defaults, options, checks) starts the workers without those imports (tests/test_process.py checks it; orca-dpo's policy class needs torch).
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ class Task:
     # The paper programme's smoke scale (flctl.programme.scaled): run fields and, under "options", task options that
     # make a cell tiny beyond one seed, two epochs and 256 samples (e.g. a narrow network).
     smoke: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind, opts in self.device_options.items():   # a slip here would surface as a KeyError in a worker
+            unknown = set(opts) - set(self.options)
+            if kind not in ("cpu", "cuda") or unknown:
+                raise ConfigError(f"task {self.name!r}: device_options are keyed by cpu or cuda and set declared "
+                                  f"options; got {kind!r} with {', '.join(sorted(unknown)) or 'no unknown option'}")
 
     def options_for(self, device: str) -> dict[str, Any]:
         """The option defaults of runs on ``device`` (cpu, cuda, cuda:N)."""

@@ -32,6 +32,7 @@ import numpy as np
 
 from flctl.errors import ConfigError
 from flctl.tasks import Augment, Task
+from flctl_tasks.cifar10 import TASK as CIFAR10
 
 if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
     import torch
@@ -60,7 +61,8 @@ def _file(folder: Path, name: str) -> Path | None:
     return None
 
 
-def _complete(folder: Path) -> bool:
+def complete(folder: Path) -> bool:
+    """Whether ``folder`` holds the four files (gzipped or not)."""
     return all(_file(folder, name) is not None for pair in FILES.values() for name in pair)
 
 
@@ -69,15 +71,15 @@ def _find(data_dir: str | None) -> Path:
     if data_dir is not None:
         root = Path(data_dir)
         for folder in (root, root / "FashionMNIST" / "raw"):
-            if _complete(folder):
+            if complete(folder):
                 return folder
         wanted = ", ".join(n for pair in FILES.values() for n in pair)
         raise ConfigError(f"no Fashion-MNIST files in {root}: expected {wanted} (each may end in .gz)")
-    if _complete(DEBIAN):
+    if complete(DEBIAN):
         return DEBIAN
     cache = Path(os.environ.get("FLCTL_DATA", Path.home() / ".cache" / "flctl")) / "fashion-mnist"
     raw = cache / "FashionMNIST" / "raw"
-    if not _complete(raw):
+    if not complete(raw):
         from torchvision.datasets import FashionMNIST
 
         try:
@@ -179,13 +181,12 @@ TASK = Task(
     name="fashion-mnist",
     kind="classification",
     description="Fashion-MNIST (60k/10k real 28x28 images): ResNet-18 on a GPU, a small CNN on a CPU; crop+flip",
-    # the CIFAR-10 task's paper values (the paper's Table 1 set-up)
-    defaults=dict(epochs=200, batch_size=128, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4,
-                  scheduler="cosine", eval_every=10, eps=0.5108256237659907, alpha=1.0, dual_lr=1e-4),
+    # the paper's Table 1 set-up: the CIFAR-10 task's values (SGD 0.1 cosine, 200 epochs, CSERM at lr/10, ...)
+    defaults=CIFAR10.defaults,
+    method_defaults=CIFAR10.method_defaults,
     options=dict(model="cnn", width=0),
     device_options={"cuda": {"model": "resnet18"}},
     option_ranges=dict(width=(0, None)),
-    method_defaults={"cserm": dict(lr=0.01)},     # as on CIFAR-10: the paper's CSERM step size is lr/10
     load=load,
     build_model=build_model,
     augment=Augment(_draw, _apply),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flctl_tasks.fashion_mnist import DEBIAN, _complete
+from flctl_tasks.fashion_mnist import DEBIAN, complete
 
 
 def write_cifar10(root: Path, per_batch: int = 8, seed: int = 0) -> Path:
@@ -108,7 +108,7 @@ WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface, "orca-dpo": write
 def real_fashion_mnist() -> None:
     """The real Fashion-MNIST, where Debian's package installs it (.ci/run installs dataset-fashion-mnist): the
     tests that train on real images skip without it, except in CI, where its absence is a failure."""
-    if not _complete(DEBIAN):
+    if not complete(DEBIAN):
         why = f"Fashion-MNIST is not in {DEBIAN}: apt install dataset-fashion-mnist"
         if os.environ.get("CI"):
             pytest.fail(f"CI must provide the real images: {why}", pytrace=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -87,6 +88,8 @@ def test_with_no_data_anywhere_the_line_names_every_way_out(tmp_path: Path, monk
 def test_the_model_follows_the_device_and_is_part_of_the_identity() -> None:
     cpu, gpu = config("fashion-mnist", "fl"), config("fashion-mnist", "fl", device="cuda")
     assert cpu.opts["model"] == "cnn" and gpu.opts["model"] == "resnet18" and cpu.run_id != gpu.run_id
+    auto = config("fashion-mnist", "fl", device="auto")      # settled here, before the options: no CUDA, a CPU
+    assert (auto.device, auto.opts["model"], auto.run_id) == ("cpu", "cnn", cpu.run_id)
     chosen = config("fashion-mnist", "fl", options={"model": "resnet18"})
     assert chosen.opts["model"] == "resnet18" and chosen.device == "cpu"
     data = TASK.load(TASK.options, None).subset(4)
@@ -121,3 +124,10 @@ def test_flctl_run_trains_on_real_images_and_learns(tmp_path: Path) -> None:
     assert runs["erm"]["metrics"]["test.accuracy"] > 0.5
     assert runs["fl"]["config"]["options"] == {"model": "cnn", "width": 0}
     assert np.isfinite(runs["fl"]["metrics"]["train.max_multiplier"])
+
+
+def test_device_options_must_set_declared_options() -> None:
+    with pytest.raises(ConfigError, match="device_options are keyed by cpu or cuda and set declared options"):
+        dataclasses.replace(TASK, device_options={"cuda": {"depth": 50}})
+    with pytest.raises(ConfigError, match="got 'mps'"):
+        dataclasses.replace(TASK, device_options={"mps": {"model": "cnn"}})

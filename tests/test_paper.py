@@ -181,3 +181,36 @@ def test_the_page_opens_from_disk_in_a_real_browser(world: dict, tmp_path: Path)
     assert errors == []
     assert requests == [index.as_uri()]
     assert (tmp_path / "bundle.png").stat().st_size > 10_000
+
+
+def test_a_stand_in_table_sits_beside_the_published_one_unjudged(tmp_path: Path) -> None:
+    """At the paper's scale, Table 1 on Fashion-MNIST shows the paper's CIFAR-10 numbers beside ours and marks none
+    of its cells, however far ours lie; CIFAR-10's own Table 1 marks the same numbers."""
+    from flctl.paper import plan_programme
+    from flctl.report.bundle import write_bundle
+
+    root = tmp_path / "results"
+    root.mkdir()
+    store = Store.open(f"sqlite:///{root / 'flctl.db'}")
+    items = [i for i in ITEMS if i.ref in ("table:1", "table:1-fashion-mnist")]
+    first = plan_programme(SPECS, items, scale="paper", device=None, data_dir=None, runs=[], check_data=False)
+    erm = [c for p in first.items for c in p.cells.values() if c.method == "erm" and c.seed == 0]
+    assert sorted(c.task for c in erm) == ["cifar10", "fashion-mnist"]
+    store.add_runs(erm)
+    metrics = {"train.avg_loss": 0.9, "train.accuracy": 0.5, "test.avg_loss": 0.9, "test.accuracy": 0.5}
+    for c in erm:
+        token = RunQueue(store).claim_run(c.run_id)
+        assert token is not None
+        RunQueue(store).finish_run(c.run_id, token, status="completed", epochs_done=c.epochs, duration_s=1.0,
+                                   diverged_at=None, lambda_capped=0, artifacts={}, metrics=metrics)
+    programme = plan_programme(SPECS, items, scale="paper", device=None, data_dir=None, runs=store.list_runs(),
+                               check_data=False)
+    store.close()
+    index = write_bundle(programme, root / "records", root / "paper", {})
+    by_ref = {i["ref"]: i for i in json.loads((root / "paper" / "paper.json").read_text())["items"]}
+    rows = {ref: next(r for r in by_ref[ref]["rows"] if r["label"] == "ERM") for ref in by_ref}
+    for row in rows.values():   # both show the paper's CIFAR-10 ERM row beside ours
+        assert row["paper"]["test.accuracy"]["value"] == 0.93 and row["ours"]["test.accuracy"]["mean"] == 0.5
+    assert rows["table:1"]["outside"] and rows["table:1-fashion-mnist"]["outside"] == []
+    page = index.read_text()
+    assert "paper, Table 1</th>" in page and "Table 1 on Fashion-MNIST" in page

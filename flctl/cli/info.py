@@ -28,7 +28,8 @@ def tasks(as_json: JSON_OPT = False) -> None:
 
     rows: list[dict[str, Any]] = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
              "defaults": dict(t.defaults), "method_defaults": {m: dict(d) for m, d in t.method_defaults.items()},
-             "options": dict(t.options), "source": task_source(t.name).provenance() | {"where": task_source(t.name).where()}}
+             "options": dict(t.options), "device_options": {d: dict(o) for d, o in t.device_options.items()},
+             "source": task_source(t.name).provenance() | {"where": task_source(t.name).where()}}
             for t in all_tasks().values()]
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -42,7 +43,9 @@ def tasks(as_json: JSON_OPT = False) -> None:
                       ", ".join(f"{k}={v}" for k, v in r["defaults"].items())
                       + "".join(f"; {m}: " + ", ".join(f"{k}={v}" for k, v in d.items())
                                 for m, d in r["method_defaults"].items()),
-                      ", ".join(f"{k}={v}" for k, v in r["options"].items()))
+                      ", ".join(f"{k}={v}" for k, v in r["options"].items())
+                      + "".join(f"; on {d}: " + ", ".join(f"{k}={v}" for k, v in o.items())
+                                for d, o in r["device_options"].items()))
     console.print(table)
     _problems()
 
