@@ -9,13 +9,11 @@ import contextlib
 import errno
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -26,25 +24,18 @@ from flctl.errors import ClaimLost
 from flctl.fs import DiskFull
 from flctl.layout import Layout
 from flctl.status import TRAINABLE, Status
-
-
-def git_revision() -> str | None:
-    """The revision of the flctl checkout, if it is one (recorded with each run)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+from flctl.versions import git_revision, library_versions
 
 
 def provenance(cfg: RunConfig) -> dict[str, Any]:
-    """Where the code that trains ``cfg`` comes from: its task's and its method's module, file, source hash and
-    package (flctl.plugins.Source), as each run records it."""
+    """What trains ``cfg`` besides its configuration, as each run records it: its task's and its method's module,
+    file, source hash and package (flctl.plugins.Source), the library versions (flctl.versions) and what its data
+    came from (flctl.tasks.describe_data)."""
     from flctl.method_info import method_source
-    from flctl.tasks import task_source
+    from flctl.tasks import describe_data, task_source
 
-    return {"task": task_source(cfg.task).provenance(), "method": method_source(cfg.method).provenance()}
+    return {"task": task_source(cfg.task).provenance(), "method": method_source(cfg.method).provenance(),
+            "libraries": library_versions(), "data": describe_data(cfg)}
 
 
 class _Heartbeat(threading.Thread):

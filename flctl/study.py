@@ -30,6 +30,17 @@ DEFAULT_OBJECTIVE = "train.avg_loss"
 OPTUNA_LOCK = SCHEMA_LOCK
 # A trial's parameters: every field a sweep may vary (flctl.config.FIELDS), so distinct runs are distinct trials.
 PARAM_FIELDS = AXIS_FIELDS
+# `--tune`'s TPESampler, every argument that moves its suggestions given here rather than left to Optuna's
+# defaults: Optuna 5.0 turned multivariate TPE and the constant liar on, so the same seeded `--tune` asked other
+# trials under Optuna 4 and 5. These are the values flctl's studies ran with under Optuna 4. The seeded random
+# start-up trials are then the same under both; the TPE trials after them still differ, because 5.0 rewrote the
+# Parzen estimator with no argument to restore 4's (tests/test_versions.py fixes both, by major version). The
+# arguments Optuna deprecated (consider_prior, prior_weight, consider_magic_clip, consider_endpoints) kept their
+# defaults and are not passed.
+TPE_SETTINGS: dict[str, Any] = dict(seed=0, n_startup_trials=10, n_ei_candidates=24, multivariate=False, group=False,
+                                    constant_liar=False)
+# The grid's sampler orders the grid only when it samples (flctl adds the cells as trials); seeded all the same.
+GRID_SEED = 0
 
 
 def check_objective(objective: str, direction: str) -> None:
@@ -85,7 +96,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = varying(configs) or {"seed": [configs[0].seed]}
     study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-{sweep_id}", load_if_exists=True,
-                                direction=_direction(direction), sampler=optuna.samplers.GridSampler(space))
+                                direction=_direction(direction), sampler=optuna.samplers.GridSampler(space, seed=GRID_SEED))
     study.set_user_attr("objective", objective)
     known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)}
     dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(v) for k, v in space.items()}
@@ -132,7 +143,7 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
     with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
         study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-{sweep_id}",
                                     load_if_exists=True, direction=_direction(direction),
-                                    sampler=optuna.samplers.TPESampler(seed=0))
+                                    sampler=optuna.samplers.TPESampler(**TPE_SETTINGS))
     study.set_user_attr("objective", objective)
     batch = _orphans(study, resolve_cell)
     while batch or sum(t.state.is_finished() for t in study.get_trials(deepcopy=False)) < n_trials:

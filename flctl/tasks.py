@@ -75,6 +75,9 @@ class Task:
     # prepare(model, dataset, options, precision) runs once the model is on the device, before training (and again on a
     # resume): for targets that depend on the initial model, e.g. DPO's reference log-ratios.
     prepare: Callable[..., None] | None = None
+    # data_source(options, data_dir) -> str: what the data came from, recorded with each run (flctl.tasks.describe_data):
+    # a package and its version, a folder and its files' hash. None: the data folder, or the task's own code.
+    data_source: Callable[..., str] | None = None
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
     eval_chunk: int = 4096
     # Cells of this task train together as one vmapped model (flctl.step.batched_step) rather than interleaved step
@@ -208,6 +211,15 @@ def all_tasks() -> dict[str, Task]:
         tasks[name] = task
         _SOURCES[name] = source
     return dict(sorted(tasks.items()))
+
+
+def describe_data(cfg: RunConfig) -> str:
+    """What ``cfg``'s data came from, as its run records it: the task's ``data_source``, else the data folder, else
+    the task's own code (generated or bundled data: the library versions the run records say which)."""
+    task = get_task(cfg.task)
+    if task.data_source is not None:
+        return task.data_source(cfg.opts, cfg.data_dir)
+    return f"folder {cfg.data_dir}" if cfg.data_dir else f"made by the task {cfg.task!r} (see the library versions)"
 
 
 def task_source(name: str) -> Source:

@@ -103,6 +103,12 @@ def train_together(
     if not can_train_together(cfgs):
         raise ValueError(f"these {len(cfgs)} cells cannot train together")
     device = torch.device(cfgs[0].device)
+    if device.type == "cuda":
+        # float32 on CUDA as torch has done since 1.12, set here so that a torch changing it cannot change a run's
+        # numbers unseen: convolutions in cuDNN's TF32, matmuls in full float32 (torch 2.9 began moving these
+        # switches to `fp32_precision`; the old names still set them).
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = False
 
     # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
     data = task.load(cfgs[0].opts, cfgs[0].data_dir)

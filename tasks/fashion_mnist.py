@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import os
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,6 +135,26 @@ def check(options: dict, data_dir: str | None) -> Path:
     return folder
 
 
+def data_source(options: dict, data_dir: str | None) -> str:
+    """What a run's images came from: Debian's package and its version, or the folder and a hash of its four files."""
+    folder = _find(data_dir)
+    if folder == DEBIAN:
+        try:
+            out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "dataset-fashion-mnist"], capture_output=True,
+                                 text=True, timeout=10)
+            version = out.stdout.strip() if out.returncode == 0 else "(version unknown)"
+        except (OSError, subprocess.TimeoutExpired):
+            version = "(version unknown)"
+        return f"Debian package dataset-fashion-mnist {version} ({DEBIAN})"
+    digest = hashlib.sha256()
+    for pair in FILES.values():
+        for name in pair:
+            path = _file(folder, name)
+            assert path is not None      # _find returned a complete folder
+            digest.update(path.read_bytes())
+    return f"folder {folder} (sha256 of the four files {digest.hexdigest()[:16]})"
+
+
 def load(options: dict, data_dir: str | None) -> Dataset:
     import torch
 
@@ -192,5 +214,6 @@ TASK = Task(
     augment=Augment(_draw, _apply),
     extras=extras,
     check=check,
+    data_source=data_source,
     smoke={"options": {"width": 4}},
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def test_plain_files_and_torchvisions_layout_read_the_same(tmp_path: Path) -> No
     for root in (_copy(tmp_path / "gz"), _copy(tmp_path / "tv" / "FashionMNIST" / "raw", unzip=True).parents[1]):
         data = TASK.load(TASK.options, str(root))
         assert torch.equal(data.train.x, base.train.x) and torch.equal(data.test.y, base.test.y)
+        assert re.fullmatch(r"folder \S+ \(sha256 of the four files [0-9a-f]{16}\)", fm.data_source({}, str(root)))
 
 
 @pytest.mark.parametrize("damage,needle", [
@@ -124,6 +126,10 @@ def test_flctl_run_trains_on_real_images_and_learns(tmp_path: Path) -> None:
     assert runs["erm"]["metrics"]["test.accuracy"] > 0.5
     assert runs["fl"]["config"]["options"] == {"model": "cnn", "width": 0}
     assert np.isfinite(runs["fl"]["metrics"]["train.max_multiplier"])
+    # what the images came from, recorded with the run: Debian's package and its version
+    shown = json.loads(in_process("show", runs["fl"]["id"], "--json", "--results-dir", results).stdout)
+    assert re.fullmatch(r"Debian package dataset-fashion-mnist \S+ \(/usr/share/datasets/fashion-mnist\)",
+                        shown["provenance"]["data"]), shown["provenance"]["data"]
 
 
 def test_device_options_must_set_declared_options() -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from flctl.cli import app
@@ -22,6 +23,7 @@ from flctl.db import Store
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report.groups_of_runs import distinct_texts
 from flctl.report.tables import build, render
+from flctl.versions import LIBRARIES
 from tests.test_report_tables import run as record
 
 runner = CliRunner()
@@ -107,7 +109,9 @@ def test_runs_csv_of_several_tasks(folder: Path, tmp_path: Path) -> None:
     fields = [name for name, f in FIELDS.items() if f.identity and name != "method"]
     options = [c for c in df.columns if c.startswith("options.")]
     metrics = [f"{s}.{m}" for s in SPLITS for m in SUMMARY_METRICS if f"{s}.{m}" in df.columns]
-    assert list(df.columns) == ["run", "task", "method", *fields, *options, *metrics]
+    versions = [f"versions.{v}" for v in (*LIBRARIES, "cuda", "python", "data")]     # what made each run
+    assert list(df.columns) == ["run", "task", "method", *fields, *options, *versions, *metrics]
+    assert (df["versions.torch"] == torch.__version__).all() and df["versions.data"].str.startswith("made by").all()
     assert "options.hidden" in options and "train.avg_loss" in metrics
     assert len(df) == 16 + 1 + 2 and set(df.task) == {"two-moons", "digits"} and df.run.is_unique
     for number in ("lr", "eps", "alpha", "dual_lr", "kp", "train.avg_loss"):

@@ -176,8 +176,8 @@ def _write(programme, specs: Path, items, root: Path, url: str, out: Path, runs)
     from flctl.paper import plan_programme
     from flctl.programme import SCALES
     from flctl.report.bundle import write_bundle
-    from flctl.runner import git_revision
     from flctl.text import redact
+    from flctl.versions import git_revision
 
     def version(name: str) -> str:
         try:

@@ -30,6 +30,7 @@ from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.report import FORMATS, TABLES
 from flctl.report.groups_of_runs import ConfigKey, group_by_config, hashable, number, row_labels, value_order
 from flctl.status import Status
+from flctl.versions import CHANGES_NUMBERS, LIBRARIES
 
 SUMMARY = SUMMARY_METRICS
 HIGHER_IS_BETTER = ("accuracy",)
@@ -132,8 +133,9 @@ def _runs_table(runs: list[RunRecord], columns: list[str],
     option does not read are empty), every task option, then the metric columns."""
     fields = [name for name, f in FIELDS.items() if f.identity and name != "method"]
     options = sorted({k for r in runs for k in (r.config.get("options") or {})})
-    table = Table("Runs", ["run", "task", "method", *fields, *(f"options.{k}" for k in options)], columns,
-                  per_run=True)
+    versions = [*LIBRARIES, "cuda", "python", "data"]
+    table = Table("Runs", ["run", "task", "method", *fields, *(f"options.{k}" for k in options),
+                           *(f"versions.{v}" for v in versions)], columns, per_run=True)
 
     def used(r: RunRecord) -> dict[str, Any]:
         # e.g. the nuPI gains of a gd run: checked, reset, never read
@@ -145,8 +147,9 @@ def _runs_table(runs: list[RunRecord], columns: list[str],
         cfg, opts = used(r), r.config.get("options") or {}
         order = (r.task, method_info(r.method).order, tuple(value_order(hashable(cfg.get(f))) for f in fields if f != "seed"),
                  r.seed, r.id)
+        made = {**_libraries(r), "data": (r.provenance or {}).get("data")}
         rows.append((order, [r.id, r.task, r.method, *(_run_value(cfg.get(f)) for f in fields),
-                             *(_run_value(opts.get(k)) for k in options)],
+                             *(_run_value(opts.get(k)) for k in options), *(_run_value(made.get(v)) for v in versions)],
                      [Cell(value(r, c), None, 1) for c in columns]))
     table.rows = [(keys, cells) for _, keys, cells in sorted(rows, key=lambda row: row[0])]
     return table
@@ -213,8 +216,9 @@ def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None
 
 def mixed_code_notes(runs: Sequence[RunRecord]) -> list[str]:
     """A note for each configuration (a table's row) whose runs were trained by different code of its task or
-    method: the source hashes each run records (RunRecord.provenance), so that a task file edited between seeds
-    does not pass unseen."""
+    method (the source hashes each run records, RunRecord.provenance), so that a task file edited between seeds
+    does not pass unseen; and for each whose runs were trained under different versions of a library that changes
+    numbers (flctl.versions.CHANGES_NUMBERS), so that a year-old seed beside a new one does not either."""
     groups = group_by_config(runs)
     _, labels = row_labels(list(groups))
     notes = []
@@ -226,7 +230,18 @@ def mixed_code_notes(runs: Sequence[RunRecord]) -> list[str]:
                 short = ", ".join(sorted(h[:10] for h in hashes))
                 notes.append(f"‡ {' · '.join(label)}: its runs came from {len(hashes)} versions of the {what}'s code "
                              f"({short}); see `flctl show RUN --json` (provenance)")
+        for lib in CHANGES_NUMBERS:
+            seen = {v for r in group if (v := _libraries(r).get(lib))}
+            if len(seen) > 1:
+                notes.append(f"‡ {' · '.join(label)}: its runs were trained under {len(seen)} versions of {lib} "
+                             f"({', '.join(sorted(seen))}), which alone can move their numbers; see "
+                             "`flctl report --table runs` (versions.*)")
     return notes
+
+
+def _libraries(run: RunRecord) -> dict[str, Any]:
+    """The library versions a run recorded (flctl.versions); {} for runs recorded before they were."""
+    return (run.provenance or {}).get("libraries") or {}
 
 
 def _varying_keys(table: Table) -> Table:

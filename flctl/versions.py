@@ -1,0 +1,53 @@
+"""What made a run besides its configuration: the versions of flctl and of the libraries that make its numbers.
+
+Each run records them in its provenance (`flctl show RUN --json`: ``provenance.libraries`` and ``provenance.data``),
+`flctl report --table runs` shows them (``versions.*`` columns; the terminal view keeps the ones that vary), and a
+table row whose runs were trained under several versions of a library in CHANGES_NUMBERS says so in a note. Reading
+them takes milliseconds: installed distributions' metadata, not imports (torch is already imported where a run trains).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+# flctl and the distributions whose versions can change what a run computes or asks: kernels and their defaults
+# (torch), random streams and numerics (numpy, scipy), bundled and generated data sets (scikit-learn), the polyfit
+# solver (cvxpy), `--tune`'s suggestions (optuna), the records' encoding (pyarrow).
+LIBRARIES = ("flctl", "torch", "numpy", "scipy", "scikit-learn", "cvxpy", "optuna", "pyarrow")
+# Those whose difference alone can move a run's numbers: a table row over runs that differ in one of them says so.
+CHANGES_NUMBERS = ("torch", "cuda", "numpy", "scipy", "scikit-learn", "cvxpy")
+
+
+def git_revision() -> str | None:
+    """The revision of the flctl checkout, if it is one (recorded with each run)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """LIBRARIES' installed versions, with Python's, the CUDA torch was built for (None: a CPU build) and flctl's
+    commit when it runs from a checkout."""
+    found: dict[str, str | None] = {name: _version(name) for name in LIBRARIES}
+    torch = sys.modules.get("torch")
+    if torch is not None:      # torch's own string keeps the build (2.14.1+cu130, +cpu): other wheels, other kernels
+        found["torch"], found["cuda"] = torch.__version__, torch.version.cuda
+    else:
+        found["cuda"] = None
+    found["python"] = platform.python_version()
+    found["flctl_commit"] = git_revision()
+    return found
