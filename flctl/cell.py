@@ -46,6 +46,12 @@ class RunResult:
     trained_with: dict[str, Any] = field(default_factory=dict)
 
 
+# torch's defaults for the arguments no run field sets, given rather than inherited: a torch that changed one would
+# change every run's numbers unseen (flctl.versions records the torch a run had).
+SGD_FIXED: dict[str, Any] = dict(dampening=0.0, nesterov=False)
+ADAMW_FIXED: dict[str, Any] = dict(betas=(0.9, 0.999), eps=1e-8, amsgrad=False)
+
+
 def build_optimizer(cfg: RunConfig, params, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
     """The primal optimizer. On the CPU: foreach kernels (one multi-tensor kernel per update instead of a Python loop
     over parameters; bitwise equal, and 5 % faster on two-moons), learning rate a Python float. On CUDA: the fused
@@ -54,12 +60,13 @@ def build_optimizer(cfg: RunConfig, params, device: torch.device | str = "cpu") 
     if torch.device(device).type == "cuda":
         lr: Any = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
         if cfg.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=True)
-        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=True)
+            return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=True,
+                                   **SGD_FIXED)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=True, **ADAMW_FIXED)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                               foreach=True)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+                               foreach=True, **SGD_FIXED)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True, **ADAMW_FIXED)
 
 
 def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
