@@ -8,6 +8,7 @@ them takes milliseconds: installed distributions' metadata, not imports (torch i
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
 import subprocess
@@ -39,15 +40,18 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+@functools.cache     # once per process: a sweep worker records them with each of its cells
+def _installed() -> dict[str, str | None]:
+    return {**{name: _version(name) for name in LIBRARIES}, "python": platform.python_version(),
+            "flctl_commit": git_revision()}
+
+
 def library_versions() -> dict[str, str | None]:
     """LIBRARIES' installed versions, with Python's, the CUDA torch was built for (None: a CPU build) and flctl's
-    commit when it runs from a checkout."""
-    found: dict[str, str | None] = {name: _version(name) for name in LIBRARIES}
+    commit when it runs from a checkout (the code this process loaded)."""
+    found = dict(_installed())
     torch = sys.modules.get("torch")
     if torch is not None:      # torch's own string keeps the build (2.14.1+cu130, +cpu): other wheels, other kernels
-        found["torch"], found["cuda"] = torch.__version__, torch.version.cuda
-    else:
-        found["cuda"] = None
-    found["python"] = platform.python_version()
-    found["flctl_commit"] = git_revision()
+        found["torch"] = torch.__version__
+    found["cuda"] = torch.version.cuda if torch is not None else None
     return found
