@@ -231,10 +231,15 @@ def _distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
+# flctl's own top-level packages (pyproject's packages): their distribution is known, without reading every installed
+# distribution's file list, which costs each process that trains ~0.2 s.
+OWN_PACKAGES = ("flctl", "flctl_tasks")
+
+
 def _distribution(module_name: str) -> tuple[str | None, str | None]:
     """The installed distribution that provides a module's top-level package, and its version."""
     top = module_name.split(".")[0]
-    names = _distributions().get(top) or []
+    names = ["flctl"] if top in OWN_PACKAGES else _distributions().get(top) or []
     for name in names:
         try:
             return name, importlib.metadata.version(name)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from flctl.errors import ConfigError
@@ -95,6 +94,9 @@ def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = N
         files = [str(p) for r in run_ids for p in sorted(records_of(root, r).glob("epoch=*.parquet"))]
         if not files:
             return SCHEMA.empty_table()
+    # Here, not at the top: pyarrow.dataset imports pandas, and a run that only writes records need not.
+    import pyarrow.dataset as ds
+
     flt = None
     for col, val in (("split", split), ("epoch", epoch)):
         if val is not None:
@@ -107,6 +109,8 @@ def table(source: Sequence[str] | Path, columns: Sequence[str] | None = None, fi
     """Record files (a list, or every one under a folder) read as one table, only ``columns`` and rows passing
     ``filter``. A file there that is not a record file of ours (not Parquet, another schema: planted, or copied in
     by mistake) is ConfigError naming it, not an Arrow traceback."""
+    import pyarrow.dataset as ds
+
     try:
         data = ds.dataset(source if isinstance(source, Path) else list(source), format="parquet", schema=SCHEMA,
                           partitioning=None)

@@ -212,10 +212,14 @@ def _wait(configs: list[RunConfig], fetch: Callable[[list[str]], dict[str, dict]
     """The rows of ``configs`` once every one is finished. While some are still to do, ``revive`` is asked to make
     sure a worker is alive to take them: a wait on a cell that no worker will ever claim never ends."""
     ids = [c.run_id for c in configs]
+    # From 20 ms up to poll_s: a trial of a few seconds is told when it ends, not up to poll_s later (a flat 0.5 s poll
+    # was most of a short trial's time), and a long one still costs one query per poll_s.
+    delay = min(0.02, poll_s)
     while True:
         rows = fetch(ids)
         if all(rows[i]["status"] in TERMINAL for i in ids):
             return rows
         if revive is not None and any(rows[i]["status"] in TO_DO for i in ids):
             revive([c for c in configs if rows[c.run_id]["status"] in TO_DO])
-        time.sleep(poll_s)
+        time.sleep(delay)
+        delay = min(poll_s, delay * 1.5)

@@ -234,3 +234,15 @@ def test_new_task_writes_a_task_and_a_test_that_pass_at_once(tmp_path: Path) -> 
         bad = flctl("new-task", *args, "--dir", str(tmp_path), code=2)
         assert says in bad.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_flctls_own_packages_are_named_once_and_belong_to_flctl() -> None:
+    # plugins.OWN_PACKAGES skips the scan of every installed distribution for flctl's own modules: it must say what
+    # the scan would, and name every top-level package pyproject installs.
+    import importlib.metadata
+    import tomllib
+
+    packages = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert sorted({p.split(".")[0] for p in packages}) == sorted(plugins.OWN_PACKAGES)
+    scanned = importlib.metadata.packages_distributions()
+    assert all(scanned[top] and set(scanned[top]) == {"flctl"} for top in plugins.OWN_PACKAGES)

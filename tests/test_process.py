@@ -114,7 +114,7 @@ def test_planning_a_sweep_imports_no_torch(task: str) -> None:
 
 
 def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_records(tmp_path: Path) -> None:
-    args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "600", "--eval-every", "50",
+    args = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "300", "--eval-every", "25",
             "--checkpoint-every", "3600")          # by time: never; the checkpoints are the eval epochs' and the stop's
     whole = cli(tmp_path / "a", *args)
     assert whole.returncode == 0, whole.stderr
@@ -126,7 +126,7 @@ def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_r
                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(list((stopped / "records").glob("run_id=*/epoch=*.parquet"))) < 3:
-            time.sleep(0.005)
+            time.sleep(0.02)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == code, (sig, out)

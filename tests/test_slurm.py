@@ -183,7 +183,7 @@ def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, lef
 
 
 def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) -> None:
-    epochs, every = 3000, 50
+    epochs, every = 1000, 50
     args = ("sweep", "two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs),
             "--eval-every", str(every), "--executor", "slurm")
     first = flctl(tmp_path, *args)
@@ -289,7 +289,7 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
 
 
 def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Path, leftovers) -> None:
-    epochs, every = 3000, 50
+    epochs, every = 1000, 50
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every))
     args = ("sweep", *cell, "--seed", "0,1,2", "--executor", "slurm", "--workers", "2", "--checkpoint-every", "0.5")
     first = flctl(tmp_path, *args)

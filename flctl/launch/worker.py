@@ -130,9 +130,12 @@ class Worker(submitit.helpers.Checkpointable):
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
         """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
-        deadline = time.monotonic() + self.linger_s
+        deadline, delay = time.monotonic() + self.linger_s, 0.02
         while time.monotonic() < deadline and not stop.is_set():
-            time.sleep(_LINGER_POLL_S)
+            # The next trial comes a tell and an ask after this cell's end: look often at first, then every
+            # _LINGER_POLL_S (each look is a claim transaction).
+            time.sleep(delay)
+            delay = min(_LINGER_POLL_S, delay * 1.5)
             if claimed := self._claim(store, job_id, git_sha):
                 return claimed
         return []
