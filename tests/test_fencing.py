@@ -113,7 +113,7 @@ def test_rerun_of_a_run_that_is_training_leaves_it_alone(tmp_path: Path) -> None
     try:
         wait_until(lambda: len(epoch_files(results)) >= 3, "the live run's first records", timeout=120,
                    interval=0.05)
-        rerun = flctl(results, *RUN, "--epochs", "300", "--rerun")
+        rerun = in_process(*RUN, "--epochs", "300", "--rerun", "--results-dir", str(results))
         assert rerun.returncode == 2, rerun.stdout + rerun.stderr
         assert "is being trained by" in rerun.stderr and "--rerun leaves a live run alone" in rerun.stderr
         out, err = live.communicate(timeout=300)

@@ -150,27 +150,29 @@ def assert_complete_records(results: Path, run_id: str, epochs: int, every: int)
 # ---- tests ----
 
 def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, leftovers) -> None:
-    args = ("sweep", "two-moons", "--method", "fl,rfl", "--alpha", "1e-2..1", "--seeds", "2", "--epochs", "5",
-            "--executor", "slurm", "--workers", "4")
+    # 4 cells, 2 pull workers: each worker takes more than one cell (the node has 2 CPUs, so more workers would only
+    # wait for one and import torch again).
+    args = ("sweep", "two-moons", "--method", "fl,rfl", "--alpha", "1e-2..1", "--seeds", "1", "--epochs", "5",
+            "--executor", "slurm", "--workers", "2")
     first = flctl(tmp_path, *args)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "8 cells, 8 new" in first.stdout and "4 worker job(s) through slurm" in first.stdout, first.stdout
+    assert "4 cells, 4 new" in first.stdout and "2 worker job(s) through slurm" in first.stdout, first.stdout
     array = submitted_job(first.stdout)
     leftovers["jobs"].append(array)
     [sid] = [p.name for p in (tmp_path / "jobs").iterdir()]
 
-    wait_until(lambda: statuses(tmp_path)["completed"] == 8, "8 completed cells", logs=tmp_path / "jobs")
+    wait_until(lambda: statuses(tmp_path)["completed"] == 4, "4 completed cells", logs=tmp_path / "jobs")
     done = ledger(tmp_path)
-    assert done["total"]["completed"] == 8, done
-    assert done["methods"]["fl"]["completed"] == 2 and done["methods"]["rfl"]["completed"] == 6
+    assert done["total"]["completed"] == 4, done
+    assert done["methods"]["fl"]["completed"] == 1 and done["methods"]["rfl"]["completed"] == 3
     assert done["total"]["failed"] == 0 and done["total"]["stale"] == 0
 
-    # One array of 4 pull workers sharing the 8 cells, each run recorded with the array task that trained it.
+    # One array of 2 pull workers sharing the 4 cells, each run recorded with the array task that trained it.
     runs = json.loads(flctl(tmp_path, "runs", "--json").stdout)
-    assert len(runs) == 8 and all(r["status"] == "completed" and r["attempts"] == 1 for r in runs)
-    tasks = {f"{array}_{i}" for i in range(4)}
+    assert len(runs) == 4 and all(r["status"] == "completed" and r["attempts"] == 1 for r in runs)
+    tasks = {f"{array}_{i}" for i in range(2)}
     assert {r["job_id"] for r in runs} <= tasks, [r["job_id"] for r in runs]
-    rows = wait_until(lambda: (lambda r: r if len(r) == 4 and all(s == "COMPLETED" for _, s in r) else None)(
+    rows = wait_until(lambda: (lambda r: r if len(r) == 2 and all(s == "COMPLETED" for _, s in r) else None)(
         sacct(array)), f"sacct to show array {array} completed")
     assert {j for j, _ in rows} == tasks
     assert sorted(p.name for p in (tmp_path / "jobs" / sid).glob(f"{array}_*_result.pkl")) == \
@@ -178,7 +180,7 @@ def test_sweep_runs_as_a_job_array_and_rerun_submits_nothing(tmp_path: Path, lef
 
     again = flctl(tmp_path, *args)
     assert again.returncode == 0, again.stderr
-    assert "0 new, 8 completed" in again.stdout and "0 to do" in again.stdout, again.stdout
+    assert "0 new, 4 completed" in again.stdout and "0 to do" in again.stdout, again.stdout
     assert "through slurm" not in again.stdout
 
 

@@ -132,7 +132,7 @@ def test_killed_worker_cell_is_finished_by_the_survivor_with_identical_records(t
     wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the survivor to finish all three cells")
     run = store.get_run(victim.id)
     assert run.status == "completed" and run.attempts == 2 and run.pid != victim.pid
-    reference = flctl(tmp_path / "ref", "run", *cell, "--seed", str(victim.seed))
+    reference = in_process("run", *cell, "--seed", str(victim.seed), "--results-dir", str(tmp_path / "ref"))
     assert reference.returncode == 0, reference.stderr
     assert len(records.read(results / "records", [victim.id])) == 40 * 2 * 1000
     assert same_records(tmp_path / "ref", results, victim.id)                 # no lost, no duplicated rows
