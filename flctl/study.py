@@ -19,6 +19,7 @@ from flctl.config import AXIS_FIELDS, RunConfig
 from flctl.db import SCHEMA_LOCK, normalize_url
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
+from flctl.procs import poll_delays
 from flctl.status import REPORTABLE, TERMINAL, TO_DO, Status
 
 # The metric a sweep's study records when its spec and command line name none.
@@ -211,15 +212,11 @@ def _wait(configs: list[RunConfig], fetch: Callable[[list[str]], dict[str, dict]
           revive: Callable[[list[RunConfig]], None] | None, poll_s: float) -> dict[str, dict]:
     """The rows of ``configs`` once every one is finished. While some are still to do, ``revive`` is asked to make
     sure a worker is alive to take them: a wait on a cell that no worker will ever claim never ends."""
-    ids = [c.run_id for c in configs]
-    # From 20 ms up to poll_s: a trial of a few seconds is told when it ends, not up to poll_s later (a flat 0.5 s poll
-    # was most of a short trial's time), and a long one still costs one query per poll_s.
-    delay = min(0.02, poll_s)
+    ids, delays = [c.run_id for c in configs], poll_delays(poll_s)     # a short trial is told as it ends
     while True:
         rows = fetch(ids)
         if all(rows[i]["status"] in TERMINAL for i in ids):
             return rows
         if revive is not None and any(rows[i]["status"] in TO_DO for i in ids):
             revive([c for c in configs if rows[c.run_id]["status"] in TO_DO])
-        time.sleep(delay)
-        delay = min(poll_s, delay * 1.5)
+        time.sleep(next(delays))

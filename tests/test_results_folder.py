@@ -8,6 +8,7 @@ stand-in for os.kill in this process; the other cases use real processes and rea
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from typer.testing import CliRunner
 from flctl.cli import app
 from flctl.db import Store
 from flctl.launch.cancel import cancel
-from flctl.procs import process
+from flctl.procs import poll_delays, process
 from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -324,3 +325,9 @@ def test_a_foreign_sqlite_database_is_never_modified(tmp_path: Path) -> None:
         assert res.exit_code == 2 and len(lines) == 1 and "not an flctl database" in lines[0], res.output
         assert foreign.read_bytes() == before, args
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith("notes")] == ["notes.db"], args
+
+
+def test_a_wait_looks_often_at_first_then_every_interval() -> None:
+    delays = list(itertools.islice(poll_delays(0.2), 8))
+    assert delays == pytest.approx([0.02, 0.03, 0.045, 0.0675, 0.10125, 0.151875, 0.2, 0.2])
+    assert next(poll_delays(0.01)) == 0.01                  # never longer than the interval asked for

@@ -24,6 +24,7 @@ from flctl.cli.info import JSON_OPT
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
+from flctl.procs import poll_delays
 from flctl.status import LEDGER_COLUMNS, TO_DO, Status, ledger, settled
 
 
@@ -42,16 +43,16 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
     only the last ledger (a file gets the result, not every redraw, and ends with a newline)."""
     from rich.live import Live
 
-    data = ledger(store, sid)
+    data, delays = ledger(store, sid), poll_delays(interval)     # a sweep of short cells returns when it is done
     if not console.is_terminal:
         while not (until_done and settled(data)):
-            time.sleep(interval)
+            time.sleep(next(delays))
             data = ledger(store, sid)
         console.print(_ledger_table(data))
         return data
     with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
         while not (until_done and settled(data)):
-            time.sleep(interval)
+            time.sleep(next(delays))
             data = ledger(store, sid)
             live.update(_ledger_table(data))
     return data

@@ -26,6 +26,7 @@ from flctl.launch.jobs import registered
 from flctl.launch.settings import LaunchSettings, Slot
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
+from flctl.procs import poll_delays
 from flctl.runner import git_revision, stop_on_signals, train_claimed
 
 _LINGER_POLL_S = 0.2
@@ -130,12 +131,11 @@ class Worker(submitit.helpers.Checkpointable):
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
         """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
-        deadline, delay = time.monotonic() + self.linger_s, 0.02
-        while time.monotonic() < deadline and not stop.is_set():
-            # The next trial comes a tell and an ask after this cell's end: look often at first, then every
-            # _LINGER_POLL_S (each look is a claim transaction).
+        deadline = time.monotonic() + self.linger_s
+        for delay in poll_delays(_LINGER_POLL_S):   # the next trial comes a tell and an ask after this cell's end
+            if time.monotonic() >= deadline or stop.is_set():
+                break
             time.sleep(delay)
-            delay = min(_LINGER_POLL_S, delay * 1.5)
             if claimed := self._claim(store, job_id, git_sha):
                 return claimed
         return []
