@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,12 +96,3 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True
 
-
-def poll_delays(most: float, first: float = 0.02) -> Iterator[float]:
-    """The sleeps of a loop that waits on other processes: ``first`` and then half as long again each time, up to
-    ``most``. What is waited on is often done within a moment (a --tune trial of a few epochs, the next trial's cell);
-    a flat ``most`` was then most of the wait, and a long wait still costs one look (a query) per ``most``."""
-    delay = min(first, most)
-    while True:
-        yield delay
-        delay = min(most, delay * 1.5)

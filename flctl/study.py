@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -19,7 +19,6 @@ from flctl.config import AXIS_FIELDS, RunConfig
 from flctl.db import SCHEMA_LOCK, normalize_url
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
-from flctl.procs import poll_delays
 from flctl.status import REPORTABLE, TERMINAL, TO_DO, Status
 
 # The metric a sweep's study records when its spec and command line name none.
@@ -206,6 +205,16 @@ def _orphans(study, resolve_cell: Callable) -> list[tuple[int, RunConfig]]:
         else:
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
     return batch
+
+
+def poll_delays(most: float, first: float = 0.02) -> Iterator[float]:
+    """The sleeps of a loop that waits on other processes: ``first`` and then half as long again each time, up to
+    ``most``. What is waited on is often done within a moment (a --tune trial of a few epochs, the next trial's cell);
+    a flat ``most`` was then most of the wait, and a long wait still costs one look (a query) per ``most``."""
+    delay = min(first, most)
+    while True:
+        yield delay
+        delay = min(most, delay * 1.5)
 
 
 def _wait(configs: list[RunConfig], fetch: Callable[[list[str]], dict[str, dict]],

@@ -44,11 +44,24 @@ LONG_FIRST = ("test_readme_commands.py", "test_slurm.py", "test_sweep_launch.py"
               "test_concurrency.py", "test_results_folder.py")
 
 
+def _module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture of its own module (a results folder trained once, a package
+    installed once)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs[-1].scope == "module" and Path(defs[-1].baseid or ".").name == item.path.name
+                                    for defs in info.name2fixturedefs.values() if defs)
+
+
+@pytest.hookimpl(tryfirst=True)    # before xdist's own, which reads the groups into the test ids on each worker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under xdist's --dist loadgroup (pyproject's addopts) tests sharing a resource run on one worker: the Slurm
     # cluster has one node of 2 CPUs, and two tests' job arrays on it would wait on each other past their timeouts.
+    # The tests of a module-scoped fixture too: each worker that runs one of them builds the fixture again (the
+    # populated folders of test_results_folder and test_bad_input are flctl processes; test_plugins' is pip).
     for item in items:
         if item.path.name == "test_slurm.py":
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif _module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(f"fixture:{item.path.name}"))
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest keep their order

@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 from flctl.cli import app
 from flctl.db import Store
 from flctl.launch.cancel import cancel
-from flctl.procs import poll_delays, process
+from flctl.procs import process
+from flctl.study import poll_delays
 from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -223,7 +224,10 @@ def test_cancel_right_after_sweep_returns_stops_the_sweep(tmp_path: Path, leftov
     res = invoke(results, "cancel", sid, "--json")
     assert res.exit_code == 0, res.output
     outcome = json.loads(res.stdout)
-    assert len(outcome["stopped"]) == 2, outcome                  # the two job processes, found through their jobs
+    # the two job processes, found through their jobs (seen once in CI to find one: the launch's record is in the
+    # message if it happens again)
+    assert len(outcome["stopped"]) == 2, (outcome, out.stdout,
+                                          (results / "jobs" / sid / "submitted.json").read_text(errors="replace"))
     assert not sweep_processes(results)
     statuses = [r.status for r in Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True).list_runs()]
     assert sorted(statuses) == ["queued", "queued"], statuses
@@ -331,3 +335,10 @@ def test_a_wait_looks_often_at_first_then_every_interval() -> None:
     delays = list(itertools.islice(poll_delays(0.2), 8))
     assert delays == pytest.approx([0.02, 0.03, 0.045, 0.0675, 0.10125, 0.151875, 0.2, 0.2])
     assert next(poll_delays(0.01)) == 0.01                  # never longer than the interval asked for
+
+
+def test_the_tests_of_a_module_fixture_share_one_worker(populated: Path, request: pytest.FixtureRequest) -> None:
+    # conftest groups them for xdist so that the folder is built once; pytest 9.2 silently undid such groups (and the
+    # Slurm tests'), so this checks that the group reached xdist.
+    if os.environ.get("PYTEST_XDIST_WORKER") and request.config.getvalue("loadgroup"):
+        assert request.node.nodeid.endswith("@fixture:test_results_folder.py"), request.node.nodeid

@@ -291,7 +291,9 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
 
 
 def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Path, leftovers) -> None:
-    epochs, every = 1000, 50
+    # 3000 epochs: with 1000 a worker that started a few seconds ahead finished its first cell and took the third
+    # before the other reached its third record, and the cell handed back had too few records to tell a resume.
+    epochs, every = 3000, 50
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every))
     args = ("sweep", *cell, "--seed", "0,1,2", "--executor", "slurm", "--workers", "2", "--checkpoint-every", "0.5")
     first = flctl(tmp_path, *args)

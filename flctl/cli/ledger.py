@@ -24,7 +24,6 @@ from flctl.cli.info import JSON_OPT
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
-from flctl.procs import poll_delays
 from flctl.status import LEDGER_COLUMNS, TO_DO, Status, ledger, settled
 
 
@@ -42,6 +41,8 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever; piped or redirected, print
     only the last ledger (a file gets the result, not every redraw, and ends with a newline)."""
     from rich.live import Live
+
+    from flctl.study import poll_delays
 
     data, delays = ledger(store, sid), poll_delays(interval)     # a sweep of short cells returns when it is done
     if not console.is_terminal:

@@ -26,8 +26,8 @@ from flctl.launch.jobs import registered
 from flctl.launch.settings import LaunchSettings, Slot
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
-from flctl.procs import poll_delays
 from flctl.runner import git_revision, stop_on_signals, train_claimed
+from flctl.study import poll_delays, sync_sweep
 
 _LINGER_POLL_S = 0.2
 
@@ -160,8 +160,6 @@ class Worker(submitit.helpers.Checkpointable):
 def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
     """The sweep's finished cells into its Optuna study (flctl.study.sync_sweep: one sync at a time per database).
     A failed sync is not the worker's failure."""
-    from flctl.study import sync_sweep
-
     try:
         sync_sweep(store, url, sweep_id)
     except Exception as exc:
