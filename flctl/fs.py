@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # No room for the bytes: the device or the user's quota is full, or the file outgrew a size limit (the file
@@ -26,6 +27,24 @@ def is_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
 
 
+# Called just before an atomic_path renames its file into place (see ``guarded``).
+_BEFORE_REPLACE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("before_replace",
+                                                                                            default=None)
+
+
+@contextlib.contextmanager
+def guarded(check: Callable[[], None]) -> Iterator[None]:
+    """Within the block, each ``atomic_path`` of this thread calls ``check`` after its file is written and just
+    before the rename; ``check`` raising leaves ``path`` as it was. A worker's claim check (flctl.train.Writer) sits
+    there rather than before the write: a worker frozen between its check and the rename is the one stale write
+    that can still land, and that window is a rename long, not a whole file's write."""
+    token = _BEFORE_REPLACE.set(check)
+    try:
+        yield
+    finally:
+        _BEFORE_REPLACE.reset(token)
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """A temporary path next to ``path`` to write to. When the block ends normally the file replaces ``path``
@@ -38,6 +57,8 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
+        if (check := _BEFORE_REPLACE.get()) is not None:
+            check()
         os.replace(tmp, path)
     except OSError as exc:
         if is_full(exc) and not isinstance(exc, DiskFull):
