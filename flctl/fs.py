@@ -37,12 +37,21 @@ def guarded(check: Callable[[], None]) -> Iterator[None]:
     """Within the block, each ``atomic_path`` of this thread calls ``check`` after its file is written and just
     before the rename; ``check`` raising leaves ``path`` as it was. A worker's claim check (flctl.train.Writer) sits
     there rather than before the write: a worker frozen between its check and the rename is the one stale write
-    that can still land, and that window is a rename long, not a whole file's write."""
-    token = _BEFORE_REPLACE.set(check)
+    that can still land, and that window is a rename long, not a whole file's write. A block that renamed no file
+    through ``atomic_path`` was not guarded at all: RuntimeError, a bug in the caller, not a failed check."""
+    checked: list[bool] = []
+
+    def counted() -> None:
+        checked.append(True)
+        check()
+
+    token = _BEFORE_REPLACE.set(counted)
     try:
         yield
     finally:
         _BEFORE_REPLACE.reset(token)
+    if not checked:
+        raise RuntimeError("a guarded write did not go through flctl.fs.atomic_path: nothing checked it")
 
 
 @contextlib.contextmanager

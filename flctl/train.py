@@ -35,6 +35,7 @@ from flctl import records
 from flctl.cell import Cell, RunResult, atomic_save, trainable_state
 from flctl.config import RunConfig
 from flctl.data import Dataset, epoch_order
+from flctl.errors import ClaimLost
 from flctl.fs import atomic_path, guarded
 from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
@@ -288,9 +289,8 @@ class Writer:
     the records of its epoch), so the loop does not wait for the disk. Leaving its ``with`` block waits for everything
     and re-raises a write's error; at most one checkpoint is pending at a time, which bounds the memory of
     snapshots. A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
-    identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) after its
-    file is written and just before the file is renamed into place (flctl.fs.guarded): the last moment before the
-    file lands, however long the write waited in the queue or took."""
+    identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) just before
+    its written file is renamed into place (flctl.fs.guarded), however long it waited in the queue or took."""
 
     def __init__(self, fence: Callable[[str], bool] | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -303,20 +303,12 @@ class Writer:
     def _fenced(self, run_id: str, fn: Callable, *args: Any) -> Any:
         if self._fence is None:
             return fn(*args)
-        fence, checked = self._fence, []
+        with guarded(lambda: self._still_held(run_id)):
+            return fn(*args)
 
-        def check() -> None:
-            checked.append(True)
-            if not fence(run_id):
-                from flctl.errors import ClaimLost
-
-                raise ClaimLost(f"run {run_id}: another worker holds it now; this write was dropped")
-
-        with guarded(check):
-            out = fn(*args)
-        if not checked:       # a write that bypassed atomic_path was never fenced: a bug here, not a lost claim
-            raise RuntimeError(f"{getattr(fn, '__name__', fn)} wrote without flctl.fs.atomic_path: unfenced")
-        return out
+    def _still_held(self, run_id: str) -> None:
+        if self._fence is not None and not self._fence(run_id):
+            raise ClaimLost(f"run {run_id}: another worker holds it now; this write was dropped")
 
     def submit(self, run_id: str, fn: Callable, *args: Any) -> None:
         self._pending.append(self._pool.submit(self._fenced, run_id, fn, *args))

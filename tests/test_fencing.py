@@ -91,7 +91,7 @@ def test_a_claim_lost_while_its_file_was_written_keeps_the_file_out(tmp_path: Pa
     with pytest.raises(ClaimLost), Writer(fence=lambda run_id: holds[0]) as writer:
         writer.submit("r1", write_while_taken_over, tmp_path / "epoch.json")
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(RuntimeError, match="unfenced"), Writer(fence=lambda run_id: True) as writer:
+    with pytest.raises(RuntimeError, match="did not go through flctl.fs.atomic_path"), Writer(fence=lambda run_id: True) as writer:
         writer.submit("r1", Path.write_text, tmp_path / "raw.txt", "bypasses atomic_path")
 
 
