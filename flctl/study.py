@@ -90,13 +90,25 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
     """Add the sweep's newly finished cells to its study; returns how many trials were added. Only under
     OPTUNA_LOCK (sync_sweep): the check for a cell's trial and its addition are one critical section."""
     import optuna
-    from optuna.distributions import BaseDistribution, CategoricalDistribution
-    from optuna.trial import TrialState, create_trial
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = varying(configs) or {"seed": [configs[0].seed]}
-    study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-{sweep_id}", load_if_exists=True,
-                                direction=_direction(direction), sampler=optuna.samplers.GridSampler(space, seed=GRID_SEED))
+    # Its own engine, disposed at the end: a worker of the debug executor syncs inside a process that lives on (the
+    # Python API, `flctl sweep --executor debug`), and a connection left open there keeps SQLite's -wal file.
+    storage = optuna.storages.RDBStorage(normalize_url(url))
+    try:
+        study = optuna.create_study(storage=storage, study_name=f"flctl-{sweep_id}", load_if_exists=True,
+                                    direction=_direction(direction),
+                                    sampler=optuna.samplers.GridSampler(space, seed=GRID_SEED))
+        return _add_trials(study, configs, runs, space, objective)
+    finally:
+        storage.engine.dispose()
+
+
+def _add_trials(study, configs: list[RunConfig], runs: dict[str, dict], space: dict[str, list], objective: str) -> int:
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
     study.set_user_attr("objective", objective)
     known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)}
     dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(v) for k, v in space.items()}

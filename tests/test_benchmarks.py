@@ -1,16 +1,17 @@
 """Every benchmark script still runs against today's flctl, at sizes that measure nothing: a refactor that moves
 what a benchmark calls (a store method's signature, a step function's home) fails here, not on the next GPU lease.
-The numbers come from the scripts run at full size (benchmarks/README.md); nothing here is timed."""
+The numbers come from the scripts run at full size (benchmarks/README.md); nothing here is timed. Each script runs
+as its own process, forked warm (tests/warm.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import warm
 from tests.fixtures import real_fashion_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +43,7 @@ def test_the_benchmark_runs(script: str, tmp_path: Path) -> None:
     if script == "bench_fashion_mnist.py":
         real_fashion_mnist()                     # trains on the real images
     before = sorted((ROOT / "benchmarks" / "results").iterdir())
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *smoke(tmp_path)[script]],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    res = warm.run([sys.executable, str(ROOT / "benchmarks" / script), *smoke(tmp_path)[script]], cwd=tmp_path,
+                   capture_output=True, timeout=240, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert sorted((ROOT / "benchmarks" / "results").iterdir()) == before    # a smoke run writes no results

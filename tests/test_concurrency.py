@@ -1,14 +1,14 @@
 """Many processes writing the run database at once: SQLite (WAL, busy timeout, retries) and PostgreSQL.
 
 16 worker processes race to claim the same 64 queued runs, heartbeat them and finish them, and each bumps a
-shared counter 20 times. Every run must be claimed exactly once and no increment may be lost.
+shared counter 20 times. Every run must be claimed exactly once and no increment may be lost. The processes are
+forked warm (tests/warm.py): separate processes with their own connections, without 16 interpreters' imports.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flctl.db import RunQueue, Store
+from tests import warm
 from tests.helpers import config
 
 WORKERS, RUNS, BUMPS = 16, 64, 20
@@ -67,8 +68,8 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path, backend: str) -> None
     store.create_sweep("shared", "shared", "two-moons", {}, configs)
     ids = [c.run_id for c in configs]
 
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, url, json.dumps(ids[k:] + ids[:k])],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [warm.Popen([sys.executable, "-c", WORKER, url, json.dumps(ids[k:] + ids[:k])],
+                        stdout=warm.PIPE, stderr=warm.PIPE)
              for k in range(0, WORKERS * 4, 4)]
     claimed: list[str] = []
     for p in procs:
@@ -112,9 +113,9 @@ def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend:
         assert token
         RunQueue(store).finish_run(cfg.run_id, token, status="completed", epochs_done=1, metrics={"train.avg_loss": float(i)},
                          diverged_at=None, lambda_capped=0, artifacts={}, duration_s=1.0)
-    start_at = time.time() + 8
-    procs = [subprocess.Popen([sys.executable, "-c", SYNC, url, "grid", str(start_at)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    start_at = time.time() + 3                  # warm processes (tests/warm.py) are past their imports in ~1 s
+    procs = [warm.Popen([sys.executable, "-c", SYNC, url, "grid", str(start_at)], stdout=warm.PIPE, stderr=warm.PIPE)
+             for _ in range(3)]
     added = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -141,9 +142,9 @@ def test_concurrent_first_opens_create_the_schema_once(tmp_path: Path, backend: 
     import time
 
     url = f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
-    start_at = time.time() + 6
-    procs = [subprocess.Popen([sys.executable, "-c", OPEN, url, str(start_at)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    start_at = time.time() + 3
+    procs = [warm.Popen([sys.executable, "-c", OPEN, url, str(start_at)], stdout=warm.PIPE, stderr=warm.PIPE)
+             for _ in range(4)]
     for p in procs:
         _, err = p.communicate(timeout=240)
         assert p.returncode == 0, err

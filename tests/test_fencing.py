@@ -1,7 +1,8 @@
 """Fenced claims: a worker that lost its claim writes nothing, --rerun never clears a live run, stale has a floor.
 
 Real processes and real signals: a `flctl run` frozen with SIGSTOP past the stale bound is taken over by another;
-woken with SIGCONT it stops without writing, and the run's records equal an uninterrupted run's.
+woken with SIGCONT it stops without writing, and the run's records equal an uninterrupted run's. The processes are
+forked warm (tests/warm.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flctl import records
 from flctl.db import RunQueue, Store
 from flctl.db.schema import Run, now
 from flctl.errors import ClaimLost, StoreError
+from tests import warm
 from tests.helpers import config, in_process, wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -30,13 +32,11 @@ RUN = ("run", "two-moons", "--method", "fl", "--eps", "0.1", "--eval-every", "1"
 
 
 def flctl(results: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return warm.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, timeout=300, env=env)
 
 
-def start(results: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([*FLCTL, *args, "--results-dir", str(results)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+def start(results: Path, *args: str, env: dict | None = None) -> warm.Popen:
+    return warm.Popen([*FLCTL, *args, "--results-dir", str(results)], stdout=warm.PIPE, stderr=warm.PIPE, env=env)
 
 
 def row(results: Path) -> dict:
@@ -48,7 +48,7 @@ def row(results: Path) -> dict:
         store.close()
 
 
-def freeze_outside_a_write(proc: subprocess.Popen, db: Path) -> None:
+def freeze_outside_a_write(proc: warm.Popen, db: Path) -> None:
     """SIGSTOP ``proc`` at a moment it holds no write lock on the SQLite file ``db``: frozen inside a write (a
     heartbeat, an epoch's progress) it would lock every other writer out, which is SQLite's rule, not what the test
     is about (seen once in CI as "database is locked")."""

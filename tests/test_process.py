@@ -1,4 +1,7 @@
-"""Real processes: a `flctl run` killed with SIGKILL resumes to the same records; import boundaries."""
+"""Real processes: a `flctl run` killed with SIGKILL resumes to the same records; import boundaries.
+
+The processes a test signals or kills are forked warm (tests/warm.py); those whose imports are checked start a new
+interpreter."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flctl import records
+from tests import warm
 from tests.helpers import in_process
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -35,8 +39,7 @@ def test_killed_run_resumes_and_ends_equal_to_an_uninterrupted_run(tmp_path: Pat
     assert whole.returncode == 0, whole.stderr
 
     killed = tmp_path / "b"
-    proc = subprocess.Popen([*FLCTL, *args, "--results-dir", str(killed)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = warm.Popen([*FLCTL, *args, "--results-dir", str(killed)], stdout=warm.DEVNULL, stderr=warm.DEVNULL)
     deadline = time.monotonic() + 120
     # Kill -9 once a checkpoint past epoch 30 exists: mid-training, with some records already written.
     while time.monotonic() < deadline:
@@ -122,8 +125,8 @@ def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_r
 
     for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         stopped = tmp_path / sig.name
-        proc = subprocess.Popen([*FLCTL, *args, "--results-dir", str(stopped)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+        proc = warm.Popen([*FLCTL, *args, "--results-dir", str(stopped)], stdout=warm.PIPE, stderr=warm.STDOUT,
+                          env={**os.environ, "COLUMNS": "200"})
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(list((stopped / "records").glob("run_id=*/epoch=*.parquet"))) < 3:
             time.sleep(0.02)
@@ -155,7 +158,7 @@ def test_sigterm_and_sigint_stop_a_run_interrupted_and_it_resumes_to_identical_r
 
 def test_piped_output_keeps_whole_cells_and_completion_is_offered(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    assert flctl(tmp_path, "run", "digits", "-m", "fl", "--epochs", "1", env=env).returncode == 0
+    assert cli(tmp_path, "run", "digits", "-m", "fl", "--epochs", "1").returncode == 0
     listing = flctl(tmp_path, "runs", env=env)                     # stdout is a pipe here, not a terminal
     run_id = json.loads(flctl(tmp_path, "runs", "--json", env=env).stdout)[0]["id"]
     assert run_id in listing.stdout and "digits" in listing.stdout and "…" not in listing.stdout

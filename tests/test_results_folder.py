@@ -28,6 +28,7 @@ from flctl.db import Store
 from flctl.launch.cancel import cancel
 from flctl.procs import process
 from flctl.study import poll_delays
+from tests import warm
 from tests.helpers import wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -37,8 +38,9 @@ runner = CliRunner()
 
 
 def flctl(results: Path, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+    """`flctl *args` as a process forked warm (tests/warm.py); the workers it starts are real interpreters."""
+    return warm.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, timeout=timeout,
+                    env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 def invoke(results: Path, *args: str):

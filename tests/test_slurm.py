@@ -22,7 +22,7 @@ import pytest
 from flctl import records
 from flctl.db import Store
 from flctl.layout import records_of
-from tests import helpers
+from tests import helpers, warm
 
 # A real cluster on a loaded 2-core machine: each test bounds its own waits (wait_until), so the per-test
 # pytest-timeout (300 s) is raised here rather than cutting a slow but progressing re-run short.
@@ -71,8 +71,9 @@ def leftovers():
 
 
 def flctl(results: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    """`flctl *args` as a process forked warm (tests/warm.py): the jobs it submits start real interpreters."""
+    return warm.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, timeout=300,
+                    env={**os.environ, "COLUMNS": "200"})
 
 
 def ledger(results: Path) -> dict:
@@ -238,8 +239,8 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
     cell = ["two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every)]
     # The uninterrupted reference trains beside the Slurm job (it is mostly waiting to be requeued).
     ref_dir = tmp_path / "ref"
-    reference = subprocess.Popen([*FLCTL, "run", *cell, "--results-dir", str(ref_dir)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+    reference = warm.Popen([*FLCTL, "run", *cell, "--results-dir", str(ref_dir)], stdout=warm.PIPE,
+                           stderr=warm.STDOUT, env={**os.environ, "COLUMNS": "200"})
     leftovers["procs"].append(reference)
 
     results = tmp_path / "sweep"

@@ -17,6 +17,7 @@ from flctl import records
 from flctl.db import Store
 from flctl.errors import ConfigError
 from flctl.launch import Slot, local_slots
+from tests import warm
 from tests.helpers import in_process, wait_until
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -24,9 +25,9 @@ ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascendin
 
 
 def flctl(results: Path, *args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "COLUMNS": "200"})
-    return out
+    """`flctl *args` as a process forked warm (tests/warm.py); the workers it starts are real interpreters."""
+    return warm.run([*FLCTL, *args, "--results-dir", str(results)], capture_output=True, timeout=300,
+                    env={**os.environ, "COLUMNS": "200"})
 
 
 def ledger(results: Path, sweep: str | None = None) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from typer.testing import CliRunner
 from flctl.cli import app
 from flctl.errors import ConfigError
 from flctl.tasks import get_task
+from tests import warm
 from tests.fixtures import write_utkface
 from tests.helpers import files_under
 
@@ -99,8 +99,8 @@ print(h.hexdigest(), "|".join(d.meta["train_names"]))
 
 def test_concurrent_cache_creation_is_safe(faces: Path) -> None:
     root = Path(__file__).parents[1]
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(faces)], cwd=root, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [warm.Popen([sys.executable, "-c", CHILD, str(faces)], cwd=root, stdout=warm.PIPE, stderr=warm.PIPE)
+             for _ in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     assert len({o for o, _ in outs}) == 1
