@@ -18,6 +18,7 @@ import pytest
 from flctl import api, plugins, tasks
 from flctl.db import Store
 from flctl.errors import ConfigError
+from tests import warm
 
 FLCTL = [sys.executable, "-m", "flctl"]
 
@@ -96,9 +97,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def flctl(*args: str, env: dict[str, str] | None = None, code: int = 0, cwd: Path | None = None):
-    out = subprocess.run([*FLCTL, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                         env={**os.environ, "COLUMNS": "250", **(env or {})})
+def flctl(*args: str, env: dict[str, str] | None = None, code: int = 0, cwd: Path | None = None,
+          start=subprocess.run):
+    """`flctl *args`, a new interpreter by default: installed plugins are found through its start-up (sys.path,
+    PYTHONPATH, entry points); ``start=warm.run`` where that is not what is tested (tests/warm.py)."""
+    out = start([*FLCTL, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                env={**os.environ, "COLUMNS": "250", **(env or {})})
     assert out.returncode == code, out.stdout + out.stderr
     return out
 
@@ -169,15 +173,18 @@ def test_task_files_through_flctl_tasks_a_clash_and_a_broken_plugin(tmp_path: Pa
 def test_the_source_hash_follows_the_file_and_a_table_over_both_says_so(tmp_path: Path, results: Path) -> None:
     file = tmp_path / "blobs_task.py"
     file.write_text(task_source("blobs"))
-    env = {plugins.ENV: str(file)}
-    flctl("run", "blobs", "-m", "fl", "--seed", "0", env=env)
-    assert "‡" not in flctl("report", "--table", "main", env=env).stdout
+
+    def run(*args: str) -> subprocess.CompletedProcess:      # a task file named by FLCTL_TASKS, not an installed one
+        return flctl(*args, env={plugins.ENV: str(file)}, start=warm.run)
+
+    run("run", "blobs", "-m", "fl", "--seed", "0")
+    assert "‡" not in run("report", "--table", "main").stdout
     file.write_text(task_source("blobs").replace("n_samples=120", "n_samples=120 ") + "# edited\n")
-    flctl("run", "blobs", "-m", "fl", "--seed", "1", env=env)
-    runs = json.loads(flctl("runs", "--json", env=env).stdout)
+    run("run", "blobs", "-m", "fl", "--seed", "1")
+    runs = json.loads(run("runs", "--json").stdout)
     hashes = {r["seed"]: r["provenance"]["task"]["sha256"] for r in runs}
     assert len(set(hashes.values())) == 2
-    table = flctl("report", "--table", "main", env=env).stdout
+    table = run("report", "--table", "main").stdout
     assert "‡ FL · 0.10 · —: its runs came from 2 versions of the task's code" in " ".join(table.split()), table
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from flctl_tasks.fashion_mnist import DEBIAN, complete
+from tests import warm
 from tests.fixtures import orca_rows
 from tests.helpers import in_process
 
@@ -89,10 +90,11 @@ def test_forms_expand_options_one_at_a_time() -> None:
 
 
 # Commands that only read (and draw), and `flctl run` and `flctl paper`, run in this process; the rest (sweeps and
-# their ledger, whose workers and signals are other processes') as the `flctl` a user starts. A new interpreter
+# their ledger, whose workers and signals are other processes') as processes of their own. A new interpreter
 # spends about 8 s here importing torch, torch._dynamo and scikit-learn before a run trains its first epoch: the ~60
-# report forms and the six training lines would spend minutes on it. The Quick start's line is a real process
-# (see IN_PROCESS's use), as are test_first_contact_run's.
+# report forms and the six training lines would spend minutes on it. The other commands are processes forked warm
+# (tests/warm.py; their workers are new interpreters); the Quick start's line is a new interpreter, as are
+# test_first_contact_run's.
 IN_PROCESS = ("report", "runs", "show", "sweeps", "tasks", "methods", "run", "paper")
 
 
@@ -101,8 +103,9 @@ def _run(cwd: Path, command: str, quick_start: bool = False) -> subprocess.Compl
     if args[0] in IN_PROCESS and "--watch" not in args and not quick_start:
         assert Path.cwd() == cwd
         return in_process(*args, env={"COLUMNS": "160"})
-    return subprocess.run([sys.executable, "-m", "flctl", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd, errors="replace", env={**os.environ, "COLUMNS": "160"})
+    start = subprocess.run if quick_start else warm.run
+    return start([sys.executable, "-m", "flctl", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                 errors="replace", env={**os.environ, "COLUMNS": "160"})
 
 
 def _newest_sweep(cwd: Path) -> str:

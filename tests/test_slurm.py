@@ -292,9 +292,10 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
 
 
 def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Path, leftovers) -> None:
-    # 3000 epochs: with 1000 a worker that started a few seconds ahead finished its first cell and took the third
-    # before the other reached its third record, and the cell handed back had too few records to tell a resume.
-    epochs, every = 3000, 50
+    # A worker that started a few seconds ahead may finish its first cell and take the third before the other has
+    # three records, so the third can be handed back with too few records to tell a resume: the test follows the
+    # handed-back cell that got furthest (the slower worker's has three records: that is what the wait waits for).
+    epochs, every = 1000, 50
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every))
     args = ("sweep", *cell, "--seed", "0,1,2", "--executor", "slurm", "--workers", "2", "--checkpoint-every", "0.5")
     first = flctl(tmp_path, *args)
@@ -314,7 +315,8 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     assert squeue.strip() == "", squeue                                       # no job left
     runs = store.list_runs()
     assert not any(r.status == "running" for r in runs), runs
-    handed_back = [r for r in runs if r.epochs_done > 0 and r.status == "interrupted"]
+    handed_back = sorted((r for r in runs if r.epochs_done > 0 and r.status == "interrupted"),
+                         key=lambda r: -r.epochs_done)
     assert handed_back and all(r.attempts == 0 for r in handed_back)
     files = record_files(tmp_path, handed_back[0].id)
 
