@@ -200,8 +200,8 @@ def test_a_worker_that_cannot_load_the_task_fails_its_cell_in_one_line(tmp_path:
     # The worker of another node, where the task's module is not installed.
     code = (f"from flctl.launch import Slot, Worker; print(Worker({url!r}, {str(tmp_path)!r}, 'gone', "
             "plugins=['fl_gone_blobs'], sync_study=False)(Slot(0, 1)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items() if k != plugins.ENV})
+    out = warm.run([sys.executable, "-c", code], capture_output=True, timeout=120,       # its own process
+                   env={k: v for k, v in os.environ.items() if k != plugins.ENV})
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "no module named 'fl_gone_blobs'" in out.stderr, out.stderr
     store = Store.open(url)
