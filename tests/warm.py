@@ -9,8 +9,9 @@ child's own environment and working directory, as in a fresh `python`. What diff
   (an `flctl sweep` that is its own worker) stays a real interpreter;
 - the process ends after its atexit handlers without the interpreter's finalization: what a command leaves open
   (a database connection) stays open until the process is gone, where a fresh interpreter's teardown would close it.
-So tests about start-up, imports and PYTHONPATH (test_process's import checks, the README's commands, first contact,
-plugins found by entry point, test_field_metadata's patched package) keep starting real interpreters.
+So tests about start-up, imports and PYTHONPATH (test_process's import checks, the README's Quick start, first
+contact, plugins found by entry point, test_field_metadata's patched package) keep starting real interpreters.
+tests/test_warm.py holds a warm process to a new interpreter on what the tests rely on.
 
 `Popen` and `run` take the subset of subprocess's arguments the tests use; output goes through files (not pipes), so
 a process that prints a lot never blocks on a full pipe.
@@ -72,7 +73,7 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out: str | None, err:
             sys.argv, sys.path[0] = [argv[1], *argv[2:]], cwd
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         elif argv[0] == "-c":
-            sys.argv, sys.path[0] = ["-c", *argv[2:]], cwd
+            sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
             exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             sys.argv, sys.path[0] = list(argv), str(Path(argv[0]).resolve().parent)

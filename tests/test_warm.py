@@ -1,0 +1,42 @@
+"""A process forked warm (tests/warm.py) behaves as `python ...` would, on what the tests that use it rely on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import warm
+
+SHOW = ("import json, os, sys; print(json.dumps([sys.argv, os.getcwd(), sys.path[0], os.environ.get('FLCTL_X'), "
+        "'flctl' in sys.modules])); print('to stderr', file=sys.stderr); sys.exit(3)")
+
+
+@pytest.mark.parametrize("start", [subprocess.run, warm.run], ids=["new", "warm"])
+def test_argv_directory_environment_output_and_exit_code_are_a_new_interpreters(start, tmp_path: Path) -> None:
+    env = {**os.environ, "FLCTL_X": "given"}
+    out = start([sys.executable, "-c", SHOW, "a", "b"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 3, out.stderr
+    assert out.stdout == f'[["-c", "a", "b"], "{tmp_path}", "", "given", false]\n'
+    assert out.stderr == "to stderr\n"
+
+
+def test_a_signal_or_an_uncaught_interrupt_ends_it_as_it_ends_an_interpreter() -> None:
+    for code, sig, expected in (("import time; time.sleep(60)", signal.SIGTERM, -signal.SIGTERM),
+                                ("raise KeyboardInterrupt", None, -signal.SIGINT)):
+        procs = [start([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for start in (subprocess.Popen, warm.Popen)]
+        for proc in procs:
+            if sig is not None:
+                proc.send_signal(sig)
+            assert proc.wait(60) == expected, (code, type(proc))
+
+
+def test_a_module_runs_as_main_with_its_path_first_on_argv(tmp_path: Path) -> None:
+    (tmp_path / "hello.py").write_text("import sys; print(__name__, sys.argv[1:])\n")
+    out = warm.run([sys.executable, "-m", "hello", "x"], capture_output=True, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (0, "__main__ ['x']\n"), out.stderr
