@@ -21,6 +21,7 @@ from flctl import migrations
 from flctl.config import FIELDS, RunConfig
 from flctl.db import Store
 from flctl.db.schema import Run, now
+from tests import warm
 from tests.helpers import config
 from tests.test_migrations import revision, url_for
 
@@ -43,9 +44,10 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def flctl_with_field(package: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m flctl ARGS`` importing the copy (cwd elsewhere: ``-m`` puts the working folder first on the path)."""
+    """``python ARGS`` importing the copy through PYTHONPATH (cwd elsewhere: ``-m`` puts the working folder first on
+    the path), as a process forked warm (tests/warm.py lays out sys.path as a new interpreter does)."""
     env = {**os.environ, "PYTHONPATH": str(package), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return warm.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, timeout=120)
 
 
 def test_a_field_declared_once_is_everywhere(package: Path, results: Path, tmp_path: Path) -> None:

@@ -18,14 +18,17 @@ from flctl.cli import app
 from flctl.db import Store
 from flctl.study import tune
 from flctl.sweep import resolve_cell, spec_from_values
+from tests import warm
 
 FLCTL = [sys.executable, "-m", "flctl"]
 runner = CliRunner()
 
 
 def flctl(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*FLCTL, *args], capture_output=True, text=True, timeout=240, cwd=cwd, errors="replace",
-                          env={**os.environ, "COLUMNS": "200", **env})
+    """`flctl *args` as a process forked warm (tests/warm.py: PYTHONIOENCODING and the environment as a new
+    interpreter takes them); the sweep workers it starts are new interpreters."""
+    return warm.run([*FLCTL, *args], capture_output=True, timeout=240, cwd=cwd, errors="replace",
+                    env={**os.environ, "COLUMNS": "200", **env})
 
 
 def studies(url: str) -> dict[str, optuna.Study]:

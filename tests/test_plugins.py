@@ -97,12 +97,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def flctl(*args: str, env: dict[str, str] | None = None, code: int = 0, cwd: Path | None = None,
-          start=subprocess.run):
-    """`flctl *args`, a new interpreter by default: installed plugins are found through its start-up (sys.path,
-    PYTHONPATH, entry points); ``start=warm.run`` where that is not what is tested (tests/warm.py)."""
-    out = start([*FLCTL, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                env={**os.environ, "COLUMNS": "250", **(env or {})})
+def flctl(*args: str, env: dict[str, str] | None = None, code: int = 0, cwd: Path | None = None):
+    """`flctl *args` as a process forked warm (tests/warm.py): it finds installed plugins as a new interpreter does,
+    through PYTHONPATH, sys.path and the entry points of the distributions there; the sweep workers it starts are
+    new interpreters."""
+    out = warm.run([*FLCTL, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                   env={**os.environ, "COLUMNS": "250", **(env or {})})
     assert out.returncode == code, out.stdout + out.stderr
     return out
 
@@ -175,7 +175,7 @@ def test_the_source_hash_follows_the_file_and_a_table_over_both_says_so(tmp_path
     file.write_text(task_source("blobs"))
 
     def run(*args: str) -> subprocess.CompletedProcess:      # a task file named by FLCTL_TASKS, not an installed one
-        return flctl(*args, env={plugins.ENV: str(file)}, start=warm.run)
+        return flctl(*args, env={plugins.ENV: str(file)})
 
     run("run", "blobs", "-m", "fl", "--seed", "0")
     assert "‡" not in run("report", "--table", "main").stdout
@@ -232,8 +232,8 @@ def test_new_task_writes_a_task_and_a_test_that_pass_at_once(tmp_path: Path) -> 
     out = flctl("new-task", "my-task", "--dir", str(tmp_path))
     assert "FLCTL_TASKS=" in out.stdout
     assert {p.name for p in tmp_path.iterdir()} == {"my_task.py", "test_my_task.py"}
-    tested = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_task.py"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    tested = warm.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_task.py"],
+                      cwd=tmp_path, capture_output=True, timeout=300)
     assert tested.returncode == 0 and "5 passed" in tested.stdout, tested.stdout + tested.stderr
     before = sorted(p.name for p in tmp_path.iterdir())
     for args, says in ((["my-task"], "exists; nothing was written"), (["My_Task"], "lower-case"),

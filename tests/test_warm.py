@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,16 +13,20 @@ import pytest
 
 from tests import warm
 
-SHOW = ("import json, os, sys; print(json.dumps([sys.argv, os.getcwd(), sys.path[0], os.environ.get('FLCTL_X'), "
-        "'flctl' in sys.modules])); print('to stderr', file=sys.stderr); sys.exit(3)")
+SHOW = ("import json, os, sys; print(json.dumps([sys.argv, os.getcwd(), sys.path[:4], os.environ.get('FLCTL_X'), "
+        "'flctl' in sys.modules, [(f.encoding, f.errors) for f in (sys.stdout, sys.stderr)]])); "
+        "print('to stderr', file=sys.stderr); sys.exit(3)")
 
 
 @pytest.mark.parametrize("start", [subprocess.run, warm.run], ids=["new", "warm"])
 def test_argv_directory_environment_output_and_exit_code_are_a_new_interpreters(start, tmp_path: Path) -> None:
-    env = {**os.environ, "FLCTL_X": "given"}
+    env = {**os.environ, "FLCTL_X": "given", "PYTHONPATH": f"plugins/../mine::{tmp_path.parent}",
+           "PYTHONIOENCODING": "latin-1"}
     out = start([sys.executable, "-c", SHOW, "a", "b"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 3, out.stderr
-    assert out.stdout == f'[["-c", "a", "b"], "{tmp_path}", "", "given", false]\n'
+    path = ["", str(tmp_path / "mine"), str(tmp_path), str(tmp_path.parent)]    # PYTHONPATH's, from the cwd
+    streams = [["iso8859-1", "strict"], ["iso8859-1", "backslashreplace"]]
+    assert json.loads(out.stdout) == [["-c", "a", "b"], str(tmp_path), path, "given", False, streams]
     assert out.stderr == "to stderr\n"
 
 

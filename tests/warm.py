@@ -3,14 +3,16 @@ a new interpreter spends importing torch, torch._dynamo and scikit-learn (most o
 
 Each process is forked from a forkserver (multiprocessing's) that imported those third-party libraries once per
 pytest worker and nothing of flctl: flctl, its console and its task registry are imported in the child, under the
-child's own environment and working directory, as in a fresh `python`. What differs from a fresh interpreter:
-- which third-party modules are already in sys.modules, and PYTHONPATH is not read (sys.path is the server's);
+child's own environment and working directory, as in a fresh `python`, with sys.path laid out as a fresh `python`
+lays it out (its first entry, then the child's PYTHONPATH, then the installation's). What differs from a fresh
+interpreter:
+- which third-party modules are already in sys.modules (a PYTHONPATH entry cannot shadow those);
 - /proc/<pid>/cmdline is the forkserver's, so a process that `flctl cancel` must recognise by its command line
   (an `flctl sweep` that is its own worker) stays a real interpreter;
 - the process ends after its atexit handlers without the interpreter's finalization: what a command leaves open
   (a database connection) stays open until the process is gone, where a fresh interpreter's teardown would close it.
-So tests about start-up, imports and PYTHONPATH (test_process's import checks, the README's Quick start, first
-contact, plugins found by entry point, test_field_metadata's patched package) keep starting real interpreters.
+So tests about start-up and imports (test_process's import checks, the README's Quick start, first contact) keep
+starting real interpreters.
 tests/test_warm.py holds a warm process to a new interpreter on what the tests rely on.
 
 `Popen` and `run` take the subset of subprocess's arguments the tests use; output goes through files (not pipes), so
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import traceback
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +45,20 @@ _context.set_forkserver_preload(PRELOAD)
 
 def _stream(fd: int, env: dict[str, str], errors: str):
     """A text stream on ``fd`` as a new interpreter opens its stdout/stderr on a file (PYTHONIOENCODING honoured)."""
+    import codecs
     import io
 
     encoding, _, chosen = env.get("PYTHONIOENCODING", "").partition(":")
-    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding or "utf-8",
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=codecs.lookup(encoding or "utf-8").name,
                             errors=chosen or errors, line_buffering="PYTHONUNBUFFERED" in env,
                             write_through="PYTHONUNBUFFERED" in env)
+
+
+def _pythonpath(env: Mapping[str, str], cwd: str) -> list[str]:
+    """PYTHONPATH's entries as an interpreter started in ``cwd`` puts them on sys.path: made absolute from ``cwd``
+    and normalised (an empty entry is ``cwd`` itself); an empty PYTHONPATH has none."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(os.path.join(cwd, p)) for p in value.split(os.pathsep)] if value else []
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: str, out: str | None, err: str | None) -> None:
@@ -58,6 +69,8 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out: str | None, err:
     # exit; inside, not daemonic, so it may start processes of its own (a DataLoader's workers), as any program may.
     multiprocessing.current_process()._config["daemon"] = False      # type: ignore[attr-defined]
     multiprocessing.set_start_method(None, force=True)                # the platform's default, not the forkserver
+    inherited = _pythonpath(os.environ, os.getcwd())        # the server's, as its interpreter read it at start
+    installation = [p for p in sys.path[1:] if p not in inherited]
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
@@ -67,16 +80,18 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out: str | None, err:
             os.dup2(target, fd)
             os.close(target)
     sys.stdout, sys.stderr = _stream(1, env, "strict"), _stream(2, env, "backslashreplace")
+    first = cwd if argv[0] == "-m" else "" if argv[0] == "-c" else str(Path(argv[0]).resolve().parent)
+    sys.path[:] = [first, *_pythonpath(env, cwd), *installation]
     code: Any = 0
     try:
         if argv[0] == "-m":
-            sys.argv, sys.path[0] = [argv[1], *argv[2:]], cwd
+            sys.argv = [argv[1], *argv[2:]]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         elif argv[0] == "-c":
-            sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+            sys.argv = ["-c", *argv[2:]]
             exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
-            sys.argv, sys.path[0] = list(argv), str(Path(argv[0]).resolve().parent)
+            sys.argv = list(argv)
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as e:
         code = e.code
