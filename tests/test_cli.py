@@ -216,14 +216,15 @@ def test_help_shows_no_value_for_flags_and_every_option_has_help() -> None:
 
 
 def test_shell_completion_offers_tasks_methods_kinds_and_ids(results: Path) -> None:
-    import subprocess
     import sys
+
+    from tests import warm
 
     def complete(words: str) -> list[str]:
         env = {**os.environ, "_FLCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
                "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
         script = Path(sys.executable).parent / "flctl"          # completion keys on the program's name
-        out = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60)
+        out = warm.run([sys.executable, str(script)], env=env, capture_output=True, timeout=60)
         assert out.returncode == 0 and not out.stderr, out.stderr
         return out.stdout.split()
 

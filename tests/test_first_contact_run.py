@@ -20,6 +20,7 @@ from flctl.cli import app
 from flctl.db import Store
 from flctl.layout import Layout, records_of
 from flctl.runner import execute
+from tests import warm
 from tests.helpers import config
 
 FLCTL = [sys.executable, "-m", "flctl"]
@@ -114,10 +115,10 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_run_resumes(tmp_path: P
 def test_the_suite_passes_with_flctl_db_exported(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere.db"
     env = {**os.environ, "FLCTL_DB": f"sqlite:///{elsewhere}", "FLCTL_RESULTS": str(tmp_path / "user-results")}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-                          "tests/test_bad_input.py", "-k", "mnist"],  # one case, on the populated folder built first;
-                         # in one process: xdist's workers would import torch twice more for it
-                         capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).parent.parent)
+    # One case, on the populated folder built first, in one process forked warm (tests/warm.py).
+    out = warm.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+                    "tests/test_bad_input.py", "-k", "mnist"],
+                   capture_output=True, timeout=600, env=env, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "1 passed" in out.stdout, out.stdout[-3000:]
     assert not elsewhere.exists() and not (tmp_path / "user-results").exists()
