@@ -6,7 +6,8 @@ test, not a user's first afternoon. `[...]` parts are tried one at a time (each 
 stem. Lines that need what this machine lacks (a GPU, the CIFAR-10, UTKFace or Llama downloads, a Slurm cluster)
 must stop with one line and exit 2. Everything else must work in at least one of its forms, and no form may end in
 a traceback. One deviation from the text: what trains checks wiring here, not numbers, so sweeps that train get
-`--epochs 5` and at most 3 --tune trials (test_first_contact_sweep runs the --tune line's 20 trials), `flctl run`
+`--epochs 5`, one worker (`--workers 1`: each worker is a new interpreter; test_sweep_launch counts workers) and at
+most 3 --tune trials (test_first_contact_sweep runs the --tune line's 20 trials), `flctl run`
 lines without --epochs get `--epochs 2`, except the Quick start's, which trains verbatim, and fashion-mnist's train on
 `--subset 500` of its 70,000 real images (tests/test_fashion_mnist.py trains it at length).
 """
@@ -132,7 +133,7 @@ def test_every_readme_command_works_on_a_populated_folder(tmp_path: Path, monkey
         worked = False
         for form in forms(line):
             trains = form.startswith("flctl sweep ") and "--dry-run" not in form and "--spec" not in form
-            command = re.sub(r"--tune \d+", "--tune 3", form + " --epochs 5") if trains else form
+            command = re.sub(r"--tune \d+", "--tune 3", form + " --epochs 5 --workers 1") if trains else form
             if form.startswith("flctl run ") and "--epochs" not in form and line != quick_start:
                 command = form + " --epochs 2"
             if form.startswith("flctl run fashion-mnist") and "--subset" not in form:
