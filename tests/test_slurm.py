@@ -340,7 +340,7 @@ def test_a_plugin_task_named_by_a_spec_trains_on_slurm(tmp_path: Path, leftovers
     spec = tmp_path / "blobs.toml"     # task_module relative to the spec's folder; the workers get it resolved
     spec.write_text('task = "blobs"\ntask_module = "mine/blobs_task.py"\nmethod = ["erm", "fl"]\nseeds = 1\n')
     results = tmp_path / "results"
-    out = flctl(results, "sweep", "--spec", str(spec), "--executor", "slurm", "--workers", "2")
+    out = flctl(results, "sweep", "--spec", str(spec), "--executor", "slurm", "--workers", "1")   # one job: both cells
     assert out.returncode == 0, out.stdout + out.stderr
     leftovers["jobs"].append(submitted_job(out.stdout))
     wait_until(lambda: statuses(results)["completed"] == 2, "2 completed plugin cells", logs=results / "jobs")
