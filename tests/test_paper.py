@@ -94,6 +94,13 @@ def test_re_running_launches_nothing(world: dict, tmp_path: Path) -> None:
     store.close()
 
 
+def test_the_smoke_scale_trains_each_sweep_in_one_worker(tmp_path: Path) -> None:
+    # local executor, no --workers: this process alone, no worker interpreter started for the tiny cells
+    out = flctl("paper", "--scale", "smoke", "--only", "figure:1", "--executor", "local", "--results-dir",
+                str(tmp_path / "results"))
+    assert "1 worker, in this process" in out and "through local" not in out, out
+
+
 def test_every_item_is_in_the_bundle_drawn_or_marked_not_run(world: dict) -> None:
     bundle = world["bundle"]
     page = (bundle / "index.html").read_text()

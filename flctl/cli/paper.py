@@ -3,6 +3,7 @@ browsable bundle of every table and figure with the paper's own numbers beside o
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from datetime import UTC, datetime
@@ -36,7 +37,8 @@ def paper(
     only: Annotated[Optional[str], typer.Option(help="Only these tables and figures, e.g. table:1,figure:6 (or table, "
                                                 "figure).")] = None,
     scale: Annotated[str, typer.Option(help="paper (the specs as written) or smoke (one seed, two epochs, 256 samples "
-                                       "of each split, small models: the whole path in minutes).")] = "paper",
+                                       "of each split, small models, one worker per sweep unless --workers: the "
+                                       "whole path in minutes).")] = "paper",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and its cost; write nothing.")] = False,
     report_only: Annotated[bool, typer.Option("--report-only", help="Write the bundle from what is finished; plan "
                                               "and launch nothing.")] = False,
@@ -69,6 +71,11 @@ def paper(
         if scale not in SCALES:
             raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
         items = select(only)
+        if scale == "smoke" and launch.workers is None:
+            # A smoke cell trains in about a second; a worker's new interpreter spends ~5 s of CPU importing torch
+            # and scikit-learn before it takes one, and the default W (cores // threads) starts W - 1 of them for
+            # each spec in turn: 2 cores, 17 -> 12 core-s for the whole programme.
+            launch = dataclasses.replace(launch, workers=1)
         settings = LaunchSettings.resolve({}, launch)
         if device is not None:
             device = resolve_device(device, here=settings.executor != "slurm")
