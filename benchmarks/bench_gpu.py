@@ -148,14 +148,20 @@ def suite(args) -> dict:
                                                                                                   "junit.xml")}
 
 
+def cifar_per_batch(args) -> int:
+    """Images per CIFAR-10 batch file: 5 train batches and 1 test batch, as the real data (--small: a check of the
+    path, sized so that one epoch is a few steps)."""
+    return 50 if args.small else 10_000
+
+
 def cifar_data(args) -> Path:
-    per_batch = 200 if args.small else 10_000           # 5 x 10,000 train + 10,000 test, as the real batches
+    per_batch = cifar_per_batch(args)
     return write_cifar10(args.work / f"cifar-{per_batch}", per_batch=per_batch)
 
 
 def cifar(args) -> dict:
     data = cifar_data(args)
-    n = 1000 if args.small else 50_000
+    n = 5 * cifar_per_batch(args)
     width = 8 if args.small else 64
     out: dict = {"images_train": n, "width": width, "runs": {}}
     for engine in args.engines.split(","):
@@ -217,7 +223,7 @@ def profile(args) -> dict:
             out[engine] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         events = prof.key_averages()
-        steps = -(-(1000 if args.small else 50_000) // cfg.batch_size)
+        steps = -(-5 * cifar_per_batch(args) // cfg.batch_size)
         device_us = sum(e.self_device_time_total for e in events) if cuda(args.device) else 0.0
         kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
         sort = "self_cuda_time_total" if cuda(args.device) else "self_cpu_time_total"
