@@ -4,9 +4,10 @@ a new interpreter spends importing torch, torch._dynamo and scikit-learn (most o
 Each process is forked from a forkserver (multiprocessing's) that imported those third-party libraries once per
 pytest worker and nothing of flctl: flctl, its console and its task registry are imported in the child, under the
 child's own environment and working directory, as in a fresh `python`, with sys.path laid out as a fresh `python`
-lays it out (its first entry, then the child's PYTHONPATH, then the installation's). What differs from a fresh
-interpreter:
-- which third-party modules are already in sys.modules (a PYTHONPATH entry cannot shadow those);
+lays it out: its first entry, then the child's PYTHONPATH, then the rest of the server's (the installation's). What
+differs from a fresh interpreter:
+- which third-party modules are already in sys.modules (a PYTHONPATH entry cannot shadow those), and sys.path keeps
+  the entries pytest added to the worker's (the checkout);
 - /proc/<pid>/cmdline is the forkserver's, so a process that `flctl cancel` must recognise by its command line
   (an `flctl sweep` that is its own worker) stays a real interpreter;
 - the process ends after its atexit handlers without the interpreter's finalization: what a command leaves open
@@ -62,7 +63,7 @@ def _pythonpath(env: Mapping[str, str], cwd: str) -> list[str]:
 
 
 def _child(argv: list[str], env: dict[str, str], cwd: str, out: str | None, err: str | None) -> None:
-    """In the forked process: become `python *argv` (environment, directory, stdout/stderr, sys.argv, sys.path[0])."""
+    """In the forked process: become `python *argv` (environment, directory, stdout/stderr, sys.argv, sys.path)."""
     import runpy
 
     # Started daemonic, so a process a failed test leaves behind dies with the pytest worker instead of holding its
