@@ -148,18 +148,18 @@ def test_a_bad_flctl_stale_after_is_one_line_exit_2_and_writes_nothing(tmp_path:
 
 def test_rerun_of_a_run_that_is_training_leaves_it_alone(tmp_path: Path) -> None:
     results = tmp_path / "r"
-    live = start(results, *RUN, "--epochs", "100")
+    live = start(results, *RUN, "--epochs", "300")
     try:
         wait_until(lambda: len(epoch_files(results)) >= 3, "the live run's first records", timeout=120,
                    interval=0.05)
-        rerun = in_process(*RUN, "--epochs", "100", "--rerun", "--results-dir", str(results))
+        rerun = in_process(*RUN, "--epochs", "300", "--rerun", "--results-dir", str(results))
         assert rerun.returncode == 2, rerun.stdout + rerun.stderr
         assert "is being trained by" in rerun.stderr and "--rerun leaves a live run alone" in rerun.stderr
         out, err = live.communicate(timeout=300)
     finally:
         live.kill()
     assert live.returncode == 0, err
-    assert len(epoch_files(results)) == 100                     # every epoch's records: nothing was cleared
+    assert len(epoch_files(results)) == 300                     # every epoch's records: nothing was cleared
     assert row(results)["status"] == "completed" and row(results)["attempts"] == 1
 
 
