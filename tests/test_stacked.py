@@ -142,8 +142,8 @@ def test_the_step_compiles_whole_and_equals_eager(tmp_path: Path, method: str, o
 
 def test_the_compiled_engine_trains_close_to_eager_and_is_its_own_run(tmp_path: Path) -> None:
     torch._dynamo.reset()
-    # Batches of 500 divide the 1,000 samples: one compilation, not a second one for a partial last batch (inductor
-    # on the CPU compiles C++; the second, dynamic-shape, compilation doubled this test's ~30 s of CPU).
+    # Batches of 500 divide the 1,000 samples: one compilation. A partial last batch makes torch recompile with a
+    # dynamic shape (its own mechanism, not flctl's), which on the CPU is another round of C++: 33 -> 27 CPU-s cold.
     over = dict(epochs=2, eval_every=2, batch_size=500)
     eager = config("two-moons", "fl", **over)
     compiled = config("two-moons", "fl", **over, engine="compiled")
