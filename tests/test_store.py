@@ -54,6 +54,26 @@ def test_reap_requeues_stale_runs_and_gives_up_after_max_attempts(tmp_path: Path
     assert not RunQueue(store).claim_run(rid, max_attempts=2)
 
 
+def test_heartbeats_are_judged_to_the_millisecond_on_sqlite(tmp_path: Path) -> None:
+    # SQLite's CURRENT_TIMESTAMP is truncated to the second: by it a beat 0.6 s old was 0 or 1 s old, and a 2 s
+    # stale bound (test_fencing's) held for anywhere between 1 and 3 s.
+    import time
+
+    from flctl.db.liveness import db_now
+
+    store, rid = store_with_run(tmp_path)
+    with store.session() as s:
+        first = db_now(s)
+        time.sleep(0.25)
+        gap = (db_now(s) - first).total_seconds()
+    assert 0.2 <= gap < 0.6
+    assert RunQueue(store).claim_run(rid)
+    age_heartbeat(store, rid, 0.1)
+    assert RunQueue(store).reap(stale_after=0.6) == ([], [])
+    age_heartbeat(store, rid, 0.9)
+    assert RunQueue(store).reap(stale_after=0.6) == ([rid], [])
+
+
 def test_a_preempted_attempt_does_not_count(tmp_path: Path) -> None:
     store, rid = store_with_run(tmp_path)
     token = RunQueue(store).claim_run(rid, max_attempts=1)

@@ -60,9 +60,13 @@ def _check_environment() -> None:
 
 def db_now(s: Session) -> datetime:
     """The database's clock (UTC): heartbeats are written and judged by it, so workers on hosts whose clocks
-    disagree do not see each other's runs as stale (or alive) too early."""
-    stamp = s.execute(select(func.current_timestamp())).scalar_one()
-    if isinstance(stamp, str):             # SQLite: 'YYYY-MM-DD HH:MM:SS', UTC
+    disagree do not see each other's runs as stale (or alive) too early. To the millisecond on SQLite, whose
+    CURRENT_TIMESTAMP is truncated to the second: by it a beat at :00.1 read at :02.9 is 2 s old and one at :00.9
+    read at :03.1 is 3 s old, an error of up to a second either way that a short stale bound (2 s) cannot carry."""
+    now = (func.strftime("%Y-%m-%d %H:%M:%f", "now") if s.get_bind().dialect.name == "sqlite"
+           else func.current_timestamp())
+    stamp = s.execute(select(now)).scalar_one()
+    if isinstance(stamp, str):             # SQLite: 'YYYY-MM-DD HH:MM:SS.SSS', UTC
         stamp = datetime.fromisoformat(stamp)
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
