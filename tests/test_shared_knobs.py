@@ -9,7 +9,7 @@ import typer
 from flctl.cli import app
 from flctl.errors import ConfigError
 from flctl.knobs import check_checkpoint_every, check_count
-from flctl.launch import LaunchSettings, local_slots, slurm_workers
+from flctl.launch import LaunchFlags, LaunchSettings, local_slots, slurm_workers
 from flctl.status import LEDGER_COLUMNS, ledger, settled
 
 
@@ -34,7 +34,7 @@ def test_the_launch_flags_are_declared_once_for_sweep_and_paper_and_cover_the_se
     and panel, a spec's [launch] table takes the same keys, and every one lands in LaunchSettings."""
     import dataclasses
 
-    from flctl.launch import LaunchFlags, SlurmOptions
+    from flctl.launch import SlurmOptions
 
     group = typer.main.get_command(app)
     names = [f.name for f in dataclasses.fields(LaunchFlags)]
@@ -55,6 +55,19 @@ def test_the_launch_flags_are_declared_once_for_sweep_and_paper_and_cover_the_se
     assert resolved.cells_per_device("cuda:1") == 8 and resolved.cells_per_device("cpu") == 4
     with pytest.raises(ConfigError, match=r"unknown \[launch\] key\(s\) batchruns; valid: account, array_parallelism"):
         LaunchSettings.resolve({"batchruns": 2})
+
+
+def test_omp_num_threads_is_the_default_threads_and_a_flag_or_the_spec_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert LaunchSettings.resolve({}).threads == 3
+    assert LaunchSettings.resolve({"threads": 2}).threads == 2
+    assert LaunchSettings.resolve({"threads": 2}, LaunchFlags(threads=4)).threads == 4
+    assert [s.threads for s in LaunchSettings.resolve({}).slots(5, "cpu")][:1] == [3]
+    for ignored in ("0", "4,2", "many", ""):        # not a count: torch's business, not a launch setting
+        monkeypatch.setenv("OMP_NUM_THREADS", ignored)
+        assert LaunchSettings.resolve({}).threads is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert LaunchSettings.resolve({}).threads is None
 
 
 @pytest.mark.parametrize("value", [0, -3, True, 2.0, "4"])

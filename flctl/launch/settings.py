@@ -1,4 +1,5 @@
-"""A sweep's launch settings: the spec's [launch] table and the command's flags, checked once (LaunchSettings);
+"""A sweep's launch settings: the spec's [launch] table, the command's flags and OMP_NUM_THREADS, checked once
+(LaunchSettings);
 where its workers run (Slot: local processes on CPU cores or GPUs, Slurm array tasks) and how many cells each trains
 together."""
 
@@ -81,6 +82,14 @@ class Slot:
     cuda: str | None = None
 
 
+def omp_threads() -> int | None:
+    """OMP_NUM_THREADS when it is a positive integer: a machine's or shell's cap on every process's threads, which
+    torch itself obeys and a worker's torch.set_num_threads(cores // W) would silently override (two workers'
+    waiting threads then spin on each other's cores). Other values (OpenMP's nested lists) are left to torch."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -142,7 +151,7 @@ class LaunchFlags:
     executor: str | None = _flag("debug (in process), local (subprocesses) or slurm [default: the spec's, else local].")
     workers: int | None = _flag("Pull workers [local: cores // threads, or GPUs x per-gpu with --device cuda; slurm: "
                                 f"min(cells, {SLURM_DEFAULT_WORKERS})].")
-    threads: int | None = _flag("torch threads per local worker [cores // workers].")
+    threads: int | None = _flag("torch threads per local worker [OMP_NUM_THREADS if set, else cores // workers].")
     per_gpu: int | None = _flag("Workers sharing one GPU [1].")
     batch_runs: int | None = _flag("Cells a worker trains together in one process, each equal to the cell alone "
                                    "(small models: one vmapped model; others: step by step, on CUDA each on its own "
@@ -178,13 +187,16 @@ class LaunchSettings:
 
     @classmethod
     def resolve(cls, spec_launch: Mapping[str, Any], flags: LaunchFlags = LaunchFlags()) -> LaunchSettings:
-        """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags)."""
+        """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags);
+        --threads given by neither is OMP_NUM_THREADS when that is set (omp_threads)."""
         slurm_keys = {f.name for f in fields(LaunchFlags) if f.metadata["panel"] == "slurm"}
         unknown = set(spec_launch) - set(LaunchFlags.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: "
                               f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
         merged = {**spec_launch, **flags.given()}
+        if merged.get("threads") is None and omp_threads() is not None:
+            merged["threads"] = omp_threads()
         sbatch = merged.pop("sbatch", None) or {}
         if not isinstance(sbatch, Mapping):
             raise ConfigError(f"sbatch must be a table of KEY = VALUE ([launch.sbatch]), got {sbatch!r}")

@@ -13,7 +13,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import submitit
@@ -61,11 +62,10 @@ class Worker(submitit.helpers.Checkpointable):
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
             os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
         flctl.plugins.add(self.plugins)
-        threads = slot.threads or allocated_cpus()
-        if threads:
-            import torch
+        with _torch_threads(slot.threads or allocated_cpus()):
+            return self._work()
 
-            torch.set_num_threads(threads)
+    def _work(self) -> dict[str, str]:
         store = Store.open(self.db_url)
         layout = Layout(Path(self.results_root))
         job_id, git_sha = _job_id(), git_revision()
@@ -171,3 +171,21 @@ def _job_id() -> str | None:
         return submitit.JobEnvironment().job_id
     except RuntimeError:  # not inside a submitit job (debug executor runs in process)
         return None
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` (when given) while the worker works, then put back: a worker may
+    run in the calling process (the debug executor, `flctl sweep --wait`, `flctl paper`, flctl.api), whose later
+    work would otherwise keep them; on 2 cores beside another busy process, 2 threads made a test 4-13x slower."""
+    if not threads:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
