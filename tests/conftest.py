@@ -17,6 +17,7 @@ os.environ.pop("COLUMNS", None)
 # The suite runs several processes at once (xdist's workers, each test's flctl processes and sweep workers) on
 # machines with few cores. torch's OpenMP pool takes a thread per core in every one of them, and waiting threads
 # spin: oversubscribed, tests ran 3-20x slower under xdist. One thread each; no test's numbers depend on more.
+# flctl's local sweep workers take it as their default --threads too (flctl.launch.settings.omp_threads).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # huggingface_hub reads these once, at import: set them before any test imports it.
 os.environ["HF_HUB_OFFLINE"] = "1"
