@@ -88,7 +88,7 @@ def overshoot(cfg, work: Path, feasible: float) -> dict[str, float | None]:
             "final viol. rate": float(rate[-1]), "final max loss": float(loss[epochs == per_epoch[-1]].max())}
 
 
-def nupi(kps: list[float], seeds: int, feasible: float, work: Path) -> None:
+def nupi(kps: list[float], seeds: int, feasible: float, work: Path, epochs: int | None = None) -> None:
     print(f"\nnupi: two-moons FL, eps 0.1, records every epoch; overshoot after the violation rate first reaches "
           f"<= {feasible:.0%} (median over seeds)")
     rows = [("gd", {"dual_optimizer": "gd"})] + [(f"nupi kp={kp:g}", {"dual_optimizer": "nupi", "kp": kp})
@@ -97,7 +97,8 @@ def nupi(kps: list[float], seeds: int, feasible: float, work: Path) -> None:
     for label, extra in rows:
         stats = []
         for seed in range(seeds):
-            cfg = config("two-moons", "fl", seed=seed, eval_every=1, **extra)
+            cfg = config("two-moons", "fl", seed=seed, eval_every=1, **extra,
+                         **({"epochs": epochs} if epochs is not None else {}))
             train(cfg, work / "records", work / "runs" / cfg.run_id)
             stats.append(overshoot(cfg, work, feasible))
         if header is None:
@@ -117,13 +118,14 @@ def main() -> None:
     parser.add_argument("--kp", default="1,5,20", help="nupi gains to compare with gd")
     parser.add_argument("--feasible", type=float, default=0.05)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=None, help="nupi: epochs of each run [the paper's, 250]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.what in ("pruning", "both"):
             pruning(args.seeds, Path(tmp) / "pruning")
         if args.what in ("nupi", "both"):
-            nupi([float(k) for k in args.kp.split(",")], args.seeds, args.feasible, Path(tmp) / "nupi")
+            nupi([float(k) for k in args.kp.split(",")], args.seeds, args.feasible, Path(tmp) / "nupi", args.epochs)
 
 
 if __name__ == "__main__":
