@@ -183,9 +183,11 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     again = flctl(results, "cancel", sid)
     assert again.returncode == 0 and "nothing to cancel" in again.stdout
 
-    resumed = flctl(results, *args)
+    # --wait: the re-run's own process is one of its two workers (started above as two new interpreters)
+    resumed = flctl(results, *args, "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    wait_until(lambda: ledger(results)["total"]["completed"] == 3, "the re-run to finish the sweep")
+    assert "1 worker job(s) through local" in resumed.stdout and "and one in this process" in resumed.stdout
+    assert ledger(results)["total"]["completed"] == 3
     run = store.get_run(interrupted[0].id)
     assert run.attempts == 1                                                  # one counted attempt in all
     reference = in_process("run", *cell, "--seed", str(run.seed), "--results-dir", str(tmp_path / "ref"))
