@@ -86,18 +86,13 @@ def test_a_slurm_worker_takes_as_many_threads_as_slurm_gave_it(monkeypatch) -> N
     assert allocated_cpus() == 3
 
 
-def test_a_worker_in_this_process_puts_torchs_threads_back(tmp_path: Path) -> None:
+def test_a_worker_in_this_process_puts_torchs_threads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `--wait` makes the calling process one of the workers (as `flctl paper` and flctl.api do): its threads are
     # the worker's while it trains, the caller's again after; kept at 2 they made later tests here 4-13x slower.
-    before = torch.get_num_threads()
-    seen = []
-    original = torch.set_num_threads
-    try:
-        torch.set_num_threads = lambda n: (seen.append(n), original(n))[1]     # type: ignore[assignment]
-        out = in_process("sweep", "two-moons", "--method", "erm", "--epochs", "1", "--workers", "1", "--threads",
-                         str(before + 1), "--wait", "--results-dir", str(tmp_path))
-    finally:
-        torch.set_num_threads = original
+    before, seen, original = torch.get_num_threads(), [], torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), original(n))[1])
+    out = in_process("sweep", "two-moons", "--method", "erm", "--epochs", "1", "--workers", "1", "--threads",
+                     str(before + 1), "--wait", "--results-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert seen == [before + 1, before] and torch.get_num_threads() == before
 

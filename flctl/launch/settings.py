@@ -1,7 +1,6 @@
 """A sweep's launch settings: the spec's [launch] table, the command's flags and OMP_NUM_THREADS, checked once
-(LaunchSettings);
-where its workers run (Slot: local processes on CPU cores or GPUs, Slurm array tasks) and how many cells each trains
-together."""
+(LaunchSettings); where its workers run (Slot: local processes on CPU cores or GPUs, Slurm array tasks) and how many
+cells each trains together."""
 
 from __future__ import annotations
 
@@ -195,7 +194,7 @@ class LaunchSettings:
             raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: "
                               f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
         merged = {**spec_launch, **flags.given()}
-        if merged.get("threads") is None and omp_threads() is not None:
+        if merged.get("threads") is None:
             merged["threads"] = omp_threads()
         sbatch = merged.pop("sbatch", None) or {}
         if not isinstance(sbatch, Mapping):
