@@ -49,21 +49,25 @@ def row(results: Path) -> dict:
 
 
 def freeze_outside_a_write(proc: warm.Popen, db: Path) -> None:
-    """SIGSTOP ``proc`` at a moment it holds no write lock on the SQLite file ``db``: frozen inside a write (a
-    heartbeat, an epoch's progress) it would lock every other writer out, which is SQLite's rule, not what the test
-    is about (seen once in CI as "database is locked")."""
+    """SIGSTOP ``proc`` at a moment it is inside no write: it holds no write lock on the SQLite file ``db`` and has
+    no file of the results folder half-placed (a hidden ``.tmp`` written but not yet renamed). Frozen inside a
+    database write it would lock every other writer out, which is SQLite's rule, not what the test is about (seen
+    once in CI as "database is locked"); frozen between a file's claim check and its rename, the one window
+    flctl.fs.guarded leaves open, its file lands when it wakes (seen once in CI, as a changed epoch file)."""
     for _ in range(200):
         proc.send_signal(signal.SIGSTOP)
         conn = sqlite3.connect(db, timeout=0.05, isolation_level=None)
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("ROLLBACK")
-            return
+            if not any(db.parent.rglob(".*.tmp")):
+                return
         except sqlite3.OperationalError:
-            proc.send_signal(signal.SIGCONT)
-            time.sleep(0.01)
+            pass
         finally:
             conn.close()
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
     raise AssertionError("the worker was inside a write at every try")
 
 
