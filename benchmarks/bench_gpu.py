@@ -105,6 +105,11 @@ def whole_run_s(t: dict, epochs: int, eval_every: int) -> float:
     return t["first_epoch_s"] + (epochs - 1) * t["epoch_s"] + evals * (t["eval_s"] or 0.0)
 
 
+def left(args) -> float:
+    """Seconds left of ``--budget-s`` (a lease's device time), infinite without one."""
+    return float("inf") if args.deadline is None else args.deadline - time.monotonic()
+
+
 def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | None, float]:
     """Run ``cmd`` with output appended to ``log``; kill its process group at ``timeout``. (rc or None, seconds)."""
     t0 = time.perf_counter()
@@ -133,7 +138,7 @@ def suite(args) -> dict:
     except ImportError:
         pass
     cmd += args.pytest_args
-    rc, seconds = run_logged(cmd, args.out / "pytest.log", args.timeout)
+    rc, seconds = run_logged(cmd, args.out / "pytest.log", min(args.timeout, left(args)))
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     failures = []
     if junit.exists():
@@ -169,12 +174,15 @@ def cifar(args) -> dict:
             if engine == "compiled" and precision == "fp32" and not args.small:
                 continue     # one compile per method is what the lease affords; bf16 is the default
             for m in ("erm", "fl"):
-                # eval at the last timed epoch, so it shows the evaluation's cost
-                cfg = config("cifar10", m, args.device, data_dir=str(data), eval_every=args.epochs,
-                             options={"width": width}, precision=precision, engine=engine)
                 key = f"{engine}/{precision}/{m}"
+                if left(args) < args.min_left_s:      # the lease's end: name what was not measured
+                    out.setdefault("not_measured", []).append(key)
+                    continue
                 torch._dynamo.reset()      # each configuration compiles afresh, as in its own process
                 try:
+                    # eval at the last timed epoch, so it shows the evaluation's cost
+                    cfg = config("cifar10", m, args.device, data_dir=str(data), eval_every=args.epochs,
+                                 options={"width": width}, precision=precision, engine=engine)
                     t = timed_epochs(cfg, args.work / "runs", args.epochs)
                 except Exception as exc:          # one broken engine must not cost the others' numbers
                     import traceback
@@ -204,8 +212,6 @@ def profile(args) -> dict:
     for engine in args.engines.split(","):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda(args.device) else [])
         prof = torch_profile(activities=activities)
-        cfg = config("cifar10", "fl", args.device, data_dir=str(data), eval_every=100,
-                     options={"width": 8 if args.small else 64}, engine=engine)
         torch._dynamo.reset()
         state = {}
 
@@ -218,6 +224,8 @@ def profile(args) -> dict:
                 state["wall"] = time.perf_counter() - state["t0"]
 
         try:
+            cfg = config("cifar10", "fl", args.device, data_dir=str(data), eval_every=100,
+                         options={"width": 8 if args.small else 64}, engine=engine)
             t = timed_epochs(cfg, args.work / "prof", 3, on_epoch=on_epoch)
         except Exception as exc:
             out[engine] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -255,7 +263,11 @@ def flctl_sweep(args, name: str, task_args: list[str], launch: list[str], timeou
            "--results-dir", str(results), *launch]
     layout = Layout(results)
     env = {**os.environ, "FLCTL_DB": layout.db_url, "TERM": "dumb"}
-    rc, seconds = run_logged(cmd, args.out / "sweeps.log", timeout, env=env)
+    if left(args) < args.min_left_s:
+        print(f"{name}: not measured, {left(args):.0f} s of the budget left", flush=True)
+        return {"command": "flctl sweep " + " ".join(task_args + launch), "not_measured": True, "rc": None,
+                "seconds": None, "ledger": {}, "timed_out": False}
+    rc, seconds = run_logged(cmd, args.out / "sweeps.log", min(timeout, left(args)), env=env)
     ledger = _ledger(layout.db) if layout.db.exists() else {}
     row = {"command": "flctl sweep " + " ".join(task_args + launch), "rc": rc, "seconds": seconds,
            "ledger": ledger, "timed_out": rc is None}
@@ -273,14 +285,17 @@ def share(args) -> dict:
             "--data", str(data)] + (["-o", "width=8"] if args.small else [])
     images = cells * epochs * 5 * per_batch
     out: dict = {"cells": cells, "epochs": epochs, "images_train": 5 * per_batch, "stacked": {}, "per_gpu": {}}
-    for k in (1, 2, 4, 8):
-        row = flctl_sweep(args, f"stacked-{k}", grid, ["--workers", "1", "--batch-runs", str(k)], args.timeout)
-        row["images_per_s"] = images / row["seconds"] if row["ledger"].get("completed") == cells else None
-        out["stacked"][str(k)] = row
-    for k in (1, 2, 4):
-        row = flctl_sweep(args, f"per-gpu-{k}", grid, ["--per-gpu", str(k), "--batch-runs", "1"], args.timeout)
-        row["images_per_s"] = images / row["seconds"] if row["ledger"].get("completed") == cells else None
-        out["per_gpu"][str(k)] = row
+    # K = 1 is one launch for both (one worker, one cell at a time); 4 before 2 and 8, so that a lease cut short
+    # still has the comparison that picks a default
+    for k in (1, 4, 2, 8):
+        ways = [("stacked", ["--workers", "1", "--batch-runs", str(k)])]
+        if 1 < k <= 4:
+            ways.append(("per_gpu", ["--per-gpu", str(k), "--batch-runs", "1"]))
+        for way, launch in ways:
+            row = flctl_sweep(args, f"{way}-{k}", grid, launch, args.timeout)
+            row["images_per_s"] = images / row["seconds"] if row["ledger"].get("completed") == cells else None
+            out[way][str(k)] = row
+    out["per_gpu"]["1"] = out["stacked"]["1"]
     return out
 
 
@@ -296,7 +311,7 @@ def moons(args) -> dict:
     for name, s, launch in (("stacked", n, share), ("one_per_worker", 1, share + ["--batch-runs", "1"])):
         row = flctl_sweep(args, f"moons-{name}", grid + ["--seeds", str(s)] + over, launch, args.timeout)
         row["cells"] = n * n * s
-        row["cells_per_s"] = row["ledger"].get("completed", 0) / row["seconds"]
+        row["cells_per_s"] = row["ledger"].get("completed", 0) / row["seconds"] if row["seconds"] else None
         out[name] = row
     return out
 
@@ -454,8 +469,9 @@ def _programme(sections: dict) -> dict:
             return today, today / gain
         if task in ("two-moons",) and moon.get("stacked", {}).get("cells_per_s"):
             scale = epochs / 250
-            return (scale / moon["one_per_worker"]["cells_per_s"] / 3600,
-                    scale / moon["stacked"]["cells_per_s"] / 3600)
+            best = scale / moon["stacked"]["cells_per_s"] / 3600
+            alone = moon.get("one_per_worker", {}).get("cells_per_s")
+            return (scale / alone / 3600 if alone else best), best
         if task == "orca-dpo" and dpo_.get("pairs_per_s"):
             # compute per pair grows with the parameters: the measured ~1B model scaled to the named one
             size = 8.0e9 if "8B" in (model or "") else 3.0e9 if "3b" in (model or "").lower() else 8.0e9
@@ -516,6 +532,12 @@ def collect(args) -> None:
                 "params": dpo_.get("params"), "max_length": dpo_.get("max_length")},
         "profile": sections.get("profile"),
         "programme_hours": _programme(sections),
+        # what a lease's end left unmeasured: whole sections, CIFAR configurations, sweeps
+        "not_measured": sorted([k for k, v in sections.items() if v.get("not_measured")]
+                               + [f"cifar/{k}" for k in sections.get("cifar", {}).get("not_measured", [])]
+                               + [f"{name}/{k}" for name, rows in (*share_.items(), ("moons", moon))
+                                  if isinstance(rows, dict)
+                                  for k, v in rows.items() if isinstance(v, dict) and v.get("not_measured")]),
         "raw": {k: f"{k}.json" for k in sections},
     }
     slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
@@ -537,13 +559,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("gpu-bench"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/flctl-gpu-bench"))
     ap.add_argument("--small", action="store_true", help="tiny sizes: checks this script, measures nothing")
-    ap.add_argument("--engines", default="eager,captured,compiled")
+    ap.add_argument("--engines", help="default: eager,captured,compiled on CUDA; eager,compiled elsewhere "
+                    "(captured replays CUDA graphs)")
     ap.add_argument("--precisions", default="auto,fp32")
     ap.add_argument("--epochs", type=int, default=4, help="epochs timed per configuration (the first is warm-up)")
     ap.add_argument("--timeout", type=float, default=240, help="seconds allowed to one subprocess")
+    ap.add_argument("--budget-s", type=float, help="seconds for all the sections (a lease's device time): a "
+                    "configuration or sweep not started with --min-left-s left is named as not measured")
+    ap.add_argument("--min-left-s", type=float, default=30)
     ap.add_argument("--workers", type=int, default=8, help="suite: pytest-xdist processes")
     ap.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()
+    args.deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
+    args.engines = args.engines or ("eager,captured,compiled" if cuda(args.device) else "eager,compiled")
     if args.sections[0] == "collect":
         args.dirs = [Path(s) for s in args.sections[1:]]
         collect(args)
@@ -559,6 +587,10 @@ def main() -> None:
            "commit": commit.stdout.strip() or os.environ.get("FLCTL_COMMIT"), "small": args.small}
     for name in args.sections:
         t0 = time.perf_counter()
+        if left(args) < args.min_left_s:
+            print(f"== {name} not measured: {left(args):.0f} s of the budget left", flush=True)
+            (args.out / f"{name}.json").write_text(json.dumps({"env": env, "ok": False, "not_measured": True}))
+            continue
         try:
             result = {"ok": True, **SECTIONS[name](args)}
         except Exception as exc:   # one broken section must not cost the others' numbers

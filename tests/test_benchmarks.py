@@ -47,3 +47,23 @@ def test_the_benchmark_runs(script: str, tmp_path: Path) -> None:
                    capture_output=True, timeout=240, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert sorted((ROOT / "benchmarks" / "results").iterdir()) == before    # a smoke run writes no results
+
+
+def test_the_gpu_lease_script_packs_what_it_measured_and_names_what_it_had_no_time_for(tmp_path: Path) -> None:
+    """benchmarks/gpu_lease.sh is what a 15-minute GPU lease runs, once: a section it starts comes back in the
+    tarball, and one that the budget leaves no time for is written as not measured rather than lost or overrun."""
+    import json
+    import subprocess
+    import tarfile
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "SECTIONS": "precision:120 share:5", "LEASE_S": "200", "RESULTS": str(tmp_path / "gpu-bench"), "BENCH_ARGS": f"--small --work {tmp_path / 'w'}"}
+    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_lease.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(tmp_path / "out" / "gpu-bench.tar.gz") as tar:
+        got = {Path(m.name).name: m for m in tar.getmembers()}
+        section = {name: json.load(tar.extractfile(got[f"{name}.json"])) for name in ("precision", "share")}
+    assert section["precision"]["ok"] and "two-moons/fl/fp32" in section["precision"]
+    assert section["share"] == {"env": section["share"]["env"], "ok": False, "not_measured": True}
+    assert {"bench.log", "machine.txt"} <= set(got)

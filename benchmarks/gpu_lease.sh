@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU proof as one device call, sized to a lease of 15 minutes of device time (benchmarks/README.md):
+#
+#   here:    bash benchmarks/gpu_wheels.sh                 # .whl/: what the lent machine's image lacks
+#   device:  run(command="FLCTL_COMMIT=<short sha> bash benchmarks/gpu_lease.sh", carry=[".whl"], timeout_s=580)
+#            and give_back at once
+#   here:    tar xzf <files_at>/gpu-bench.tar.gz -C DIR && python benchmarks/bench_gpu.py collect DIR/gpu-bench
+#
+# The sections run in the order the GPU issue needs their answers, each in a process of its own (a CUDA fault
+# costs one section) with the smaller of its cap and what is left of LEASE_S; a configuration that would start
+# with under 30 s left is named in the results as not measured. After each section everything measured so far is
+# packed into $OUT/gpu-bench.tar.gz, so a call cut short still brings it back. SECTIONS="name:cap ..." and
+# BENCH_ARGS (e.g. --small, to check this script on a CPU) override the plan; PYTHON the interpreter (python3),
+# RESULTS the folder packed (/tmp/gpu-bench: the tarball's one folder, whatever its name).
+set -u
+LEASE_S=${LEASE_S:-500}
+SECTIONS=${SECTIONS:-suite:150 cifar:170 moons:100 share:120 profile:60 utkface:60}
+OUT=${OUT:-/tmp/gpu-lease-out}
+results=${RESULTS:-/tmp/gpu-bench}
+rm -rf "$results" && mkdir -p "$results" "$OUT"
+start=$SECONDS
+if ! "${PYTHON:-python3}" -c 'import optuna, sqlalchemy, submitit, cvxpy' 2>/dev/null; then   # the lent machine: its image's
+                                                                                  # torch, the carried wheels beside it
+  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 3
+  # flctl itself, for its distribution metadata and flctl_tasks; the checkout stays first on the path
+  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . || exit 3
+  export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0}
+{ nvidia-smi -L; "${PYTHON:-python3}" -c 'import torch; print(torch.__version__, torch.cuda.is_available())'; } \
+  > "$results/machine.txt" 2>&1
+echo "setup took $((SECONDS - start)) s" | tee -a "$results/machine.txt"
+for entry in $SECTIONS; do
+  name=${entry%%:*} cap=${entry#*:}
+  left=$((LEASE_S - (SECONDS - start)))
+  budget=$((cap < left ? cap : left))
+  extra=()
+  [ "$name" = suite ] && extra=(--workers 14 --pytest-args
+                                --deselect tests/test_records_readers.py::test_five_readers_read_the_records_folder_and_agree)
+  echo "== $name: $budget s of $left s left" | tee -a "$results/bench.log"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  timeout -s KILL $((budget + 60)) "${PYTHON:-python3}" benchmarks/bench_gpu.py "$name" --out "$results" --budget-s "$budget" \
+    ${BENCH_ARGS:-} "${extra[@]}" >> "$results/bench.log" 2>&1
+  echo "rc=$? after $((SECONDS - start)) s" >> "$results/bench.log"
+  tar czf "$OUT/.gpu-bench.tar.gz" -C "$(dirname "$results")" "$(basename "$results")" && mv "$OUT/.gpu-bench.tar.gz" "$OUT/gpu-bench.tar.gz"
+done
+tail -n 40 "$results/bench.log"
