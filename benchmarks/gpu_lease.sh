@@ -19,13 +19,11 @@ OUT=${OUT:-/tmp/gpu-lease-out}
 results=${RESULTS:-/tmp/gpu-bench}
 rm -rf "$results" && mkdir -p "$results" "$OUT"
 start=$SECONDS
-if ! "${PYTHON:-python3}" -c 'import optuna, sqlalchemy, submitit, cvxpy' 2>/dev/null; then   # the lent machine: its image's
-                                                                                  # torch, the carried wheels beside it
-  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 3
-  # flctl itself, for its distribution metadata and flctl_tasks; the checkout stays first on the path
-  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . || exit 3
-  export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+if ! "${PYTHON:-python3}" -c 'import optuna, sqlalchemy, submitit, cvxpy' 2>/dev/null; then   # the lent machine
+  # into the image's own environment (a bare machine each lease; its torch stays), flctl editable as in CI: tests
+  # that set PYTHONPATH for their subprocesses still find flctl_tasks and the carried packages
+  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 3
+  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3
 fi
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0}
 { nvidia-smi -L; "${PYTHON:-python3}" -c 'import torch; print(torch.__version__, torch.cuda.is_available())'; } \

@@ -26,6 +26,6 @@ platforms=()
 for p in manylinux_2_17 manylinux2014 manylinux_2_24 manylinux_2_27 manylinux_2_28 manylinux_2_31 manylinux_2_34; do
   platforms+=(--platform "${p}_x86_64")
 done
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${WHEELS_PYTHON:-3.12}" --implementation cp "${platforms[@]}" \
   -d .whl "${pins[@]}"
 du -sh .whl
