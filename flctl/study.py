@@ -169,7 +169,13 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
         launch(configs)
         rows = _wait(configs, fetch, revive, poll_s)
         for number, cfg in batch:
-            value = (rows[cfg.run_id].get("metrics") or {}).get(objective)
+            metrics = rows[cfg.run_id].get("metrics") or {}
+            value = metrics.get(objective)
+            if rows[cfg.run_id]["status"] == Status.COMPLETED and value is None:
+                # the task or method never records it (accuracy of a regression, multipliers of ERM): every
+                # trial would fail, so stop at the first instead of training them all for a search with no best
+                raise ConfigError(f"run {cfg.run_id} finished without {objective!r}, so no trial of this search can "
+                                  f"have a value; its runs record: {', '.join(sorted(metrics))}")
             # skip_if_finished: a second `--tune` of the same study may have adopted and told the trial already
             if rows[cfg.run_id]["status"] == Status.COMPLETED and value is not None:
                 study.tell(number, value, skip_if_finished=True)

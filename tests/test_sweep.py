@@ -199,6 +199,16 @@ def test_tune_runs_n_tpe_trials_over_a_log_range(results: Path) -> None:
     bad(["sweep", "diabetes", "--tune", "2", "--objective", "test.loss"], "unknown objective 'test.loss'")
 
 
+def test_tune_stops_at_its_first_trial_when_the_runs_never_record_the_objective(results: Path) -> None:
+    """A regression task records no accuracy: the search stops after one trial with the metrics it does record,
+    not after training every trial for a study with no best (it once ended in Optuna's 'Record does not exist')."""
+    res = runner.invoke(app, ["sweep", "diabetes", "-m", "rfl", "--alpha", "1e-3..10", "--epochs", "2",
+                              "--tune", "4", "--objective", "test.accuracy", "--executor", "debug"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "finished without 'test.accuracy'" in res.output and "test.max_loss" in res.output
+    assert len(json.loads(runner.invoke(app, ["runs", "--json"]).stdout)) == 1
+
+
 def test_debug_worker_trains_batched_cells_together_and_records_each(results: Path) -> None:
     from flctl import records
 

@@ -176,6 +176,8 @@ def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, dire
     study = tune(spec, sid, n_trials, objective, direction, store=store, url=url,
                  resolve_cell=lambda p: resolve_cell(spec, p), launch=launch_configs, fetch=fetch, revive=revive,
                  parallel=parallel, told=told)
+    if not any(t.value is not None for t in study.get_trials(deepcopy=False)):
+        fail(f"sweep {sid}: no trial finished with a value of {objective}; see `flctl status {sid}`", code=1)
     best = study.best_trial
     console.print(f"study [bold]{safe(study.study_name)}[/]: best {safe(objective)} = {best.value:.4g} with "
                   f"{_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
