@@ -63,12 +63,11 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
     ``fields`` (RunConfig fields; task options as ``options={...}``). With ``check_data``, a task whose data is
     missing raises here."""
     from flctl.config import resolve
-    from flctl.tasks import get_task
+    from flctl.tasks import check_task_data, get_task
 
     spec = get_task(task)
     cfg = resolve(spec, method, dict(fields), p_min)
-    if check_data and spec.check is not None:
-        spec.check(cfg.opts, cfg.data_dir)
+    check_task_data(spec, cfg.opts, cfg.data_dir, look=check_data)
     return cfg
 
 

@@ -80,20 +80,21 @@ def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: s
                    runs: Sequence[Any], together: int = 1, check_data: bool = True) -> Programme:
     """Plan ``items`` at ``scale`` from the specs in ``folder``; ``runs`` are the database's runs (RunRecords).
     ``device`` and ``data_dir`` replace the specs' where given. ConfigError for a missing or invalid spec."""
-    from flctl.tasks import get_task
+    from flctl.tasks import check_task_data, get_task
 
     names = sorted({n for i in items for n in i.all_specs()})
     specs: dict[str, SpecPlan] = {}
     for name, path in spec_paths(folder, names).items():
         spec = scaled(load_spec(path), scale)
-        spec = dataclasses.replace(spec, device=device or spec.device, data_dir=data_dir or spec.data_dir)
+        task = get_task(spec.task)
+        spec = dataclasses.replace(spec, device=device or spec.device,
+                                   data_dir=(data_dir if task.reads_data else None) or spec.data_dir)
         configs = plan(spec, check_data=False, allow_large=True)
         no_data = None
-        task = get_task(spec.task)
-        if check_data and task.check is not None:
+        if check_data:
             try:
                 for options in {c.options: c for c in configs}.values():
-                    task.check(options.opts, spec.data_dir)
+                    check_task_data(task, options.opts, spec.data_dir)
             except ConfigError as exc:
                 no_data = str(exc)
         specs[name] = SpecPlan(name, spec, configs, no_data)

@@ -281,12 +281,12 @@ def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False) ->
     if not seen:
         raise ConfigError("the sweep's grid is empty")
     check_axes_read(spec, list(seen.values()))
-    from flctl.tasks import get_task
+    from flctl.tasks import check_task_data, get_task
 
     task = get_task(spec.task)
-    if check_data and task.check is not None:  # a missing dataset or model fails the plan, before anything is written
-        for options in {c.options: c for c in seen.values()}.values():   # once per distinct option set
-            task.check(options.opts, spec.data_dir)
+    # a missing dataset or model fails the plan, before anything is written; once per distinct option set
+    for options in {c.options: c for c in seen.values()}.values():
+        check_task_data(task, options.opts, spec.data_dir, look=check_data)
     return list(seen.values())
 
 

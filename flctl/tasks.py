@@ -70,8 +70,11 @@ class Task:
     # solve(config, dataset) -> Solution for tasks with their own solver (polyfit: CVXPY).
     solve: Callable[..., Any] | None = None
     # check(options, data_dir) raises ConfigError when the dataset is missing or incomplete; run before
-    # anything is written, so bad input leaves no database row behind.
+    # anything is written, so bad input leaves no database row behind (see ``check_data``).
     check: Callable[..., None] | None = None
+    # False: the task makes its samples or a library bundles them, so it reads no --data (which is refused rather
+    # than recorded as the run's data), and the paper programme's --data-dir does not reach it.
+    reads_data: bool = True
     # prepare(model, dataset, options, precision) runs once the model is on the device, before training (and again on a
     # resume): for targets that depend on the initial model, e.g. DPO's reference log-ratios.
     prepare: Callable[..., None] | None = None
@@ -211,6 +214,22 @@ def all_tasks() -> dict[str, Task]:
         tasks[name] = task
         _SOURCES[name] = source
     return dict(sorted(tasks.items()))
+
+
+def check_task_data(task: Task, options: Mapping[str, Any], data_dir: str | None, *, look: bool = True) -> None:
+    """Before anything is written: a --data the task does not read is refused; with ``look`` (not a dry run), the
+    task's own check runs, and for a task without one a --data path that is not there is refused (it would be
+    recorded as the run's data)."""
+    from pathlib import Path
+
+    if data_dir is not None and not task.reads_data:
+        raise ConfigError(f"{task.name} reads no --data: its samples come with the task ({task.description})")
+    if not look:
+        return
+    if task.check is not None:
+        task.check(options, data_dir)
+    elif data_dir is not None and not Path(data_dir).exists():
+        raise ConfigError(f"--data {data_dir}: no such file or folder")
 
 
 def describe_data(cfg: RunConfig) -> str:

@@ -47,6 +47,7 @@ TASK = Task(
     name="diabetes",
     kind="regression",
     description="scikit-learn diabetes (442 samples, 10 features, 80/20 split, z-scored), MLP 10-64-64-1",
+    reads_data=False,
     defaults=dict(epochs=100, batch_size=64, optimizer="adamw", lr=1e-3, weight_decay=0.0,
                   scheduler="constant", eval_every=10, eps=0.25, alpha=1.0, dual_lr=1e-2),
     options=dict(test_size=0.2, data_seed=0, hidden=64),

@@ -48,6 +48,7 @@ TASK = Task(
     name="digits",
     kind="classification",
     description="scikit-learn digits (8x8 images, 10 classes, stratified 75/25 split), small CNN",
+    reads_data=False,
     defaults=dict(epochs=30, batch_size=64, optimizer="adamw", lr=1e-3, weight_decay=0.0,
                   scheduler="cosine", eval_every=5, eps=0.51, alpha=1.0, dual_lr=1e-2),
     options=dict(test_size=0.25, data_seed=0, width=32),

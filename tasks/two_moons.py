@@ -62,6 +62,7 @@ TASK = Task(
     name="two-moons",
     kind="classification",
     description="make_moons (noise 0.1, 1000 train / 1000 test), MLP 2-70-70-2",
+    reads_data=False,
     defaults=dict(epochs=250, batch_size=512, optimizer="adamw", lr=5e-4, weight_decay=0.0,
                   scheduler="constant", eval_every=25, eps=0.1, alpha=1.0, dual_lr=1e-2),
     options=dict(n_train=1000, n_test=1000, noise=0.1, data_seed=0, hidden=70),

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from flctl import records
-from flctl.tasks import all_tasks
+from flctl.errors import ConfigError
+from flctl.tasks import all_tasks, get_task
 from flctl.train import train
 from tests.fixtures import REAL, WRITERS
 from tests.helpers import config
@@ -88,3 +89,19 @@ def test_every_task_kind_has_one_loss_kind() -> None:
 
     assert set(LOSS_KINDS) == set(typing.get_args(Kind))
     assert {t.kind for t in all_tasks().values()} <= set(LOSS_KINDS)
+
+
+def test_a_data_path_that_is_not_there_is_refused_for_a_task_without_its_own_check(tmp_path: Path) -> None:
+    """A plugin task that reads --data but declares no check: the path must exist, or it would be recorded as the
+    run's data; a task that reads none refuses any."""
+    import dataclasses
+
+    from flctl.tasks import check_task_data
+
+    reads = dataclasses.replace(get_task("two-moons"), reads_data=True, check=None)
+    check_task_data(reads, {}, str(tmp_path))
+    with pytest.raises(ConfigError, match="no such file or folder"):
+        check_task_data(reads, {}, str(tmp_path / "missing"))
+    check_task_data(reads, {}, str(tmp_path / "missing"), look=False)       # a dry run does not look
+    with pytest.raises(ConfigError, match="reads no --data"):
+        check_task_data(get_task("two-moons"), {}, str(tmp_path), look=False)
