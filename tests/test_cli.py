@@ -106,10 +106,13 @@ def test_unreachable_database(results: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"postgresql://flctl:secret@127.0.0.1:{port}/flctl"
-    res = flctl("run", "two-moons", "--epochs", "1", "--db", url)
-    assert_rejected(res, "cannot open database", f"127.0.0.1:{port}")
-    assert "secret" not in res.stderr
-    assert files_under(results) == []
+    nested = results / "a" / "b"          # every folder the command would make is taken back
+    for command in (["run", "two-moons", "--epochs", "1"], ["sweep", "two-moons", "--seeds", "2", "--epochs", "1"],
+                    ["paper", "--scale", "smoke", "--only", "figure:3"]):
+        res = flctl(*command, "--db", url, "--results-dir", str(nested))
+        assert_rejected(res, "cannot open database", f"127.0.0.1:{port}")
+        assert "secret" not in res.stderr and res.stdout == "", res.stdout      # no plan before the error
+        assert not results.exists()
 
 
 def test_foreign_database_is_not_touched(results: Path) -> None:
@@ -247,3 +250,10 @@ def test_shell_completion_offers_tasks_methods_kinds_and_ids(results: Path) -> N
     assert sorted(complete("flctl status ")) == sorted([sweep["id"], "tiny"])
     assert complete("flctl cancel ti") == ["tiny"]
     assert complete(f"flctl report --sweep {sweep['id'][:3]}") == [sweep["id"]]
+
+
+def test_an_empty_results_dir_is_refused_not_the_current_folder(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)            # `--results-dir "$UNSET"` once filled the current folder
+    for command in (["run", "two-moons", "--epochs", "1"], ["runs"]):
+        assert_rejected(flctl(*command, "--results-dir", ""), "Invalid value for '--results-dir': an empty path")
+    assert list(tmp_path.iterdir()) == []

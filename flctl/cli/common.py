@@ -124,6 +124,22 @@ def open_store(db: str | None, root: Path):
     return store
 
 
+def open_results(url: str, root: Path):
+    """The results folder, made if needed and proven writable, and its run database opened for writing: (store,
+    root). A database that cannot be opened (a bad --db, a server that does not answer) fails in one line and takes
+    back the folders this call made, so bad input leaves nothing behind."""
+    import shutil
+
+    made = next((p for p in (*reversed(root.absolute().parents), root.absolute()) if not p.exists()), None)
+    root = ensure_writable(root)
+    try:
+        return open_store(url, root), root
+    except typer.Exit:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
 def existing_store(db: str | None, root: Path, *, readonly: bool = True):
     """Open an existing database without creating one; ``readonly`` (listings, reports) writes nothing to it."""
     from flctl.db import Store
@@ -319,6 +335,15 @@ def with_model(options: dict[str, str], model: str | None) -> dict[str, str]:
 # Where a command finds the results and the database: one declaration of each option, for every command.
 RESULTS_DIR_HELP = f"Results folder: records, runs, jobs, reports, flctl.db [env FLCTL_RESULTS, else ./{DEFAULT_RESULTS}]."
 DB_HELP = "Database URL [env FLCTL_DB, else sqlite: flctl.db in the results folder]."
-ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
+
+
+def _results_dir(value: str) -> Path:
+    # An empty value (`--results-dir "$UNSET"`) would be the current folder, filled with records and a database.
+    if not value:
+        raise typer.BadParameter("an empty path; give a folder (the default is ./results)")
+    return Path(value)
+
+
+ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP, parser=_results_dir,
                                                           rich_help_panel=PANELS["where"])]
 DbOption = Annotated[Optional[str], typer.Option(help=DB_HELP, rich_help_panel=PANELS["where"])]

@@ -18,10 +18,10 @@ from flctl.cli.common import (
     ResultsDirOption,
     console,
     db_url,
-    ensure_writable,
     err_console,
     fail,
     launch_options,
+    open_results,
     open_store,
     results_root,
     safe,
@@ -87,14 +87,14 @@ def paper(
                                    together=together, check_data=not (dry_run or report_only))
     except ConfigError as exc:
         fail(str(exc))
-    if not report_only:
-        _print_plan(programme)
     if dry_run:
+        _print_plan(programme)
         console.print("nothing was written")
         return
     out = out if out is not None else root / ("paper" if scale == "paper" else f"paper-{scale}")
-    root = ensure_writable(root)
+    _, root = open_results(url, root)           # a bad --db: one line, before the plan and with nothing made
     if not report_only:
+        _print_plan(programme)
         _launch(programme, launch, url, root, wait)
         runs = stored_runs(url, tasks_of(specs, items))
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,

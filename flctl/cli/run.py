@@ -19,9 +19,8 @@ from flctl.cli.common import (
     config_options,
     console,
     db_url,
-    ensure_writable,
     fail,
-    open_store,
+    open_results,
     parse_options,
     results_root,
     safe,
@@ -79,7 +78,7 @@ def run(
     cfg = resolve_config(task, method, overrides, p_min)
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
-    store = open_store(url, ensure_writable(root))
+    store, root = open_results(url, root)
 
     from flctl.errors import ClaimLost
     from flctl.fs import DiskFull

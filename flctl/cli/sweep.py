@@ -16,10 +16,9 @@ from flctl.cli.common import (
     config_options,
     console,
     db_url,
-    ensure_writable,
     fail,
     launch_options,
-    open_store,
+    open_results,
     parse_options,
     results_root,
     safe,
@@ -94,8 +93,7 @@ def sweep(
 
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
-    root = ensure_writable(root)
-    store = open_store(url, root)
+    store, root = open_results(url, root)
     if planned.tune is not None:
         _tune(store, url, root, planned.spec, planned.tune, planned.objective, direction, parallel, settings)
         return
