@@ -69,14 +69,17 @@ def parse_float_axis(name: str, text: str) -> list[float]:
 
 
 def _parse_list(name: str, text: str, convert: Callable[[str], Any], expected: str) -> list[Any]:
-    """A comma-separated list of values of one type; empty items are ignored, an empty list is an error."""
+    """A comma-separated list of values of one type. An empty item (`0.1,,0.2`, `0.1,`) is an error: it is a value
+    left out by mistake more often than not, and the grid would quietly lose it."""
+    items = [v.strip() for v in str(text).split(",")]
+    if not any(items):
+        raise ConfigError(f"--{_flag(name)} is empty")
+    if not all(items):
+        raise ConfigError(f"--{_flag(name)} {text!r}: an empty item between commas; expected {expected}")
     try:
-        values = [convert(v.strip()) for v in str(text).split(",") if v.strip()]
+        return [convert(v) for v in items]
     except ValueError:
         raise ConfigError(f"--{_flag(name)} {text!r}: expected {expected}") from None
-    if not values:
-        raise ConfigError(f"--{_flag(name)} is empty")
-    return values
 
 
 def parse_axis(name: str, value: Any) -> list[Any]:

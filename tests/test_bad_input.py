@@ -120,6 +120,8 @@ CASES: list[tuple[list[str], str]] = [
     (["sweep", "two-moons", "--lr", "1e-4..1:100", "--dual-lr", "1e-4..1:101", "--dry-run"], "--yes"),
     (["sweep", "two-moons", "-m", "erm", "--alpha", "0", "--dry-run"], "--alpha must be"),
     (["sweep", "diabetes", "-m", "rfl", "--tune", "3"], "--tune needs at least one axis"),
+    (["sweep", "two-moons", "-m", "rfl", "--alpha", "0.1,,0.2", "--dry-run"], "an empty item between commas"),
+    (["sweep", "two-moons", "-m", "rfl", "--seed", "0,", "--dry-run"], "an empty item between commas"),
     # a --data the task does not read would be recorded as the run's data: refused, in a dry run too
     (["run", "two-moons", "--data", "/no/such/folder"], "two-moons reads no --data"),
     (["sweep", "digits", "-m", "fl", "--seeds", "2", "--data", ".", "--dry-run"], "digits reads no --data"),
