@@ -35,6 +35,9 @@ DEFAULT_METHOD = "fl"
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
              "device", "task_module"}
 
+# The specs that come with flctl: the checkout's sweeps/ (flctl is installed editable, `pip install -e`).
+SHIPPED_SPECS = Path(__file__).resolve().parents[1] / "sweeps"
+
 
 def parse_float_axis(name: str, text: str) -> list[float]:
     """``a..b`` one log-spaced point per decade, ``a..b:n`` n log-spaced points, ``x,y,z`` a list."""
@@ -196,12 +199,26 @@ def implied_methods(task: str, axes: Mapping[str, Any]) -> tuple[str, ...]:
     raise ConfigError(f"{flags}: no method of task {task!r} ({', '.join(supported)}) reads it")
 
 
+def find_spec(path: Path) -> Path:
+    """``path`` as given; else, for a relative path that is not there, the shipped spec it names (sweeps/X.toml,
+    X.toml or X, in the checkout's sweeps/), so the README's `--spec sweeps/...` works from any folder."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    for shipped in (SHIPPED_SPECS.parent / path, SHIPPED_SPECS / path.name, SHIPPED_SPECS / f"{path.name}.toml"):
+        if shipped.is_file():
+            return shipped
+    return path
+
+
 def load_spec(path: Path) -> SweepSpec:
-    """A TOML spec: ``task``, axes as keys (lists or range strings), ``seeds``, ``[options]``, ``[launch]``."""
+    """A TOML spec (see ``find_spec``): ``task``, axes as keys (lists or range strings), ``seeds``, ``[options]``,
+    ``[launch]``."""
     try:
-        raw = Path(path).read_bytes()
+        raw = find_spec(path).read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"no spec file {str(path)!r}; specs live in sweeps/ (e.g. sweeps/two-moons.toml)") from None
+        raise ConfigError(f"no spec file {str(path)!r} here or among the shipped specs in {SHIPPED_SPECS} "
+                          "(e.g. sweeps/two-moons.toml)") from None
     except IsADirectoryError:
         raise ConfigError(f"spec {str(path)!r} is a folder; give a .toml file in it") from None
     except OSError as exc:

@@ -230,3 +230,13 @@ def test_dry_run_plans_without_the_dataset(results: Path, tmp_path: Path) -> Non
     assert "4 runs; nothing was written" in plan.output
     bad(args, "cifar")
     assert files_under(results) == []
+
+
+def test_a_shipped_spec_is_found_from_any_folder_and_a_local_file_comes_first(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)                      # the README's `--spec sweeps/...`, away from the checkout
+    shipped = load_spec(Path("sweeps/two-moons.toml"))
+    assert shipped.task == "two-moons" and load_spec(Path("two-moons")) == shipped
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "two-moons.toml").write_text('task = "digits"\nmethod = ["erm"]\n')
+    assert load_spec(Path("sweeps/two-moons.toml")).task == "digits"
+    bad(["sweep", "--spec", "nope.toml", "--dry-run"], "no spec file 'nope.toml' here or among the shipped specs")

@@ -28,8 +28,9 @@ from flctl.cli.common import (
 )
 from flctl.config import resolve_device
 from flctl.launch.settings import LaunchFlags, LaunchSettings
+from flctl.sweep import SHIPPED_SPECS
 
-SPECS = Path(__file__).resolve().parents[2] / "sweeps"     # the checkout's sweeps/ (pip install -e)
+SPECS = SHIPPED_SPECS
 
 
 @launch_options
