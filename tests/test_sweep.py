@@ -240,3 +240,14 @@ def test_a_shipped_spec_is_found_from_any_folder_and_a_local_file_comes_first(tm
     (tmp_path / "sweeps" / "two-moons.toml").write_text('task = "digits"\nmethod = ["erm"]\n')
     assert load_spec(Path("sweeps/two-moons.toml")).task == "digits"
     bad(["sweep", "--spec", "nope.toml", "--dry-run"], "no spec file 'nope.toml' here or among the shipped specs")
+
+
+def test_a_gpu_sweep_and_programme_are_planned_on_a_machine_without_one(results: Path) -> None:
+    """A dry run only plans: `--device cuda` is checked by name, not against this machine (the README plans a
+    cluster's CIFAR-10 sweep from a laptop); the same sweep launched here is still refused."""
+    for args in (["sweep", "cifar10", "-m", "fl", "--device", "cuda", "--per-gpu", "2", "--dry-run"],
+                 ["paper", "--dry-run", "--device", "cuda", "--only", "table:1"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0 and "nothing was written" in res.output, res.output
+    bad(["sweep", "cifar10", "-m", "fl", "--device", "cuda:x", "--dry-run"], "unknown device 'cuda:x'")
+    assert not results.exists()
