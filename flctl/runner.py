@@ -110,6 +110,7 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
         return None
     if fresh:
         layout.clear(cfg.run_id)
+        queue.start_afresh(cfg.run_id, token)
     return train_claimed([cfg], {cfg.run_id: token}, store, layout, on_epoch, checkpoint_every=checkpoint_every,
                          stop=stop)[0]
 

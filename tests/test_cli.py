@@ -257,3 +257,15 @@ def test_an_empty_results_dir_is_refused_not_the_current_folder(tmp_path: Path, 
     for command in (["run", "two-moons", "--epochs", "1"], ["runs"]):
         assert_rejected(flctl(*command, "--results-dir", ""), "Invalid value for '--results-dir': an empty path")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rerun_starts_its_time_and_attempts_afresh(results: Path) -> None:
+    """--rerun trains from scratch, so the earlier life's seconds and attempts stop counting (they fed the cost
+    estimates' seconds per epoch, and rose with every rerun)."""
+    assert flctl("run", "two-moons", "--epochs", "1").exit_code == 0
+    with sqlite3.connect(results / "flctl.db") as conn:     # as if the first life had been long and retried
+        conn.execute("UPDATE runs SET duration_s = 1e6, attempts = 3")
+    res = flctl("run", "two-moons", "--epochs", "1", "--rerun")
+    assert res.exit_code == 0, res.output
+    (run,) = json.loads(flctl("runs", "--json").stdout)
+    assert run["attempts"] == 1 and 0 < run["duration_s"] < 1e5

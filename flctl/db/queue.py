@@ -184,6 +184,12 @@ class RunQueue:
             return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return self.write(fn)
 
+    def start_afresh(self, run_id: str, token: str) -> bool:
+        """The claimed run starts from scratch (--rerun, a diverged run trained again): the earlier life's time and
+        attempts stop counting, or its duration (and the seconds per epoch that cost estimates read) would add
+        up over reruns."""
+        return self._fenced_update(run_id, token, {"attempts": 1, "duration_s": None, "epochs_done": 0})
+
     def record_provenance(self, run_id: str, token: str, provenance: dict[str, Any]) -> bool:
         """Where the code that trains the claimed run comes from (flctl.runner, as training starts)."""
         return self._fenced_update(run_id, token, {"provenance": provenance})
