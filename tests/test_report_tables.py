@@ -105,6 +105,10 @@ def test_golden_markdown() -> None:
 
 def test_golden_latex() -> None:
     assert render(build("main", RUNS, ["train.avg_loss", "test.max_loss"]), "latex") == GOLDEN_LATEX
+    table = build("main", RUNS, ["train.avg_loss"])
+    table.notes = ["† 4 of 9 rows have fewer than 2 seeds; see `flctl runs` & #3"]
+    assert render(table, "latex").splitlines()[-2] == (r"\\[2pt]{\footnotesize $^\dagger$ 4 of 9 rows have fewer than 2 "
+                                                       r"seeds; see \texttt{flctl runs} \& \#3}")
 
 
 def test_csv_keeps_full_precision_and_seed_counts() -> None:

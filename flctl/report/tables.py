@@ -9,6 +9,7 @@ is one row per run instead, of any set of runs.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -290,7 +291,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
         def esc(s: str) -> str:
             return (s.replace("_", r"\_").replace("%", r"\%").replace("ε", r"$\epsilon$")
                     .replace("α", r"$\alpha$").replace("∞", r"$\infty$").replace("—", "--")
-                    .replace("†", r"$^\dagger$"))
+                    .replace("†", r"$^\dagger$").replace("&", r"\&").replace("#", r"\#"))
         lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{esc(table.title)}}}",
                  r"\begin{tabular}{" + "l" * len(table.keys) + "c" * len(table.columns) + "}", r"\toprule",
                  " & ".join(esc(k) for k in table.keys + table.columns) + r" \\", r"\midrule"]
@@ -300,7 +301,9 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
                      for j, c in enumerate(cells)]
             lines.append(" & ".join([esc(k) for k in key] + texts) + r" \\")
         lines += [r"\bottomrule", r"\end{tabular}"]
-        lines += [rf"\\[2pt]{{\footnotesize {esc(n)}}}" for n in table.notes]
+        for n in table.notes:      # a note's `command` is code: typewriter, not LaTeX's quote marks
+            note = re.sub(r"`([^`]*)`", r"\\texttt{\1}", esc(n))
+            lines.append(rf"\\[2pt]{{\footnotesize {note}}}")
         lines += [r"\end{table}"]
         return "\n".join(lines) + "\n"
 
