@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -251,3 +252,15 @@ def test_a_gpu_sweep_and_programme_are_planned_on_a_machine_without_one(results:
         assert res.exit_code == 0 and "nothing was written" in res.output, res.output
     bad(["sweep", "cifar10", "-m", "fl", "--device", "cuda:x", "--dry-run"], "unknown device 'cuda:x'")
     assert not results.exists()
+
+
+def test_a_piped_watch_logs_a_line_per_change_then_the_ledger(results: Path) -> None:
+    """Piped or logged, `status --watch` writes a timestamped line of counts whenever they change (a log cut short
+    still says how far the sweep got), then the final ledger: not a redraw per poll, and not silence until the end."""
+    assert runner.invoke(app, ["sweep", "two-moons", "-m", "fl", "--seeds", "2", "--epochs", "2",
+                               "--executor", "debug"]).exit_code == 0
+    out = runner.invoke(app, ["status", "--watch"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d sweep [0-9a-f]{12}: completed 2", lines[0]), lines[0]
+    assert "completed" in lines[3] and lines[-2].split("│")[1].strip() == "all"

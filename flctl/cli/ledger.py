@@ -38,15 +38,23 @@ def _ledger_table(data: dict):
 
 
 def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
-    """Redraw the sweep's ledger in place until it settles (``until_done``) or forever; piped or redirected, print
-    only the last ledger (a file gets the result, not every redraw, and ends with a newline)."""
+    """Redraw the sweep's ledger in place until it settles (``until_done``) or forever. Piped or redirected, a log
+    line each time the counts change (a log followed with `tail -f`, or cut short, still says how far the sweep got)
+    and the last ledger as a table at the end, not every redraw."""
     from rich.live import Live
 
     from flctl.study import poll_delays
 
     data, delays = ledger(store, sid), poll_delays(interval)     # a sweep of short cells returns when it is done
     if not console.is_terminal:
-        while not (until_done and settled(data)):
+        said = None
+        while True:
+            counts = " · ".join(f"{k} {n}" for k, n in data["total"].items() if n)
+            if counts != said:
+                console.print(f"{time.strftime('%H:%M:%S')} sweep {sid}: {counts or 'no cells'}", highlight=False)
+                said = counts
+            if until_done and settled(data):
+                break
             time.sleep(next(delays))
             data = ledger(store, sid)
         console.print(_ledger_table(data))
