@@ -170,3 +170,12 @@ def test_tick_labels_one_format(values: list[float], want: list[str]) -> None:
     from flctl.report.plots.common import tick_labels
 
     assert tick_labels(values) == want
+
+
+def test_a_narrow_heatmaps_title_wraps_inside_the_figure(grid: tuple[list, Path]) -> None:
+    runs, records = grid
+    narrow = [r for r in runs if r.config["lr"] < 5e-4]          # two primal lrs: a figure narrower than its title
+    fig = drawn("heatmap", narrow, records)
+    assert len(panels(fig)[0].get_xticklabels()) == 2
+    assert "\n" in fig._suptitle.get_text()
+    assert_readable(fig)

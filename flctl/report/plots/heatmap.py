@@ -102,5 +102,7 @@ def _heatmap(runs: list[RunRecord]) -> Figure:
     bar.ax.yaxis.set_major_formatter(lambda v, _: figure_number(v))
     if vmax / vmin < 10:
         bar.ax.yaxis.set_minor_formatter(lambda v, _: figure_number(v))
-    fig.suptitle(f"{task}: final average train loss, mean over seeds (grey: diverged)")
+    # a grid of two or three lrs is narrower than the title: wrapped, not cut at both edges
+    fig.suptitle(wrap(f"{task}: final average train loss, mean over seeds (grey: diverged)",
+                      fig.get_figwidth() - 0.2, 11))    # figure.titlesize "large": 1.2 x 9 pt
     return fig
