@@ -283,3 +283,26 @@ def test_cvar_curve_of_the_figures_matches_the_summary_cvar() -> None:
     hand = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0])
     assert _cvar_curve(hand, np.array([0.0]))[0] == pytest.approx(hand.mean())      # CVaR(0) = mean
     assert _cvar_curve(hand, np.array([0.9]))[0] == pytest.approx(1.0)
+
+
+def test_a_wide_runs_table_keeps_what_matters_in_the_terminal_and_says_what_it_left_out() -> None:
+    """Every field varies across tasks and runs record ~20 metrics: squeezed into 200 columns each would read "ta…".
+    The terminal keeps run, task, method, the losses and accuracy, then ε, α, lr; the note names the rest."""
+    from flctl.metrics import SPLITS, SUMMARY_METRICS
+    from flctl.report.tables import Cell, Table
+
+    keys = ["run", "task", "method", "epochs", "batch_size", "optimizer", "momentum", "weight_decay", "scheduler",
+            "eval_every", "eps", "alpha", "lr", "dual_lr", "seed", "options.hidden", "versions.torch"]
+    columns = [f"{s}.{m}" for s in SPLITS for m in SUMMARY_METRICS]
+    table = Table("Runs", keys, columns, per_run=True)
+    table.rows = [([f"{i:016x}", "two-moons" if i else "fashion-mnist", "fl", *(f"value-{i}-{j}" for j in range(14))],
+                   [Cell(0.123 + i, None, 1) for _ in columns]) for i in range(2)]
+    lines = render(table, "rich").splitlines()
+    header = next(line for line in lines if "run" in line and "task" in line)
+    assert "…" not in header and max(map(len, lines)) <= 200
+    shown = [h.strip() for h in header.strip("┃").split("┃")]
+    assert shown[:3] == ["run", "task", "method"]
+    assert {"eps", "alpha", "train.avg_loss", "train.max_loss", "train.accuracy", "test.accuracy"} <= set(shown)
+    left = len(keys) + len(columns) - len(shown)
+    assert left > 0 and any(f"{left} more column(s) do not fit here" in line for line in lines)
+    assert render(table, "markdown").splitlines()[2].count("|") == len(keys) + len(columns) + 1   # all of them

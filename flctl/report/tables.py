@@ -253,6 +253,46 @@ def _varying_keys(table: Table) -> Table:
                                rows=[([keys[j] for j in keep], cells) for keys, cells in table.rows])
 
 
+RICH_WIDTH = 200      # the terminal table's width (rich squeezes columns past it into "ta…")
+FIRST_SHOWN = ("avg_loss", "max_loss", "accuracy")     # the runs table's metrics a narrow terminal keeps first
+FIRST_FIELDS = ("eps", "alpha", "lr", "dual_lr", "seed")  # and its fields
+
+
+def _fit_width(table: Table, digits: int) -> Table:
+    """The runs table with as many columns as fit RICH_WIDTH: run, task and method, then avg/max loss and accuracy,
+    then the other varying fields, then the other metrics; a note names what is left out (CSV and Markdown keep
+    every column)."""
+    def width(name: str, texts: list[str]) -> int:     # a column's header or widest value, and rich's padding
+        return max([len(name), *map(len, texts)]) + 3
+    keys = [(width(k, [row[j] for row, _ in table.rows]), ("key", j)) for j, k in enumerate(table.keys)]
+    metrics = [(width(c, [number(cells[j].mean, digits) for _, cells in table.rows]), ("metric", j))
+               for j, c in enumerate(table.columns)]
+    main = [m for m in metrics if table.columns[m[1][1]].partition(".")[2] in FIRST_SHOWN]
+    # among the fields, first those the paper's tables are about
+    fields = sorted(keys[3:], key=lambda k: FIRST_FIELDS.index(table.keys[k[1][1]])
+                    if table.keys[k[1][1]] in FIRST_FIELDS else len(FIRST_FIELDS))
+    order = keys[:3] + main + fields + [m for m in metrics if m not in main]
+    shown: set[tuple[str, int]] = set()
+    used = 0
+    for w, col in order:
+        if used + w > RICH_WIDTH and len(shown) >= 3:
+            continue          # a narrower column further down the order may still fit
+        used += w
+        shown.add(col)
+    if len(shown) == len(order):
+        return table
+    key_j = [j for j in range(len(table.keys)) if ("key", j) in shown]
+    col_j = [j for j in range(len(table.columns)) if ("metric", j) in shown]
+    left = [table.keys[j] for j in range(len(table.keys)) if j not in key_j] + \
+        [table.columns[j] for j in range(len(table.columns)) if j not in col_j]
+    named = ", ".join(left[:8]) + (", …" if len(left) > 8 else "")
+    return dataclasses.replace(
+        table, keys=[table.keys[j] for j in key_j], columns=[table.columns[j] for j in col_j],
+        rows=[([k[j] for j in key_j], [cells[j] for j in col_j]) for k, cells in table.rows],
+        notes=[*table.notes, f"{len(left)} more column(s) do not fit here ({named}): name the metrics with "
+                             "--columns, or see every column with --format csv or markdown"])
+
+
 def render(table: Table, fmt: str, digits: int = 2) -> str:
     """The table as text in one of FORMATS ('rich' renders to plain text of rich's table)."""
     if fmt not in FORMATS:
@@ -268,6 +308,8 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
         return out.getvalue()
     if table.per_run:
         table = _varying_keys(table)
+        if fmt == "rich":
+            table = _fit_width(table, digits)
     best = table.best(digits)
 
     def cell_text(c: Cell, is_best: bool, bold: Callable[[str], str], pm: Callable[[str], str]) -> str:
@@ -320,7 +362,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
     for i, (key, cells) in enumerate(table.rows):
         rt.add_row(*map(literal, key), *(cell_text(c, i in best[j], lambda s: f"[bold]{s}[/bold]", lambda s: f" ± {s}")
                                          for j, c in enumerate(cells)))
-    console = Console(record=True, width=200, file=io.StringIO(), emoji=False)
+    console = Console(record=True, width=RICH_WIDTH, file=io.StringIO(), emoji=False)
     console.print(rt)
     for n in table.notes:
         console.print(f"[yellow]{literal(n)}[/]")
