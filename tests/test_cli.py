@@ -88,6 +88,8 @@ def test_unwritable_results_directory(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     res = flctl("run", "two-moons", "--epochs", "1", "--results-dir", str(blocker / "results"))
     assert_rejected(res, "is not writable", "--results-dir")
+    assert_rejected(flctl("run", "two-moons", "--epochs", "1", "--results-dir", str(blocker)),
+                    "is a file, not a folder")
     assert blocker.read_text() == "not a directory"
 
 

@@ -74,6 +74,8 @@ def results_root(path: Path | None) -> Path:
 
 def ensure_writable(root: Path) -> Path:
     """Create the results directory if needed and prove it is writable (as root, os.access always says yes)."""
+    if root.exists() and not root.is_dir():
+        fail(f"results directory {str(root)!r} is a file, not a folder; give a folder (--results-dir or FLCTL_RESULTS)")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-test-{uuid.uuid4().hex}"

@@ -166,8 +166,10 @@ def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seed
         raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(QUERIES)}")
     with atomic_path(out) as tmp:
         pq.write_table(result, tmp)
-    shown = Table(*map(safe, result.column_names), title=f"{query}: {len(result)} rows")
-    for row in result.slice(0, 30).to_pylist():
+    shown_rows = 30
+    title = f"{query}: {len(result)} rows" + (f", the first {shown_rows} shown" if len(result) > shown_rows else "")
+    shown = Table(*map(safe, result.column_names), title=title)
+    for row in result.slice(0, shown_rows).to_pylist():
         shown.add_row(*(f"{v:.4g}" if isinstance(v, float) else safe(v) for v in row.values()))
     console.print(shown)
-    console.print(f"wrote {safe(out)}")
+    console.print(f"wrote {safe(out)}" + (f" (all {len(result)} rows)" if len(result) > shown_rows else ""))

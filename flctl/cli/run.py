@@ -45,7 +45,7 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None)
 
 @config_options()
 def run(
-    task: Annotated[str, typer.Argument(help="Task name (see `flctl tasks`).", autocompletion=complete_task)],
+    task: Annotated[str, typer.Argument(metavar="TASK", help="Task name (see `flctl tasks`).", autocompletion=complete_task)],
     p_min: Annotated[Optional[float], typer.Option("--p-min", help="Classification: ε = log(1/p_min).",
                                                    rich_help_panel=PANELS["method"])] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=VALUE (repeatable).",
@@ -152,7 +152,9 @@ class _progress:
         def on_epoch(stats) -> None:
             lam = "" if stats.max_multiplier is None else f" max λ {stats.max_multiplier:.3g}"
             self.progress.update(self.task, completed=stats.epoch, total=stats.epochs,   # a solver: 1 of 1
-                                 stats=f"avg {stats.train_avg_loss:.4f} max {stats.train_max_loss:.4f}{lam}")
+                                 # the losses of the epoch's batches as they trained, not the summary's
+                                 # evaluation of the final model (its max is another number)
+                                 stats=f"batch loss avg {stats.train_avg_loss:.4f} max {stats.train_max_loss:.4f}{lam}")
         return on_epoch
 
     def __exit__(self, *exc) -> None:
@@ -165,7 +167,7 @@ def print_summary(run: RunRecord) -> None:
     styles: dict[str, str] = {Status.COMPLETED: "green", Status.DIVERGED: "yellow", Status.FAILED: "red"}
     status_style = styles.get(run.status, "white")
     console.print(f"run [bold]{safe(run.id)}[/] [{status_style}]{safe(run.status)}[/] after "
-                  f"{safe(run.epochs_done)} epochs"
+                  f"{safe(run.epochs_done)} epoch{'' if run.epochs_done == 1 else 's'}"
                   + (f" in {run.duration_s:.1f}s" if run.duration_s else ""))
     if run.diverged_at:
         d = run.diverged_at

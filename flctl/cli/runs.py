@@ -66,7 +66,7 @@ def runs(
 
 
 def show(
-    run_id: Annotated[str, typer.Argument(help="Run id or a unique prefix of it.",
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id or a unique prefix of it.",
                                                          autocompletion=complete_run)],
     as_json: JSON_OPT = False,
     db: DbOption = None,
@@ -92,7 +92,8 @@ def show(
         console.print(f"[red]{safe(run.error)}[/]")
     print_summary(run)
     for kind, path in sorted(run.artifacts.items()):
-        console.print(safe(f"{kind}: {path}"))
+        if kind != "records":            # print_summary named them
+            console.print(safe(f"{kind}: {path}"))
 
 
 def _num(v) -> str:

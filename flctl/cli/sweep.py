@@ -40,7 +40,7 @@ def _axis(help_text: str = ""):
 @config_options(AXES_PANEL)
 @launch_options
 def sweep(
-    task: Annotated[Optional[str], typer.Argument(help="Task name (or give --spec).",
+    task: Annotated[Optional[str], typer.Argument(metavar="TASK", help="Task name (or give --spec).",
                                                   autocompletion=complete_task)] = None,
     spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=AXES_PANEL)] = None,
     p_min: Annotated[Optional[str], _axis("Classification: ε = log(1/p_min), as an axis.")] = None,
