@@ -101,6 +101,11 @@ def paper(
         runs = stored_runs(url, tasks_of(specs, items))
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
                                    together=together)
+    if only is not None:   # --only chooses what trains; the bundle keeps every table and figure finished so far
+        items = select(None)
+        runs = stored_runs(url, tasks_of(specs, items))
+        programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
+                                   together=together, check_data=False)
     _write(programme, specs, items, root, url, out, runs)
 
 
