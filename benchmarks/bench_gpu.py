@@ -191,6 +191,7 @@ def cifar(args) -> dict:
                     out["runs"][key] = {"error": f"{type(exc).__name__}: {exc}"}
                     continue
                 out["runs"][key] = t
+                args.partial(out)
                 if "epoch_s" in t:
                     t["images_per_s"] = n / t["epoch_s"]
                     t["minutes_200_epochs"] = whole_run_s(t, 200, PAPER_EVAL_EVERY) / 60
@@ -243,6 +244,7 @@ def profile(args) -> dict:
                        "gpu_busy_share": device_us / 1e6 / t["epoch_times_s"][1],
                        "device_events_per_step": kernels / steps}
         print(f"profile {engine}: {out[engine]}", flush=True)
+        args.partial(out)
     (args.out / "profile.txt").write_text("\n\n".join(tables))
     return out
 
@@ -385,6 +387,7 @@ def utkface(args) -> dict:
         cfg = config("utkface", m, args.device, data_dir=str(folder), eval_every=args.epochs, options=opts)
         t = timed_epochs(cfg, args.work / "utk", args.epochs)
         out["methods"][m] = t
+        args.partial(out)
         if "epoch_s" in t:
             t["minutes_paper_run"] = whole_run_s(t, cfg.epochs, 1) / 60
             print(f"utkface {m}: {t['epoch_s']:.2f} s/epoch ({t['epoch_times_s']})", flush=True)
@@ -534,6 +537,7 @@ def collect(args) -> None:
         "programme_hours": _programme(sections),
         # what a lease's end left unmeasured: whole sections, CIFAR configurations, sweeps
         "not_measured": sorted([k for k, v in sections.items() if v.get("not_measured")]
+                               + [f"{k} (stopped partway)" for k, v in sections.items() if v.get("partial")]
                                + [f"cifar/{k}" for k in sections.get("cifar", {}).get("not_measured", [])]
                                + [f"{name}/{k}" for name, rows in (*share_.items(), ("moons", moon))
                                   if isinstance(rows, dict)
@@ -587,6 +591,12 @@ def main() -> None:
            "commit": commit.stdout.strip() or os.environ.get("FLCTL_COMMIT"), "small": args.small}
     for name in args.sections:
         t0 = time.perf_counter()
+
+        def partial(out: dict, name: str = name) -> None:
+            """What the section measured so far, in its file: a process killed at a lease's end keeps it."""
+            (args.out / f"{name}.json").write_text(json.dumps({"env": env, "ok": False, "partial": True, **out},
+                                                              indent=1, default=str))
+        args.partial = partial
         if left(args) < args.min_left_s:
             print(f"== {name} not measured: {left(args):.0f} s of the budget left", flush=True)
             (args.out / f"{name}.json").write_text(json.dumps({"env": env, "ok": False, "not_measured": True}))

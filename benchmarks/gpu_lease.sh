@@ -9,7 +9,8 @@
 # The sections run in the order the GPU issue needs their answers, each in a process of its own (a CUDA fault
 # costs one section) with the smaller of its cap and what is left of LEASE_S; a configuration that would start
 # with under 30 s left is named in the results as not measured. After each section everything measured so far is
-# packed into $OUT/gpu-bench.tar.gz, so a call cut short still brings it back. SECTIONS="name:cap ..." and
+# packed into $OUT/gpu-bench.tar.gz, so a call cut short still brings it back; a section killed at its cap keeps
+# the configurations it finished (bench_gpu.py writes its file after each). SECTIONS="name:cap ..." and
 # BENCH_ARGS (e.g. --small, to check this script on a CPU) override the plan; PYTHON the interpreter (python3),
 # RESULTS the folder packed (/tmp/gpu-bench: the tarball's one folder, whatever its name).
 set -u
@@ -19,7 +20,7 @@ OUT=${OUT:-/tmp/gpu-lease-out}
 results=${RESULTS:-/tmp/gpu-bench}
 rm -rf "$results" && mkdir -p "$results" "$OUT"
 start=$SECONDS
-if ! "${PYTHON:-python3}" -c 'import optuna, sqlalchemy, submitit, cvxpy' 2>/dev/null; then   # the lent machine
+if ! "${PYTHON:-python3}" -c 'import optuna, sqlalchemy, submitit, cvxpy, flctl_tasks' 2>/dev/null; then   # lent machine
   # into the image's own environment (a bare machine each lease; its torch stays), flctl editable as in CI: tests
   # that set PYTHONPATH for their subprocesses still find flctl_tasks and the carried packages
   "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 3
@@ -30,9 +31,10 @@ export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0}
   > "$results/machine.txt" 2>&1
 echo "setup took $((SECONDS - start)) s" | tee -a "$results/machine.txt"
 for entry in $SECTIONS; do
-  name=${entry%%:*} cap=${entry#*:}
+  name=${entry%%:*} cap=${entry#"${entry%%:*}"}
+  cap=${cap#:} && cap=${cap:-$LEASE_S}          # "name" alone: no cap but the lease's
   left=$((LEASE_S - (SECONDS - start)))
-  budget=$((cap < left ? cap : left))
+  budget=$((cap < left ? cap : left)) && budget=$((budget > 0 ? budget : 0))   # 0: written as not measured
   extra=()
   [ "$name" = suite ] && extra=(--workers 14 --pytest-args
                                 --deselect tests/test_records_readers.py::test_five_readers_read_the_records_folder_and_agree)

@@ -2,7 +2,9 @@
 # What the lent GPU machine's image lacks, as Python 3.12 manylinux wheels in .whl/ (ignored by git) at
 # requirements.lock's versions, for benchmarks/gpu_lease.sh. Run here, where pip reaches the package index; the
 # lent machine reaches nothing. The names are the lock's packages missing from that image's package list (the
-# device tool's KINDS.md, read 2026-11-26), with the packages they need in turn: about 44 MB of the 64 MiB a call
+# device tool's KINDS.md, read 2026-11-26), with the packages they need in turn, and pytest, pytest-xdist and
+# pytest-timeout at the lock's versions (the image has some pytest; pyproject needs one below 9.2 for xdist's
+# --dist loadgroup, and the image's version is not known): about 45 MB of the 64 MiB a call
 # may carry. Left out: duckdb and polars (the five-readers test, deselected there: 25 and 54 MB) and scs 3.3 (43 MB:
 # 3.2.7 is 10 MB and cvxpy takes it). bitsandbytes (43 MB, for ``bench_gpu.py dpo``) comes only with --dpo, which
 # leaves out cvxpy and its solvers (only polyfit imports them) and pytest: the DPO section is a call of its own.

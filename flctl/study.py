@@ -168,14 +168,12 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
         configs = [cfg for _, cfg in batch]
         launch(configs)
         rows = _wait(configs, fetch, revive, poll_s)
+        lacking = None
         for number, cfg in batch:
             metrics = rows[cfg.run_id].get("metrics") or {}
             value = metrics.get(objective)
             if rows[cfg.run_id]["status"] == Status.COMPLETED and value is None:
-                # the task or method never records it (accuracy of a regression, multipliers of ERM): every
-                # trial would fail, so stop at the first instead of training them all for a search with no best
-                raise ConfigError(f"run {cfg.run_id} finished without {objective!r}, so no trial of this search can "
-                                  f"have a value; its runs record: {', '.join(sorted(metrics))}")
+                lacking = (cfg.run_id, metrics)
             # skip_if_finished: a second `--tune` of the same study may have adopted and told the trial already
             if rows[cfg.run_id]["status"] == Status.COMPLETED and value is not None:
                 study.tell(number, value, skip_if_finished=True)
@@ -184,6 +182,12 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
                 value = None
             if told is not None:
                 told(number, cfg, rows[cfg.run_id], value)
+        if lacking is not None and not any(n == "method" or n.startswith("opt.") for n in dists):
+            # the task or method never records it (accuracy of a regression, multipliers of ERM) and no searched
+            # axis could change that: every trial would fail, so stop instead of training them all for no best
+            run_id, metrics = lacking
+            raise ConfigError(f"run {run_id} finished without {objective!r}, so no trial of this search can have a "
+                              f"value; its runs record: {', '.join(sorted(metrics))}")
         batch = []
     return study
 

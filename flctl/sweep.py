@@ -203,9 +203,10 @@ def find_spec(path: Path) -> Path:
     """``path`` as given; else, for a relative path that is not there, the shipped spec it names (sweeps/X.toml,
     X.toml or X, in the checkout's sweeps/), so the README's `--spec sweeps/...` works from any folder."""
     path = Path(path)
-    if path.exists() or path.is_absolute():
+    # only a name or sweeps/NAME: a typo in a path of the user's own must not load a shipped spec of the same name
+    if path.exists() or path.is_absolute() or str(path.parent) not in (".", "sweeps"):
         return path
-    for shipped in (SHIPPED_SPECS.parent / path, SHIPPED_SPECS / path.name, SHIPPED_SPECS / f"{path.name}.toml"):
+    for shipped in (SHIPPED_SPECS / path.name, SHIPPED_SPECS / f"{path.name}.toml"):
         if shipped.is_file():
             return shipped
     return path
@@ -214,8 +215,9 @@ def find_spec(path: Path) -> Path:
 def load_spec(path: Path) -> SweepSpec:
     """A TOML spec (see ``find_spec``): ``task``, axes as keys (lists or range strings), ``seeds``, ``[options]``,
     ``[launch]``."""
+    path = find_spec(path)      # the file read: its folder is where a relative task_module lies
     try:
-        raw = find_spec(path).read_bytes()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"no spec file {str(path)!r} here or among the shipped specs in {SHIPPED_SPECS} "
                           "(e.g. sweeps/two-moons.toml)") from None

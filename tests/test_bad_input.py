@@ -104,7 +104,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "two-moons", "--seed", "1e23"], "Invalid value for '--seed'"),
     (["run", "two-moons", "--seed", "2.5"], "Invalid value for '--seed'"),
     (["run", "two-moons", "--bogus", "3"], "No such option: --bogus"),
-    (["run"], "Missing argument 'task'"),
+    (["run"], "Missing argument 'TASK'"),
     (["bogus"], "No such command 'bogus'"),
     # task options: names, types and each task's bounds
     (["run", "two-moons", "-o", "width=3"], "unknown option(s) width"),

@@ -299,7 +299,7 @@ def test_a_wide_runs_table_keeps_what_matters_in_the_terminal_and_says_what_it_l
                    [Cell(0.123 + i, None, 1) for _ in columns]) for i in range(2)]
     lines = render(table, "rich").splitlines()
     header = next(line for line in lines if "run" in line and "task" in line)
-    assert "…" not in header and max(map(len, lines)) <= 200
+    assert not any("…" in line for line in lines[:-2]) and max(map(len, lines)) <= 200
     shown = [h.strip() for h in header.strip("┃").split("┃")]
     assert shown[:3] == ["run", "task", "method"]
     assert {"eps", "alpha", "train.avg_loss", "train.max_loss", "train.accuracy", "test.accuracy"} <= set(shown)

@@ -208,6 +208,10 @@ def test_tune_stops_at_its_first_trial_when_the_runs_never_record_the_objective(
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "finished without 'test.accuracy'" in res.output and "test.max_loss" in res.output
     assert len(json.loads(runner.invoke(app, ["runs", "--json"]).stdout)) == 1
+    # where a searched axis decides whether the metric exists (ERM has no multipliers, FL has), the search goes on
+    res = runner.invoke(app, ["sweep", "two-moons", "-m", "erm,fl", "--epochs", "2", "--tune", "4", "--objective",
+                              "train.max_multiplier", "--executor", "debug"])
+    assert res.exit_code == 0 and "method=erm → completed" in res.output and "best train.max_multiplier" in res.output
 
 
 def test_debug_worker_trains_batched_cells_together_and_records_each(results: Path) -> None:
@@ -241,6 +245,8 @@ def test_a_shipped_spec_is_found_from_any_folder_and_a_local_file_comes_first(tm
     (tmp_path / "sweeps" / "two-moons.toml").write_text('task = "digits"\nmethod = ["erm"]\n')
     assert load_spec(Path("sweeps/two-moons.toml")).task == "digits"
     bad(["sweep", "--spec", "nope.toml", "--dry-run"], "no spec file 'nope.toml' here or among the shipped specs")
+    # a path of the user's own is theirs: a typo in it does not load the shipped spec of the same name
+    bad(["sweep", "--spec", "my/experiments/two-moons.toml", "--dry-run"], "no spec file 'my/experiments/two-moons.toml'")
 
 
 def test_a_gpu_sweep_and_programme_are_planned_on_a_machine_without_one(results: Path) -> None:

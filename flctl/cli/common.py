@@ -129,16 +129,19 @@ def open_store(db: str | None, root: Path):
 def open_results(url: str, root: Path):
     """The results folder, made if needed and proven writable, and its run database opened for writing: (store,
     root). A database that cannot be opened (a bad --db, a server that does not answer) fails in one line and takes
-    back the folders this call made, so bad input leaves nothing behind."""
-    import shutil
-
-    made = next((p for p in (*reversed(root.absolute().parents), root.absolute()) if not p.exists()), None)
+    back the folders this call made that are still empty, so bad input leaves nothing behind (and a folder another
+    command began to fill meanwhile is left alone)."""
+    absolute = root.absolute()
+    made = [p for p in (absolute, *absolute.parents) if not p.exists()]     # deepest first
     root = ensure_writable(root)
     try:
         return open_store(url, root), root
     except typer.Exit:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        for folder in made:
+            try:
+                folder.rmdir()           # only an empty folder: never another command's files
+            except OSError:
+                break
         raise
 
 

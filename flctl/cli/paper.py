@@ -18,6 +18,7 @@ from flctl.cli.common import (
     ResultsDirOption,
     console,
     db_url,
+    ensure_writable,
     err_console,
     fail,
     launch_options,
@@ -35,8 +36,9 @@ SPECS = SHIPPED_SPECS
 
 @launch_options
 def paper(
-    only: Annotated[Optional[str], typer.Option(help="Only these tables and figures, e.g. table:1,figure:6 (or table, "
-                                                "figure).")] = None,
+    only: Annotated[Optional[str], typer.Option(help="Train only these tables and figures, e.g. table:1,figure:6 (or "
+                                                "table, figure); the bundle still shows every finished one, but with "
+                                                "--report-only these alone.")] = None,
     scale: Annotated[str, typer.Option(help="paper (the specs as written) or smoke (one seed, two epochs, 256 samples "
                                        "of each split, small models, one worker per sweep unless --workers: the "
                                        "whole path in minutes).")] = "paper",
@@ -94,18 +96,26 @@ def paper(
         console.print("nothing was written")
         return
     out = out if out is not None else root / ("paper" if scale == "paper" else f"paper-{scale}")
-    _, root = open_results(url, root)           # a bad --db: one line, before the plan and with nothing made
-    if not report_only:
+    if report_only:          # reads the database only: nothing to open for writing
+        root = ensure_writable(root)
+    else:
+        _, root = open_results(url, root)       # a bad --db: one line, before the plan and with nothing made
         _print_plan(programme)
         _launch(programme, launch, url, root, wait)
         runs = stored_runs(url, tasks_of(specs, items))
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
                                    together=together)
-    if only is not None:   # --only chooses what trains; the bundle keeps every table and figure finished so far
-        items = select(None)
-        runs = stored_runs(url, tasks_of(specs, items))
-        programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
-                                   together=together, check_data=False)
+    if only is not None and not report_only:
+        # --only chose what trains; the bundle keeps every table and figure finished so far (where --specs holds
+        # their specs: a folder of some of them bundles what it has)
+        try:
+            every = select(None)
+            runs = stored_runs(url, tasks_of(specs, every))
+            programme = plan_programme(specs, every, scale=scale, device=device, data_dir=data_dir, runs=runs,
+                                       together=together, check_data=False)
+            items = every
+        except ConfigError:
+            pass
     _write(programme, specs, items, root, url, out, runs)
 
 

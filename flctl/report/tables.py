@@ -273,7 +273,7 @@ def _fit_width(table: Table, digits: int) -> Table:
                     if table.keys[k[1][1]] in FIRST_FIELDS else len(FIRST_FIELDS))
     order = keys[:3] + main + fields + [m for m in metrics if m not in main]
     shown: set[tuple[str, int]] = set()
-    used = 0
+    used = 1                                            # the table's left border
     for w, col in order:
         if used + w > RICH_WIDTH and len(shown) >= 3:
             continue          # a narrower column further down the order may still fit
