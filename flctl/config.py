@@ -350,16 +350,17 @@ def device_problem(device: object) -> str | None:
     return f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto"
 
 
-def resolve_device(device: str, *, here: bool = True) -> str:
+def resolve_device(device: str, *, here: bool = True, planning: bool = False) -> str:
     """The device a run or sweep trains on, checked at input and resolved (ConfigError otherwise): ``auto`` becomes
     cuda where CUDA is available, else cpu. torch is imported only for a CUDA device or auto. ``here``: the runs
     train on this machine, so CUDA must be there (not so for Slurm jobs submitted from a login node, where only the
-    name is checked)."""
+    name is checked). ``planning`` (a dry run): nothing trains, so a named CUDA device is checked by name too, and a
+    GPU sweep can be planned on a laptop; auto is still this machine's."""
     if (problem := device_problem(device)) is not None:
         raise ConfigError(problem)
     if device == "cpu":
         return device
-    if not here:
+    if not here or (planning and device != "auto"):
         if device == "auto":
             raise ConfigError("--device auto is resolved on this machine, not on the cluster's nodes; give cuda or cpu")
         return device

@@ -81,8 +81,7 @@ def paper(
             launch = dataclasses.replace(launch, workers=1)
         settings = LaunchSettings.resolve({}, launch)
         if device is not None:
-            # a dry run only plans: a GPU programme can be planned on a laptop
-            device = resolve_device(device, here=settings.executor != "slurm" and not (dry_run and device != "auto"))
+            device = resolve_device(device, here=settings.executor != "slurm", planning=dry_run)
         runs = stored_runs(url, tasks_of(specs, items))
         together = settings.cells_per_device(device or "cpu")
         # A dry run plans without looking at the data (as `flctl sweep --dry-run`: a cluster's programme can be

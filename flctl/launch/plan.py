@@ -117,10 +117,8 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
     from flctl.sweep import plan, sweep_id
 
     settings = LaunchSettings.resolve(spec.launch, flags)
-    # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine); a dry run
-    # only plans, so a GPU sweep can be planned on a laptop (auto is still this machine's)
-    here = settings.executor != "slurm" and not (dry_run and spec.device != "auto")
-    spec = replace(spec, device=resolve_device(spec.device, here=here))
+    # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
+    spec = replace(spec, device=resolve_device(spec.device, here=settings.executor != "slurm", planning=dry_run))
     configs = plan(spec, check_data=not dry_run, allow_large=allow_large)
     sid = sweep_id(spec, configs)
     objective = objective or spec.objective or DEFAULT_OBJECTIVE
