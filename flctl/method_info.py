@@ -81,7 +81,9 @@ def _load_plugins() -> None:
         key = f"method {source.entry_point}"
         if not isinstance(info, MethodInfo) or info.impl is None:
             plugins.report(key, f"plugin method {source.where()} is not a MethodInfo with impl='module:Class'")
-        elif info.name in METHOD_INFO and info.name not in METHOD_SOURCES:
+            continue
+        source = _with_impl(source, info.impl)
+        if info.name in METHOD_INFO and info.name not in METHOD_SOURCES:
             plugins.report(key, f"plugin method {info.name!r} from {source.where()} has a built-in method's name; "
                                 "ignored: rename it")
         elif info.name in METHOD_SOURCES and METHOD_SOURCES[info.name] != source:
@@ -94,6 +96,21 @@ def _load_plugins() -> None:
                 plugins.report(key, f"plugin method {source.where()}: {exc}")
                 continue
             METHOD_SOURCES[info.name] = source
+
+
+def _with_impl(source: Source, impl: str) -> Source:
+    """``source`` whose hash also covers the module of the method's class (``impl``), found without importing it
+    (it imports torch): a changed update rule is other code, as a changed MethodInfo is."""
+    import dataclasses
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(impl.partition(":")[0])
+    except (ImportError, ValueError):
+        return source          # get_method says why when a run asks for it
+    if spec is None or spec.origin is None or spec.origin == source.file:
+        return source
+    return dataclasses.replace(source, also=(spec.origin,))
 
 
 _load_plugins()

@@ -47,16 +47,22 @@ class Source:
     distribution: str | None = None
     version: str | None = None
     entry_point: str | None = None    # "module:ATTR" as the package declares it
+    # other files whose code the name runs: a plugin method's torch class, when it lives beside its MethodInfo
+    also: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str | None:
-        """A hash of the module file's source: two runs of the same name with different code differ here."""
+        """A hash of the module file's source (and of ``also``'s): two runs of the same name with different code
+        differ here."""
         if self.file is None:
             return None
         try:
-            return hashlib.sha256(Path(self.file).read_bytes()).hexdigest()
+            h = hashlib.sha256(Path(self.file).read_bytes())
+            for other in self.also:
+                h.update(Path(other).read_bytes())
         except OSError:
             return None
+        return h.hexdigest()
 
     def where(self) -> str:
         """One short phrase for listings and errors."""
@@ -68,7 +74,8 @@ class Source:
 
     def provenance(self) -> dict[str, Any]:
         return {"origin": self.origin, "module": self.module, "file": self.file, "sha256": self.sha256,
-                "distribution": self.distribution, "version": self.version}
+                "distribution": self.distribution, "version": self.version, **({"also": list(self.also)} if self.also
+                                                                               else {})}
 
 
 def paths() -> list[str]:

@@ -6,6 +6,7 @@ the commands find on PYTHONPATH (its .dist-info is what importlib.metadata reads
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -135,6 +136,10 @@ def test_an_installed_package_lists_runs_sweeps_and_reports(site: Path, results:
         ("entry point", "fl_blobs.task", "fl-blobs", "0.3.1")
     assert Path(task["file"]) == site / "fl_blobs" / "task.py" and len(task["sha256"]) == 64
     assert (method["origin"], method["module"]) == ("entry point", "fl_blobs.method")
+    # the method's hash covers its update rule too (rule.py, beside the MethodInfo): a changed rule is other code
+    package = site / "fl_blobs"
+    assert method["also"] == [str(package / "rule.py")] and method["sha256"] == hashlib.sha256(
+        (package / "method.py").read_bytes() + (package / "rule.py").read_bytes()).hexdigest()
 
     # Local workers are other processes: they find the package the same way.
     out = flctl("sweep", "blobs", "-m", "erm,fl-half", "--seeds", "2", "--executor", "local", "--workers", "2",
