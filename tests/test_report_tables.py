@@ -200,8 +200,8 @@ def finished(prepared: Path, results: Path) -> Path:
 
 
 def test_report_tables_from_the_database_and_records(finished: Path, tmp_path: Path) -> None:
-    out = tmp_path / "main.tex"
-    res = runner.invoke(app, ["report", "--table", "main", "--sweep", "small", "--format", "latex", "--out", str(out),
+    out = tmp_path / "main.tex"           # no --format: the extension says LaTeX
+    res = runner.invoke(app, ["report", "--table", "main", "--sweep", "small", "--out", str(out),
                               "--columns", "train.avg_loss,test.cvar@0.95,train.quantile@0.5,train.violation_rate"])
     assert res.exit_code == 0, res.output
     tex = out.read_text()
@@ -241,6 +241,7 @@ def test_report_samples_queries(finished: Path, tmp_path: Path) -> None:
     (["--table", "main", "--out", "{tmp}"], "is a directory"),
     (["--table", "main", "--out", "{tmp}/a-file/table.md"], "which is a file"),
     (["--plot", "cdf", "--out", "/proc/flctl/fig"], "cannot write in '/proc'"),
+    (["--plot", "cdf", "--out", "{tmp}"], "a plot's --out is a path stem"),      # not {tmp}.png beside it
 ])
 def test_output_paths_are_checked_before_any_work(finished: Path, tmp_path: Path, args, needle) -> None:
     (tmp_path / "a-file").write_text("")

@@ -23,7 +23,7 @@ from flctl.cli.common import (
 )
 from flctl.fs import atomic_path, write_text_atomic
 from flctl.method_info import METHOD_INFO
-from flctl.report import FORMATS, PLOTS, QUERIES, TABLES, listed
+from flctl.report import FORMAT_OF_SUFFIX, FORMATS, PLOTS, QUERIES, TABLES, listed
 
 SELECT_PANEL = "Which runs"
 
@@ -39,8 +39,9 @@ def report(
                                                               autocompletion=complete_sweep)] = None,
     task: Annotated[Optional[str], typer.Option(help="Only runs of this task.", rich_help_panel=SELECT_PANEL,
                                                              autocompletion=complete_task)] = None,
-    fmt: Annotated[str, typer.Option("--format", help=f"Table format: {listed(FORMATS)}.",
-                                                 autocompletion=complete_from(FORMATS))] = "rich",
+    fmt: Annotated[Optional[str], typer.Option("--format", help=f"Table format: {listed(FORMATS)} [default: from "
+                                               "--out's extension, .md, .tex or .csv; else rich].",
+                                               autocompletion=complete_from(FORMATS))] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write to this file (plots: a path stem; .png and .pdf).")] = None,
     columns: Annotated[Optional[str], typer.Option(help="Comma-separated columns, e.g. train.avg_loss,"
                                                    "test.max_loss,test.cvar@0.95,train.quantile@0.99,"
@@ -75,8 +76,12 @@ def report(
                  f"got {value}")
     if columns is not None and not [c for c in columns.split(",") if c.strip()]:
         fail("--columns is empty; give e.g. train.avg_loss,test.max_loss")
+    if out is not None and plot is not None and out.is_dir():
+        fail(f"--out {str(out)!r} is a directory; a plot's --out is a path stem (e.g. {str(out / plot)!r} writes "
+             f"{plot}.png and {plot}.pdf in it)")
     if out is not None:
         check_output(out if plot is None else out.with_suffix(".png"))   # a plot's --out is a stem
+    fmt = fmt or (FORMAT_OF_SUFFIX.get(out.suffix.lower(), "rich") if out is not None else "rich")
     root = results_root(results_dir)
     store = existing_store(db, root)
     try:

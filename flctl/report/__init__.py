@@ -6,6 +6,8 @@ numpy or pyarrow; the modules that build each one import them from here.
 
 TABLES = ("main", "ablation", "llm", "runs", "groups")    # groups: flctl.report.groups
 FORMATS = ("rich", "markdown", "latex", "csv")
+# --out's extension when --format is not given (any other: the terminal's rich text)
+FORMAT_OF_SUFFIX = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 PLOTS = ("cdf", "cvar", "heatmap", "multipliers", "top-multipliers", "polyfit", "dynamics", "reliability")
 QUERIES = ("violators", "diff")
 
