@@ -47,10 +47,10 @@ class ItemPlan:
         return [c for i, c in self.cells.items() if i not in self.finished]
 
     def hours(self, configs: Sequence[RunConfig]) -> float | None:
-        """Device-hours of ``configs`` at this item's measured seconds per epoch (None: no history)."""
+        """Device-hours of ``configs`` at this item's measured cost (None: no history)."""
         if self.cost is None:
             return None
-        return self.cost.s_per_epoch * sum(c.epochs for c in configs) / self.cost.cells_per_device / 3600
+        return self.cost.hours(configs)
 
 
 @dataclass

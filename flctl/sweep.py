@@ -358,30 +358,50 @@ def _round_sig(x: float, digits: int = 12) -> float:
 
 @dataclass(frozen=True)
 class CostEstimate:
-    """What a sweep's cells to do would cost on one device, from the database's finished runs (``estimate_cost``)."""
+    """What cells cost on one device, fitted to the database's finished runs (``estimate_cost``): a cell of E epochs
+    takes ``s_per_cell + E * s_per_epoch`` seconds, and ``cells_per_device`` cells share a device."""
 
-    device_hours: float
-    s_per_epoch: float          # median over the history
-    history: int                # finished runs it is the median of
+    s_per_cell: float           # its start-up (data, model, warm-up); 0 when the history has one epoch count
+    s_per_epoch: float
+    history: int                # finished runs it is fitted to
     epochs: int                 # epochs left to train over the cells to do
+    cells: int                  # cells to do
     cells_per_device: int
+
+    def hours(self, configs: Sequence[RunConfig]) -> float:
+        """Device-hours of ``configs``."""
+        seconds = sum(self.s_per_cell + c.epochs * self.s_per_epoch for c in configs)
+        return seconds / self.cells_per_device / 3600
+
+    @property
+    def device_hours(self) -> float:
+        return (self.cells * self.s_per_cell + self.epochs * self.s_per_epoch) / self.cells_per_device / 3600
 
 
 def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int) -> CostEstimate | None:
-    """Device-hours of the cells of ``configs`` not completed yet: the median seconds per epoch of ``runs`` (store
-    records) that completed on the same task and device, times the epochs left, divided by the cells that share a
-    device. None without such history. Seconds per epoch of a finished run: its duration (every attempt, data loading
-    included) over its epochs, so the estimate errs long rather than short."""
+    """The cost of the cells of ``configs`` not completed yet, fitted to ``runs`` (store records) that completed on the
+    same task and device; None without such history. A run's seconds are its duration (every attempt, data loading
+    included). Over runs of several epoch counts, seconds = start-up + epochs x per-epoch is fitted robustly (the
+    median of pairwise slopes, then the median intercept): a few 2-epoch runs no longer make a 3,000-epoch cell look
+    1,000 x its start-up. Over one epoch count the start-up cannot be told apart: the median seconds per epoch, which
+    errs long for longer cells."""
+    import itertools
     import statistics
 
     task, device = configs[0].task, configs[0].device
     done = {r.id for r in runs if r.status == Status.COMPLETED}
-    history = [r.duration_s / r.epochs_done for r in runs
-               if r.task == task and r.device == device and r.status == Status.COMPLETED and r.duration_s
-               and r.epochs_done]
-    if not history:
+    points = [(r.epochs_done, r.duration_s) for r in runs
+              if r.task == task and r.device == device and r.status == Status.COMPLETED and r.duration_s
+              and r.epochs_done]
+    if not points:
         return None
-    per_epoch = statistics.median(history)
-    epochs = sum(c.epochs for c in configs if c.run_id not in done)
-    return CostEstimate(per_epoch * epochs / max(1, cells_per_device) / 3600, per_epoch, len(history), epochs,
+    sample = sorted(points)[::max(1, len(points) // 200)]          # pairwise slopes: quadratic in the sample
+    slopes = [(d2 - d1) / (e2 - e1) for (e1, d1), (e2, d2) in itertools.combinations(sample, 2) if e2 != e1]
+    if slopes:
+        per_epoch = max(0.0, statistics.median(slopes))
+        per_cell = max(0.0, statistics.median(d - per_epoch * e for e, d in points))
+    else:
+        per_epoch, per_cell = statistics.median(d / e for e, d in points), 0.0
+    to_do = [c for c in configs if c.run_id not in done]
+    return CostEstimate(per_cell, per_epoch, len(points), sum(c.epochs for c in to_do), len(to_do),
                         max(1, cells_per_device))

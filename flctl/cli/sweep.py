@@ -249,10 +249,14 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
     cost = estimate_cost(runs, configs, settings.cells_per_device(configs[0].device))
     if cost is None:
         return (f"cost: no finished {task} runs on {device} in the database yet, so no estimate "
-                "(it comes from their median seconds per epoch)")
-    return (f"cost: about {cost.device_hours:.3g} {device}-hours: {cost.epochs:,} epochs to train x "
-            f"{cost.s_per_epoch:.3g} s per epoch (median of {cost.history} finished {task} runs on "
-            f"{device}) / {cost.cells_per_device} cell(s) per device")
+                "(it is fitted to their seconds per run)")
+    if cost.s_per_cell == 0:     # one epoch count in the history: its start-up is inside the seconds per epoch
+        how = (f"{cost.epochs:,} epochs to train x {cost.s_per_epoch:.3g} s per epoch (median of {cost.history} "
+               f"finished {task} runs on {device}, start-up included)")
+    else:
+        how = (f"{cost.cells:,} cell(s) x {cost.s_per_cell:.3g} s to start + {cost.epochs:,} epochs x "
+               f"{cost.s_per_epoch:.3g} s (fitted to {cost.history} finished {task} runs on {device})")
+    return f"cost: about {cost.device_hours:.3g} {device}-hours: {how} / {cost.cells_per_device} cell(s) per device"
 
 
 def _fmt(v) -> str:
