@@ -51,10 +51,15 @@ def database_url(db: str | None, root: Path) -> str:
 
 
 def use_tasks(*entries: str | Path) -> None:
-    """Load plugin tasks from files, folders of them or module names, as FLCTL_TASKS would (flctl.plugins)."""
+    """Load plugin tasks from files, folders of them or module names, as FLCTL_TASKS would (flctl.plugins). A path
+    that is not there is a ConfigError here, not an unknown task later."""
     from flctl import plugins
 
-    plugins.add(plugins.resolve_entry(str(e), Path.cwd()) for e in entries)
+    resolved = [plugins.resolve_entry(str(e), Path.cwd()) for e in entries]
+    missing = [str(e) for e, r in zip(entries, resolved) if plugins.is_path(str(e)) and not Path(r).exists()]
+    if missing:
+        raise ConfigError(f"use_tasks: no such file or folder: {', '.join(missing)}")
+    plugins.add(resolved)
 
 
 def config(task: str, method: str = "fl", *, p_min: float | None = None, check_data: bool = True,
@@ -125,11 +130,15 @@ def records(runs: Iterable[RunRecord | str], *, results_dir: str | Path | None =
             epoch: int | None = None) -> pa.Table:
     """The per-sample records of ``runs`` (records or run ids): one row per sample, split and evaluated epoch,
     with the columns of docs/design.md (loss, multiplier, prediction, ...). ``.to_pandas()`` for a DataFrame."""
-    from flctl.layout import Layout
+    from flctl.layout import Layout, records_of
     from flctl.records import read
 
     ids = [r if isinstance(r, str) else r.id for r in runs]
-    return read(Layout(results_root(results_dir)).records, ids, split=split, epoch=epoch)
+    folder = Layout(results_root(results_dir)).records
+    unknown = [i for i in ids if not records_of(folder, i).is_dir()]
+    if unknown:     # a typo, or a run of another results folder: not an empty table
+        raise ConfigError(f"no records of run(s) {', '.join(unknown)} in {folder}")
+    return read(folder, ids, split=split, epoch=epoch)
 
 
 def _in_memory(url: str) -> bool:

@@ -93,7 +93,7 @@ def add(entries: Iterable[str]) -> None:
 
 def resolve_entry(entry: str, relative_to: Path | None = None) -> str:
     """A spec's ``task_module``: a path (absolute, or relative to the spec's folder) or a dotted module name."""
-    if _is_path(entry):
+    if is_path(entry):
         path = Path(entry).expanduser()
         if not path.is_absolute() and relative_to is not None:
             path = relative_to / path
@@ -123,7 +123,7 @@ def task_modules() -> Iterator[tuple[Any, Source]]:
             if task is None:
                 _problems[key] = f"plugin {key} defines no TASK; a task file ends with `TASK = Task(...)`"
                 continue
-            yield task, Source("file" if _is_path(entry) else "module", module.__name__,
+            yield task, Source("file" if is_path(entry) else "module", module.__name__,
                                getattr(module, "__file__", None), *_distribution(module.__name__))
 
 
@@ -154,7 +154,7 @@ def load_object(target: str) -> Any:
 
 # ---- loading ----
 
-def _is_path(entry: str) -> bool:
+def is_path(entry: str) -> bool:
     return entry.endswith(".py") or os.sep in entry or "/" in entry or Path(entry).is_dir()
 
 
@@ -183,7 +183,7 @@ def _entry_source(ep: importlib.metadata.EntryPoint, obj: Any) -> Source:
 
 def _path_modules(entry: str) -> Iterator[tuple[str, ModuleType]]:
     """The modules one FLCTL_TASKS entry stands for, imported once; failures go to ``_problems``."""
-    if not _is_path(entry):
+    if not is_path(entry):
         module = _import(entry, lambda: importlib.import_module(entry))
         if module is not None:
             yield entry, module

@@ -231,6 +231,10 @@ def test_the_python_api_runs_lists_and_reads_records(tmp_path: Path, clean_plugi
     frame = api.records([run], results_dir=root, split="train").to_pandas()
     assert sorted(frame["epoch"].unique()) == [1, 2] and len(frame) == 2 * 1000
     assert (frame["multiplier"] >= 0).all()
+    with pytest.raises(ConfigError, match="no records of run"):            # a typo: not an empty table
+        api.records(["deadbeef"], results_dir=root)
+    with pytest.raises(ConfigError, match="no such file or folder"):       # not an 'unknown task' later
+        api.use_tasks(tmp_path / "missing_task.py")
 
 
 def test_new_task_writes_a_task_and_a_test_that_pass_at_once(tmp_path: Path) -> None:

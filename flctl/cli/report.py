@@ -52,7 +52,7 @@ def report(
     eps: Annotated[Optional[float], typer.Option(help="violators: level to test (default: each run's ε).")] = None,
     methods: Annotated[Optional[str], typer.Option(help="diff: two methods, e.g. erm,fl.",
                                                                       autocompletion=complete_from(METHOD_INFO, listed=True))] = None,
-    top: Annotated[int, typer.Option(help="diff: how many samples.")] = 20,
+    top: Annotated[int, typer.Option(help="diff: how many samples per pair of configurations.")] = 20,
     digits: Annotated[int, typer.Option(help="Decimals in tables.")] = 2,
     db: DbOption = None,
     results_dir: ResultsDirOption = None,
