@@ -72,6 +72,7 @@ def test_violators_with_a_group_that_has_none(folder: Path, tmp_path: Path) -> N
     # the README's line, where every group is empty (2 seeds < 3): an empty table, not a traceback
     res = report(folder, "--samples", "violators", "--min-seeds", "3", "--task", "two-moons", "--out", str(out))
     assert res.exit_code == 0 and "violators: 0 rows" in res.output, res.output
+    assert "--min-seeds 3: no configuration has that many seeds (at most 2)" in res.stderr    # and why
     assert pq.read_table(out).num_rows == 0
 
 

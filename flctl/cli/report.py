@@ -169,6 +169,9 @@ def _samples(query: str, runs, records_root: Path, out: Path, *, split, min_seed
         result = sq.diff(runs, records_root, pair, split=split or "test", top=top)
     else:
         raise ConfigError(f"unknown query {query!r}; choose one of: {', '.join(QUERIES)}")
+    if query == "violators" and min_seeds > (most := sq.most_seeds(runs)):
+        err_console.print(f"[yellow]warning:[/] --min-seeds {min_seeds}: no configuration has that many seeds (at "
+                          f"most {most}), so no sample qualifies", highlight=False)
     with atomic_path(out) as tmp:
         pq.write_table(result, tmp)
     shown_rows = 30

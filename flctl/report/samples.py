@@ -44,17 +44,18 @@ def _configs(runs: list[RunRecord]) -> list[tuple[ConfigKey, str, list[RunRecord
     return out
 
 
+def most_seeds(runs: list[RunRecord]) -> int:
+    """The most seeds any configuration of ``runs`` has (a ``min_seeds`` above it leaves ``violators`` empty)."""
+    return max((len(group) for _, _, group in _configs(runs)), default=0)
+
+
 def violators(runs: list[RunRecord], records_root: Path, *, split: str = "train", min_seeds: int = 1,
               eps: float | None = None) -> pa.Table:
     """Per configuration: samples whose final loss exceeds ε in at least ``min_seeds`` of its seeds.
 
     ``eps`` overrides each run's level (needed for ERM, which has none)."""
-    configs = _configs(runs)
-    most = max((len(group) for _, _, group in configs), default=0)
-    if min_seeds > most:       # the answer would be empty whatever the records say
-        raise ConfigError(f"--min-seeds {min_seeds}: no configuration has that many seeds (at most {most})")
     out = []
-    for key, label, group in configs:
+    for key, label, group in _configs(runs):
         level = eps if eps is not None else key.eps
         if level is None:   # ERM has no ε
             continue
