@@ -368,14 +368,17 @@ class CostEstimate:
     cells: int                  # cells to do
     cells_per_device: int
 
+    def _hours(self, cells: int, epochs: int) -> float:
+        return (cells * self.s_per_cell + epochs * self.s_per_epoch) / self.cells_per_device / 3600
+
     def hours(self, configs: Sequence[RunConfig]) -> float:
         """Device-hours of ``configs``."""
-        seconds = sum(self.s_per_cell + c.epochs * self.s_per_epoch for c in configs)
-        return seconds / self.cells_per_device / 3600
+        return self._hours(len(configs), sum(c.epochs for c in configs))
 
     @property
     def device_hours(self) -> float:
-        return (self.cells * self.s_per_cell + self.epochs * self.s_per_epoch) / self.cells_per_device / 3600
+        """Device-hours of the cells to do."""
+        return self._hours(self.cells, self.epochs)
 
 
 def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int) -> CostEstimate | None:
