@@ -170,20 +170,21 @@ class Cell:
     # ---- the checkpoint ----
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything the remaining epochs depend on, as copies (training goes on while a writer thread saves them).
-        Call it while the global RNGs are this cell's (``own_rng``)."""
+        """Everything the remaining epochs depend on, as host copies (``host_copy``: training goes on while a writer
+        thread saves them, and that thread must never touch the device). Call it while the global RNGs are this
+        cell's (``own_rng``), on the stream the cell trains on."""
         device = self.device
-        return {
+        return host_copy({
             "epoch": self.epoch, "history": list(self.result.history),
-            "model": _snapshot(trainable_state(self.model)),
-            "optimizer": _snapshot(self.optimizer.state_dict()), "scheduler": _snapshot(self.scheduler.state_dict()),
+            "model": trainable_state(self.model),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "method": self.method.state_dict(), "torch_rng": torch.get_rng_state(),
             "pruner": None if self.pruner is None else self.pruner.state_dict(), "samples_seen": self.samples_seen,
             # a pruned sample's entry is its last visit's loss, which the epoch statistics still read
-            "epoch_losses": self.epoch_losses.clone() if self.pruner is not None else None,
+            "epoch_losses": self.epoch_losses if self.pruner is not None else None,
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "py_rng": random.getstate(), "np_rng": _numpy_rng_state(),
-        }
+        })
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the state ``state_dict`` returned (or a checkpoint file of any flctl release) comes back, the RNG
@@ -244,15 +245,42 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _snapshot(obj: Any) -> Any:
-    """A copy of a (nested) state dict whose tensors no longer change as training goes on."""
+def host_copy(obj: Any) -> Any:
+    """A copy of a (nested) state dict in host memory, whose tensors no longer change as training goes on.
+
+    A device tensor is copied into pinned host memory, asynchronously on the current stream (so after every step
+    queued there), and one wait at the end covers all the copies: the writer thread that saves the result then does
+    file I/O only. (Before, device clones were handed to the writer thread: its `.cpu()` ran on the legacy default
+    stream, which does not wait for the cell's stream, and it made CUDA calls while a graph was being captured.)"""
+    devices: set[torch.device] = set()
+
+    def copy(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            o = o.detach()
+            if o.device.type == "cpu":
+                return o.clone()
+            devices.add(o.device)
+            host = torch.empty(o.shape, dtype=o.dtype, pin_memory=o.device.type == "cuda")
+            return host.copy_(o, non_blocking=True)
+        if isinstance(o, dict):
+            return {k: copy(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return type(o)(copy(v) for v in o)
+        return o
+
+    out = copy(obj)
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+    return out
+
+
+def device_tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a nested state that are not in host memory."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_snapshot(v) for v in obj)
-    return obj
+        return [] if obj.device.type == "cpu" else [obj]
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return [t for v in values for t in device_tensors(v)]
 
 
 def _trained_names(model: torch.nn.Module) -> set[str]:

@@ -71,7 +71,11 @@ def train_step(task: Task, model: torch.nn.Module, method, optimizer: torch.opti
 class EpochBatches:
     """One cell's batches of an epoch in static device buffers: ids [S, B] of the full batches and [R] of the last
     partial one (R = N mod B), with their augmentation parameters, and the device-side counter of the next full
-    batch. ``fill`` runs once per epoch, eagerly; ``take`` is what the step reads (graph-safe)."""
+    batch. ``fill`` runs once per epoch, eagerly; ``take`` is what the step reads (graph-safe).
+
+    Every buffer is allocated once and refilled in place: a captured step (``CapturedStep``) reads them by address,
+    and a buffer made anew would leave its graph reading freed memory. ``generation`` counts reallocations (a new
+    epoch length, i.e. pruning): a step captured under another generation must be captured again."""
 
     def __init__(self, batch_size: int, device: torch.device) -> None:
         self.batch_size, self.device = batch_size, device
@@ -80,11 +84,16 @@ class EpochBatches:
         self.full_params: dict[str, Tensor] = {}
         self.last_params: dict[str, Tensor] = {}
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
+        self.generation = 0
 
     @property
     def shapes(self) -> list[bool]:
         """The epoch's steps in order, as ``last`` flags: S full batches, then the partial one if any."""
         return [False] * len(self.full) + [True] * bool(len(self.last))
+
+    def buffers(self) -> list[Tensor]:
+        """Every tensor ``take`` reads."""
+        return [self.full, self.last, self.counter, *self.full_params.values(), *self.last_params.values()]
 
     def fill(self, order: Tensor, augment: Augment | None, generator: torch.Generator | None) -> None:
         """Copy the epoch's order into the buffers (reallocated only when its length changes: pruning) and draw the
@@ -94,15 +103,19 @@ class EpochBatches:
         if self.full.shape[0] != steps or len(self.last) != rest:
             self.full = torch.empty(steps, b, dtype=torch.long, device=self.device)
             self.last = torch.empty(rest, dtype=torch.long, device=self.device)
+            self.full_params, self.last_params = {}, {}
+            self.generation += 1
         # From pinned memory, asynchronously: a pageable host-to-device copy waits for the device.
         host = order.pin_memory() if self.device.type == "cuda" and not order.is_cuda else order
         self.full.copy_(host[:steps * b].view(steps, b), non_blocking=True)
         self.last.copy_(host[steps * b:], non_blocking=True)
         if augment is not None:
             assert generator is not None
+            # Drawn in the step order (the same numbers as drawing inside each step), then copied into the buffers:
+            # the draws are new tensors, the buffers stay where the captured step reads them.
             drawn = [augment.draw(b, generator, self.device) for _ in range(steps)]
-            self.full_params = {k: torch.stack([d[k] for d in drawn]) for k in drawn[0]} if drawn else {}
-            self.last_params = augment.draw(rest, generator, self.device) if rest else {}
+            _refill(self.full_params, {k: torch.stack([d[k] for d in drawn]) for k in drawn[0]} if drawn else {})
+            _refill(self.last_params, augment.draw(rest, generator, self.device) if rest else {})
         self.counter.zero_()
 
     def take(self, last: bool) -> tuple[Tensor, dict[str, Tensor]]:
@@ -113,6 +126,46 @@ class EpochBatches:
         params = {k: v.index_select(0, self.counter).squeeze(0) for k, v in self.full_params.items()}
         self.counter.add_(1)
         return ids, params
+
+
+def _refill(buffers: dict[str, Tensor], values: dict[str, Tensor]) -> None:
+    """``values`` into ``buffers`` in place; a buffer is made only the first time (or after a reallocation)."""
+    for k, v in values.items():
+        if k in buffers:
+            buffers[k].copy_(v)
+        else:
+            buffers[k] = v
+
+
+def step_inputs(cell: Cell, data: Dataset, batches: EpochBatches) -> list[Tensor]:
+    """Every tensor a step of ``cell`` reads but does not make: the training split, the epoch's buffers, the model's
+    parameters and buffers, the optimizer's state and tensor hyper-parameters, the method's multipliers, gains and
+    controller state, the epoch losses and the pruner's state. A CUDA graph reads them by address, so they must
+    stay where they were when it was captured (tests/test_gpu_faults.py holds this list complete)."""
+    found = [data.train.x, data.train.y, cell.epoch_losses, *batches.buffers(), *cell.model.parameters(),
+             *cell.model.buffers()]
+    for group in cell.optimizer.param_groups:
+        found += [v for v in group.values() if isinstance(v, Tensor)]
+    for state in cell.optimizer.state.values():
+        found += [v for v in state.values() if isinstance(v, Tensor)]
+    found += _tensors_of(cell.method) + ([] if cell.pruner is None else _tensors_of(cell.pruner))
+    return found
+
+
+def _tensors_of(obj: object) -> list[Tensor]:
+    """The tensors among an object's attributes and its attributes' attributes (a method's controller)."""
+    found: list[Tensor] = []
+    for value in vars(obj).values():
+        if isinstance(value, Tensor):
+            found.append(value)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            found += [v for v in vars(value).values() if isinstance(v, Tensor)]
+    return found
+
+
+def storages(tensors: Sequence[Tensor]) -> list[int]:
+    """Where each tensor's memory lives (its storage's address): what a CUDA graph baked in."""
+    return [t.untyped_storage().data_ptr() for t in tensors]
 
 
 def cell_step(cell: Cell, task: Task, data: Dataset, batches: EpochBatches, last: bool,
@@ -130,14 +183,27 @@ def cell_step(cell: Cell, task: Task, data: Dataset, batches: EpochBatches, last
 
 
 class CapturedStep:
-    """A step replayed as a CUDA graph: ``WARMUP_STEPS`` eager calls (real steps) on the cell's stream, then one
+    """A step replayed as a CUDA graph: ``WARMUP_STEPS`` eager calls (real steps) on the worker's stream, then one
     capture, replayed from then on. One per cell and batch shape; each has its own memory pool (the shapes'
-    graphs are not replayed in the order they were captured, so they cannot share one)."""
+    graphs are not replayed in the order they were captured, so they cannot share one).
 
-    def __init__(self, step: Callable[[], None], stream: torch.cuda.Stream) -> None:
-        self.step, self.stream = step, stream
+    A graph reads its inputs by the addresses they had at capture. ``inputs()`` lists them (``step_inputs``); the
+    capture records where they live, and ``check()``, run on the host at each epoch's start, drops the graph when
+    any has moved, so the next call captures it again instead of replaying reads of freed memory."""
+
+    def __init__(self, step: Callable[[], None], stream: torch.cuda.Stream,
+                 inputs: Callable[[], list[Tensor]]) -> None:
+        self.step, self.stream, self.inputs = step, stream, inputs
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.captured_at: list[int] = []          # storages(inputs()) when the graph was captured
+        self.recaptures = 0
+
+    def check(self) -> None:
+        """Drop the graph if an input it reads has moved since its capture (a host-side comparison of addresses)."""
+        if self.graph is not None and storages(self.inputs()) != self.captured_at:
+            self.graph, self.captured_at = None, []
+            self.recaptures += 1
 
     def __call__(self) -> None:
         if self.graph is not None:
@@ -149,6 +215,7 @@ class CapturedStep:
             return
         # The step begins with zero_grad(set_to_none=True), so the captured backward allocates the gradients in
         # the graph's own pool, and every replay writes them there.
+        self.captured_at = storages(self.inputs())
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=self.stream):
             self.step()

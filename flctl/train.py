@@ -7,13 +7,19 @@ here: callers record what this returns.
 
 How cells step (``RunResult.trained_with``):
 - eager: each cell's step as Python calls it (the default);
-- captured: each cell's step replayed as a CUDA graph per batch shape, on its own CUDA stream (``--engine
-  captured``, CUDA only); the same kernels as eager, so the same numbers with deterministic kernels;
+- captured: each cell's step replayed as a CUDA graph per batch shape (``--engine captured``, CUDA only); the
+  same kernels as eager, so the same numbers with deterministic kernels;
 - compiled: the step's forward, loss and dual step through ``torch.compile`` (``--engine compiled``); numbers
   change, so it is part of the run's identity;
 - vmap: cells of a ``batched`` task (small models) trained together share one vmapped forward and backward.
 Several cells in one process interleave step by step, each with its own RNG streams: each cell's records equal
 those of the cell trained alone.
+
+On CUDA, all of it runs on one stream of its own (``worker_stream``): the epochs' set-up, steps, evaluations,
+checkpoints' copies and final files of every cell of the group, in program order, so no use of a tensor can
+overtake its last write. The stream waits once for the default stream (data and models are made there) and the
+default stream waits for it on the way out. Checkpoints leave it as host copies: the writer thread never touches
+the device (docs/design.md, "Streams and threads on CUDA").
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 import torch
 
 from flctl import records
-from flctl.cell import Cell, RunResult, atomic_save, trainable_state
+from flctl.cell import Cell, RunResult, atomic_save, device_tensors, trainable_state
 from flctl.config import RunConfig
 from flctl.data import Dataset, epoch_order
 from flctl.errors import ClaimLost
@@ -42,7 +48,15 @@ from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
 from flctl.status import Status
-from flctl.step import CapturedStep, EpochBatches, batched_step, cell_step, compile_objective, step_objective
+from flctl.step import (
+    CapturedStep,
+    EpochBatches,
+    batched_step,
+    cell_step,
+    compile_objective,
+    step_inputs,
+    step_objective,
+)
 from flctl.tasks import Solution, Task, can_train_together, get_task
 
 __all__ = ["EpochStats", "RunResult", "train", "train_together"]
@@ -137,39 +151,48 @@ def train_together(
 
     # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
     # interrupted by an exception) waits until they are on disk.
-    with Writer(fence) as writer:
-        active = [c for c in cells if c.training]
-        while active:
-            # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
-            for c in active:
-                with stepper.own(c):
-                    stepper.begin_epoch(c)
-            for last in stepper.shapes(active):
-                stepper.step(active, last)
+    with stepper.on_stream():
+        with Writer(fence) as writer:
+            active = [c for c in cells if c.training]
+            while active:
+                # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
                 for c in active:
-                    if c.schedule_per_step:
-                        c.scheduler.step()
-            for c in active:
-                with stepper.own(c):
-                    c.samples_seen += len(stepper.orders[c.cfg.run_id])
-                    if not c.schedule_per_step:
-                        c.scheduler.step()
-                    _end_epoch(c, task, data, stepper.orders[c.cfg.run_id], records_root, writer, on_epoch,
-                               checkpoint_every, stop, fence)
-            left = [c for c in active if not c.training]
-            active = [c for c in active if c.training]
-            if left and active and on_done is not None:
-                writer.flush()
-                for c in left:
-                    done[c.cfg.run_id] = _end(c, task, data, records_root, stepper.trained_with(c), fence)
-                    on_done(done[c.cfg.run_id])
-    return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c), fence)
-            for c in cells]
+                    with stepper.own(c):
+                        stepper.begin_epoch(c)
+                stepper.check_captures(active)
+                for last in stepper.shapes(active):
+                    stepper.step(active, last)
+                    for c in active:
+                        if c.schedule_per_step:
+                            c.scheduler.step()
+                for c in active:
+                    with stepper.own(c):
+                        c.samples_seen += len(stepper.orders[c.cfg.run_id])
+                        if not c.schedule_per_step:
+                            c.scheduler.step()
+                        _end_epoch(c, task, data, stepper.orders[c.cfg.run_id], records_root, writer, on_epoch,
+                                   checkpoint_every, stop, fence)
+                left = [c for c in active if not c.training]
+                active = [c for c in active if c.training]
+                if left and active and on_done is not None:
+                    writer.flush()
+                    for c in left:
+                        done[c.cfg.run_id] = _end(c, task, data, records_root, stepper.trained_with(c), fence)
+                        on_done(done[c.cfg.run_id])
+        return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c), fence)
+                for c in cells]
+
+
+def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The one CUDA stream a group's work runs on (None off CUDA). A stream of its own, not the default one: a CUDA
+    graph is captured on a side stream, and warming up and replaying on the stream it was captured on keeps every
+    lazily made workspace on that stream."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
 class _Stepper:
     """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
-    one vmapped step for all; and the RNG streams and CUDA stream each cell's work runs under."""
+    one vmapped step for all; the RNG streams each cell's work runs under, and the group's one CUDA stream."""
 
     def __init__(self, cells: list[Cell], task: Task, data: Dataset) -> None:
         self.task, self.data, self.cells = task, data, cells
@@ -178,16 +201,17 @@ class _Stepper:
         self.vmap = self.shared and task.batched      # measured faster for small models (bench_stacking.py)
         self.batches = {c.cfg.run_id: EpochBatches(c.cfg.batch_size, device) for c in cells}
         self.orders: dict[str, torch.Tensor] = {}
-        self.streams = {c.cfg.run_id: torch.cuda.Stream(device) for c in cells} if device.type == "cuda" else {}
-        for stream in self.streams.values():
-            stream.wait_stream(torch.cuda.current_stream(device))     # the data and models are made on the default
+        self.device, self.stream = device, worker_stream(device)
         self.steps: dict[tuple[str, bool], Callable[[], None]] = {}
         for c in cells:
             objective = compile_objective() if c.cfg.engine == "compiled" else step_objective
+            batches = self.batches[c.cfg.run_id]
             for last in (False, True):
-                step = partial(cell_step, c, task, data, self.batches[c.cfg.run_id], last, objective)
-                self.steps[c.cfg.run_id, last] = \
-                    CapturedStep(step, self.streams[c.cfg.run_id]) if c.cfg.engine == "captured" else step
+                step: Callable[[], None] = partial(cell_step, c, task, data, batches, last, objective)
+                if c.cfg.engine == "captured":
+                    assert self.stream is not None      # validated: captured is CUDA only
+                    step = CapturedStep(step, self.stream, partial(step_inputs, c, data, batches))
+                self.steps[c.cfg.run_id, last] = step
 
     def trained_with(self, c: Cell) -> dict[str, Any]:
         device = c.device
@@ -195,17 +219,38 @@ class _Stepper:
         return {"engine": "vmap" if self.vmap else c.cfg.engine, "cells_together": len(self.cells), "device": name}
 
     @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """Run the group's work on its stream: after what the default stream queued (data, models, resumed state),
+        and before anything the caller queues on the default stream afterwards."""
+        if self.stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            caller.wait_stream(self.stream)
+
+    @contextlib.contextmanager
     def own(self, c: Cell) -> Iterator[None]:
-        """Run ``c``'s work: its RNG streams in the globals (when cells share the process), on its CUDA stream."""
-        stream = self.streams.get(c.cfg.run_id)
+        """Run ``c``'s work with its RNG streams in the globals (when cells share the process)."""
         if self.shared:
             c.swap_rng_in()
         try:
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                yield
+            yield
         finally:
             if self.shared:
                 c.swap_rng_out()
+
+    def check_captures(self, active: list[Cell]) -> None:
+        """Before an epoch's replays: a captured step whose inputs moved (flctl.step.CapturedStep) is captured anew."""
+        for c in active:
+            for last in (False, True):
+                step = self.steps[c.cfg.run_id, last]
+                if isinstance(step, CapturedStep):
+                    step.check()
 
     def begin_epoch(self, c: Cell) -> None:
         """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's
@@ -290,7 +335,10 @@ class Writer:
     and re-raises a write's error; at most one checkpoint is pending at a time, which bounds the memory of
     snapshots. A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
     identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) just before
-    its written file is renamed into place (flctl.fs.guarded), however long it waited in the queue or took."""
+    its written file is renamed into place (flctl.fs.guarded), however long it waited in the queue or took.
+
+    It does file I/O only, and is handed host memory only (``checkpoint`` refuses a device tensor): on CUDA this
+    thread never makes a CUDA call, so it cannot race the training stream or break a graph capture."""
 
     def __init__(self, fence: Callable[[str], bool] | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -314,6 +362,12 @@ class Writer:
         self._pending.append(self._pool.submit(self._fenced, run_id, fn, *args))
 
     def checkpoint(self, run_id: str, state: dict[str, Any], path: Path) -> None:
+        """Save ``state`` (host tensors only: Cell.state_dict) at ``path`` once the writes before it are done."""
+        if on_device := device_tensors(state):
+            # This thread must never touch the device: a copy here would run on another stream than the one the
+            # state was written on, and a CUDA call while the training thread captures a graph breaks the capture.
+            raise ValueError(f"checkpoint of run {run_id}: {len(on_device)} tensors are on {on_device[0].device}, "
+                             "not in host memory; copy them with flctl.cell.host_copy first")
         if self._checkpoint is not None:
             self._checkpoint.result()
         self._checkpoint = self._pool.submit(self._fenced, run_id, atomic_save, state, path)
@@ -396,9 +450,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
                                    or time.monotonic() - r.last_save >= checkpoint_every):
         if not _held(r, fence):
             return
-        if r.device.type == "cuda":      # the copies are made on the cell's stream; the writer thread reads them
-            torch.cuda.current_stream(r.device).synchronize()
-        writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)
+        writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)     # host copies, after the epoch's steps
         r.last_save = time.monotonic()
         if stopping:
             result.status = Status.STOPPED

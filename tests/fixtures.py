@@ -101,8 +101,28 @@ def write_orca_dpo(root: Path, n: int = 16, seed: int = 0, fmt: str = "jsonl", r
     return path
 
 
+def write_fashion_mnist(root: Path, n_train: int = 40, n_test: int = 20, seed: int = 0) -> Path:
+    """The four gzipped IDX files Zalando publishes (a big-endian header: two zero bytes, type 0x08, the number of
+    dimensions, each dimension as 32 bits; then the bytes), with random 28x28 images and labels."""
+    import gzip
+
+    rng = np.random.default_rng(seed)
+    folder = Path(root)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def idx(name: str, values: np.ndarray) -> None:
+        header = bytes([0, 0, 0x08, values.ndim]) + b"".join(d.to_bytes(4, "big") for d in values.shape)
+        (folder / f"{name}.gz").write_bytes(gzip.compress(header + values.astype(np.uint8).tobytes()))
+
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        idx(f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        idx(f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n))
+    return folder
+
+
 # task name -> writer(root) -> data_dir, for registry-parametrized tests
-WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface, "orca-dpo": write_orca_dpo}
+WRITERS = {"cifar10": write_cifar10, "utkface": write_utkface, "orca-dpo": write_orca_dpo,
+           "fashion-mnist": write_fashion_mnist}
 
 
 def real_fashion_mnist() -> None:

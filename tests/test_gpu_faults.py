@@ -1,0 +1,203 @@
+"""The faults of the first real GPU run (an H200, 2026-11-26), each caught on a CPU: a captured graph reading freed
+memory, stacked cells racing across CUDA streams, a checkpoint thread touching the device, and a worker that kept
+failing cells on a dead CUDA context. Each test failed on the code that ran there (3623c99)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flctl.cell import Cell
+from flctl.step import WARMUP_STEPS
+from flctl.tasks import all_tasks, get_task
+from flctl.train import Writer, _Stepper, train, train_together
+from tests.fixtures import WRITERS
+from tests.gpu_emulation import ExternalInputs, fake_cuda_streams
+from tests.helpers import config
+from tests.reference import digest
+
+AUGMENTED = sorted(name for name, task in all_tasks().items() if task.augment is not None)
+# Small data in each task's real format, with at least WARMUP_STEPS + 1 full batches and a partial last one, so the
+# step a captured engine would capture (the (WARMUP_STEPS + 1)-th of each shape) is one of those compared.
+SMALL = {
+    "cifar10": (dict(per_batch=16), dict(batch_size=12, options={"width": 4})),                 # 80: 6 x 12 + 8
+    "fashion-mnist": (dict(n_train=40), dict(batch_size=6, options={"width": 4})),              # 40: 6 x 6 + 4
+    "utkface": (dict(n=100), dict(batch_size=4, options={"width": 4, "size": 16, "split": "70-30"})),  # 18: 4 x 4 + 2
+}
+
+
+def _cells(tmp_path: Path, name: str, k: int) -> tuple[list[Cell], object]:
+    write, shape = SMALL[name]
+    data_dir = str(WRITERS[name](tmp_path / "data", **write))
+    methods = ["fl", "erm", "rfl"][:k]
+    cfgs = [config(name, m, seed=i, epochs=4, eval_every=4, data_dir=data_dir, **shape) for i, m in enumerate(methods)]
+    task = get_task(name)
+    data = task.load(cfgs[0].opts, data_dir).to("cpu")
+    cells = [Cell.build(c, task, data, tmp_path / "runs" / c.run_id, torch.device("cpu")) for c in cfgs]
+    if k > 1:
+        for c in cells:
+            c.swap_rng_out()
+    return cells, data
+
+
+@pytest.mark.parametrize("k", [1, 2], ids=["alone", "stacked"])
+@pytest.mark.parametrize("name", AUGMENTED)
+def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path, name: str, k: int) -> None:
+    """What a CUDA graph needs: each tensor a step reads but does not make (parameters, optimizer and method state,
+    the epoch's batch buffers and augmentation parameters, the data) is at the same address in every epoch. At
+    3623c99 the augmentation parameters were new tensors each epoch: 3 of the inputs moved."""
+    cells, data = _cells(tmp_path, name, k)
+    task = get_task(name)
+    stepper = _Stepper(cells, task, data)
+    seen: dict[tuple[int, int], list[int]] = {}
+    shapes = None
+    for epoch in range(2):
+        for c in cells:
+            with stepper.own(c):
+                stepper.begin_epoch(c)
+        shapes = stepper.shapes(cells)
+        assert shapes.count(False) > WARMUP_STEPS and shapes[-1], "the data must hold a capture step and a last batch"
+        for i, last in enumerate(shapes):
+            if i in (WARMUP_STEPS, len(shapes) - 1):
+                with ExternalInputs() as inputs:
+                    stepper.step(cells, last)
+                seen[epoch, i] = inputs.addresses
+                assert inputs.addresses, "the recorder saw the step"
+            else:
+                stepper.step(cells, last)
+        for c in cells:
+            c.epoch += 1
+    assert shapes is not None
+    for i in (WARMUP_STEPS, len(shapes) - 1):
+        moved = [n for n, (a, b) in enumerate(zip(seen[0, i], seen[1, i])) if a != b]
+        assert len(seen[0, i]) == len(seen[1, i]) and not moved, \
+            f"step {i}: {len(moved)} of {len(seen[0, i])} inputs moved between epochs"
+
+
+@pytest.mark.parametrize("name", AUGMENTED)
+def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str) -> None:
+    """CapturedStep recaptures when an input moves; it can see that only for the tensors flctl.step.step_inputs
+    names. Every input the recorder finds must be among them (a new kind of state must be added there)."""
+    from flctl.step import CapturedStep, step_inputs, storages
+
+    cells, data = _cells(tmp_path, name, 1)
+    c = cells[0]
+    stepper = _Stepper(cells, get_task(name), data)
+    stepper.begin_epoch(c)
+    for _ in range(WARMUP_STEPS):                      # optimizer state exists from the first step on
+        stepper.step(cells, False)
+    with ExternalInputs() as inputs:
+        stepper.step(cells, False)
+    batches = stepper.batches[c.cfg.run_id]
+    watched = set(storages(step_inputs(c, data, batches)))
+    missed = [(op, shape) for op, p, shape, _ in inputs.external if p not in watched]
+    assert not missed, f"inputs CapturedStep does not watch: {missed}"
+
+    # and a moved input drops the graph (the check is on the host: no CUDA needed to see it)
+    step = CapturedStep(lambda: None, None, lambda: step_inputs(c, data, batches))  # type: ignore[arg-type]
+    step.graph, step.captured_at = object(), storages(step_inputs(c, data, batches))  # type: ignore[assignment]
+    step.check()
+    assert step.graph is not None and step.recaptures == 0
+    stepper.begin_epoch(c)                             # a new epoch: buffers refilled in place
+    step.check()
+    assert step.graph is not None, "refilling the epoch's buffers moved an input"
+    batches.full_params[next(iter(batches.full_params))] = batches.full_params[next(iter(batches.full_params))] + 0
+    step.check()
+    assert step.graph is None and step.recaptures == 1
+
+
+def _races(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfgs: list) -> list:
+    with fake_cuda_streams(monkeypatch) as rec:
+        results = train_together(cfgs, tmp_path / "records", [tmp_path / "runs" / c.run_id for c in cfgs])
+    assert [r.status for r in results] == ["completed"] * len(cfgs)
+    assert len(rec.streams_used) > 1, "the recorder saw the hand-over between streams"
+    return rec.races
+
+
+def test_stacked_small_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
+    """Two vmapped two-moons cells as on CUDA: at 3623c99 the vmapped step ran on the default stream while each
+    cell's epoch set-up and end ran on its own stream, unordered (the H200's 1,000-cell sweep: 704 failed)."""
+    cfgs = [config("two-moons", m, seed=s, epochs=3, eval_every=1) for s, m in enumerate(("fl", "erm"))]
+    races = _races(tmp_path, monkeypatch, cfgs)
+    assert not races, f"{len(races)} unordered cross-stream uses, first: {races[:5]}"
+
+
+def test_stacked_image_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
+    data_dir = str(WRITERS["cifar10"](tmp_path / "data", per_batch=8))
+    cfgs = [config("cifar10", m, seed=s, epochs=2, eval_every=1, batch_size=12, data_dir=data_dir,
+                   options={"width": 4}) for s, m in enumerate(("fl", "erm"))]
+    races = _races(tmp_path, monkeypatch, cfgs)
+    assert not races, f"{len(races)} unordered cross-stream uses, first: {races[:5]}"
+
+
+def test_the_stream_recorder_finds_an_unordered_use(monkeypatch) -> None:
+    """The recorder itself: a write on one stream read on another is a race until the reader waits for the writer."""
+    with fake_cuda_streams(monkeypatch) as rec:
+        a, b = rec.new_stream("a"), rec.new_stream("b")
+        with torch.cuda.stream(a):
+            x = torch.ones(3)
+        with torch.cuda.stream(b):
+            x.sum()
+        assert [(r.stream, r.written_on) for r in rec.races] == [("b", "a")]
+        with torch.cuda.stream(a):
+            x.add_(1)
+        b.wait_stream(a)
+        with torch.cuda.stream(b):
+            x.sum()
+        assert len(rec.races) == 1
+
+
+def test_the_checkpoint_writer_is_handed_host_memory_only(tmp_path: Path) -> None:
+    """The writer thread does file I/O only: a state holding a device tensor (a meta tensor stands in for a CUDA one
+    here) is refused before anything is written. At 3623c99 the thread copied CUDA tensors itself, on another stream
+    than the one they were written on, and beside a graph capture."""
+    path = tmp_path / "checkpoint.pt"
+    with Writer() as writer, pytest.raises(ValueError, match="not in host memory"):
+        writer.checkpoint("r", {"model": {"w": torch.ones(2)}, "opt": [torch.empty(3, device="meta")]}, path)
+    assert not path.exists()
+
+
+def test_the_checkpoint_writer_thread_runs_no_torch_op(tmp_path: Path, monkeypatch) -> None:
+    """A run checkpointing every epoch: every torch op on the writer thread is recorded, and there is none; the
+    checkpoints hold copies, not the live tensors (training goes on while they are written)."""
+    import threading
+
+    import flctl.train
+
+    ops: list[str] = []
+    saved: list[dict] = []
+    real = flctl.train.Writer._fenced
+
+    class Ops(ExternalInputs):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(f"{func} on {threading.current_thread().name}")
+            return func(*args, **(kwargs or {}))
+
+    def fenced(self, run_id, fn, *args):
+        if fn is flctl.train.atomic_save:
+            saved.append(args[0])
+        with Ops():
+            return real(self, run_id, fn, *args)
+
+    monkeypatch.setattr(flctl.train.Writer, "_fenced", fenced)
+    cfg = config("two-moons", "fl", epochs=4, eval_every=2)
+    run_dir = tmp_path / "runs" / cfg.run_id
+    assert train(cfg, tmp_path / "records", run_dir).status == "completed"
+    assert len(saved) == 3 and not ops, ops[:5]
+    model = saved[0]["model"]
+    assert all(t.device.type == "cpu" for t in model.values())
+    assert not torch.equal(saved[0]["model"][next(iter(model))], saved[-1]["model"][next(iter(model))])
+
+
+def test_a_run_resumes_from_host_copies_to_the_same_records(tmp_path: Path) -> None:
+    """Checkpoints made through host copies resume exactly (the stop lands at an epoch boundary, then a resume)."""
+    cfg = config("two-moons", "rfl", epochs=4, eval_every=1)
+    whole = train(cfg, tmp_path / "whole", tmp_path / "w")
+    stops = iter([False, True])
+    stopped = train(cfg, tmp_path / "parts", tmp_path / "p", stop=lambda: next(stops, False))
+    assert stopped.status == "stopped" and stopped.epochs_done == 2
+    resumed = train(cfg, tmp_path / "parts", tmp_path / "p")
+    assert resumed.resumed_from == 2 and resumed.metrics == whole.metrics
+    assert digest(tmp_path / "parts", cfg.run_id) == digest(tmp_path / "whole", cfg.run_id)
