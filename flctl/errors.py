@@ -24,3 +24,28 @@ class NewerSchema(RuntimeError):
 class ClaimLost(RuntimeError):
     """This process no longer holds a run's claim: it was presumed lost (no heartbeat for longer than the stale
     bound) and another worker took the run over. It must stop without touching the run's files or row."""
+
+
+# A worker process whose device failed for good exits with this code (EX_TEMPFAIL: try again, elsewhere), after it
+# recorded the cells it was training; a fresh process takes its place (flctl.launch.worker).
+DEVICE_LOST_EXIT = 75
+
+# What CUDA says when the context is dead: every later CUDA call in the process fails, `torch.manual_seed` of a CPU run
+# included. Out-of-memory is not among them: it leaves the context usable.
+_FATAL_DEVICE_SIGNS = ("CUDA error", "CUBLAS_STATUS_", "CUDNN_STATUS_", "illegal memory access", "device-side assert",
+                       "unspecified launch failure", "illegal instruction", "misaligned address")
+
+
+def is_fatal_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means this process's device context is dead (a device-side assert, an illegal address, a
+    launch failure): torch.AcceleratorError (torch >= 2.8) or, before it, a RuntimeError naming a CUDA error."""
+    if type(exc).__name__ == "OutOfMemoryError" or not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return type(exc).__name__ == "AcceleratorError" or any(sign in text for sign in _FATAL_DEVICE_SIGNS)
+
+
+class DeviceLost(RuntimeError):
+    """A worker running in the calling process (`sweep --wait`, the debug executor) met a fatal device error: the
+    process's device context is dead. Its cells are recorded, and a fresh worker process was started in its place
+    where the executor can start one."""

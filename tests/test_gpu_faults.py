@@ -4,6 +4,8 @@ failing cells on a dead CUDA context. Each test failed on the code that ran ther
 
 from __future__ import annotations
 
+import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,82 @@ def test_a_run_resumes_from_host_copies_to_the_same_records(tmp_path: Path) -> N
     resumed = train(cfg, tmp_path / "parts", tmp_path / "p")
     assert resumed.resumed_from == 2 and resumed.metrics == whole.metrics
     assert digest(tmp_path / "parts", cfg.run_id) == digest(tmp_path / "whole", cfg.run_id)
+
+
+# Two moons whose model meets a fatal CUDA error (the exception torch raises after a device-side assert, with its
+# message) at its first forward: in the first cell any worker builds while the file $POISON names exists (the file
+# is taken then, so exactly one cell is poisoned). What the H200's captured engine met, raised on a CPU.
+POISONED_TASK = textwrap.dedent('''
+    import dataclasses
+    import os
+    import torch
+    from flctl_tasks.two_moons import TASK as MOONS
+
+    FATAL = getattr(torch, "AcceleratorError", RuntimeError)
+
+    class Poisoned(torch.nn.Module):
+        def __init__(self, body):
+            super().__init__()
+            self.body = body
+
+        def forward(self, x):
+            raise FATAL("CUDA error: device-side assert triggered\\nCompile with TORCH_USE_CUDA_DSA to enable "
+                        "device-side assertions.")
+
+    def build_model(options, data):
+        model = MOONS.build_model(options, data)
+        try:
+            os.unlink(os.environ["POISON"])
+        except (KeyError, FileNotFoundError):
+            return model
+        return Poisoned(model)
+
+    TASK = dataclasses.replace(MOONS, name="poisoned-moons", description="two moons whose first cell's device dies",
+                               build_model=build_model, batched=False)
+''')
+
+
+def test_a_fatal_device_error_ends_its_worker_and_the_sweep_finishes(tmp_path: Path) -> None:
+    """A fatal CUDA error in one cell of a local sweep: that cell is failed with the error (its attempt counted), its
+    worker exits with DEVICE_LOST_EXIT after starting a fresh worker, and every other cell completes. At 3623c99 the
+    worker went on claiming cells on its dead context and failed them all."""
+    import sys
+
+    from flctl.db import Store
+    from flctl.errors import DEVICE_LOST_EXIT
+    from flctl.launch.jobs import submitted_jobs
+    from tests import warm
+    from tests.helpers import wait_until
+
+    task_file, poison = tmp_path / "poisoned_moons.py", tmp_path / "poison"
+    task_file.write_text(POISONED_TASK)
+    poison.touch()
+    results = tmp_path / "results"
+    env = {**os.environ, "FLCTL_TASKS": str(task_file), "POISON": str(poison)}
+    out = warm.run([sys.executable, "-m", "flctl", "sweep", "poisoned-moons", "-m", "fl", "--seeds", "6",
+                    "--epochs", "100", "--workers", "2", "--threads", "1", "--batch-runs", "1", "--max-attempts", "1",
+                    "--executor", "local", "--results-dir", str(results)],
+                   capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    store = Store.open(f"sqlite:///{results / 'flctl.db'}")
+    settled = lambda: all(r.status in ("completed", "failed") for r in store.list_runs())    # noqa: E731
+    wait_until(settled, "every cell to complete or fail", timeout=240)
+    failed = [r for r in store.list_runs() if r.status != "completed"]
+    assert len(failed) == 1 and not poison.exists(), [(r.seed, r.status) for r in store.list_runs()]
+    [cell] = failed
+    assert cell.status == "failed" and cell.attempts == 1 and "device-side assert" in (cell.error or "")
+    logs = "".join(p.read_text() for p in (results / "jobs").rglob("*_log.err"))
+    said = [line for line in logs.splitlines() if "fatal device error" in line]
+    assert len(said) == 1 and cell.id in said[0] and f"(exit {DEVICE_LOST_EXIT})" in said[0], said
+    assert "a fresh worker takes its place" in said[0]
+    [sweep] = store.list_sweeps()
+    assert len(submitted_jobs(results, sweep["id"])) == 3           # the two workers asked for, and the fresh one
+    wait_until(lambda: not _alive(cell.pid), "the failed cell's worker to exit")
+
+
+def _alive(pid: int | None) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

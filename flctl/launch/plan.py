@@ -12,7 +12,7 @@ import submitit
 
 from flctl.config import RunConfig, resolve_device
 from flctl.db import STALE_AFTER_S, RunQueue, Store
-from flctl.errors import ConfigError
+from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
 from flctl.launch.settings import LaunchFlags, LaunchSettings, Slot, batch_runs_for
 from flctl.launch.slurm import check_executor, check_script_path, check_slurm_cluster
@@ -89,8 +89,13 @@ class _Here:
     slot: Slot
 
     def __call__(self) -> bool:
-        """Work until no cell is left; False when a signal stopped it first."""
-        self.worker(self.slot)
+        """Work until no cell is left; False when a signal stopped it first. After a fatal device error this
+        process trains no more (its device context is dead) and only waits: the worker started a fresh process in its
+        place and said so on stderr."""
+        try:
+            self.worker(self.slot)
+        except DeviceLost:
+            return True
         return not self.worker.stopped
 
 

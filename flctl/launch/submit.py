@@ -68,7 +68,7 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
     ex.update_parameters(**params)
     worker = Worker(db_url, str(results_root), sweep_id, executor=executor, max_attempts=max_attempts,
                     stale_after=stale_after, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
-                    linger_s=linger_s)
+                    linger_s=linger_s, slurm=slurm if executor == "slurm" else None)
     if executor == "local":
         with _stdio_to(layout.controllers_log(sweep_id)):
             jobs = ex.map_array(worker, list(slots))

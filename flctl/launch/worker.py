@@ -3,6 +3,12 @@ it, and repeats until none is left, then exits. Cells of different lengths balan
 torch start-up are paid once per worker, not per cell. A cell whose worker died (kill -9, lost node) is claimed
 again by any worker once it is stale.
 
+A fatal device error (a device-side assert, an illegal address: the process's CUDA context is dead, and every later
+CUDA call in it fails, even a CPU run's seeding) ends the worker: the cells it was training are recorded failed (the
+attempt counted; another worker retries them while attempts are left), it starts a fresh worker in its place through
+the same executor, and its process exits with DEVICE_LOST_EXIT. Before, such a worker went on claiming cells and failed
+each in milliseconds, until every cell's attempts were used up.
+
 Stopping: a worker that gets SIGINT (and SIGTERM, except under Slurm) finishes the epoch it is in, checkpoints,
 hands its cell back (interrupted, attempt not counted) and exits. Under Slurm, SIGTERM keeps submitit's meaning
 (preemption: USR2 follows and ``Worker.checkpoint`` hands the cell back and requeues the job)."""
@@ -22,9 +28,9 @@ import submitit
 import flctl.plugins
 from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
-from flctl.errors import ConfigError
+from flctl.errors import DEVICE_LOST_EXIT, ConfigError, DeviceLost, is_fatal_device_error
 from flctl.launch.jobs import registered
-from flctl.launch.settings import LaunchSettings, Slot
+from flctl.launch.settings import LaunchSettings, Slot, SlurmOptions
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
 from flctl.runner import git_revision, stop_on_signals, train_claimed
@@ -47,23 +53,29 @@ class Worker(submitit.helpers.Checkpointable):
     def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
                  max_attempts: int = LaunchSettings.max_attempts, stale_after: float = STALE_AFTER_S,
                  checkpoint_every: float = LaunchSettings.checkpoint_every, batch_runs: int = 1,
-                 sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None) -> None:
+                 sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None,
+                 slurm: SlurmOptions | None = None) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
         # The plugin task files and modules the launching process used (FLCTL_TASKS, a spec's task_module): a
         # worker on another node or under another environment loads the same ones.
         self.plugins = tuple(flctl.plugins.paths() if plugins is None else plugins)
         self.sync_study, self.linger_s = sync_study, linger_s
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
-        self.batch_runs = batch_runs
+        self.batch_runs, self.slurm = batch_runs, slurm
         self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
         self.stopped = False
+        self.device_lost: str | None = None      # the fatal device error that ended this worker
+        self.failed_cells: list[str] = []        # the cells it was training then
 
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
             os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
         flctl.plugins.add(self.plugins)
         with _torch_threads(slot.threads or allocated_cpus()):
-            return self._work()
+            outcome = self._work()
+        if self.device_lost is not None:
+            self._end_on_device_loss(slot)
+        return outcome
 
     def _work(self) -> dict[str, str]:
         store = Store.open(self.db_url)
@@ -90,6 +102,10 @@ class Worker(submitit.helpers.Checkpointable):
                                                 checkpoint_every=self.checkpoint_every, stop=stop.is_set)
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
+                        if is_fatal_device_error(exc):      # ... unless this process's device is gone for good
+                            self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
+                            self.failed_cells = list(self.current)
+                            break
                         continue
                     finally:
                         self.current = {}
@@ -140,6 +156,47 @@ class Worker(submitit.helpers.Checkpointable):
                 return claimed
         return []
 
+    def _end_on_device_loss(self, slot: Slot) -> None:
+        """After a fatal device error: start a fresh worker in this one's place while the sweep has cells to do, then
+        end this process with DEVICE_LOST_EXIT (a submitit job), or raise DeviceLost (a worker in the calling
+        process of `sweep --wait`, which must not exit, goes on waiting)."""
+        replaced = self.executor != "debug" and self._cells_left() and self._start_replacement(slot)
+        then = "a fresh worker takes its place" if replaced else "no worker was started in its place"
+        message = (f"fatal device error in cells {', '.join(self.failed_cells) or '?'} ({self.device_lost}); this "
+                   f"process's device context is dead: it stops claiming cells, {then}")
+        print(f"flctl worker: {message} (exit {DEVICE_LOST_EXIT})", file=sys.stderr, flush=True)
+        if _job_id() is not None:
+            sys.stdout.flush()
+            # Not sys.exit: interpreter teardown would make CUDA calls on the dead context (and can hang in them).
+            os._exit(DEVICE_LOST_EXIT)
+        if self.executor != "debug":    # submitit's debug jobs open a debugger on an exception: return instead
+            raise DeviceLost(message)
+
+    def _cells_left(self) -> bool:
+        """Whether the sweep still has a cell some worker may train (its attempts not used up)."""
+        from flctl.status import TRAINABLE
+
+        store = Store.open(self.db_url)
+        try:
+            return any(r["status"] in TRAINABLE and r["attempts"] < self.max_attempts
+                       for r in store.sweep_runs(self.sweep_id))
+        finally:
+            store.close()
+
+    def _start_replacement(self, slot: Slot) -> bool:
+        """One worker like this one, for the same slot, through the same executor (a new process: a new context)."""
+        from flctl.launch.submit import submit
+
+        try:
+            submit(self.sweep_id, [slot], db_url=self.db_url, results_root=Path(self.results_root),
+                   executor=self.executor, slurm=self.slurm, max_attempts=self.max_attempts,
+                   stale_after=self.stale_after, checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
+                   linger_s=self.linger_s)
+        except Exception as exc:        # the sweep goes on with its other workers; `flctl sweep` again starts more
+            print(f"flctl worker: could not start a worker in this one's place: {_first_line(exc)}", file=sys.stderr)
+            return False
+        return True
+
     def checkpoint(self, slot: Slot) -> submitit.helpers.DelayedSubmission:
         # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
         # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
@@ -154,7 +211,11 @@ class Worker(submitit.helpers.Checkpointable):
             Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
                    checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
-                   sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins), slot)
+                   sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins, slurm=self.slurm), slot)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
