@@ -1,5 +1,7 @@
 """The captured engine on CUDA (marked gpu; skipped without CUDA): replayed steps equal eager ones bit for bit with
-deterministic kernels, K cells stacked on one GPU equal each cell alone, and an epoch's steps never sync."""
+deterministic kernels, K cells stacked on one GPU equal each cell alone, and an epoch's steps never sync. The last
+three tests are what the first real GPU run (an H200, 2026-11-26) found broken: replays across epochs read freed
+augmentation buffers, stacked small cells raced across streams, and checkpoints were written beside replays."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from flctl import records
 from flctl.cell import Cell
 from flctl.data import epoch_order
-from flctl.step import WARMUP_STEPS, CapturedStep, EpochBatches, cell_step
+from flctl.step import WARMUP_STEPS, CapturedStep, EpochBatches, cell_step, step_inputs
 from flctl.tasks import get_task
 from flctl.train import train, train_together
 from tests.fixtures import write_cifar10
@@ -36,7 +39,7 @@ def deterministic():
 
 
 def cells(data_dir: str, **kw) -> list:
-    return [config("cifar10", m, seed=s, lr=lr, data_dir=data_dir, **CIFAR, **kw)
+    return [config("cifar10", m, seed=s, lr=lr, data_dir=data_dir, **{**CIFAR, **kw})
             for m, s, lr in (("fl", 0, 0.05), ("erm", 1, 0.02), ("rfl", 2, 0.03), ("cserm", 3, 0.01))]
 
 
@@ -72,8 +75,8 @@ def test_an_epoch_of_captured_steps_never_syncs_with_the_host(tmp_path: Path) ->
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     batches = EpochBatches(cfg.batch_size, torch.device("cuda"))
-    steps = {last: CapturedStep(lambda last=last: cell_step(cell, task, data, batches, last), stream)
-             for last in (False, True)}
+    steps = {last: CapturedStep(lambda last=last: cell_step(cell, task, data, batches, last), stream,
+                                lambda: step_inputs(cell, data, batches)) for last in (False, True)}
     with torch.cuda.stream(stream):
         for epoch in range(WARMUP_STEPS + 2):     # the last shape is captured after WARMUP_STEPS epochs
             generator = torch.Generator(device="cuda").manual_seed(epoch)
@@ -82,8 +85,58 @@ def test_an_epoch_of_captured_steps_never_syncs_with_the_host(tmp_path: Path) ->
                 torch.cuda.set_sync_debug_mode("error")
             try:
                 for last in batches.shapes:
+                    steps[last].check()
                     steps[last]()
             finally:
                 torch.cuda.set_sync_debug_mode(0)
-    assert all(s.graph is not None for s in steps.values())
+    assert all(s.graph is not None and s.recaptures == 0 for s in steps.values())
     assert torch.isfinite(cell.epoch_losses).all()
+
+
+def test_a_captured_run_over_several_epochs_equals_eager(tmp_path: Path) -> None:
+    """Five epochs: both batch shapes are captured (the last one after WARMUP_STEPS epochs) and replayed in later
+    epochs, whose augmentation parameters are new draws in the same buffers."""
+    data = str(write_cifar10(tmp_path / "data", per_batch=40))
+    eager, captured = (cells(data, engine=e, epochs=5, eval_every=1)[0] for e in ("eager", "captured"))
+    a = train(eager, tmp_path / "eager", tmp_path / "a")
+    b = train(captured, tmp_path / "captured", tmp_path / "b")
+    assert (a.status, b.status) == ("completed", "completed") and a.metrics == b.metrics
+    assert digest(tmp_path / "eager", eager.run_id) == digest(tmp_path / "captured", eager.run_id)
+
+
+def test_a_checkpoint_written_during_replay_resumes_to_the_same_records(tmp_path: Path) -> None:
+    """Checkpoints every epoch while graphs replay (host copies on the training stream, written by a thread that
+    makes no CUDA call); a run stopped after epoch 4 and resumed equals the run that never stopped."""
+    data = str(write_cifar10(tmp_path / "data", per_batch=40))
+    cfg = cells(data, engine="captured", epochs=6, eval_every=1)[0]
+    whole = train(cfg, tmp_path / "whole", tmp_path / "w", checkpoint_every=0.0)
+    stops = iter([False, False, False, True])
+    stopped = train(cfg, tmp_path / "parts", tmp_path / "p", checkpoint_every=0.0, stop=lambda: next(stops, False))
+    assert stopped.status == "stopped" and stopped.epochs_done == 4
+    resumed = train(cfg, tmp_path / "parts", tmp_path / "p", checkpoint_every=0.0)
+    assert resumed.resumed_from == 4 and resumed.metrics == whole.metrics
+    assert digest(tmp_path / "parts", cfg.run_id) == digest(tmp_path / "whole", cfg.run_id)
+
+
+def test_two_stacked_two_moons_cells_on_cuda_equal_each_alone(tmp_path: Path) -> None:
+    """The vmapped step of stacked small cells, on CUDA. Batched matrix products sum in another order than one cell's,
+    so equal within float32 rounding grown over 3 epochs (rtol 1e-4, atol 1e-5), not bit for bit; fp32, so that
+    autocast's bf16 rounding does not enter."""
+    import numpy as np
+
+    cfgs = [config("two-moons", m, seed=s, epochs=3, eval_every=1, device="cuda", precision="fp32")
+            for m, s in (("fl", 0), ("erm", 1))]
+    together = train_together(cfgs, tmp_path / "together", [tmp_path / "t" / c.run_id for c in cfgs])
+    assert [r.trained_with["engine"] for r in together] == ["vmap", "vmap"]
+    for cfg, result in zip(cfgs, together):
+        alone = train(cfg, tmp_path / "alone", tmp_path / "a" / cfg.run_id)
+        assert result.status == alone.status == "completed"
+        order = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
+        a = records.read(tmp_path / "together", [cfg.run_id]).sort_by(order)
+        b = records.read(tmp_path / "alone", [cfg.run_id]).sort_by(order)
+        assert len(a) == len(b) > 0
+        for column in ("loss", "multiplier"):
+            x, y = a[column].to_numpy(zero_copy_only=False), b[column].to_numpy(zero_copy_only=False)
+            if cfg.method == "erm" and column == "multiplier":
+                continue
+            np.testing.assert_allclose(x.astype(float), y.astype(float), rtol=1e-4, atol=1e-5, err_msg=cfg.method)
