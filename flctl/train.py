@@ -15,11 +15,9 @@ How cells step (``RunResult.trained_with``):
 Several cells in one process interleave step by step, each with its own RNG streams: each cell's records equal
 those of the cell trained alone.
 
-On CUDA, all of it runs on one stream of its own (``worker_stream``): the epochs' set-up, steps, evaluations,
-checkpoints' copies and final files of every cell of the group, in program order, so no use of a tensor can
-overtake its last write. The stream waits once for the default stream (data and models are made there) and the
-default stream waits for it on the way out. Checkpoints leave it as host copies: the writer thread never touches
-the device (docs/design.md, "Streams and threads on CUDA").
+On CUDA, all of a group's device work runs on one stream (``worker_stream``), in program order, so no use of a
+tensor can overtake its last write; checkpoints leave it as host copies, and the writer thread never touches the
+device (docs/design.md, "Streams and threads on CUDA").
 """
 
 from __future__ import annotations
@@ -184,9 +182,8 @@ def train_together(
 
 
 def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The one CUDA stream a group's work runs on (None off CUDA). A stream of its own, not the default one: a CUDA
-    graph is captured on a side stream, and warming up and replaying on the stream it was captured on keeps every
-    lazily made workspace on that stream."""
+    """The one CUDA stream a group's work runs on (None off CUDA); not the default stream: graphs are captured on a
+    side stream, and warm-up, capture and replay on one stream share its lazily made workspaces."""
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
