@@ -35,7 +35,7 @@ _BEFORE_REPLACE: contextvars.ContextVar[Callable[[], None] | None] = contextvars
 @contextlib.contextmanager
 def guarded(check: Callable[[], None]) -> Iterator[None]:
     """Within the block, each ``atomic_path`` of this thread calls ``check`` after its file is written and just
-    before the rename; ``check`` raising leaves ``path`` as it was. A worker's claim check (flctl.train.Writer) sits
+    before the rename; ``check`` raising leaves ``path`` as it was. A worker's claim check (flctl.writer.Writer) sits
     there rather than before the write: a worker frozen between its check and the rename is the one stale write
     that can still land, and that window is a rename long, not a whole file's write. A block that renamed no file
     through ``atomic_path`` was not guarded at all: RuntimeError, a bug in the caller, not a failed check."""

@@ -186,7 +186,7 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
                 queue.requeue(run_id, tokens[run_id], "the disk filled up; resumes from its last checkpoint",
                               time.perf_counter() - started)
         raise
-    except ClaimLost:       # a write found a claim gone (see flctl.train.Writer): hand back the cells still ours
+    except ClaimLost:       # a write found a claim gone (see flctl.writer.Writer): hand back the cells still ours
         for run_id in ids:
             queue.requeue(run_id, tokens[run_id], "a sibling cell's claim was lost; resumes from its checkpoint",
                           time.perf_counter() - started)

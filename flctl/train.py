@@ -26,7 +26,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,11 +35,10 @@ import numpy as np
 import torch
 
 from flctl import records
-from flctl.cell import Cell, RunResult, atomic_save, device_tensors, trainable_state
+from flctl.cell import Cell, RunResult, atomic_save, trainable_state
 from flctl.config import RunConfig
 from flctl.data import Dataset, epoch_order
-from flctl.errors import ClaimLost
-from flctl.fs import atomic_path, guarded
+from flctl.fs import atomic_path
 from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
@@ -56,6 +54,7 @@ from flctl.step import (
     step_objective,
 )
 from flctl.tasks import Solution, Task, can_train_together, get_task
+from flctl.writer import Writer
 
 __all__ = ["EpochStats", "RunResult", "train", "train_together"]
 
@@ -324,65 +323,6 @@ def _summarize_and_record(
                               confidence=test_eval.get("confidence"), groups=labels["test"]),
     }
     return flatten(summary)
-
-
-class Writer:
-    """Writes records and checkpoints on one background thread, in submission order (a checkpoint lands after
-    the records of its epoch), so the loop does not wait for the disk. Leaving its ``with`` block waits for everything
-    and re-raises a write's error; at most one checkpoint is pending at a time, which bounds the memory of
-    snapshots. A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
-    identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) just before
-    its written file is renamed into place (flctl.fs.guarded), however long it waited in the queue or took.
-
-    It does file I/O only, and is handed host memory only (``checkpoint`` refuses a device tensor): on CUDA this
-    thread never makes a CUDA call, so it cannot race the training stream or break a graph capture."""
-
-    def __init__(self, fence: Callable[[str], bool] | None = None) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flctl-writer")
-        self._pending: list = []
-        self._checkpoint: Future | None = None
-        self._fence = fence
-
-    def _fenced(self, run_id: str, fn: Callable, *args: Any) -> Any:
-        if self._fence is None:
-            return fn(*args)
-        with guarded(lambda: self._still_held(run_id)):
-            return fn(*args)
-
-    def _still_held(self, run_id: str) -> None:
-        if self._fence is not None and not self._fence(run_id):
-            raise ClaimLost(f"run {run_id}: another worker holds it now; this write was dropped")
-
-    def submit(self, run_id: str, fn: Callable, *args: Any) -> None:
-        self._pending.append(self._pool.submit(self._fenced, run_id, fn, *args))
-
-    def checkpoint(self, run_id: str, state: dict[str, Any], path: Path) -> None:
-        """Save ``state`` (host tensors only: Cell.state_dict) at ``path`` once the writes before it are done."""
-        if on_device := device_tensors(state):
-            # This thread must never touch the device: a copy here would run on another stream than the one the
-            # state was written on, and a CUDA call while the training thread captures a graph breaks the capture.
-            raise ValueError(f"checkpoint of run {run_id}: {len(on_device)} tensors are on {on_device[0].device}, "
-                             "not in host memory; copy them with flctl.cell.host_copy first")
-        if self._checkpoint is not None:
-            self._checkpoint.result()
-        self._checkpoint = self._pool.submit(self._fenced, run_id, atomic_save, state, path)
-        self._pending.append(self._checkpoint)
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.flush()
-        finally:
-            self._pool.shutdown(wait=True)
 
 
 def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:

@@ -84,7 +84,7 @@ def test_a_claim_lost_while_its_file_was_written_keeps_the_file_out(tmp_path: Pa
     # The Writer checks the claim after the file is written, just before it is renamed into place: a claim taken over
     # while the old holder was writing (or frozen in the middle of it) never lands, and leaves no temporary file.
     from flctl.fs import write_text_atomic
-    from flctl.train import Writer
+    from flctl.writer import Writer
 
     holds = [True]
 

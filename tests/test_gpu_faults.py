@@ -14,7 +14,8 @@ import torch
 from flctl.cell import Cell
 from flctl.step import WARMUP_STEPS
 from flctl.tasks import all_tasks, get_task
-from flctl.train import Writer, _Stepper, train, train_together
+from flctl.train import _Stepper, train, train_together
+from flctl.writer import Writer
 from tests.fixtures import WRITERS
 from tests.gpu_emulation import ExternalInputs, fake_cuda_streams
 from tests.helpers import config
@@ -166,11 +167,11 @@ def test_the_checkpoint_writer_thread_runs_no_torch_op(tmp_path: Path, monkeypat
     checkpoints hold copies, not the live tensors (training goes on while they are written)."""
     import threading
 
-    import flctl.train
+    import flctl.writer
 
     ops: list[str] = []
     saved: list[dict] = []
-    real = flctl.train.Writer._fenced
+    real = flctl.writer.Writer._fenced
 
     class Ops(ExternalInputs):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -178,12 +179,12 @@ def test_the_checkpoint_writer_thread_runs_no_torch_op(tmp_path: Path, monkeypat
             return func(*args, **(kwargs or {}))
 
     def fenced(self, run_id, fn, *args):
-        if fn is flctl.train.atomic_save:
+        if fn is flctl.writer.atomic_save:
             saved.append(args[0])
         with Ops():
             return real(self, run_id, fn, *args)
 
-    monkeypatch.setattr(flctl.train.Writer, "_fenced", fenced)
+    monkeypatch.setattr(flctl.writer.Writer, "_fenced", fenced)
     cfg = config("two-moons", "fl", epochs=4, eval_every=2)
     run_dir = tmp_path / "runs" / cfg.run_id
     assert train(cfg, tmp_path / "records", run_dir).status == "completed"

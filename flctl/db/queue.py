@@ -101,6 +101,14 @@ class RunQueue:
                 return r.id, token
         return None
 
+    def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
+        """Whether the sweep has a cell no worker holds that a claim may take: queued, interrupted, or failed with
+        attempts left."""
+        with self.session() as s:
+            return s.execute(select(Run.id).join(SweepCell, SweepCell.run_id == Run.id)
+                             .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
+                                    Run.status.in_(TRAINABLE)).limit(1)).first() is not None
+
     def hand_back(self, sweep_id: str, reason: str, *, pids: Collection[int] = frozenset(),
                   job_prefixes: Collection[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
         """Hand back the sweep's running cells held by the given local pids or Slurm jobs (by array id), or by

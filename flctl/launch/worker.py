@@ -173,13 +173,9 @@ class Worker(submitit.helpers.Checkpointable):
             raise DeviceLost(message)
 
     def _cells_left(self) -> bool:
-        """Whether the sweep still has a cell some worker may train (its attempts not used up)."""
-        from flctl.status import TRAINABLE
-
         store = Store.open(self.db_url)
         try:
-            return any(r["status"] in TRAINABLE and r["attempts"] < self.max_attempts
-                       for r in store.sweep_runs(self.sweep_id))
+            return RunQueue(store).has_to_do(self.sweep_id, max_attempts=self.max_attempts)
         finally:
             store.close()
 
