@@ -74,8 +74,8 @@ class EpochBatches:
     batch. ``fill`` runs once per epoch, eagerly; ``take`` is what the step reads (graph-safe).
 
     Every buffer is allocated once and refilled in place: a captured step (``CapturedStep``) reads them by address,
-    and a buffer made anew would leave its graph reading freed memory. ``generation`` counts reallocations (a new
-    epoch length, i.e. pruning): a step captured under another generation must be captured again."""
+    and a buffer made anew would leave its graph reading freed memory. Only a new epoch length (pruning) reallocates
+    them; ``CapturedStep.check`` sees that and captures again."""
 
     def __init__(self, batch_size: int, device: torch.device) -> None:
         self.batch_size, self.device = batch_size, device
@@ -84,7 +84,6 @@ class EpochBatches:
         self.full_params: dict[str, Tensor] = {}
         self.last_params: dict[str, Tensor] = {}
         self.counter = torch.zeros(1, dtype=torch.long, device=device)
-        self.generation = 0
 
     @property
     def shapes(self) -> list[bool]:
@@ -104,7 +103,6 @@ class EpochBatches:
             self.full = torch.empty(steps, b, dtype=torch.long, device=self.device)
             self.last = torch.empty(rest, dtype=torch.long, device=self.device)
             self.full_params, self.last_params = {}, {}
-            self.generation += 1
         # From pinned memory, asynchronously: a pageable host-to-device copy waits for the device.
         host = order.pin_memory() if self.device.type == "cuda" and not order.is_cuda else order
         self.full.copy_(host[:steps * b].view(steps, b), non_blocking=True)
