@@ -11,7 +11,9 @@ on-disk format, so the loaders, the on-device pipelines, the store and the check
     python benchmarks/bench_gpu.py utkface              # 22,190 JPEGs (4,438 training images) at the default 200 px
     python benchmarks/bench_gpu.py dpo                  # orca-dpo: a ~1B causal LM in 4-bit NF4 with LoRA, length 1024
     python benchmarks/bench_gpu.py precision            # bf16 autocast vs fp32 metrics, two-moons and digits, 3 seeds
+    python benchmarks/bench_gpu.py diagnose --out DIR   # the suite's first failing gpu test alone, under CUDA's checks
     python benchmarks/bench_gpu.py collect DIR...       # merge sections into benchmarks/results/gpu-<date>-<device>.json
+    python benchmarks/bench_gpu.py commit               # the project's commit, as each section's JSON records it
 
 ``--small`` shrinks every size so the sections run on a CPU in minutes (a check of this script, not a measurement).
 Epoch times are medians of the epochs after the first (which pays cuDNN's, the allocator's, graph capture's and
@@ -21,17 +23,20 @@ the compiler's warm-up); an epoch that evaluates is timed separately and its ext
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -54,8 +59,9 @@ class Stop(Exception):
 
 
 def config(task: str, method: str, device: str, **overrides):
-    cfg = resolve(get_task(task), method, overrides)
-    return dataclasses.replace(cfg, device=device)
+    """The task's config for ``method`` on ``device``. The device is one of the overrides resolve() checks, so that
+    validation (the captured engine needs CUDA) and the task's per-device options see where the run trains."""
+    return resolve(get_task(task), method, {**overrides, "device": device})
 
 
 def cuda(device: str) -> bool:
@@ -110,13 +116,17 @@ def left(args) -> float:
     return float("inf") if args.deadline is None else args.deadline - time.monotonic()
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | None, float]:
-    """Run ``cmd`` with output appended to ``log``; kill its process group at ``timeout``. (rc or None, seconds)."""
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> tuple[int | None, float]:
+    """Run ``cmd`` with ``env`` added to this process's environment and output appended to ``log`` (the command
+    line first, with the variables it adds); kill its process group at ``timeout``. (rc or None, seconds)."""
+    env = env or {}
     t0 = time.perf_counter()
     with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.write(f"$ {shlex.join([f'{k}={v}' for k, v in env.items()] + cmd)}\n")
         fh.flush()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd,
+                                start_new_session=True)
         try:
             rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -124,6 +134,83 @@ def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = Non
             proc.wait()
             rc = None
     return rc, time.perf_counter() - t0
+
+
+def given_commit(text: str) -> dict:
+    """A commit named by hand, in ``git describe --always --dirty`` form: ``3623c99`` or ``3623c99-dirty``. A plain
+    sha says nothing of the tree (dirty None): a copy without .git cannot tell."""
+    text = text.strip()
+    return {"commit": text.removesuffix("-dirty"), "dirty": True if text.endswith("-dirty") else None}
+
+
+def project_commit(root: Path = ROOT) -> dict:
+    """The commit of the project this script lives in, and whether its tracked files differ from it (untracked
+    files do not count, as for git describe --dirty). Asked of ``root``'s own repository only: a copy of the
+    working tree without .git (what the device tool sends) would otherwise answer with whatever repository encloses
+    the copy, which is how a lease recorded another repository's commit for its results. There FLCTL_COMMIT names
+    it (given_commit). ``commit_from`` says which of the two answered."""
+    def git(*cmd: str) -> str | None:
+        # no optional locks: other processes work in the same tree, and a status must not take its index.lock
+        res = subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True,
+                             env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    if (root / ".git").exists() and (head := git("rev-parse", "--short", "HEAD")):
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head, "dirty": None if status is None else bool(status), "commit_from": "git"}
+    if os.environ.get("FLCTL_COMMIT", "").strip():
+        return {**given_commit(os.environ["FLCTL_COMMIT"]), "commit_from": "FLCTL_COMMIT"}
+    return {"commit": None, "dirty": None, "commit_from": None}
+
+
+def error_line(text: str) -> str:
+    """The line that names an error. In a traceback, the exception line: the first unindented line after the last
+    frame (the exception raised last; a CUDA error's advice lines follow it and say the same for every error).
+    Elsewhere (flctl's one-line reasons, pytest's failure messages), the first non-blank line."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = [line for line in lines[frames[-1] + 1:] if not line[0].isspace()] if frames else []
+    return (after or lines or [""])[0]
+
+
+def error_key(line: str) -> str:
+    """``line`` with what differs between occurrences of one error replaced (addresses, run ids and shas, folders,
+    numbers: an index, a size, a count of attempts), so that one error counts once."""
+    line = re.sub(r"0x[0-9a-fA-F]+", "<addr>", line)
+    line = re.sub(r"(?<![\w.])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}(?!\w)", "<id>", line)
+    line = re.sub(r"(?<![\w.~-])(?:/[^/\s'\"():,]+)+/", ".../", line)
+    line = re.sub(r"(?<!\w)(?<!\d\.)\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", line)
+    return line[:300]
+
+
+def count_errors(errors: Iterable[tuple[str, str | None]], example: str) -> list[dict]:
+    """(id, error text) pairs counted by error (error_line, then error_key), most frequent first: each as
+    {message, count, ``example`` (the first id with it), example_error (its whole text, tail-cut to 3,000
+    characters)}."""
+    groups: dict[str, dict] = {}
+    for ident, text in errors:
+        key = error_key(error_line(text or "")) or "(no error recorded)"
+        group = groups.setdefault(key, {"message": key, "count": 0, example: ident,
+                                        "example_error": (text or "")[-3000:]})
+        group["count"] += 1
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["message"]))
+
+
+def sweep_errors(results: Path) -> list[dict]:
+    """The failed cells of the sweep in the results folder ``results``, counted by error (count_errors), read from
+    its database through flctl's store: the folder, and the errors in it, stay on the lent machine."""
+    from flctl.db import Store
+    from flctl.status import Status
+
+    layout = Layout(results)
+    if not layout.db.exists():
+        return []
+    store = Store.open(layout.db_url, readonly=True)
+    try:
+        failed = store.list_runs(status=Status.FAILED)
+    finally:
+        store.close()
+    return count_errors(((r.id, r.error) for r in failed), "example_run_id")
 
 
 # ------------------------------------------------------------------------------------------------ sections
@@ -153,6 +240,85 @@ def suite(args) -> dict:
                                                                                                   "junit.xml")}
 
 
+# The reruns of the suite's first failing gpu test, each alone in a process: its log's name and what it adds to the
+# environment. Launch blocking makes a kernel's fault surface at the call that launched it, not at a later
+# synchronisation; PyTorch's CUDA sanitizer (CSAN) reports a tensor used on two streams with nothing ordering them.
+DIAGNOSE = {"launch-blocking": {"CUDA_LAUNCH_BLOCKING": "1"}, "sanitizer": {"TORCH_CUDA_SANITIZER": "1"}}
+
+
+def _junit_address(nodeid: str) -> tuple[str, str]:
+    """A pytest node id as junit.xml names the test, (classname, name): pytest's junitxml plugin's mangling."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    return ".".join(names[:-1]), names[-1]
+
+
+def _test_file(classname: str, root: Path) -> str | None:
+    """The test file (relative to ``root``) of a junit classname (``tests.test_x`` or ``tests.test_x.TestCase``)."""
+    parts = classname.split(".")
+    for i in range(len(parts), 0, -1):
+        if (root / "/".join(parts[:i])).with_suffix(".py").is_file():
+            return "/".join(parts[:i]) + ".py"
+    return None
+
+
+def failed_tests(junit: Path) -> list[tuple[str, str, str]]:
+    """The tests that failed or errored in ``junit``, in its order: (classname, name, failure message)."""
+    return [(case.get("classname") or "", case.get("name") or "", bad.get("message") or bad.text or "")
+            for case in ET.parse(junit).getroot().iter("testcase")
+            for bad in [next((c for c in case if c.tag in ("failure", "error")), None)] if bad is not None]
+
+
+def first_failing_gpu_test(junit: Path, root: Path, timeout: float = 120) -> str | None:
+    """The node id of the first test marked gpu that failed in ``junit``, or None. junit.xml lists the tests in the
+    order their results came in, so a process's first failure comes before the cascade its dead CUDA context causes
+    in its later tests (CPU tests among them, which are not marked gpu). pytest itself says which tests are marked
+    (--collect-only -m gpu over the failed tests' files)."""
+    failed = [(cls, name) for cls, name, _ in failed_tests(junit)]
+    files = sorted({f for cls, _ in failed if (f := _test_file(cls, root))})
+    if not files:
+        return None
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-n", "0",
+                          "-p", "no:cacheprovider", *files], cwd=root, capture_output=True, text=True, timeout=timeout)
+    if res.returncode not in (0, 5):        # 5: none of them is marked gpu
+        raise RuntimeError(f"pytest could not collect {' '.join(files)}: {(res.stdout + res.stderr)[-2000:]}")
+    marked = {_junit_address(line.strip()): line.strip() for line in res.stdout.splitlines() if "::" in line}
+    return next((marked[t] for t in failed if t in marked), None)
+
+
+def diagnose(args) -> dict:
+    """The suite's first failing gpu test (first_failing_gpu_test, from OUT/junit.xml) run again alone, once per
+    DIAGNOSE entry, each with its own log (OUT/diagnose-NAME.log) and an equal share of the time left."""
+    junit = args.out / "junit.xml"
+    if not junit.exists():
+        why = "no junit.xml: the suite section did not run"
+        test = None
+    else:
+        test = first_failing_gpu_test(junit, ROOT, timeout=min(args.timeout, left(args)))
+        why = "no test marked gpu failed in the suite"
+    if test is None:
+        print(f"diagnose: {why}; nothing to run", flush=True)
+        return {"test": None, "why": why}
+    print(f"diagnose: {test}", flush=True)
+    out: dict = {"test": test, "runs": {}}
+    for i, (name, env) in enumerate(DIAGNOSE.items()):
+        if left(args) < args.min_left_s:
+            out["runs"][name] = {"env": env, "not_measured": True}
+            continue
+        cap = min(args.timeout, left(args) / (len(DIAGNOSE) - i))
+        log = args.out / f"diagnose-{name}.log"
+        # -s: output goes to the log as it is written, so a process killed at its cap or by a crash leaves it
+        rc, seconds = run_logged([sys.executable, "-m", "pytest", "-s", "-n", "0", "-p", "no:cacheprovider", test],
+                                 log, cap, env=env, cwd=ROOT)
+        out["runs"][name] = {"env": env, "log": log.name, "rc": rc, "seconds": seconds, "cap_s": cap,
+                             "timed_out": rc is None}
+        print(f"diagnose {name}: rc {rc} in {seconds:.0f} s (log {log.name})", flush=True)
+        args.partial(out)
+    return out
+
+
 def cifar_per_batch(args) -> int:
     """Images per CIFAR-10 batch file: 5 train batches and 1 test batch, as the real data (--small: a check of the
     path, sized so that one epoch is a few steps)."""
@@ -179,6 +345,8 @@ def cifar(args) -> dict:
                     out.setdefault("not_measured", []).append(key)
                     continue
                 torch._dynamo.reset()      # each configuration compiles afresh, as in its own process
+                # named in the file before it trains: a process that dies of it (a segfault) leaves no traceback
+                args.partial({**out, "running": key})
                 try:
                     # eval at the last timed epoch, so it shows the evaluation's cost
                     cfg = config("cifar10", m, args.device, data_dir=str(data), eval_every=args.epochs,
@@ -224,6 +392,7 @@ def profile(args) -> dict:
                 prof.stop()
                 state["wall"] = time.perf_counter() - state["t0"]
 
+        args.partial({**out, "running": engine})      # as in cifar: what a crash interrupted
         try:
             cfg = config("cifar10", "fl", args.device, data_dir=str(data), eval_every=100,
                          options={"width": 8 if args.small else 64}, engine=engine)
@@ -255,25 +424,31 @@ def _ledger(db: Path) -> dict[str, int]:
 
 
 def flctl_sweep(args, name: str, task_args: list[str], launch: list[str], timeout: float) -> dict:
-    """``flctl sweep ... --wait`` in a fresh results folder; wall seconds and what the ledger says at the end."""
+    """``flctl sweep ... --wait`` in a fresh results folder; wall seconds, what the ledger says at the end, and the
+    failed cells' errors counted by error (sweep_errors)."""
     results = args.work / "sweeps" / name
     if results.exists():
-        import shutil
-
         shutil.rmtree(results)
     cmd = [sys.executable, "-m", "flctl", "sweep", *task_args, "--device", args.device, "--wait",
            "--results-dir", str(results), *launch]
     layout = Layout(results)
-    env = {**os.environ, "FLCTL_DB": layout.db_url, "TERM": "dumb"}
     if left(args) < args.min_left_s:
         print(f"{name}: not measured, {left(args):.0f} s of the budget left", flush=True)
         return {"command": "flctl sweep " + " ".join(task_args + launch), "not_measured": True, "rc": None,
                 "seconds": None, "ledger": {}, "timed_out": False}
-    rc, seconds = run_logged(cmd, args.out / "sweeps.log", min(timeout, left(args)), env=env)
+    rc, seconds = run_logged(cmd, args.out / "sweeps.log", min(timeout, left(args)),
+                             env={"FLCTL_DB": layout.db_url, "TERM": "dumb"})
     ledger = _ledger(layout.db) if layout.db.exists() else {}
-    row = {"command": "flctl sweep " + " ".join(task_args + launch), "rc": rc, "seconds": seconds,
-           "ledger": ledger, "timed_out": rc is None}
+    row: dict = {"command": "flctl sweep " + " ".join(task_args + launch), "rc": rc, "seconds": seconds,
+                 "ledger": ledger, "timed_out": rc is None}
     print(f"{name}: {row}", flush=True)
+    try:
+        row["errors"] = sweep_errors(results)
+    except Exception as exc:           # the figures above stand without them
+        row["errors"] = None
+        row["errors_unread"] = f"{type(exc).__name__}: {exc}"
+    for e in (row["errors"] or [])[:5]:
+        print(f"  {e['count']} x {e['message']} (e.g. run {e['example_run_id']})", flush=True)
     return row
 
 
@@ -442,11 +617,17 @@ def dpo(args) -> dict:
     return out
 
 
-SECTIONS = {"suite": suite, "cifar": cifar, "profile": profile, "share": share, "moons": moons, "utkface": utkface,
-            "dpo": dpo, "precision": precision}
+SECTIONS = {"suite": suite, "diagnose": diagnose, "cifar": cifar, "profile": profile, "share": share, "moons": moons,
+            "utkface": utkface, "dpo": dpo, "precision": precision}
 
 
 # ------------------------------------------------------------------------------------------------ collect
+
+def _completed(row: dict) -> bool:
+    """Whether a sweep trained every one of its cells: only then do its seconds price them (a sweep whose cells
+    failed measured how fast they fail as much as how fast they train)."""
+    return bool(row.get("seconds")) and row.get("ledger", {}).get("completed") == row.get("cells")
+
 
 def _programme(sections: dict) -> dict:
     """Device-hours of every spec in sweeps/ (and the paper's full CIFAR robustness grid): cells x hours per cell
@@ -470,10 +651,11 @@ def _programme(sections: dict) -> dict:
         if task == "utkface" and "epoch_s" in utk.get("methods", {}).get("rfl" if m == "fl" else "erm", {}):
             today = epochs * utk["methods"]["rfl" if m == "fl" else "erm"]["epoch_s"] / 3600
             return today, today / gain
-        if task in ("two-moons",) and moon.get("stacked", {}).get("cells_per_s"):
+        if task == "two-moons" and _completed(moon.get("stacked", {})):
             scale = epochs / 250
             best = scale / moon["stacked"]["cells_per_s"] / 3600
-            alone = moon.get("one_per_worker", {}).get("cells_per_s")
+            alone_row = moon.get("one_per_worker", {})
+            alone = alone_row["cells_per_s"] if _completed(alone_row) else None
             return (scale / alone / 3600 if alone else best), best
         if task == "orca-dpo" and dpo_.get("pairs_per_s"):
             # compute per pair grows with the parameters: the measured ~1B model scaled to the named one
@@ -500,12 +682,73 @@ def _programme(sections: dict) -> dict:
     return {"specs": hours, **total}
 
 
+def _lease_log(path: Path) -> dict[str, str]:
+    """How each section that a call of gpu_lease.sh started ended, from the call's bench.log: "exit 0", "SIGSEGV
+    (exit 139)" (a signal ended its process), or "no exit status" (the call ended first)."""
+    ended: dict[str, str] = {}
+    name = None
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        if m := re.fullmatch(r"== (\w+): -?\d+ s of -?\d+ s left", line):
+            name = m[1]
+            ended[name] = "no exit status: the call ended first"
+        elif name and (m := re.fullmatch(r"rc=(\d+) after \d+ s", line)):
+            rc = int(m[1])
+            try:
+                ended[name] = f"{signal.Signals(rc - 128).name} (exit {rc})" if rc > 128 else f"exit {rc}"
+            except ValueError:
+                ended[name] = f"exit {rc}"
+    return ended
+
+
+def _lease_settings(path: Path) -> dict[str, str]:
+    """The settings gpu_lease.sh wrote into a call's machine.txt (NAME=VALUE lines, the value shell-quoted)."""
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return dict(shlex.split(line)[0].split("=", 1) for line in lines
+                if re.match(r"(LEASE_S|SECTIONS|BENCH_ARGS)=", line))
+
+
+def default_engines(on_cuda: bool) -> str:
+    return "eager,captured,compiled" if on_cuda else "eager,compiled"     # captured replays CUDA graphs
+
+
 def collect(args) -> None:
-    sections: dict = {}
+    """Merge the section files of calls of gpu_lease.sh (each DIR: one call's results folder, named by its folder)
+    into RESULTS/gpu-<date>-<device>.json, and copy every file of each call beside it, into
+    RESULTS/gpu-<date>-<device>/<call>/. Where calls ran one section, the measured file wins over one stopped
+    partway, and that over one not measured; among equals, the later call's."""
+    calls: dict[str, Path] = {}
     for folder in args.dirs:
-        for f in sorted(Path(folder).glob("*.json")):
-            sections[f.stem] = json.loads(f.read_text())
-    env = next(iter(sections.values()))["env"]
+        if folder.name in calls:
+            raise SystemExit(f"collect: two folders are named {folder.name!r}: a call is named by its folder")
+        calls[folder.name] = folder
+    if any("=" not in a for a in args.bench_args):
+        raise SystemExit("collect: --bench-args takes CALL=ARGS (CALL: a folder's name)")
+    given = dict(a.split("=", 1) for a in args.bench_args)
+    if set(given) - set(calls):
+        raise SystemExit(f"collect: --bench-args names {', '.join(sorted(set(given) - set(calls)))}, "
+                         f"not one of the folders ({', '.join(calls)})")
+
+    def rank(data: dict) -> int:          # (cifar's not_measured is a list of its configurations, not a flag)
+        return 0 if data.get("not_measured") is True else 1 if data.get("partial") else 2
+
+    sections: dict[str, dict] = {}
+    source: dict[str, str] = {}                  # section -> the call its file came from
+    per_call: dict[str, dict[str, dict]] = {}
+    for call, folder in calls.items():
+        for f in sorted(folder.glob("*.json")):
+            if f.stem not in SECTIONS:
+                continue
+            data = per_call.setdefault(call, {})[f.stem] = json.loads(f.read_text())
+            if f.stem not in sections or rank(data) >= rank(sections[f.stem]):
+                sections[f.stem], source[f.stem] = data, call
+    if not sections:
+        raise SystemExit(f"collect: no section files (*.json) in {', '.join(str(d) for d in args.dirs)}")
+    envs = [d["env"] for d in sections.values()]
+    if len({e["device"] for e in envs}) > 1:
+        raise SystemExit(f"collect: the folders come from different devices: {sorted({e['device'] for e in envs})}")
+    env = envs[0]
+    on_cuda = env["device"] != "cpu"
+
     cif = sections.get("cifar", {}).get("runs", {})
     engines = {}
     for engine in ("eager", "captured", "compiled"):
@@ -513,6 +756,34 @@ def collect(args) -> None:
         engines[engine] = {"erm_s_per_epoch": erm.get("epoch_s"), "fl_s_per_epoch": fl.get("epoch_s"),
                            "minutes_200_epochs": {"erm": erm.get("minutes_200_epochs"),
                                                   "fl": fl.get("minutes_200_epochs")}}
+        errors = {k.partition("/")[2]: v["error"] for k, v in cif.items() if k.startswith(f"{engine}/") and "error" in v}
+        if errors:
+            engines[engine]["errors"] = errors
+    # Which engine a section's dead process was training: the one its file names as running, else (a lease from
+    # before that marker) every engine the call's arguments asked for that its files have no figure of.
+    calls_out: dict[str, dict] = {}
+    for call, folder in calls.items():
+        bench_args = given.get(call, _lease_settings(folder / "machine.txt").get("BENCH_ARGS"))
+        ended = _lease_log(folder / "bench.log")
+        calls_out[call] = {"bench_args": bench_args, "sections": ended}
+        for section, how in ended.items():
+            if how == "exit 0" or section not in ("cifar", "profile"):
+                continue
+            own = per_call.get(call, {}).get(section, {})
+            if own.get("running"):
+                suspects = [own["running"].split("/")[0]]
+            elif bench_args is not None:
+                parsed, _ = parser().parse_known_args([section, *shlex.split(bench_args)])
+                figures = own.get("runs", own)
+                suspects = [e for e in (parsed.engines or default_engines(on_cuda)).split(",")
+                            if not any(k.split("/")[0] == e and isinstance(v, dict) and ("epoch_s" in v or
+                                       "wall_ms_per_step" in v) for k, v in figures.items())]
+            else:
+                suspects = []
+            for e in suspects:
+                if e in engines:
+                    engines[e].setdefault("crashed", []).append(f"{call}/{section}: {how}")
+
     eager = engines["eager"]
     fl_erm = (eager["fl_s_per_epoch"] / eager["erm_s_per_epoch"]) if eager["erm_s_per_epoch"] and \
         eager["fl_s_per_epoch"] else None
@@ -521,50 +792,70 @@ def collect(args) -> None:
     utk = sections.get("utkface", {}).get("methods", {})
     dpo_ = sections.get("dpo", {})
     suite_ = sections.get("suite", {})
+    junit = calls[source["suite"]] / "junit.xml" if "suite" in source else None
+    sweeps = [(f"share/{way}/{k}", row) for way in ("stacked", "per_gpu") for k, row in share_.get(way, {}).items()] \
+        + [(f"moons/{k}", moon[k]) for k in ("stacked", "one_per_worker") if k in moon]
+    if args.commit:
+        commit = {**given_commit(args.commit), "commit_from": "collect --commit"}
+        in_files = sorted({e.get("commit") or "none" for e in envs})
+        if in_files != [commit["commit"]]:
+            commit["commit_in_raw_files"] = in_files
+    else:
+        commit = {k: env.get(k) for k in ("commit", "dirty", "commit_from")}
+    date = args.date or env.get("date") or datetime.datetime.now(datetime.UTC).date().isoformat()
     result = {
-        "device": env["device"], "torch": env["torch"], "cuda": env["cuda"], "commit": env.get("commit"),
-        "suite": {k: suite_.get(k) for k in ("passed", "failed", "skipped", "errors", "failures", "command")},
+        "device": env["device"], "torch": env["torch"], "cuda": env["cuda"], **commit, "date": date,
+        "suite": {**{k: suite_.get(k) for k in ("passed", "failed", "skipped", "errors", "failures", "command")},
+                  "failures_by_message": count_errors(((f"{c}::{n}", m) for c, n, m in failed_tests(junit)),
+                                                      "example_test") if junit and junit.exists() else None},
+        "diagnose": {k: v for k, v in sections["diagnose"].items() if k != "env"} if "diagnose" in sections else None,
         "cifar10": {**engines, "fl_erm_ratio": fl_erm,
                     "fp32": {k: v.get("epoch_s") for k, v in cif.items() if "/fp32/" in k}},
         "stacked": {k: v.get("images_per_s") for k, v in share_.get("stacked", {}).items()},
         "per_gpu": {k: v.get("images_per_s") for k, v in share_.get("per_gpu", {}).items()},
-        "two_moons_1000_cells_s": moon.get("stacked", {}).get("seconds"),
+        # the whole grid's seconds only where every cell completed (cells/s below: completed cells per second)
+        "two_moons_1000_cells_s": moon["stacked"]["seconds"] if _completed(moon.get("stacked", {})) else None,
         "two_moons_cells_per_s": {k: moon[k].get("cells_per_s") for k in ("stacked", "one_per_worker") if k in moon},
+        # sweeps with failed cells: the ledger, and the cells' errors counted by error (None: not brought back)
+        "sweep_failures": {name: {"ledger": row.get("ledger"), "errors": row.get("errors")} for name, row in sweeps
+                           if row.get("ledger", {}).get("failed")},
         "utkface_s_per_epoch": {k: v.get("epoch_s") for k, v in utk.items()},
         "dpo": {"pairs_per_s": dpo_.get("pairs_per_s"), "peak_gb": dpo_.get("peak_mem_gb"),
                 "params": dpo_.get("params"), "max_length": dpo_.get("max_length")},
-        "profile": sections.get("profile"),
+        "profile": {k: v for k, v in sections["profile"].items() if k != "env"} if "profile" in sections else None,
         "programme_hours": _programme(sections),
         # what a lease's end left unmeasured: whole sections, CIFAR configurations, sweeps
-        "not_measured": sorted([k for k, v in sections.items() if v.get("not_measured")]
+        "not_measured": sorted([k for k, v in sections.items() if v.get("not_measured") is True]
                                + [f"{k} (stopped partway)" for k, v in sections.items() if v.get("partial")]
                                + [f"cifar/{k}" for k in sections.get("cifar", {}).get("not_measured", [])]
-                               + [f"{name}/{k}" for name, rows in (*share_.items(), ("moons", moon))
-                                  if isinstance(rows, dict)
-                                  for k, v in rows.items() if isinstance(v, dict) and v.get("not_measured")]),
-        "raw": {k: f"{k}.json" for k in sections},
+                               + [name for name, row in sweeps if row.get("not_measured")]),
+        # how each section's process ended, per call (bench.log), and the arguments the call gave bench_gpu.py
+        "calls": calls_out,
     }
     slug = re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
     slug = "h100" if "h100" in slug else "h200" if "h200" in slug else slug
-    dest = ROOT / "benchmarks" / "results" / f"gpu-{datetime.date.today()}-{slug}"
-    dest.mkdir(parents=True, exist_ok=True)
-    for folder in args.dirs:                 # the raw outputs beside the summary
-        for f in Path(folder).iterdir():
+    dest = args.results / f"gpu-{date}-{slug}"
+    result["raw"] = {k: f"{dest.name}/{source[k]}/{k}.json" for k in sorted(sections)}
+    if dest.exists():                 # this collect's own copy, from an earlier run of it
+        shutil.rmtree(dest)
+    for call, folder in calls.items():          # the raw outputs beside the summary
+        (dest / call).mkdir(parents=True)
+        for f in sorted(folder.iterdir()):
             if f.is_file():
-                (dest / f.name).write_bytes(f.read_bytes())
-    (dest.with_suffix(".json")).write_text(json.dumps(result, indent=1) + "\n")
+                shutil.copyfile(f, dest / call / f.name)
+    dest.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {dest.with_suffix('.json')} and {dest}/")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="+", help=f"{', '.join(SECTIONS)}; or collect DIR...")
+    ap.add_argument("sections", nargs="+", help=f"{', '.join(SECTIONS)}; or collect DIR...; or commit")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=Path("gpu-bench"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/flctl-gpu-bench"))
     ap.add_argument("--small", action="store_true", help="tiny sizes: checks this script, measures nothing")
-    ap.add_argument("--engines", help="default: eager,captured,compiled on CUDA; eager,compiled elsewhere "
-                    "(captured replays CUDA graphs)")
+    ap.add_argument("--engines", help=f"default: {default_engines(True)} on CUDA; {default_engines(False)} "
+                    "elsewhere (captured replays CUDA graphs)")
     ap.add_argument("--precisions", default="auto,fp32")
     ap.add_argument("--epochs", type=int, default=4, help="epochs timed per configuration (the first is warm-up)")
     ap.add_argument("--timeout", type=float, default=240, help="seconds allowed to one subprocess")
@@ -572,23 +863,37 @@ def main() -> None:
                     "configuration or sweep not started with --min-left-s left is named as not measured")
     ap.add_argument("--min-left-s", type=float, default=30)
     ap.add_argument("--workers", type=int, default=8, help="suite: pytest-xdist processes")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="collect: where it writes")
+    ap.add_argument("--commit", help="collect: the project's commit the calls measured (sha, or sha-dirty), where "
+                    "their files do not name it right")
+    ap.add_argument("--date", help="collect: the day the calls ran (YYYY-MM-DD), where their files do not say")
+    ap.add_argument("--bench-args", action="append", default=[], metavar="CALL=ARGS",
+                    help="collect: the arguments a call gave bench_gpu.py (its BENCH_ARGS), where its machine.txt "
+                    "does not say; CALL is the call's folder name")
     ap.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
+    args = ap.parse_args(argv)
     args.deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
-    args.engines = args.engines or ("eager,captured,compiled" if cuda(args.device) else "eager,compiled")
+    args.engines = args.engines or default_engines(cuda(args.device))
     if args.sections[0] == "collect":
         args.dirs = [Path(s) for s in args.sections[1:]]
         collect(args)
+        return
+    if args.sections == ["commit"]:
+        print(json.dumps(project_commit()))
         return
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         ap.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     env = {"device": torch.cuda.get_device_name() if cuda(args.device) else "cpu", "torch": torch.__version__,
-           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-           "commit": commit.stdout.strip() or os.environ.get("FLCTL_COMMIT"), "small": args.small}
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), **project_commit(),
+           "date": datetime.datetime.now(datetime.UTC).date().isoformat(), "small": args.small}
     for name in args.sections:
         t0 = time.perf_counter()
 

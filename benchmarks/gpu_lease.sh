@@ -2,20 +2,26 @@
 # The GPU proof as one device call, sized to a lease of 15 minutes of device time (benchmarks/README.md):
 #
 #   here:    bash benchmarks/gpu_wheels.sh                 # .whl/: what the lent machine's image lacks
-#   device:  run(command="FLCTL_COMMIT=<short sha> bash benchmarks/gpu_lease.sh", carry=[".whl"], timeout_s=580)
+#   here:    git describe --always --dirty --abbrev=7      # the commit the device's copy is of (it has no .git)
+#   device:  run(command="FLCTL_COMMIT=<that> bash benchmarks/gpu_lease.sh", carry=[".whl"], timeout_s=580)
 #            and give_back at once
 #   here:    tar xzf <files_at>/gpu-bench.tar.gz -C DIR && python benchmarks/bench_gpu.py collect DIR/gpu-bench
 #
+# The project's commit comes from the git repository this script lives in; FLCTL_COMMIT names it only where that
+# has no .git (bench_gpu.py project_commit). machine.txt records it with the settings below, which collect reads.
 # The sections run in the order the GPU issue needs their answers, each in a process of its own (a CUDA fault
 # costs one section) with the smaller of its cap and what is left of LEASE_S; a configuration that would start
 # with under 30 s left is named in the results as not measured. After each section everything measured so far is
 # packed into $OUT/gpu-bench.tar.gz, so a call cut short still brings it back; a section killed at its cap keeps
 # the configurations it finished (bench_gpu.py writes its file after each). SECTIONS="name:cap ..." and
 # BENCH_ARGS (e.g. --small, to check this script on a CPU) override the plan; PYTHON the interpreter (python3),
-# RESULTS the folder packed (/tmp/gpu-bench: the tarball's one folder, whatever its name).
+# RESULTS the folder packed (/tmp/gpu-bench: the tarball's one folder, whatever its name). `diagnose` reruns the
+# suite's first failing gpu test alone under CUDA_LAUNCH_BLOCKING=1, then TORCH_CUDA_SANITIZER=1 (one log each);
+# with no such failure it says so and is done in seconds, leaving its time to the sections after it.
 set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 3        # the project's root: .whl/, benchmarks/, its git tree
 LEASE_S=${LEASE_S:-500}
-SECTIONS=${SECTIONS:-suite:150 cifar:170 moons:100 share:120 profile:60 utkface:60}
+SECTIONS=${SECTIONS:-suite:150 diagnose:80 cifar:170 moons:100 share:120 profile:60 utkface:60}
 OUT=${OUT:-/tmp/gpu-lease-out}
 results=${RESULTS:-/tmp/gpu-bench}
 rm -rf "$results" && mkdir -p "$results" "$OUT"
@@ -26,9 +32,12 @@ if ! "${PYTHON:-python3}" -c 'import optuna, sqlalchemy, submitit, cvxpy, flctl_
   "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 3
   "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3
 fi
-export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0}
-{ nvidia-smi -L; "${PYTHON:-python3}" -c 'import torch; print(torch.__version__, torch.cuda.is_available())'; } \
-  > "$results/machine.txt" 2>&1
+# PYTHONFAULTHANDLER: a section that dies of a signal (a segfault) prints every thread's Python stack to bench.log
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-0}
+{ nvidia-smi -L; "${PYTHON:-python3}" -c 'import torch; print(torch.__version__, torch.cuda.is_available())'
+  printf 'LEASE_S=%q\nSECTIONS=%q\nBENCH_ARGS=%q\n' "$LEASE_S" "$SECTIONS" "${BENCH_ARGS:-}"
+  "${PYTHON:-python3}" benchmarks/bench_gpu.py commit; } > "$results/machine.txt" 2>&1
+cat "$results/machine.txt"
 echo "setup took $((SECONDS - start)) s" | tee -a "$results/machine.txt"
 for entry in $SECTIONS; do
   name=${entry%%:*} cap=${entry#"${entry%%:*}"}
