@@ -260,8 +260,8 @@ def host_copy(obj: Any) -> Any:
             if o.device.type == "cpu":
                 return o.clone()
             devices.add(o.device)
-            host = torch.empty(o.shape, dtype=o.dtype, pin_memory=o.device.type == "cuda")
-            return host.copy_(o, non_blocking=True)
+            cuda = o.device.type == "cuda"
+            return torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda).copy_(o, non_blocking=cuda)
         if isinstance(o, dict):
             return {k: copy(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
