@@ -251,7 +251,8 @@ def host_copy(obj: Any) -> Any:
     A device tensor is copied into pinned host memory, asynchronously on the current stream (so after every step
     queued there), and one wait at the end covers all the copies: the writer thread that saves the result then does
     file I/O only. (Before, device clones were handed to the writer thread: its `.cpu()` ran on the legacy default
-    stream, which does not wait for the cell's stream, and it made CUDA calls while a graph was being captured.)"""
+    stream, which does not wait for the cell's stream, and it made CUDA calls while a graph was being captured.)
+    Freeing pinned memory records a CUDA event: the training thread drops the copies (flctl.writer.Writer)."""
     devices: set[torch.device] = set()
 
     def copy(o: Any) -> Any:
@@ -260,8 +261,8 @@ def host_copy(obj: Any) -> Any:
             if o.device.type == "cpu":
                 return o.clone()
             devices.add(o.device)
-            cuda = o.device.type == "cuda"
-            return torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda).copy_(o, non_blocking=cuda)
+            cuda = o.device.type == "cuda"     # empty_like: the same strides (a channels_last weight's momentum)
+            return torch.empty_like(o, device="cpu", pin_memory=cuda).copy_(o, non_blocking=cuda)
         if isinstance(o, dict):
             return {k: copy(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):

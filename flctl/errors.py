@@ -37,11 +37,14 @@ _FATAL_DEVICE_SIGNS = ("CUDA error", "CUBLAS_STATUS_", "CUDNN_STATUS_", "illegal
 
 
 def is_fatal_device_error(exc: BaseException) -> bool:
-    """Whether ``exc`` means this process's device context is dead (a device-side assert, an illegal address, a
-    launch failure): torch.AcceleratorError (torch >= 2.8) or, before it, a RuntimeError naming a CUDA error."""
-    if type(exc).__name__ == "OutOfMemoryError" or not isinstance(exc, RuntimeError):
-        return False
+    """Whether ``exc`` says this process's device context may be dead (a device-side assert, an illegal address, a
+    launch failure): torch.AcceleratorError (torch >= 2.8) or, before it, a RuntimeError naming a CUDA error; not
+    out-of-memory or an unsupported operation, which leave it usable. The worker then checks that the device really
+    stopped working (flctl.launch.worker) before it gives the process up."""
     text = str(exc)
+    if type(exc).__name__ == "OutOfMemoryError" or not isinstance(exc, RuntimeError) or "out of memory" in text \
+            or "NOT_SUPPORTED" in text:
+        return False
     return type(exc).__name__ == "AcceleratorError" or any(sign in text for sign in _FATAL_DEVICE_SIGNS)
 
 

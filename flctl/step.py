@@ -151,19 +151,27 @@ def step_inputs(cell: Cell, data: Dataset, batches: EpochBatches) -> list[Tensor
 
 
 def _tensors_of(obj: object) -> list[Tensor]:
-    """The tensors among an object's attributes and its attributes' attributes (a method's controller)."""
+    """The tensors among an object's public attributes and theirs (a method's controller). A ``_name`` is scratch a
+    step makes for itself (FL's multipliers of the batch), not state it reads."""
     found: list[Tensor] = []
-    for value in vars(obj).values():
+    for name, value in vars(obj).items():
+        if name.startswith("_"):
+            continue
         if isinstance(value, Tensor):
             found.append(value)
         elif hasattr(value, "__dict__") and not isinstance(value, type):
-            found += [v for v in vars(value).values() if isinstance(v, Tensor)]
+            found += _tensors_of(value)
     return found
 
 
 def storages(tensors: Sequence[Tensor]) -> list[int]:
-    """Where each tensor's memory lives (its storage's address): what a CUDA graph baked in."""
+    """Where each tensor's memory lives (its storage's address)."""
     return [t.untyped_storage().data_ptr() for t in tensors]
+
+
+def layouts(tensors: Sequence[Tensor]) -> list[tuple]:
+    """What a CUDA graph baked in of each tensor it reads: its address (with its offset), shape and strides."""
+    return [(t.data_ptr(), tuple(t.shape), t.stride()) for t in tensors]
 
 
 def cell_step(cell: Cell, task: Task, data: Dataset, batches: EpochBatches, last: bool,
@@ -194,12 +202,12 @@ class CapturedStep:
         self.step, self.stream, self.inputs = step, stream, inputs
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.captured_at: list[int] = []          # storages(inputs()) when the graph was captured
+        self.captured_at: list[tuple] = []        # layouts(inputs()) when the graph was captured
         self.recaptures = 0
 
     def check(self) -> None:
         """Drop the graph if an input it reads has moved since its capture (a host-side comparison of addresses)."""
-        if self.graph is not None and storages(self.inputs()) != self.captured_at:
+        if self.graph is not None and layouts(self.inputs()) != self.captured_at:
             self.graph, self.captured_at = None, []
             self.recaptures += 1
 
@@ -213,7 +221,7 @@ class CapturedStep:
             return
         # The step begins with zero_grad(set_to_none=True), so the captured backward allocates the gradients in
         # the graph's own pool, and every replay writes them there.
-        self.captured_at = storages(self.inputs())
+        self.captured_at = layouts(self.inputs())
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, stream=self.stream):
             self.step()

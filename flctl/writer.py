@@ -21,8 +21,10 @@ class Writer:
     identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) just before
     its written file is renamed into place (flctl.fs.guarded), however long it waited in the queue or took.
 
-    It does file I/O only, and is handed host memory only (``checkpoint`` refuses a device tensor): on CUDA this
-    thread never makes a CUDA call, so it cannot race the training stream or break a graph capture."""
+    Its thread does file I/O only, and is handed host memory only (``checkpoint`` refuses a device tensor). The
+    copies a checkpoint saves are freed by the training thread, once saved: freeing pinned memory records a CUDA
+    event. So on CUDA this thread never makes a CUDA call, and cannot race the training stream or break a graph
+    capture."""
 
     def __init__(self, fence: Callable[[str], bool] | None = None) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +32,7 @@ class Writer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flctl-writer")
         self._pending: list = []
         self._checkpoint: Future | None = None
+        self._saving: list[dict[str, Any]] = []     # the state being saved, held (and let go) by the training thread
         self._fence = fence
 
     def _fenced(self, run_id: str, fn: Callable, *args: Any) -> Any:
@@ -48,14 +51,22 @@ class Writer:
     def checkpoint(self, run_id: str, state: dict[str, Any], path: Path) -> None:
         """Save ``state`` (host tensors only: Cell.state_dict) at ``path`` once the writes before it are done."""
         if on_device := device_tensors(state):
-            # This thread must never touch the device: a copy here would run on another stream than the one the
+            # The writer thread must never touch the device: its copy would run on another stream than the one the
             # state was written on, and a CUDA call while the training thread captures a graph breaks the capture.
             raise ValueError(f"checkpoint of run {run_id}: {len(on_device)} tensors are on {on_device[0].device}, "
                              "not in host memory; copy them with flctl.cell.host_copy first")
-        if self._checkpoint is not None:
-            self._checkpoint.result()
-        self._checkpoint = self._pool.submit(self._fenced, run_id, atomic_save, state, path)
+        self._let_go()
+        self._saving = [state]      # the job holds the list, not the state: its last reference stays here
+        self._checkpoint = self._pool.submit(self._fenced, run_id, _save_held, self._saving, path)
         self._pending.append(self._checkpoint)
+
+    def _let_go(self) -> None:
+        """Wait for the checkpoint being saved, then free its copies here, on the training thread."""
+        if self._checkpoint is not None:
+            try:
+                self._checkpoint.result()
+            finally:
+                self._saving.clear()
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -70,3 +81,8 @@ class Writer:
             self.flush()
         finally:
             self._pool.shutdown(wait=True)
+            self._saving.clear()
+
+
+def _save_held(held: list[dict[str, Any]], path: Path) -> None:
+    atomic_save(held[0], path)

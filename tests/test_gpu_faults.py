@@ -83,7 +83,7 @@ def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path
 def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str) -> None:
     """CapturedStep recaptures when an input moves; it can see that only for the tensors flctl.step.step_inputs
     names. Every input the recorder finds must be among them (a new kind of state must be added there)."""
-    from flctl.step import CapturedStep, step_inputs, storages
+    from flctl.step import step_inputs, storages
 
     cells, data = _cells(tmp_path, name, 1)
     c = cells[0]
@@ -98,15 +98,37 @@ def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str)
     missed = [(op, shape) for op, p, shape, _ in inputs.external if p not in watched]
     assert not missed, f"inputs CapturedStep does not watch: {missed}"
 
-    # and a moved input drops the graph (the check is on the host: no CUDA needed to see it)
+
+
+@pytest.mark.parametrize("method,extra", [("erm", {}), ("cserm", {"alpha": 2.0}), ("fl", {}),
+                                          ("rfl", {"dual_optimizer": "nupi", "kp": 0.5, "ki": 0.8, "nu": 0.3})],
+                         ids=["erm", "cserm", "fl", "rfl-nupi"])
+def test_a_captured_step_keeps_its_graph_while_no_input_moves(tmp_path: Path, method: str, extra: dict) -> None:
+    """The capture's record is taken where CapturedStep takes it (before the captured step runs); the rest of the
+    epoch and the next epoch's refill move nothing it watches, so the graph is kept (a method's scratch tensors, made
+    anew by each step, are not inputs); a buffer made anew drops it."""
+    from flctl.step import CapturedStep, layouts, step_inputs
+
+    write, shape = SMALL["cifar10"]
+    data_dir = str(WRITERS["cifar10"](tmp_path / "data", **write))
+    cfg = config("cifar10", method, epochs=4, eval_every=4, data_dir=data_dir, **shape, **extra)
+    task = get_task("cifar10")
+    data = task.load(cfg.opts, data_dir)
+    c = Cell.build(cfg, task, data, tmp_path / "run", torch.device("cpu"))
+    stepper = _Stepper([c], task, data)
+    batches = stepper.batches[cfg.run_id]
     step = CapturedStep(lambda: None, None, lambda: step_inputs(c, data, batches))  # type: ignore[arg-type]
-    step.graph, step.captured_at = object(), storages(step_inputs(c, data, batches))  # type: ignore[assignment]
+    stepper.begin_epoch(c)
+    for i, last in enumerate(stepper.shapes([c])):
+        if i == WARMUP_STEPS:
+            step.graph, step.captured_at = object(), layouts(step.inputs())  # type: ignore[assignment]
+        stepper.step([c], last)
+    c.epoch += 1
+    stepper.begin_epoch(c)
     step.check()
-    assert step.graph is not None and step.recaptures == 0
-    stepper.begin_epoch(c)                             # a new epoch: buffers refilled in place
-    step.check()
-    assert step.graph is not None, "refilling the epoch's buffers moved an input"
-    batches.full_params[next(iter(batches.full_params))] = batches.full_params[next(iter(batches.full_params))] + 0
+    assert step.graph is not None and step.recaptures == 0, "an input moved: every epoch would capture anew"
+    key = next(iter(batches.full_params))
+    batches.full_params[key] = batches.full_params[key] + 0
     step.check()
     assert step.graph is None and step.recaptures == 1
 
@@ -162,36 +184,40 @@ def test_the_checkpoint_writer_is_handed_host_memory_only(tmp_path: Path) -> Non
     assert not path.exists()
 
 
-def test_the_checkpoint_writer_thread_runs_no_torch_op(tmp_path: Path, monkeypatch) -> None:
-    """A run checkpointing every epoch: every torch op on the writer thread is recorded, and there is none; the
-    checkpoints hold copies, not the live tensors (training goes on while they are written)."""
+def test_the_checkpoint_writer_thread_runs_no_torch_op_and_frees_no_copy(tmp_path: Path, monkeypatch) -> None:
+    """A run checkpointing every epoch: no torch op runs on the writer thread, and each checkpoint's copies are freed
+    by the training thread (on CUDA, freeing pinned memory records a CUDA event: a CUDA call). At 3623c99 the writer
+    thread held the last reference to the state it saved, so the copies were freed there."""
+    import sys
     import threading
+    import weakref
 
-    import flctl.writer
-
+    module = sys.modules[Writer.__module__]
     ops: list[str] = []
+    freed: list[str] = []
     saved: list[dict] = []
-    real = flctl.writer.Writer._fenced
+    real_save = module.atomic_save
 
     class Ops(ExternalInputs):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             ops.append(f"{func} on {threading.current_thread().name}")
             return func(*args, **(kwargs or {}))
 
-    def fenced(self, run_id, fn, *args):
-        if fn is flctl.writer.atomic_save:
-            saved.append(args[0])
+    def save(obj, path):
+        if "model" in obj:       # a checkpoint (the final model.pt is saved by the training thread itself)
+            for t in obj["model"].values():
+                weakref.finalize(t, lambda: freed.append(threading.current_thread().name))
+            saved.append({k: v.clone() for k, v in obj["model"].items()})
         with Ops():
-            return real(self, run_id, fn, *args)
+            real_save(obj, path)
 
-    monkeypatch.setattr(flctl.writer.Writer, "_fenced", fenced)
+    monkeypatch.setattr(module, "atomic_save", save)
     cfg = config("two-moons", "fl", epochs=4, eval_every=2)
-    run_dir = tmp_path / "runs" / cfg.run_id
-    assert train(cfg, tmp_path / "records", run_dir).status == "completed"
+    assert train(cfg, tmp_path / "records", tmp_path / "runs" / cfg.run_id).status == "completed"
     assert len(saved) == 3 and not ops, ops[:5]
-    model = saved[0]["model"]
-    assert all(t.device.type == "cpu" for t in model.values())
-    assert not torch.equal(saved[0]["model"][next(iter(model))], saved[-1]["model"][next(iter(model))])
+    assert freed and set(freed) == {threading.current_thread().name}, set(freed)
+    first = next(iter(saved[0]))
+    assert not torch.equal(saved[0][first], saved[-1][first])     # copies of each epoch, not the live tensors
 
 
 def test_a_run_resumes_from_host_copies_to_the_same_records(tmp_path: Path) -> None:
@@ -275,6 +301,28 @@ def test_a_fatal_device_error_ends_its_worker_and_the_sweep_finishes(tmp_path: P
     [sweep] = store.list_sweeps()
     assert len(submitted_jobs(results, sweep["id"])) == 3           # the two workers asked for, and the fresh one
     wait_until(lambda: not _alive(cell.pid), "the failed cell's worker to exit")
+
+
+def test_a_fatal_device_error_under_the_debug_executor_does_not_end_the_command(tmp_path: Path) -> None:
+    """The debug executor runs its worker in the calling process: a device loss there stops the worker (one line
+    says so) but never exits the command's process; the cells not trained stay queued for a later sweep."""
+    import sys
+
+    from flctl.db import Store
+    from tests import warm
+
+    task_file, poison = tmp_path / "poisoned_moons.py", tmp_path / "poison"
+    task_file.write_text(POISONED_TASK)
+    poison.touch()
+    results = tmp_path / "results"
+    out = warm.run([sys.executable, "-m", "flctl", "sweep", "poisoned-moons", "-m", "fl", "--seeds", "3",
+                    "--epochs", "5", "--batch-runs", "1", "--executor", "debug", "--results-dir", str(results)],
+                   capture_output=True, text=True, timeout=300,
+                   env={**os.environ, "FLCTL_TASKS": str(task_file), "POISON": str(poison)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "fatal device error" in out.stderr and "no worker was started in its place" in out.stderr, out.stderr
+    statuses = sorted(r.status for r in Store.open(f"sqlite:///{results / 'flctl.db'}").list_runs())
+    assert statuses == ["failed", "queued", "queued"]
 
 
 def _alive(pid: int | None) -> bool:

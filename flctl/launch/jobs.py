@@ -225,7 +225,15 @@ def has_workers(results_root: Path, sweep_id: str) -> bool:
 def remember_jobs(path: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
     """Add the jobs to the sweep's submitted.json (``path``) before `flctl sweep` returns, so that `flctl cancel`
     finds them at once. A local job's id is its controller's pid; what the OS says of that process is recorded with
-    it."""
+    it. Under a lock: a worker that lost its device adds its replacement while others may do the same."""
+    import fcntl
+
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _add_jobs(path, executor, jobs)
+
+
+def _add_jobs(path: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
     known = _read_jobs(path)
     for job in jobs:
         entry: dict[str, Any] = {"executor": executor, "job_id": job.job_id, "host": socket.gethostname()}

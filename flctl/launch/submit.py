@@ -48,7 +48,7 @@ def _stdio_to(path: Path):
 def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: Path, executor: str,
            slurm: SlurmOptions | None = None, per_gpu: int = 1, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
            stale_after: float = STALE_AFTER_S, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-           batch_runs: int = 1, linger_s: float = 0.0) -> list[submitit.Job]:
+           batch_runs: int = 1, linger_s: float = 0.0, losses_in_a_row: int = 0) -> list[submitit.Job]:
     """Start one pull worker per slot (a job array; under Slurm with ``per_gpu`` K, K workers per job as K
     tasks sharing the job's GPUs). Returns without waiting, except debug, which runs its worker in process."""
     check_executor(executor)
@@ -68,7 +68,7 @@ def submit(sweep_id: str, slots: Sequence[Slot], *, db_url: str, results_root: P
     ex.update_parameters(**params)
     worker = Worker(db_url, str(results_root), sweep_id, executor=executor, max_attempts=max_attempts,
                     stale_after=stale_after, checkpoint_every=checkpoint_every, batch_runs=batch_runs,
-                    linger_s=linger_s, slurm=slurm if executor == "slurm" else None)
+                    linger_s=linger_s, slurm=slurm if executor == "slurm" else None, losses_in_a_row=losses_in_a_row)
     if executor == "local":
         with _stdio_to(layout.controllers_log(sweep_id)):
             jobs = ex.map_array(worker, list(slots))

@@ -37,6 +37,8 @@ from flctl.runner import git_revision, stop_on_signals, train_claimed
 from flctl.study import poll_delays, sync_sweep
 
 _LINGER_POLL_S = 0.2
+# Workers in a row (each the replacement of the last) that may lose their device before one of them finishes a cell.
+MAX_DEVICE_LOSSES_IN_A_ROW = 3
 
 
 class TaskUnavailable(Exception):
@@ -54,7 +56,7 @@ class Worker(submitit.helpers.Checkpointable):
                  max_attempts: int = LaunchSettings.max_attempts, stale_after: float = STALE_AFTER_S,
                  checkpoint_every: float = LaunchSettings.checkpoint_every, batch_runs: int = 1,
                  sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None,
-                 slurm: SlurmOptions | None = None) -> None:
+                 slurm: SlurmOptions | None = None, losses_in_a_row: int = 0) -> None:
         self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
         # The plugin task files and modules the launching process used (FLCTL_TASKS, a spec's task_module): a
         # worker on another node or under another environment loads the same ones.
@@ -66,6 +68,8 @@ class Worker(submitit.helpers.Checkpointable):
         self.stopped = False
         self.device_lost: str | None = None      # the fatal device error that ended this worker
         self.failed_cells: list[str] = []        # the cells it was training then
+        self.losses_in_a_row = losses_in_a_row   # workers before this one that lost their device with no cell done
+        self.outcome: dict[str, str] = {}
 
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
@@ -81,7 +85,7 @@ class Worker(submitit.helpers.Checkpointable):
         store = Store.open(self.db_url)
         layout = Layout(Path(self.results_root))
         job_id, git_sha = _job_id(), git_revision()
-        outcome: dict[str, str] = {}
+        outcome = self.outcome
         signals = ("SIGINT",) if self.executor == "slurm" else ("SIGINT", "SIGTERM")
         with registered(Path(self.results_root), self.sweep_id, job_id, self.executor), \
                 stop_on_signals(signals) as stop:
@@ -102,7 +106,7 @@ class Worker(submitit.helpers.Checkpointable):
                                                 checkpoint_every=self.checkpoint_every, stop=stop.is_set)
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
-                        if is_fatal_device_error(exc):      # ... unless this process's device is gone for good
+                        if is_fatal_device_error(exc) and not _device_works():   # ... unless the device is gone
                             self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
                             self.failed_cells = list(self.current)
                             break
@@ -160,12 +164,20 @@ class Worker(submitit.helpers.Checkpointable):
         """After a fatal device error: start a fresh worker in this one's place while the sweep has cells to do, then
         end this process with DEVICE_LOST_EXIT (a submitit job), or raise DeviceLost (a worker in the calling
         process of `sweep --wait`, which must not exit, goes on waiting)."""
-        replaced = self.executor != "debug" and self._cells_left() and self._start_replacement(slot)
-        then = "a fresh worker takes its place" if replaced else "no worker was started in its place"
+        # A fresh process that also loses its device before it finishes a cell is replaced too, but not for ever: a
+        # GPU that is broken (not one cell's fault) would otherwise start worker after worker.
+        progress = any(status == "completed" for status in self.outcome.values())
+        self.losses_in_a_row = 1 if progress else self.losses_in_a_row + 1
+        replaced = (self.executor != "debug" and self.losses_in_a_row < MAX_DEVICE_LOSSES_IN_A_ROW
+                    and self._cells_left() and self._start_replacement(slot))
+        then = ("a fresh worker takes its place" if replaced else
+                f"no worker was started in its place ({self.losses_in_a_row} workers in a row lost their device "
+                "without finishing a cell)" if self.losses_in_a_row >= MAX_DEVICE_LOSSES_IN_A_ROW else
+                "no worker was started in its place")
         message = (f"fatal device error in cells {', '.join(self.failed_cells) or '?'} ({self.device_lost}); this "
                    f"process's device context is dead: it stops claiming cells, {then}")
         print(f"flctl worker: {message} (exit {DEVICE_LOST_EXIT})", file=sys.stderr, flush=True)
-        if _job_id() is not None:
+        if self.executor != "debug" and _job_id() is not None:     # a submitit job of its own (debug: in process)
             sys.stdout.flush()
             # Not sys.exit: interpreter teardown would make CUDA calls on the dead context (and can hang in them).
             os._exit(DEVICE_LOST_EXIT)
@@ -187,7 +199,7 @@ class Worker(submitit.helpers.Checkpointable):
             submit(self.sweep_id, [slot], db_url=self.db_url, results_root=Path(self.results_root),
                    executor=self.executor, slurm=self.slurm, max_attempts=self.max_attempts,
                    stale_after=self.stale_after, checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
-                   linger_s=self.linger_s)
+                   linger_s=self.linger_s, losses_in_a_row=self.losses_in_a_row)
         except Exception as exc:        # the sweep goes on with its other workers; `flctl sweep` again starts more
             print(f"flctl worker: could not start a worker in this one's place: {_first_line(exc)}", file=sys.stderr)
             return False
@@ -208,6 +220,21 @@ class Worker(submitit.helpers.Checkpointable):
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
                    checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
                    sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins, slurm=self.slurm), slot)
+
+
+def _device_works() -> bool:
+    """Whether this process's CUDA context still runs a kernel (False where CUDA was never used: then the error's
+    text is all there is to go by). Some errors that name CUDA leave the context usable (a cuBLAS handle that could
+    not be made for lack of memory): those fail their cells like any other error, and the worker goes on."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add_(1).item() == 2.0
+    except Exception:
+        return False
 
 
 def _first_line(exc: BaseException) -> str:
