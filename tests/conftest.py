@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
+
+# Hides a GPU from the suite by default; a machine's GPU run (benchmarks/gpu_lease.sh) sets it, and then every test
+# sees CUDA: a test that needs CUDA absent says so (the no_cuda fixture), none relies on this line.
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # A database, results folder or plugin list the developer's shell names is never the tests': dropped at session start, before
 # module- and session-scoped fixtures (the populated folder of test_bad_input) run, which _isolate_env comes too
@@ -66,3 +72,112 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(f"fixture:{item.path.name}"))
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest keep their order
+
+
+@pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as on a machine without CUDA, whatever the machine has, for the tests that check `--device cuda`
+    is refused there (on a GPU the command trains instead). flctl asks torch (flctl.config.resolve_device,
+    flctl.launch.settings.cuda_devices); CUDA_VISIBLE_DEVICES cannot hide a GPU from a process that has seen it."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+# ---- a CUDA fault ends its process ----
+
+def _cuda_fault() -> Exception | None:
+    """The error a CUDA context of this process holds after its last kernels ran, or None. Touches CUDA only where
+    this process initialised it (torch imported and torch.cuda.is_initialized()), so no test process starts a CUDA
+    context here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)    # private: without it, the current device
+    try:
+        for i in range(torch.cuda.device_count()):
+            if has_context(i) if has_context is not None else i == torch.cuda.current_device():
+                torch.cuda.synchronize(i)
+    except Exception as exc:    # torch.AcceleratorError (a RuntimeError before torch 2.8)
+        return exc
+    return None
+
+
+_dead_context: list[str] = []     # the fault that ends this process, once seen
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    # A kernel's fault (a device-side assert, an illegal address) is sticky: every later CUDA call of the process
+    # fails, torch.manual_seed's included, so on the H200 (2026-11-26) 2 captured-engine failures took 21 later tests
+    # of their xdist workers with them, CPU runs among them. After each test of a process that uses CUDA (gpu-marked
+    # or not: a `--device cuda` run needs no mark), wait for its kernels; a fault fails this test's teardown and ends
+    # the process: an xdist worker exits once the report is sent (pytest_runtest_logreport below; xdist reports the
+    # test as crashed and runs the rest in a fresh worker), a session without xdist stops after this test.
+    try:
+        return (yield)
+    finally:
+        fault = _cuda_fault()
+        if fault is not None:
+            said = (str(fault).strip().splitlines() or [""])[0]
+            _dead_context.append(f"CUDA error after {item.nodeid}: {type(fault).__name__}: {said}")
+            if not os.environ.get("PYTEST_XDIST_WORKER"):
+                item.session.shouldstop = f"{_dead_context[0]} (later tests would fail on its dead CUDA context)"
+            pytest.fail(f"{_dead_context[0]}; this process's CUDA context is dead, so it ends here", pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # trylast: after xdist's own hook has sent the teardown report to the controller (a synchronous write)
+    if _dead_context and report.when == "teardown" and os.environ.get("PYTEST_XDIST_WORKER"):
+        sys.stderr.flush()
+        os._exit(1)
+
+
+# ---- tests marked notorch run where torch is not installed (.ci/run: Python 3.12 and 3.13) ----
+
+class _TorchImportWitness:
+    """Notes where torch was imported in this process: the innermost frame of the repository's code that asked for
+    it (a test, a fixture or a flctl module), for the notorch check's message. The import itself goes on. Each
+    lookup before torch is in sys.modules overwrites the last: a lookup that imported nothing
+    (importlib.util.find_spec) is not the import."""
+
+    where: str | None = None
+
+    def find_spec(self, name: str, path=None, target=None) -> None:
+        if name == "torch" and "torch" not in sys.modules:
+            ours = [f"{rel}:{f.lineno}" for f in traceback.extract_stack()[:-1]
+                    if (rel := _in_repository(f.filename)) and rel != "tests/conftest.py"]
+            self.where = ours[-1] if ours else "?"
+        return None
+
+
+def _in_repository(filename: str) -> str | None:
+    """``filename`` relative to the checkout, None outside it or in a venv inside it (.venv, .venv-3.12)."""
+    path = Path(filename)
+    if not path.is_relative_to(ROOT) or path.relative_to(ROOT).parts[0].startswith("."):
+        return None
+    return path.relative_to(ROOT).as_posix()
+
+
+_WITNESS = _TorchImportWitness()
+sys.meta_path.insert(0, _WITNESS)    # type: ignore[arg-type]
+_TORCH_BEFORE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_TORCH_BEFORE] = "torch" in sys.modules
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    # A notorch test that imports torch, itself or through a fixture or a flctl module, fails here in a process that
+    # had not imported it (`pytest -m notorch FILES`, as .ci/run runs them) rather than only in CI's venvs without
+    # torch. Where an earlier test imported torch, this cannot tell.
+    result = yield
+    if item.get_closest_marker("notorch") and not item.stash.get(_TORCH_BEFORE, True) and "torch" in sys.modules:
+        pytest.fail(f"{item.nodeid} is marked notorch but imported torch (from {_WITNESS.where}); "
+                    "CI runs it where torch is not installed", pytrace=False)
+    return result

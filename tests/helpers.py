@@ -16,6 +16,21 @@ def config(task: str, method: str, **overrides) -> RunConfig:
     return resolve(get_task(task), method, overrides, p_min)
 
 
+def lock_pins() -> dict[str, str]:
+    """requirements.lock's pins for this interpreter and platform (a package can have one pin per Python range)."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (Path(__file__).resolve().parents[1] / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            if req.marker is None or req.marker.evaluate():
+                pins[req.name.lower()] = spec.version
+    return pins
+
+
 def files_under(root: Path) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*") if p.is_file()) if Path(root).exists() else []
 

@@ -206,6 +206,8 @@ CASES: list[tuple[list[str], str]] = [
 ]
 
 
+# Every case runs as on a machine without CUDA (`--device cuda` is refused there; on a GPU the run trains).
+@pytest.mark.usefixtures("no_cuda")
 @pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
 def test_bad_input_is_one_line_and_changes_nothing(template: Path, populated: Path, args: list[str],
                                                     needle: str) -> None:
@@ -220,7 +222,7 @@ def test_bad_input_is_one_line_and_changes_nothing(template: Path, populated: Pa
     assert snapshot(populated) == before
 
 
-def test_bad_input_creates_no_results_folder(results: Path) -> None:
+def test_bad_input_creates_no_results_folder(results: Path, no_cuda: None) -> None:
     for args, _ in CASES:
         if args[0] in ("run", "sweep") and "{" not in "".join(args):
             assert runner.invoke(app, args).exit_code == 2, args

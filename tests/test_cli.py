@@ -62,6 +62,7 @@ def test_p_min_sets_eps_and_listing_filters(results: Path) -> None:
     assert "2 run(s)" in flctl("runs").output
 
 
+@pytest.mark.notorch
 def test_tasks_and_methods_listings() -> None:
     tasks = {t["name"]: t for t in json.loads(flctl("tasks", "--json").stdout)}
     assert set(tasks) >= {"two-moons", "polyfit", "digits", "diabetes"}
@@ -83,6 +84,7 @@ def assert_rejected(res, *needles: str) -> None:
         assert needle in lines[0], lines[0]
 
 
+@pytest.mark.notorch
 def test_unwritable_results_directory(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -93,6 +95,7 @@ def test_unwritable_results_directory(tmp_path: Path) -> None:
     assert blocker.read_text() == "not a directory"
 
 
+@pytest.mark.notorch
 def test_corrupt_database(results: Path) -> None:
     results.mkdir(parents=True)
     db = results / "flctl.db"
@@ -103,6 +106,7 @@ def test_corrupt_database(results: Path) -> None:
     assert [p.name for p in files_under(results)] == ["flctl.db"]
 
 
+@pytest.mark.notorch
 def test_unreachable_database(results: Path) -> None:
     with socket.socket() as s:            # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -117,6 +121,7 @@ def test_unreachable_database(results: Path) -> None:
         assert not results.exists()
 
 
+@pytest.mark.notorch
 def test_foreign_database_is_not_touched(results: Path) -> None:
     results.mkdir(parents=True)
     db = results / "other.db"
@@ -219,6 +224,7 @@ def test_a_solver_task_s_progress_bar_ends_full(results: Path) -> None:
     assert bar.startswith("polyfit · fl") and " 1/1 " in bar and "avg " in bar, res.stdout
 
 
+@pytest.mark.notorch
 def test_help_shows_no_value_for_flags_and_every_option_has_help() -> None:
     import re
 
@@ -266,6 +272,7 @@ def test_shell_completion_offers_tasks_methods_kinds_and_ids(results: Path) -> N
     assert complete(f"flctl report --sweep {sweep['id'][:3]}") == [sweep["id"]]
 
 
+@pytest.mark.notorch
 def test_an_empty_results_dir_is_refused_not_the_current_folder(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)            # `--results-dir "$UNSET"` once filled the current folder
     for command in (["run", "two-moons", "--epochs", "1"], ["runs"]):

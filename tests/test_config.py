@@ -13,6 +13,8 @@ from flctl.study import PARAM_FIELDS
 from flctl.sweep import AXES
 from tests.helpers import config
 
+pytestmark = pytest.mark.notorch
+
 
 def test_every_identity_field_is_an_option_an_axis_a_plan_column_and_a_study_parameter() -> None:
     # One declaration (RunConfig's field metadata) feeds all four; a field added there shows up everywhere.

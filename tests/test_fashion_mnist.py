@@ -90,8 +90,9 @@ def test_with_no_data_anywhere_the_line_names_every_way_out(tmp_path: Path, monk
 def test_the_model_follows_the_device_and_is_part_of_the_identity() -> None:
     cpu, gpu = config("fashion-mnist", "fl"), config("fashion-mnist", "fl", device="cuda")
     assert cpu.opts["model"] == "cnn" and gpu.opts["model"] == "resnet18" and cpu.run_id != gpu.run_id
-    auto = config("fashion-mnist", "fl", device="auto")      # settled here, before the options: no CUDA, a CPU
-    assert (auto.device, auto.opts["model"], auto.run_id) == ("cpu", "cnn", cpu.run_id)
+    # auto is settled here, before the options: the GPU's model where this machine has CUDA, else the CPU's
+    auto, here = config("fashion-mnist", "fl", device="auto"), gpu if torch.cuda.is_available() else cpu
+    assert (auto.device, auto.opts["model"], auto.run_id) == (here.device, here.opts["model"], here.run_id)
     chosen = config("fashion-mnist", "fl", options={"model": "resnet18"})
     assert chosen.opts["model"] == "resnet18" and chosen.device == "cpu"
     data = TASK.load(TASK.options, None).subset(4)

@@ -104,12 +104,14 @@ RECORDED_IDS = [
 
 
 @pytest.mark.parametrize(("task", "method", "overrides", "run_id"), RECORDED_IDS)
+@pytest.mark.notorch
 def test_run_ids_are_those_recorded_before(task: str, method: str, overrides: dict, run_id: str) -> None:
     cfg = config(task, method, **overrides)
     assert cfg.run_id == run_id
     assert RunConfig.from_json(cfg.to_json()) == cfg
 
 
+@pytest.mark.notorch
 def test_switched_off_and_ignored_values_are_still_checked() -> None:
     from flctl.errors import ConfigError
 
@@ -126,6 +128,7 @@ def old_stored(cfg: RunConfig) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.notorch
 def test_an_older_database_gets_full_configs_and_keeps_its_ids(tmp_path: Path, backend: str) -> None:
     url = url_for(backend, tmp_path)
     cfgs = [config("two-moons", "fl"), config("two-moons", "erm", seed=3),
@@ -153,6 +156,7 @@ def test_an_older_database_gets_full_configs_and_keeps_its_ids(tmp_path: Path, b
     store.close()
 
 
+@pytest.mark.notorch
 def test_every_later_field_is_filled_in_older_rows_by_a_revision() -> None:
     """A revision that fills later fields writes them out (``LATER``) rather than reading flctl.config, so that it
     does the same to every database. A field declared later=True after it needs a revision of its own: this names

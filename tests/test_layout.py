@@ -28,6 +28,7 @@ def invoke(root: Path, *args: str) -> None:
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.notorch
 def test_the_names_are_those_every_release_wrote(tmp_path: Path) -> None:
     layout = Layout(str(tmp_path))      # a str root is held as a Path
     assert layout.root == tmp_path
@@ -50,6 +51,7 @@ def test_the_names_are_those_every_release_wrote(tmp_path: Path) -> None:
     assert layout.samples("diff") == tmp_path / "reports" / "samples-diff.parquet"
 
 
+@pytest.mark.notorch
 def test_the_default_database_url_is_the_layouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flctl.cli.common import db_url
 
@@ -158,6 +160,7 @@ def spelled_paths(source: str) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+@pytest.mark.notorch
 def test_the_path_detector_finds_hand_built_paths_and_passes_messages() -> None:
     bad = ('root / "jobs" / sid', 'CHECKPOINT = "checkpoint.pt"', "f\"sqlite:///{root / 'flctl.db'}\"",
            'f"{root}/records"', 'Path(root, "reports")', 'run_dir.joinpath("model.pt")', 'root / "runs/x"')
@@ -173,6 +176,7 @@ def test_the_path_detector_finds_hand_built_paths_and_passes_messages() -> None:
         assert name in spelled, name
 
 
+@pytest.mark.notorch
 def test_no_module_outside_layout_spells_a_results_path() -> None:
     modules = sorted([*(REPO / "flctl").rglob("*.py"), *(REPO / "tasks").rglob("*.py")])
     assert len(modules) > 20

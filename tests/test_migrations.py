@@ -18,6 +18,8 @@ from flctl.errors import OlderSchema, StoreError
 from tests.helpers import config
 from tests.test_concurrency import pg_database
 
+pytestmark = pytest.mark.notorch
+
 HEAD = migrations.head()
 NEXT_REVISION = f"{int(HEAD) + 1:04d}"
 NEXT = f'''"""A next version's change: a note per run.

@@ -146,6 +146,7 @@ def test_bundle_numbers_are_flctl_reports_and_the_papers_are_the_transcribed_fil
             assert r["paper"] == {c: {"value": v[0], "std": v[1]} for c, v in p.values.items()}
 
 
+@pytest.mark.notorch
 def test_published_file_holds_every_number_of_the_papers_tables() -> None:
     tables = published()
     shape = {1: (7, 4), 2: (7, 4), 5: (7, 6), 6: (6, 6), 7: (6, 6), 8: (7, 4), 9: (7, 4), 10: (7, 4), 11: (4, 4)}
@@ -161,6 +162,7 @@ def test_published_file_holds_every_number_of_the_papers_tables() -> None:
         "stabilityai/stablelm-zephyr-3b", "rfl", 1.368)
 
 
+@pytest.mark.notorch
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     for args, message in ((["--only", "table:3"], "not a table or figure"), (["--scale", "huge"], "unknown scale"),
                           (["--dry-run", "--report-only"], "not both"),
@@ -196,6 +198,7 @@ def test_the_page_opens_from_disk_in_a_real_browser(world: dict, tmp_path: Path)
     assert (tmp_path / "bundle.png").stat().st_size > 10_000
 
 
+@pytest.mark.notorch
 def test_a_stand_in_table_sits_beside_the_published_one_unjudged(tmp_path: Path) -> None:
     """At the paper's scale, Table 1 on Fashion-MNIST shows the paper's CIFAR-10 numbers beside ours and marks none
     of its cells, however far ours lie; CIFAR-10's own Table 1 marks the same numbers."""

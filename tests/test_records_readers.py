@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from flctl import records
@@ -48,6 +49,7 @@ def test_five_readers_read_the_records_folder_and_agree(results: Path) -> None:
         assert all(np.isclose(sums[k], want[k]) for k in want), reader
 
 
+@pytest.mark.notorch
 def test_records_written_before_run_id_was_dictionary_encoded_stay_readable(tmp_path: Path) -> None:
     folder = records_of(tmp_path, "0123456789abcdef")
     folder.mkdir(parents=True)

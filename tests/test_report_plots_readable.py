@@ -146,6 +146,7 @@ def test_top_multipliers_table_title_is_not_cut_off(grid: tuple[list, Path]) -> 
     assert not title.overlaps(ax.tables[0].get_window_extent(fig.canvas.get_renderer()))
 
 
+@pytest.mark.notorch
 def test_curve_styles_never_repeat() -> None:
     from flctl.report.plots.common import curve_styles
 
@@ -166,6 +167,7 @@ def test_curve_styles_never_repeat() -> None:
     ([16, 1024], ["16", "1024"]),
     ([0.00996, 0.1], ["1e-2", "1e-1"]),
 ])
+@pytest.mark.notorch
 def test_tick_labels_one_format(values: list[float], want: list[str]) -> None:
     from flctl.report.plots.common import tick_labels
 

@@ -40,6 +40,7 @@ RUNS = [
 ]
 
 
+@pytest.mark.notorch
 def test_mean_and_sample_std() -> None:
     mean, std = aggregate([0.1, 0.2])
     assert mean == pytest.approx(0.15) and std == pytest.approx(np.sqrt(0.005))   # ddof = 1
@@ -47,6 +48,7 @@ def test_mean_and_sample_std() -> None:
     assert aggregate([]) == (None, None)
 
 
+@pytest.mark.notorch
 def test_cvar_and_violation_rate_by_hand() -> None:
     losses = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0])
     # 0.9-quantile (linear) = 0.82: samples at or above it: 1.0 -> CVaR 1.0; at q=0.5: 0.45 -> mean(.5..1.0)
@@ -58,6 +60,7 @@ def test_cvar_and_violation_rate_by_hand() -> None:
     assert s["avg_loss"] == pytest.approx(0.46) and s["max_loss"] == 1.0
 
 
+@pytest.mark.notorch
 def test_ece_by_hand() -> None:
     # 15 bins (k/15, (k+1)/15]: 0.95 -> last bin (2 samples, accuracy 1/2): 2 * |0.5 - 0.95| = 0.9;
     # 0.6 = 9/15 is the top edge of (8/15, 9/15] (3 samples, accuracy 2/3): 3 * |2/3 - 0.6| = 0.2;
@@ -99,10 +102,12 @@ RFL & 0.50 & 1.00 & 0.25$^\dagger$ & 1.90$^\dagger$ \\
 """
 
 
+@pytest.mark.notorch
 def test_golden_markdown() -> None:
     assert render(build("main", RUNS), "markdown", digits=3) == GOLDEN_MARKDOWN
 
 
+@pytest.mark.notorch
 def test_golden_latex() -> None:
     assert render(build("main", RUNS, ["train.avg_loss", "test.max_loss"]), "latex") == GOLDEN_LATEX
     table = build("main", RUNS, ["train.avg_loss"])
@@ -111,6 +116,7 @@ def test_golden_latex() -> None:
                                                        r"seeds; see \texttt{flctl runs} \& \#3}")
 
 
+@pytest.mark.notorch
 def test_csv_keeps_full_precision_and_seed_counts() -> None:
     lines = render(build("main", RUNS, ["train.avg_loss"]), "csv").splitlines()
     assert lines[0] == "Method,ε,α,train.avg_loss,train.avg_loss.std,train.avg_loss.n"
@@ -118,11 +124,13 @@ def test_csv_keeps_full_precision_and_seed_counts() -> None:
     assert lines[3].endswith(",1")
 
 
+@pytest.mark.notorch
 def test_ablation_orders_erm_fl_as_alpha_infinity_then_rfl() -> None:
     table = build("ablation", RUNS, ["train.avg_loss"])
     assert [row[:3] for row, _ in table.rows] == [["—", "ERM", "—"], ["0.50", "FL", "∞"], ["0.50", "RFL", "1.00"]]
 
 
+@pytest.mark.notorch
 def test_every_tied_best_value_is_bold_and_tasks_are_not_mixed() -> None:
     runs = [run("erm", 0, train__avg_loss=0.101, train__max_loss=1.0, test__avg_loss=0.3, test__max_loss=2.0),
             run("fl", 0, eps=0.1, train__avg_loss=0.104, train__max_loss=1.0, test__avg_loss=0.4, test__max_loss=2.5)]
@@ -133,6 +141,7 @@ def test_every_tied_best_value_is_bold_and_tasks_are_not_mixed() -> None:
         build("main", runs + [run("erm", 1, task="digits", train__avg_loss=0.2)])
 
 
+@pytest.mark.notorch
 def test_gd_and_nupi_runs_of_one_method_are_separate_rows() -> None:
     import dataclasses
 
@@ -144,6 +153,7 @@ def test_gd_and_nupi_runs_of_one_method_are_separate_rows() -> None:
                                                                        ("dual_optimizer=nupi, kp=1.00", 0.2)]
 
 
+@pytest.mark.notorch
 def test_captured_and_eager_runs_are_one_configuration_and_only_varying_options_are_named() -> None:
     import dataclasses
 
@@ -167,6 +177,7 @@ def test_captured_and_eager_runs_are_one_configuration_and_only_varying_options_
     assert [row[-1] for row, _ in build("main", [low, high], ["train.avg_loss"]).rows] == ["degree=3", "degree=10"]
 
 
+@pytest.mark.notorch
 def test_unknown_table_format_and_column() -> None:
     with pytest.raises(ConfigError, match="choose one of: main, ablation, llm, runs"):
         build("figure", RUNS)
@@ -274,6 +285,7 @@ def test_corrupt_records_file(finished: Path) -> None:
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.notorch
 def test_cvar_curve_of_the_figures_matches_the_summary_cvar() -> None:
     from flctl.report.plots import _cvar_curve
 
@@ -286,6 +298,7 @@ def test_cvar_curve_of_the_figures_matches_the_summary_cvar() -> None:
     assert _cvar_curve(hand, np.array([0.9]))[0] == pytest.approx(1.0)
 
 
+@pytest.mark.notorch
 def test_a_wide_runs_table_keeps_what_matters_in_the_terminal_and_says_what_it_left_out() -> None:
     """Every field varies across tasks and runs record ~20 metrics: squeezed into 200 columns each would read "ta…".
     The terminal keeps run, task, method, the losses and accuracy, then ε, α, lr; the note names the rest."""

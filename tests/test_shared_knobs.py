@@ -12,6 +12,8 @@ from flctl.knobs import check_checkpoint_every, check_count
 from flctl.launch import LaunchFlags, LaunchSettings, local_slots, slurm_workers
 from flctl.status import LEDGER_COLUMNS, ledger, settled
 
+pytestmark = pytest.mark.notorch
+
 
 def test_every_command_that_opens_the_database_declares_db_and_results_dir_alike() -> None:
     group = typer.main.get_command(app)

@@ -14,6 +14,8 @@ from flctl.db import RunQueue, Store
 from flctl.db.schema import Run, now
 from tests.helpers import config
 
+pytestmark = pytest.mark.notorch
+
 
 def store_with_run(tmp_path: Path):
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")

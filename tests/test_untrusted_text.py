@@ -9,6 +9,7 @@ import builtins
 import json
 import os
 import pickle
+import re
 import sqlite3
 import struct
 from pathlib import Path
@@ -51,6 +52,7 @@ def one_error_line(res) -> str:
     (["--qos", f"high{RLO}"], "--qos must be one word"),
 ])
 @pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.notorch
 def test_slurm_values_with_control_characters_are_refused(results: Path, flags: list[str], needle: str,
                                                           dry_run: bool) -> None:
     # Checked where the launch settings are resolved: before the check for sbatch (not installed here) and
@@ -60,6 +62,7 @@ def test_slurm_values_with_control_characters_are_refused(results: Path, flags: 
     assert not results.exists()
 
 
+@pytest.mark.notorch
 def test_an_ordinary_sbatch_value_still_plans(results: Path) -> None:
     res = flctl("sweep", "two-moons", "--epochs", "1", "--executor", "slurm", "--sbatch", "comment=a b 'c'",
                 "--sbatch", "constraint=a100", "--partition", "gpu", "--dry-run")
@@ -67,6 +70,7 @@ def test_an_ordinary_sbatch_value_still_plans(results: Path) -> None:
     assert "nothing was written" in res.stdout and not results.exists()
 
 
+@pytest.mark.notorch
 def test_a_spec_with_a_newline_in_an_sbatch_value_records_nothing(tmp_path: Path, results: Path) -> None:
     spec = tmp_path / "moons.toml"
     spec.write_text('task = "two-moons"\nepochs = 1\n[launch]\nexecutor = "slurm"\n'
@@ -76,6 +80,7 @@ def test_a_spec_with_a_newline_in_an_sbatch_value_records_nothing(tmp_path: Path
     assert not results.exists()
 
 
+@pytest.mark.notorch
 def test_a_results_folder_with_a_newline_is_refused_for_slurm(tmp_path: Path) -> None:
     root = tmp_path / "res\ntouch /tmp/flctl-pwned"
     res = flctl("sweep", "two-moons", "--epochs", "1", "--executor", "slurm", "--results-dir", str(root), "--dry-run")
@@ -106,6 +111,7 @@ class _Eval:
     (lambda m: pickle.dumps({"data": _Eval(m), "labels": [1]}, protocol=4), "builtins.eval"),
     (lambda m: pickle.dumps([1, _Eval(m)], protocol=0), "__builtin__.eval"),   # Python 2 names, as written
 ])
+@pytest.mark.notorch
 def test_a_planted_batch_is_refused_and_runs_nothing(tmp_path: Path, results: Path, make, asks: str) -> None:
     data = write_cifar10(tmp_path / "data", per_batch=4)
     marker = tmp_path / "MARKER"
@@ -168,12 +174,14 @@ def test_a_name_with_markup_is_stored_and_listed_literally(results: Path) -> Non
 
 
 @pytest.mark.parametrize("name", [HOSTILE, f"left{RLO}thgir", "two\nlines", "tab\there"])
+@pytest.mark.notorch
 def test_a_name_with_control_characters_is_refused(results: Path, name: str) -> None:
     line = one_error_line(_sweep_named(name, 0))
     assert "holds a control character" in line
     assert not results.exists()
 
 
+@pytest.mark.notorch
 def test_a_spec_name_with_control_characters_is_refused(tmp_path: Path, results: Path) -> None:
     spec = tmp_path / "moons.toml"
     spec.write_text('task = "two-moons"\nname = "a\\u001b]0;PWNED\\u0007b"\nepochs = 1\n')
@@ -201,16 +209,20 @@ def test_hostile_text_already_in_the_database_prints_as_plain_text(results: Path
     assert "boom [/red] a]0;PWNEDb[2Jcdef" in shown and "node[31m" in shown
 
 
+@pytest.mark.notorch
 def test_a_device_name_is_not_an_emoji(results: Path) -> None:
     # rich prints `:x:` as an emoji; the message must quote what was typed
     line = one_error_line(flctl("run", "two-moons", "--device", "cuda:x:", "--epochs", "1"))
     assert "unknown device 'cuda:x:'" in line and "\u274c" not in line
 
 
+@pytest.mark.notorch
 def test_a_usage_error_quoting_hostile_text_stays_one_plain_line(results: Path) -> None:
-    # click writes ESC as the text \x1b but passes U+202E through
+    # The message is click's, quoting what was typed. Some versions of click (or of the copy typer 0.29 carries) write
+    # ESC as the text \x1b, others pass it through and flctl drops it, as it drops U+202E (the H200 image's showed
+    # `--bogus`): either way the line names the option and holds no control character (one_error_line).
     line = one_error_line(flctl("run", "two-moons", f"--bo{ESC}gus{RLO}"))
-    assert "No such option: --bo\\x1bgus (see" in line
+    assert re.search(r"No such option: --bo(\\x1b)?gus \(see", line), line
 
 
 @pytest.mark.parametrize("url", [
@@ -219,12 +231,14 @@ def test_a_usage_error_quoting_hostile_text_stays_one_plain_line(results: Path) 
     "postgresql://u@127.0.0.1:1/x?password=secret",         # a password as a query parameter
     "postgresql+nodriver://u:secret@127.0.0.1/x",           # unknown driver
 ])
+@pytest.mark.notorch
 def test_a_database_password_never_shows(results: Path, url: str) -> None:
     res = flctl("runs", "--db", url)
     one_error_line(res)
     assert "secret" not in res.output and "***" in res.output
 
 
+@pytest.mark.notorch
 def test_a_driver_message_quoting_the_connection_string_is_redacted() -> None:
     from flctl.db.store import _one_line
 

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.versions import LIBRARIES
+from tests.helpers import lock_pins
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,19 +60,7 @@ def test_each_run_records_its_library_versions_and_data(results: Path) -> None:
     assert {f"versions.{lib}" for lib in ("torch", "numpy", "scikit-learn")} <= set(header)
 
 
-def _lock() -> dict[str, str]:
-    """requirements.lock's pins for this interpreter and platform (a package can have one pin per Python range)."""
-    pins = {}
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
-        if line and not line.startswith((" ", "#")):
-            req = Requirement(line)
-            (spec,) = req.specifier
-            assert spec.operator == "==", line
-            if req.marker is None or req.marker.evaluate():
-                pins[req.name.lower()] = spec.version
-    return pins
-
-
+@pytest.mark.notorch
 def test_the_lock_file_pins_every_dependency_within_pyproject_bounds() -> None:
     import tomllib
 
@@ -79,7 +68,7 @@ def test_the_lock_file_pins_every_dependency_within_pyproject_bounds() -> None:
     wanted = [Requirement(r) for r in project["dependencies"]]
     wanted += [Requirement(r) for extra in ("llm", "dev") for r in project["optional-dependencies"][extra]
                if not r.startswith("flctl")]
-    pins = _lock()
+    pins = lock_pins()
     for req in (r for r in wanted if r.marker is None or r.marker.evaluate()):
         assert req.name.lower() in pins, f"{req.name} is not in requirements.lock: run the command at its top"
         assert req.specifier.contains(pins[req.name.lower()], prereleases=True), (

@@ -13,6 +13,8 @@ import pytest
 
 from tests import warm
 
+pytestmark = pytest.mark.notorch
+
 SHOW = ("import json, os, sys; print(json.dumps([sys.argv, os.getcwd(), sys.path[:4], os.environ.get('FLCTL_X'), "
         "'flctl' in sys.modules, [(f.encoding, f.errors) for f in (sys.stdout, sys.stderr)]])); "
         "print('to stderr', file=sys.stderr); sys.exit(3)")

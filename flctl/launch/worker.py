@@ -69,7 +69,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.device_lost: str | None = None      # the fatal device error that ended this worker
         self.failed_cells: list[str] = []        # the cells it was training then
         self.losses_in_a_row = losses_in_a_row   # workers before this one that lost their device with no cell done
-        self.outcome: dict[str, str] = {}
+        self.trained_a_group = False             # a group of cells trained to its end (the device worked)
 
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
@@ -85,7 +85,7 @@ class Worker(submitit.helpers.Checkpointable):
         store = Store.open(self.db_url)
         layout = Layout(Path(self.results_root))
         job_id, git_sha = _job_id(), git_revision()
-        outcome = self.outcome
+        outcome: dict[str, str] = {}
         signals = ("SIGINT",) if self.executor == "slurm" else ("SIGINT", "SIGTERM")
         with registered(Path(self.results_root), self.sweep_id, job_id, self.executor), \
                 stop_on_signals(signals) as stop:
@@ -114,6 +114,7 @@ class Worker(submitit.helpers.Checkpointable):
                     finally:
                         self.current = {}
                     outcome.update((r.run_id, r.status) for r in results)
+                    self.trained_a_group = True
                 if self.sync_study and outcome:
                     _sync_study_once(store, self.db_url, self.sweep_id)
             finally:
@@ -166,8 +167,7 @@ class Worker(submitit.helpers.Checkpointable):
         process of `sweep --wait`, which must not exit, goes on waiting)."""
         # A fresh process that also loses its device before it finishes a cell is replaced too, but not for ever: a
         # GPU that is broken (not one cell's fault) would otherwise start worker after worker.
-        progress = any(status == "completed" for status in self.outcome.values())
-        self.losses_in_a_row = 1 if progress else self.losses_in_a_row + 1
+        self.losses_in_a_row = 1 if self.trained_a_group else self.losses_in_a_row + 1
         replaced = (self.executor != "debug" and self.losses_in_a_row < MAX_DEVICE_LOSSES_IN_A_ROW
                     and self._cells_left() and self._start_replacement(slot))
         then = ("a fresh worker takes its place" if replaced else
