@@ -163,37 +163,14 @@ def project_commit(root: Path = ROOT) -> dict:
     return {"commit": None, "dirty": None, "commit_from": None}
 
 
-def error_line(text: str) -> str:
-    """The line that names an error. In a traceback, the exception line: the first unindented line after the last
-    frame (the exception raised last; a CUDA error's advice lines follow it and say the same for every error).
-    Elsewhere (flctl's one-line reasons, pytest's failure messages), the first non-blank line."""
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
-    after = [line for line in lines[frames[-1] + 1:] if not line[0].isspace()] if frames else []
-    return (after or lines or [""])[0]
-
-
-def error_key(line: str) -> str:
-    """``line`` with what differs between occurrences of one error replaced (addresses, run ids and shas, folders,
-    numbers: an index, a size, a count of attempts), so that one error counts once."""
-    line = re.sub(r"0x[0-9a-fA-F]+", "<addr>", line)
-    line = re.sub(r"(?<![\w.])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}(?!\w)", "<id>", line)
-    line = re.sub(r"(?<![\w.~-])(?:/[^/\s'\"():,]+)+/", ".../", line)
-    line = re.sub(r"(?<!\w)(?<!\d\.)\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", line)
-    return line[:300]
-
-
 def count_errors(errors: Iterable[tuple[str, str | None]], example: str) -> list[dict]:
-    """(id, error text) pairs counted by error (error_line, then error_key), most frequent first: each as
-    {message, count, ``example`` (the first id with it), example_error (its whole text, tail-cut to 3,000
-    characters)}."""
-    groups: dict[str, dict] = {}
-    for ident, text in errors:
-        key = error_key(error_line(text or "")) or "(no error recorded)"
-        group = groups.setdefault(key, {"message": key, "count": 0, example: ident,
-                                        "example_error": (text or "")[-3000:]})
-        group["count"] += 1
-    return sorted(groups.values(), key=lambda g: (-g["count"], g["message"]))
+    """(id, error text) pairs counted by error (flctl.status.count_errors, as `flctl status` counts a sweep's), most
+    frequent first: each as {message (with what differs between occurrences replaced), count, ``example`` (the first
+    id with it), example_error (its whole text, tail-cut to 3,000 characters)}."""
+    from flctl.status import count_errors as counted
+
+    return [{"message": g["key"], "count": g["count"], example: g["run"], "example_error": g["error"]}
+            for g in counted(errors)]
 
 
 def sweep_errors(results: Path) -> list[dict]:

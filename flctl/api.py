@@ -34,6 +34,8 @@ DEFAULT_RESULTS = "results"
 
 def results_root(results_dir: str | Path | None = None) -> Path:
     """The results folder: ``results_dir``, else FLCTL_RESULTS (an empty one is unset), else ./results."""
+    if results_dir is not None and not isinstance(results_dir, (str, os.PathLike)):
+        raise ConfigError(f"results_dir={results_dir!r}: give a folder, as a str or Path (e.g. results_dir='results')")
     return Path(results_dir if results_dir is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS)
 
 
@@ -42,6 +44,9 @@ def database_url(db: str | None, root: Path) -> str:
     ConfigError: it would lose every row when the process exits, and no worker or report could see it."""
     from flctl.layout import Layout
 
+    if db is not None and not isinstance(db, str):
+        raise ConfigError(f"db={db!r}: give a database URL as a str (sqlite:///results/flctl.db, "
+                          "postgresql://user@host/db)")
     url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
     if _in_memory(url):
         raise ConfigError(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this "
@@ -51,14 +56,27 @@ def database_url(db: str | None, root: Path) -> str:
 
 
 def use_tasks(*entries: str | Path) -> None:
-    """Load plugin tasks from files, folders of them or module names, as FLCTL_TASKS would (flctl.plugins). A path
-    that is not there is a ConfigError here, not an unknown task later."""
+    """Load plugin tasks from files, folders of them or module names, as FLCTL_TASKS would (flctl.plugins). Each
+    is imported here: a path that is not there, a module that cannot be imported or a file without ``TASK`` is a
+    ConfigError here, not an unknown task later."""
     from flctl import plugins
 
+    if not entries:
+        raise ConfigError("use_tasks needs a task file, folder or module name: use_tasks('my_task.py')")
+    wrong = [e for e in entries if not isinstance(e, (str, os.PathLike)) or not str(e).strip()]
+    if wrong:
+        raise ConfigError(f"use_tasks({', '.join(map(repr, wrong))}): give each task file, folder or module name as "
+                          "its own str or Path argument: use_tasks('a.py', 'b.py')")
     resolved = [plugins.resolve_entry(str(e), Path.cwd()) for e in entries]
     missing = [str(e) for e, r in zip(entries, resolved) if plugins.is_path(str(e)) and not Path(r).exists()]
     if missing:
         raise ConfigError(f"use_tasks: no such file or folder: {', '.join(missing)}")
+    for entry in resolved:
+        if Path(entry).is_file() and Path(entry).suffix != ".py":
+            raise ConfigError(f"use_tasks: {entry} is not a Python file; give the task's .py file (or its folder)")
+        problems = plugins.check(entry)
+        if problems:
+            raise ConfigError(f"use_tasks: {problems[0]}")
     plugins.add(resolved)
 
 
@@ -70,7 +88,15 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
     from flctl.config import resolve
     from flctl.tasks import check_task_data, get_task
 
+    if not isinstance(task, str):
+        raise ConfigError(f"task={task!r}: give one task's name, a str (see `flctl tasks`)")
+    if not isinstance(method, str):
+        raise ConfigError(f"method={method!r}: give one method's name, a str such as 'fl'; several methods are a "
+                          "sweep (`flctl sweep TASK -m erm,fl`)")
+    if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float))):
+        raise ConfigError(f"p_min={p_min!r}: give a number in (0, 1], e.g. p_min=0.6")
     spec = get_task(task)
+    _check_fields(spec, fields)
     cfg = resolve(spec, method, dict(fields), p_min)
     check_task_data(spec, cfg.opts, cfg.data_dir, look=check_data)
     return cfg
@@ -79,12 +105,28 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
 def open_store(results_dir: str | Path | None = None, db: str | None = None, *, create: bool = True) -> Store:
     """The run database of a results folder (made when ``create``; else read-only, and it must exist)."""
     from flctl.db import Store
+    from flctl.errors import StoreError
+    from flctl.layout import Layout
 
     root = results_root(results_dir)
     url = database_url(db, root)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"results_dir {str(root)!r} is a file, not a folder; give a folder")
+    if not create and db is None and not os.environ.get("FLCTL_DB") and not Layout(root).db.is_file():
+        raise ConfigError(f"no runs in {str(root)!r}: it holds no flctl.db; give the results_dir the runs were "
+                          "trained in")
     if create:
-        root.mkdir(parents=True, exist_ok=True)
-    return Store.open(url, readonly=not create)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"results_dir {str(root)!r} cannot be made ({exc.strerror or exc}); give a folder "
+                              "you can write") from None
+    try:
+        return Store.open(url, readonly=not create)
+    except StoreError as exc:
+        if str(exc).startswith("not a database URL"):        # the caller's input: one line that names the fix
+            raise ConfigError(f"db={db!r}: {exc}") from None
+        raise
 
 
 def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None, db: str | None = None,
@@ -98,6 +140,8 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
     from flctl.runner import execute
     from flctl.status import TRAINABLE
 
+    if on_epoch is not None and not callable(on_epoch):
+        raise ConfigError(f"on_epoch={on_epoch!r}: give a function of one argument, called after each epoch")
     cfg = config(task, method, p_min=p_min, **fields)
     store = open_store(results_dir, db)
     try:
@@ -119,9 +163,19 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
 def runs(*, results_dir: str | Path | None = None, db: str | None = None, task: str | None = None,
          method: str | None = None, status: str | None = None) -> list[RunRecord]:
     """The recorded runs, newest first, optionally of one task, method and status."""
+    from flctl.status import STATUSES
+
+    for name, value in (("task", task), ("method", method), ("status", status)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{name}={value!r}: give one {name} as a str (or leave it out for all)")
+    if status is not None and status not in STATUSES:
+        raise ConfigError(f"status={status!r}: choose one of {', '.join(STATUSES)}")
     store = open_store(results_dir, db, create=False)
     try:
-        return store.list_runs(task=task, method=method, status=status)
+        found = store.list_runs(task=task, method=method, status=status)
+        if not found:         # none: a typo of a name no run has, or truly none yet
+            _check_known(store, task, method)
+        return found
     finally:
         store.close()
 
@@ -130,15 +184,73 @@ def records(runs: Iterable[RunRecord | str], *, results_dir: str | Path | None =
             epoch: int | None = None) -> pa.Table:
     """The per-sample records of ``runs`` (records or run ids): one row per sample, split and evaluated epoch,
     with the columns of docs/design.md (loss, multiplier, prediction, ...). ``.to_pandas()`` for a DataFrame."""
+    from flctl.db import RunRecord
     from flctl.layout import Layout, records_of
     from flctl.records import read
 
-    ids = [r if isinstance(r, str) else r.id for r in runs]
+    if isinstance(runs, (str, RunRecord)) or not isinstance(runs, Iterable):
+        raise ConfigError(f"records takes a list of runs or run ids, not a single {type(runs).__name__}: "
+                          "records([run])")
+    given = list(runs)
+    if not given:
+        raise ConfigError("records: no runs given; pass a list of runs (api.runs(), api.run(...)) or run ids")
+    wrong = [r for r in given if not isinstance(r, (str, RunRecord))]
+    if wrong:
+        raise ConfigError(f"records: {wrong[0]!r} is neither a run nor a run id; pass runs from api.runs() or "
+                          "api.run(...), or their ids")
+    if split is not None and split not in ("train", "test"):
+        raise ConfigError(f"split={split!r}: choose 'train' or 'test' (or leave it out for both)")
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
+        raise ConfigError(f"epoch={epoch!r}: give an evaluated epoch as an int (or leave it out for all)")
+    ids = [r if isinstance(r, str) else r.id for r in given]
     folder = Layout(results_root(results_dir)).records
     unknown = [i for i in ids if not records_of(folder, i).is_dir()]
     if unknown:     # a typo, or a run of another results folder: not an empty table
-        raise ConfigError(f"no records of run(s) {', '.join(unknown)} in {folder}")
+        raise ConfigError(f"no records of run(s) {', '.join(unknown)} in {folder}; give full run ids (api.runs()) "
+                          "and the results_dir they were trained in")
+    if epoch is not None:
+        for i in ids:
+            have = sorted(int(p.stem.partition("=")[2]) for p in records_of(folder, i).glob("epoch=*.parquet")
+                          if p.stem.partition("=")[2].isdigit())
+            if epoch not in have:
+                raise ConfigError(f"run {i} has no records of epoch {epoch}; its evaluated epochs: "
+                                  f"{', '.join(map(str, have)) or 'none'}")
     return read(folder, ids, split=split, epoch=epoch)
+
+
+def _check_fields(task, fields: dict[str, Any]) -> None:
+    """A field ``config`` does not know: a task option passed as a field, or a typo (with the closest field)."""
+    import dataclasses
+    import difflib
+
+    from flctl.config import RunConfig
+
+    known = {f.name for f in dataclasses.fields(RunConfig)} - {"task", "method"}
+    for name in fields:
+        if name in known:
+            continue
+        if name in task.options:
+            raise ConfigError(f"{name!r} is an option of task {task.name!r}, not a run field: pass "
+                              f"options={{{name!r}: ...}}")
+        if name in ("task", "method"):
+            raise ConfigError(f"{name} is config's own argument: config(task, method, ...), not a field")
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        raise ConfigError(f"unknown run field {name!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                                           f"; the fields are: {', '.join(sorted(known))}"))
+    options = fields.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"options={options!r}: give the task options as a dict, e.g. options={{'degree': 10}}")
+
+
+def _check_known(store: Store, task: str | None, method: str | None) -> None:
+    """``runs`` found nothing: a task or method name that neither flctl nor any recorded run knows is a typo."""
+    from flctl.method_info import METHOD_INFO
+    from flctl.tasks import all_tasks
+
+    if task is not None and task not in all_tasks() and not store.count_runs(task=task):
+        raise ConfigError(f"task={task!r}: no such task; choose one of: {', '.join(all_tasks())}")
+    if method is not None and method not in METHOD_INFO and not store.count_runs(method=method):
+        raise ConfigError(f"method={method!r}: no such method; choose one of: {', '.join(METHOD_INFO)}")
 
 
 def _in_memory(url: str) -> bool:

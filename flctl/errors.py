@@ -52,3 +52,17 @@ class DeviceLost(RuntimeError):
     """A worker running in the calling process (`sweep --wait`, the debug executor) met a fatal device error: the
     process's device context is dead. Its cells are recorded, and a fresh worker process was started in its place
     where the executor can start one."""
+
+
+class GroundMoved(RuntimeError):
+    """The database file or the results folder a process works in was deleted or replaced while it ran: it stops
+    and writes no more (its writes would go into an unlinked file, or make an empty database in the new one's
+    place). The message is one line."""
+
+
+class DiskFull(OSError):
+    """A write that found no room (flctl.fs.FULL_ERRNOS). Its text is one line naming the file; the file itself is
+    left as it was (see flctl.fs.atomic_path), so the run that wrote it can resume once there is space."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror} (disk or quota full, or a file size limit)"

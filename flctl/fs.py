@@ -10,17 +10,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from flctl.errors import DiskFull
+
 # No room for the bytes: the device or the user's quota is full, or the file outgrew a size limit (the file
 # system's, or the process's RLIMIT_FSIZE: EFBIG). Each one means "free space, then resume", so they are one case.
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-
-
-class DiskFull(OSError):
-    """A write that found no room (``FULL_ERRNOS``). Its text is one line naming the file; the file itself is left
-    as it was (see ``atomic_path``), so the run that wrote it can resume once there is space."""
-
-    def __str__(self) -> str:
-        return f"cannot write {self.filename}: {self.strerror} (disk or quota full, or a file size limit)"
 
 
 def is_full(exc: BaseException) -> bool:

@@ -27,3 +27,6 @@ def check_checkpoint_every(value: object) -> None:
     ``true``)."""
     if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0):
         raise ConfigError(f"--checkpoint-every must be a number of seconds >= 0, got {value!r}")
+# Without a terminal (a log file, nohup, CI, Slurm), `run`, `sweep --wait`, `status --watch` and `paper` print a
+# timestamped line at least this often (and at each evaluation), so that a log shows a live job.
+LOG_EVERY_S = 30.0

@@ -9,13 +9,17 @@ Three sources, in this order:
   module names) and by a sweep spec's ``task_module``, each defining ``TASK``.
 
 A module is imported once per process. One that fails to import is reported as one line (``problems()``) and
-the others load; a task name defined twice is a ConfigError naming both sources (flctl.tasks).
+the others load; an entry that names no file or folder is also said at once, as one warning line on stderr; a task
+name defined twice is refused, naming both sources, by the commands that use it and flagged by `flctl tasks`
+(flctl.tasks). A plugin's import writes nothing to stdout: what it prints goes to stderr (``_plugin_code``), so a
+command's output (`flctl tasks --json`) stays its own.
 
 No torch here: a plugin module, like flctl's own tasks, imports torch inside its functions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -23,18 +27,24 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ENV = "FLCTL_TASKS"
 TASK_GROUP, METHOD_GROUP = "flctl.tasks", "flctl.methods"
 
 _extra: list[str] = []                        # added in process: a spec's task_module, a worker's plugin list
 _modules: dict[str, ModuleType] = {}          # plugin path or module name -> its module, once imported
-_problems: dict[str, str] = {}                # plugin -> one line saying why it did not load
+_problems: dict[str, str] = {}                # plugin -> one line saying why it did not load (_Said: said already)
+
+
+class _Said(str):
+    """A problem line already written to stderr as a warning (``warn``): listings do not repeat it."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +116,30 @@ def report(key: str, line: str) -> None:
     _problems[key] = line
 
 
-def problems() -> list[str]:
-    """One line per plugin that did not load (import error, no TASK, a bad entry point)."""
-    return list(_problems.values())
+def warn(key: str, line: str) -> None:
+    """Note a problem and say it now, once per process: ``flctl: warning: LINE`` on stderr (the command goes on)."""
+    if isinstance(_problems.get(key), _Said):
+        return
+    _problems[key] = _Said(line)
+    print(f"flctl: warning: {line}", file=sys.stderr, flush=True)
+
+
+def problems(*, unsaid: bool = False) -> list[str]:
+    """One line per plugin that did not load (import error, no TASK, a bad entry point, a path that is not there);
+    ``unsaid``: only those not yet written to stderr (``warn``)."""
+    return [str(line) for line in _problems.values() if not (unsaid and isinstance(line, _Said))]
+
+
+def check(entry: str) -> list[str]:
+    """Import one plugin entry (a path or module name) now, as a command that uses it would: a line for each thing
+    wrong with it (a module that does not import, or defines no TASK); none when it loads."""
+    lines = [f"plugin {key} defines no TASK; a task file ends with `TASK = Task(...)`"
+             for key, module in _path_modules(entry) if getattr(module, "TASK", None) is None]
+    keys = [entry]
+    if is_path(entry):
+        path = Path(entry).expanduser().resolve()
+        keys += [str(p) for p in (sorted(path.glob("*.py")) if path.is_dir() else [path])]
+    return [_problems[k] for k in keys if k in _problems] + lines
 
 
 def task_modules() -> Iterator[tuple[Any, Source]]:
@@ -147,12 +178,19 @@ def load_object(target: str) -> Any:
 
     module_name, _, attr = target.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        return getattr(_plugin_code(lambda: importlib.import_module(module_name)), attr)
     except Exception as exc:
         raise ConfigError(f"cannot load {target}: {_one_line(exc)}") from None
 
 
 # ---- loading ----
+
+def _plugin_code(do: Callable[[], T]) -> T:
+    """Run a plugin's import (the one place flctl does): what it prints goes to stderr, not stdout, which holds the
+    command's own output (`flctl tasks --json` is read by programs)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return do()
+
 
 def is_path(entry: str) -> bool:
     return entry.endswith(".py") or os.sep in entry or "/" in entry or Path(entry).is_dir()
@@ -167,7 +205,7 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> Any:
     if key in _problems:
         return None
     try:
-        return ep.load()
+        return _plugin_code(ep.load)
     except Exception as exc:
         dist = ep.dist.metadata["Name"] if ep.dist is not None else "?"
         _problems[key] = f"plugin {ep.value} (package {dist}, group {ep.group}) failed to import: {_one_line(exc)}"
@@ -194,7 +232,9 @@ def _path_modules(entry: str) -> Iterator[tuple[str, ModuleType]]:
     elif path.is_file():
         files = [path]
     else:
-        _problems[entry] = f"plugin {entry} ({ENV}) does not exist"
+        named = entry in os.environ.get(ENV, "").split(os.pathsep)
+        warn(entry, f"{ENV + ' entry' if named else 'plugin'} {entry!r}: no such file or folder; ignored (fix the "
+                    f"path{' or remove it from ' + ENV if named else ''})")
         return
     for file in files:
         module = _import(str(file), lambda f=file: _import_file(f))
@@ -208,7 +248,7 @@ def _import(key: str, do) -> ModuleType | None:
     if key in _problems:
         return None
     try:
-        module = do()
+        module = _plugin_code(do)
     except Exception as exc:
         _problems[key] = f"plugin {key} failed to import: {_one_line(exc)}"
         return None

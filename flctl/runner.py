@@ -14,16 +14,16 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from flctl.config import RunConfig
 from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
-from flctl.errors import ClaimLost
-from flctl.fs import DiskFull
+from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
 from flctl.layout import Layout
-from flctl.status import TRAINABLE, Status
+from flctl.status import DISK_FILLED, TRAINABLE, Status
 from flctl.versions import git_revision, library_versions
 
 
@@ -38,19 +38,35 @@ def provenance(cfg: RunConfig) -> dict[str, Any]:
             "libraries": library_versions(), "data": describe_data(cfg)}
 
 
+def ground_moved(store: Store, root: Path) -> str | None:
+    """Why this process must stop writing: its database file or its results folder was deleted or replaced since
+    it opened them (None: both are there)."""
+    from flctl.db.store import moved
+
+    if (why := moved(store)) is not None:
+        return why
+    return None if root.is_dir() else f"the results folder {root} was deleted"
+
+
 class _Heartbeat(threading.Thread):
     """Beats every ``period`` seconds while runs train, with each one's latest epoch count: at most one database
     write per run and period however short the epochs, and long epochs do not look like a lost worker. A beat
-    that finds the claim gone (another worker took the run over) stops beating for that run."""
+    that finds the claim gone (another worker took the run over) stops beating for that run; one that finds the
+    database or the results folder gone (``ground``) stops beating for good, and training stops at its next write."""
 
-    def __init__(self, queue: RunQueue, tokens: dict[str, str], period: float) -> None:
+    def __init__(self, queue: RunQueue, tokens: dict[str, str], period: float,
+                 ground: Callable[[], str | None] = lambda: None) -> None:
         super().__init__(daemon=True, name="heartbeat")
-        self.queue, self.period, self.tokens = queue, period, tokens
+        self.queue, self.period, self.tokens, self.ground = queue, period, tokens, ground
         self.epochs_done: dict[str, int | None] = dict.fromkeys(tokens)
         self.stopped = threading.Event()
+        self.moved: str | None = None
 
     def run(self) -> None:
         while not self.stopped.wait(self.period):
+            if (moved := self.ground()) is not None:
+                self.moved = moved
+                return
             for run_id, epochs in list(self.epochs_done.items()):
                 try:
                     if not self.queue.heartbeat(run_id, self.tokens[run_id], epochs):
@@ -117,7 +133,7 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
 
 def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
                   on_epoch: Callable | None = None, *, checkpoint_every: float = 0.0,
-                  stop: Callable[[], bool] | None = None) -> list:
+                  stop: Callable[[], bool] | None = None, max_attempts: int | None = None) -> list:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
     resumable from its checkpoint) or failed.
@@ -125,7 +141,12 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     ``tokens`` are the claims' fencing tokens. Before each write that matters (an epoch's records, a checkpoint,
     the final files) training asks whether the claim still holds the run; a run whose claim was taken over (this
     process was presumed lost: frozen, stalled past the stale bound) ends "lost" at once, and neither its files nor
-    its row are touched again from here."""
+    its row are touched again from here. Cells whose database or results folder went away (``ground_moved``) write
+    nothing more: GroundMoved.
+
+    A failure is recorded with the epochs done when it struck. It is final, except a fatal device error (the
+    process's CUDA context died: flctl.errors.is_fatal_device_error), which another process may not meet: with
+    ``max_attempts`` (a sweep's worker) such a cell is queued again while it has attempts left."""
     from flctl.train import train_together  # torch is imported here, not at CLI start-up
 
     ids = [c.run_id for c in cfgs]
@@ -133,7 +154,10 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     queue = RunQueue(store)
     for cfg in cfgs:
         queue.record_provenance(cfg.run_id, tokens[cfg.run_id], provenance(cfg))
-    beat = _Heartbeat(queue, tokens, HEARTBEAT_S)
+    def ground() -> str | None:
+        return beat.moved or ground_moved(store, layout.root)
+
+    beat = _Heartbeat(queue, tokens, HEARTBEAT_S, lambda: ground_moved(store, layout.root))
     beat.start()
 
     def epoch_done(stats) -> None:
@@ -146,6 +170,8 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     def record(result) -> None:
         """A cell's outcome into the database, as soon as it is known (its time: from the claim to now)."""
         beat.epochs_done.pop(result.run_id, None)       # no more beats for it
+        if (why := ground()) is not None:
+            raise GroundMoved(why)
         recorded.add(result.run_id)
         token = tokens[result.run_id]
         if result.status == Status.STOPPED:
@@ -169,10 +195,22 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
             print(f"flctl: run {result.run_id} was taken over by another worker while this process was presumed "
                   f"lost (no heartbeat for over {STALE_AFTER_S:g} s); stopped without writing", file=sys.stderr)
 
+    def train() -> list:
+        try:
+            return train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
+                                  checkpoint_every=checkpoint_every, stop=stop, on_done=record,
+                                  fence=lambda run_id: ground() is None and queue.holds(run_id, tokens[run_id]))
+        except BaseException as exc:     # whatever it was, with the ground gone nothing more is written
+            if (why := ground()) is not None:
+                raise GroundMoved(why) from exc
+            raise
+
     try:
-        results = train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
-                                 checkpoint_every=checkpoint_every, stop=stop, on_done=record,
-                                 fence=lambda run_id: queue.holds(run_id, tokens[run_id]))
+        results = train()
+        if (why := ground()) is not None:
+            raise GroundMoved(why)
+    except GroundMoved:
+        raise
     except (KeyboardInterrupt, SystemExit):   # cells recorded already are no longer running: left as they are
         for run_id in ids:
             queue.requeue(run_id, tokens[run_id], "interrupted; resumes from its last checkpoint",
@@ -183,7 +221,7 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
             # the database may sit on the full disk too: then the row stays running until its worker is seen
             # gone (dead pid, stale heartbeat) and the next claim takes it over
             with contextlib.suppress(Exception):
-                queue.requeue(run_id, tokens[run_id], "the disk filled up; resumes from its last checkpoint",
+                queue.requeue(run_id, tokens[run_id], f"{DISK_FILLED}; resumes from its last checkpoint",
                               time.perf_counter() - started)
         raise
     except ClaimLost:       # a write found a claim gone (see flctl.writer.Writer): hand back the cells still ours
@@ -191,9 +229,11 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
             queue.requeue(run_id, tokens[run_id], "a sibling cell's claim was lost; resumes from its checkpoint",
                           time.perf_counter() - started)
         raise
-    except BaseException:   # fenced: a cell another worker took over stays theirs
+    except BaseException as exc:   # fenced: a cell another worker took over stays theirs
+        retry = max_attempts if is_fatal_device_error(exc) else None
         for run_id in ids:
-            queue.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started)
+            queue.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started,
+                           epochs_done=beat.epochs_done.get(run_id), retry_below=retry)
         raise
     finally:
         beat.stopped.set()

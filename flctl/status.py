@@ -13,7 +13,9 @@ state through ``Status``, never as a bare string, so that a state is spelled onc
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
@@ -48,17 +50,71 @@ LEDGER_COLUMNS = (Status.COMPLETED, Status.RUNNING, "stale",
                   *(s for s in STATUSES if s not in (Status.COMPLETED, Status.RUNNING)), "missing")
 
 
+# A sweep whose cells failed or diverged (for good: nothing will train them again in this invocation) ends `sweep
+# --wait`, `paper` and `status --watch` with this code: apart from a usage error (2), an interruption (130, 143) and
+# a worker's lost device (flctl.errors.DEVICE_LOST_EXIT).
+CELLS_FAILED_EXIT = 3
+# How a cell handed back by a worker whose disk filled up begins its reason (flctl.runner; a wait reads it).
+DISK_FILLED = "the disk filled up"
+DIVERGED_ERROR = "diverged: a non-finite loss (flctl show RUN says where)"
+
+
 def ledger(store: Any, sweep_id: str) -> dict[str, Any]:
     """Per-method counts of the sweep's cell states (LEDGER_COLUMNS), their total and the number of cells, from
-    ``store.sweep_runs`` (a flctl.db.Store)."""
+    ``store.sweep_runs`` (a flctl.db.Store); and the failed and diverged cells counted by error (``count_errors``),
+    overall and per method."""
     per_method: dict[str, Counter] = {}
+    bad: dict[str, list[tuple[str, str]]] = {}
     for r in store.sweep_runs(sweep_id):
         state = "stale" if r["stale"] else r["status"]
         per_method.setdefault(r["method"], Counter())[state] += 1
+        if state in (Status.FAILED, Status.DIVERGED):
+            bad.setdefault(r["method"], []).append(
+                (r["id"], DIVERGED_ERROR if state == Status.DIVERGED else r["error"] or ""))
     total = sum((c for c in per_method.values()), Counter())
     return {"sweep": sweep_id,
             "methods": {m: {k: c.get(k, 0) for k in LEDGER_COLUMNS} for m, c in per_method.items()},
-            "total": {k: total.get(k, 0) for k in LEDGER_COLUMNS}, "cells": sum(total.values())}
+            "total": {k: total.get(k, 0) for k in LEDGER_COLUMNS}, "cells": sum(total.values()),
+            "errors": count_errors(pair for pairs in bad.values() for pair in pairs),
+            "method_errors": {m: count_errors(pairs) for m, pairs in bad.items()}}
+
+
+def failed_for_good(data: dict[str, Any]) -> int:
+    """A settled ledger's cells that failed or diverged."""
+    return data["total"][Status.FAILED] + data["total"][Status.DIVERGED]
+
+
+def error_line(text: str) -> str:
+    """The line that names an error. In a traceback, the exception line: the first unindented line after the last
+    frame (the exception raised last; a CUDA error's advice lines follow it and say the same for every error).
+    Elsewhere (flctl's one-line reasons), the first non-blank line."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = [line for line in lines[frames[-1] + 1:] if not line[0].isspace()] if frames else []
+    return (after or lines or [""])[0]
+
+
+def error_key(line: str) -> str:
+    """``line`` with what differs between occurrences of one error replaced (addresses, run ids and shas, folders,
+    numbers: an index, a size, a count of attempts), so that one error counts once."""
+    line = re.sub(r"0x[0-9a-fA-F]+", "<addr>", line)
+    line = re.sub(r"(?<![\w.])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,64}(?!\w)", "<id>", line)
+    line = re.sub(r"(?<![\w.~-])(?:/[^/\s'\"():,]+)+/", ".../", line)
+    line = re.sub(r"(?<!\w)(?<!\d\.)\d+(?:\.\d+)?(?:e[-+]?\d+)?", "N", line)
+    return line[:300]
+
+
+def count_errors(errors: Iterable[tuple[str, str | None]]) -> list[dict[str, Any]]:
+    """(run id, error text) pairs counted by error (error_line, then error_key), most frequent first: each as
+    {message (the first such error's own line), key, count, run (the first id with it), error (its whole text,
+    tail-cut to 3,000 characters)}."""
+    groups: dict[str, dict[str, Any]] = {}
+    for ident, text in errors:
+        line = error_line(text or "") or "(no error recorded)"
+        group = groups.setdefault(error_key(line), {"message": line[:300], "key": error_key(line), "count": 0,
+                                                    "run": ident, "error": (text or "")[-3000:]})
+        group["count"] += 1
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["key"]))
 
 
 def settled(data: dict[str, Any]) -> bool:

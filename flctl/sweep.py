@@ -29,6 +29,10 @@ INT_AXES = tuple(a for a in AXES if a != "p_min" and FIELDS[a].kind is int)
 # (1e-4..1:100000) should not plan for minutes or fill a cluster.
 MAX_AXIS_POINTS = 10_000
 MAX_CELLS = 10_000
+# ... and no grid over this many is planned at all: about 0.1-0.25 ms and 1 KB a cell, so that planning takes at
+# most ~10 s and a few hundred MB (a grid of 10^6 cells is refused at once, not after minutes).
+MAX_CELLS_ANYWAY = 40_000
+PROGRESS_EVERY = 10_000
 # The method of a sweep that names none (as `flctl run`'s), unless its axes set a field it ignores (implied_methods).
 DEFAULT_METHOD = "fl"
 # Keys a spec file may hold besides the axes.
@@ -287,19 +291,26 @@ def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
     return resolve(task, method, cell, p_min)
 
 
-def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False) -> list[RunConfig]:
+def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False,
+         progress: Callable[[int, int], None] | None = None) -> list[RunConfig]:
     """Every distinct run of the sweep, in axis order. Raises ConfigError for an invalid cell or empty grid, for a
-    grid over MAX_CELLS cells unless ``allow_large``, and (with ``check_data``) for a missing dataset; a dry run
-    plans without the data, e.g. on a laptop."""
+    grid over MAX_CELLS cells unless ``allow_large`` and over MAX_CELLS_ANYWAY cells in any case (before a cell is
+    made), and (with ``check_data``) for a missing dataset; a dry run plans without the data, e.g. on a laptop.
+    ``progress(done, cells)`` hears every PROGRESS_EVERY cells of a grid over MAX_CELLS."""
     names = list(spec.axes) + [f"opt.{k}" for k in spec.options]
     choices = list(spec.axes.values()) + list(spec.options.values())
     cells = math.prod(len(c) for c in choices)
+    if cells > MAX_CELLS_ANYWAY:
+        raise ConfigError(f"the grid has {cells:,} cells, over the {MAX_CELLS_ANYWAY:,} one sweep can hold even with "
+                          "--yes (planning them would take minutes and gigabytes); split it into several sweeps")
     if cells > MAX_CELLS and not allow_large:
         raise ConfigError(f"the grid has {cells:,} cells (over {MAX_CELLS:,}); pass --yes if you mean it")
     seen: dict[str, RunConfig] = {}
-    for values in itertools.product(*choices):
+    for done, values in enumerate(itertools.product(*choices), 1):
         cfg = resolve_cell(spec, dict(zip(names, values)))
         seen.setdefault(cfg.run_id, cfg)
+        if progress is not None and cells > MAX_CELLS and (done % PROGRESS_EVERY == 0 or done == cells):
+            progress(done, cells)
     if not seen:
         raise ConfigError("the sweep's grid is empty")
     check_axes_read(spec, list(seen.values()))
@@ -379,6 +390,32 @@ class CostEstimate:
     def device_hours(self) -> float:
         """Device-hours of the cells to do."""
         return self._hours(self.cells, self.epochs)
+
+
+def format_cost(hours: float | None, device: str) -> str:
+    """Device time as a person reads it, the one format of every cost flctl prints: ``0.2 s``, ``45 s``,
+    ``3.7 min``, ``1.4 cpu-hours``, ``1,250 cuda-hours``; "unknown" for None (no history to estimate from)."""
+    return "unknown" if hours is None else format_seconds(hours * 3600, device)
+
+
+def format_seconds(s: float, device: str) -> str:
+    """``s`` seconds of ``device`` time as ``format_cost`` writes them: below a second with one significant digit
+    (``0.2 s``, ``0.004 s``: never 4e-03), then seconds, minutes, and ``{device}-hours`` from an hour on."""
+    if not s > 0:           # 0, a negative fit, NaN
+        return "0 s"
+    if s < 0.9995:
+        decimals = min(max(1, -math.floor(math.log10(s))), 6)
+        return f"{s:.{decimals}f} s" if s >= 5e-7 else "< 0.000001 s"
+    if s < 9.95:
+        return f"{s:.1f} s"
+    if s < 59.5:
+        return f"{s:.0f} s"
+    if s < 9.95 * 60:
+        return f"{s / 60:.1f} min"
+    if s < 59.5 * 60:
+        return f"{s / 60:.0f} min"
+    h = s / 3600
+    return f"{h:.1f} {device}-hours" if h < 9.95 else f"{h:,.0f} {device}-hours"
 
 
 def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int) -> CostEstimate | None:

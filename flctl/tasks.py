@@ -167,53 +167,86 @@ def _builtin_one(name: str) -> Task | None:
     return _builtin().get(name)
 
 
-def _plugin_tasks() -> dict[str, tuple[Task, Source]]:
-    """Every plugin task (flctl.plugins): a name two plugins define is a ConfigError naming both. Read once per
-    plugin list (get_task is called per cell of a sweep: the entry point scan alone takes milliseconds)."""
+@dataclass(frozen=True)
+class Listed:
+    """One task name as `flctl tasks` shows it: the task, every definition of the name (flctl's own first) and, when
+    there is more than one, the one line that refuses the name (``clash``)."""
+
+    task: Task
+    sources: tuple[Source, ...]
+    clash: str | None = None
+
+
+@dataclass(frozen=True)
+class _Plugins:
+    tasks: dict[str, tuple[Task, Source]]              # plugin tasks by name, each name defined once among them
+    twice: dict[str, list[tuple[Task, Source]]]        # names several plugins define: every definition
+
+
+def _plugin_tasks() -> _Plugins:
+    """Every plugin task (flctl.plugins), with the names several plugins define set apart. Read once per plugin list
+    (get_task is called per cell of a sweep: the entry point scan alone takes milliseconds)."""
     key = tuple(plugins.paths())
     if key not in _PLUGIN_TASKS:
-        try:
-            _PLUGIN_TASKS[key] = _read_plugin_tasks()
-        except ConfigError as exc:
-            _PLUGIN_TASKS[key] = exc
-    found = _PLUGIN_TASKS[key]
-    if isinstance(found, ConfigError):
-        raise found
-    return found
+        _PLUGIN_TASKS[key] = _read_plugin_tasks()
+    return _PLUGIN_TASKS[key]
 
 
-_PLUGIN_TASKS: dict[tuple[str, ...], dict[str, tuple[Task, Source]] | ConfigError] = {}
+_PLUGIN_TASKS: dict[tuple[str, ...], _Plugins] = {}
 
 
-def _read_plugin_tasks() -> dict[str, tuple[Task, Source]]:
-
-    found: dict[str, tuple[Task, Source]] = {}
+def _read_plugin_tasks() -> _Plugins:
+    defined: dict[str, list[tuple[Task, Source]]] = {}
     for task, source in plugins.task_modules():
         if not isinstance(task, Task):
             plugins.report(source.module, f"plugin {source.where()}: TASK is a {type(task).__name__}, not a "
                                           "flctl.tasks.Task")
             continue
-        if task.name in found:
-            raise ConfigError(f"task {task.name!r} is defined twice: by {found[task.name][1].where()} and by "
-                              f"{source.where()}; remove or rename one")
-        found[task.name] = (task, source)
-    return found
+        defined.setdefault(task.name, []).append((task, source))
+    return _Plugins({n: d[0] for n, d in defined.items() if len(d) == 1},
+                    {n: d for n, d in defined.items() if len(d) > 1})
 
 
-def _clash(name: str, plugin: Source) -> ConfigError:
-    return ConfigError(f"task {name!r} is defined twice: built into flctl and by {plugin.where()}; rename the "
-                       "plugin's task")
+def _twice(name: str, sources: Sequence[Source | None]) -> str:
+    """The one line that refuses a task name defined more than once (None: flctl's own)."""
+    count = "twice" if len(sources) == 2 else f"{len(sources)} times"
+    where = [("built into flctl" if s is None else f"by {s.where()}") for s in sources]
+    if sources[0] is None:          # flctl's own name: the plugins' tasks are the ones to rename
+        fix = "rename the plugin's task" if len(sources) == 2 else "rename the plugins' tasks"
+    else:
+        fix = "remove or rename one" if len(sources) == 2 else "remove or rename all but one"
+    return f"task {name!r} is defined {count}: {', '.join(where[:-1])} and {where[-1]}; {fix}"
+
+
+def _clash(name: str, found: _Plugins, builtin: Task | None) -> ConfigError | None:
+    """The refusal of ``name`` when it is defined more than once (by a plugin and flctl, or by several plugins)."""
+    mine: list[Source | None] = [None] if builtin is not None else []
+    theirs = [s for _, s in found.twice.get(name, [])] or ([found.tasks[name][1]] if name in found.tasks else [])
+    return ConfigError(_twice(name, [*mine, *theirs])) if len(mine) + len(theirs) > 1 else None
 
 
 def all_tasks() -> dict[str, Task]:
-    """Every task: flctl's own and the plugins' (flctl.plugins), by name."""
-    tasks = dict(_builtin())
-    for name, (task, source) in _plugin_tasks().items():
-        if name in tasks:
-            raise _clash(name, source)
-        tasks[name] = task
-        _SOURCES[name] = source
-    return dict(sorted(tasks.items()))
+    """Every task a command can use: flctl's own and the plugins' (flctl.plugins), by name. A name defined more
+    than once is left out (``listing`` shows it, flagged; get_task refuses it)."""
+    return {item.task.name: item.task for item in listing() if item.clash is None}
+
+
+def listing() -> list[Listed]:
+    """Every task name, flctl's own and the plugins', sorted, each with where it is defined; a name defined more
+    than once is listed all the same, with the line that refuses it (``flctl tasks`` flags it; the other tasks
+    are still usable)."""
+    found = _plugin_tasks()
+    builtin = _builtin()
+    items: list[Listed] = []
+    for name in sorted({*builtin, *found.tasks, *found.twice}):
+        own = builtin.get(name)
+        defs = found.twice.get(name) or ([found.tasks[name]] if name in found.tasks else [])
+        if own is None and len(defs) == 1:
+            _SOURCES[name] = defs[0][1]
+        clash = _clash(name, found, own)
+        sources = ((plugins.module_source(own.load.__module__),) if own is not None else ()) + tuple(s for _, s in defs)
+        items.append(Listed(own if own is not None else defs[0][0], sources, str(clash) if clash is not None else None))
+    return items
 
 
 def check_task_data(task: Task, options: Mapping[str, Any], data_dir: str | None, *, look: bool = True) -> None:
@@ -249,13 +282,14 @@ def task_source(name: str) -> Source:
 
 def get_task(name: str) -> Task:
     # The plugins are few and light: all of them load, so that a plugin shadowing a built-in name is seen.
-    plugin = _plugin_tasks().get(name)
+    found = _plugin_tasks()
     builtin = _builtin_one(name)
-    if plugin is not None:
-        if builtin is not None:
-            raise _clash(name, plugin[1])
-        _SOURCES[name] = plugin[1]
-        return plugin[0]
+    clash = _clash(name, found, builtin)
+    if clash is not None:
+        raise clash
+    if name in found.tasks:
+        _SOURCES[name] = found.tasks[name][1]
+        return found.tasks[name][0]
     if builtin is not None:
         return builtin
     known = ", ".join(all_tasks())

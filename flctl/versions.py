@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,34 @@ def library_versions() -> dict[str, str | None]:
         found["torch"] = torch.__version__
     found["cuda"] = torch.version.cuda if torch is not None else None
     return found
+
+
+# torchvision's own version table: torchvision 0.N is built for torch 2.(N - 15), from 0.15 with torch 2.0 (flctl's
+# range, torch 2.4 to 2.14, is torchvision 0.19 to 0.29). A wheel of one beside the other of another minor version
+# fails on its first import with a 40-line traceback (`operator torchvision::nms does not exist`).
+TORCHVISION_OFFSET = 15
+# The local label of the PyTorch index's wheels (2.14.1+cpu, +cu130, +rocm6.4, +xpu): the index to install from.
+_INDEX_LABEL = re.compile(r"cpu|cu\d+|rocm[\d.]+|xpu")
+
+
+def _minor(version: str, major: int) -> int | None:
+    """The minor version of ``version`` when its major one is ``major``; None otherwise or when it is not a version."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return int(m.group(2)) if m and int(m.group(1)) == major else None
+
+
+def torch_pair_problem() -> str | None:
+    """A line saying that the installed torchvision was built for another torch than the installed one, naming both
+    versions and the pip command that installs the torchvision built for this torch; None when they belong together,
+    when either is not installed or when a version is outside torchvision's table. Reads the distributions' metadata
+    (milliseconds): imports neither, so a command that never uses torch pays nothing more."""
+    torch, vision = _version("torch"), _version("torchvision")
+    if torch is None or vision is None:
+        return None
+    t, v = _minor(torch, 2), _minor(vision, 0)
+    if t is None or v is None or v < TORCHVISION_OFFSET or v - TORCHVISION_OFFSET == t:
+        return None
+    label = torch.partition("+")[2]
+    index = f" --index-url https://download.pytorch.org/whl/{label}" if _INDEX_LABEL.fullmatch(label) else ""
+    return (f"torchvision {vision} is built for torch 2.{v - TORCHVISION_OFFSET}, not for the installed torch {torch}; "
+            f"install the torchvision built for it: pip install 'torchvision==0.{t + TORCHVISION_OFFSET}.*'{index}")

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
+from flctl.sweep import format_cost
 from tests.helpers import files_under
 
 runner = CliRunner()
@@ -191,7 +192,7 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     out = flctl(*plan).output.replace("\n", " ")
     per_epoch = run["duration_s"] / 4
     assert "80 epochs to train" in out and "median of 1 finished two-moons runs on cpu" in out
-    assert f"about {per_epoch * 80 / 3600:.3g} cpu-hours" in out
+    assert f"about {format_cost(per_epoch * 80 / 3600, 'cpu')}:" in out
     # Two epoch counts tell start-up from epochs: seconds = a + b * epochs through both runs (a 4-epoch run's
     # start-up no longer priced into every epoch of a long cell)
     with sqlite3.connect(results / "flctl.db") as conn:          # fixed durations: the fit is checked by hand
@@ -203,7 +204,7 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     b = (5.0 - 3.0) / 40                                       # one slope; a = median(3 - 4b, 5 - 44b) = 2.8
     a = 2.8
     assert f"2 cell(s) x {a:.3g} s to start + 80 epochs x {b:.3g} s (fitted to 2 finished two-moons runs" in out, out
-    assert f"about {(2 * a + 80 * b) / 3600:.3g} cpu-hours" in out
+    assert "cost: about 9.6 s: 2 cell(s)" in out, out       # (2 x 2.8 + 80 x 0.05) s, as a person reads it
 
 
 def test_runs_says_how_many_it_left_out_and_limit_0_lists_all(results: Path) -> None:

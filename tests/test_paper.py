@@ -179,7 +179,13 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_the_page_opens_from_disk_in_a_real_browser(world: dict, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
+    from tests.test_bundle_small_things import wide_bundle
+
     index = world["bundle"] / "index.html"
+    # Tables 5-7 (six columns, each ours beside the paper's, with spreads): about 1,800 px wide
+    wide = wide_bundle(tmp_path / "wide")
+    sideways = ("({page: document.documentElement.scrollWidth, view: window.innerWidth, "
+                "boxes: [...document.querySelectorAll('.wide')].map(b => [b.scrollWidth, b.clientWidth])})")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1300, "height": 1800})
@@ -191,11 +197,19 @@ def test_the_page_opens_from_disk_in_a_real_browser(world: dict, tmp_path: Path)
         page.goto(index.as_uri())
         widths = page.evaluate("[...document.images].map(i => i.complete ? i.naturalWidth : 0)")
         page.screenshot(path=str(tmp_path / "bundle.png"), full_page=True)
+        narrow = page.evaluate(sideways)
+        # at a laptop's width, a wide table scrolls inside its own box and the page never scrolls sideways
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(wide.as_uri())
+        scrolled = page.evaluate(sideways)
         browser.close()
     assert len(widths) == 2 and all(w > 0 for w in widths)
     assert errors == []
     assert requests == [index.as_uri()]
     assert (tmp_path / "bundle.png").stat().st_size > 10_000
+    assert narrow["page"] <= narrow["view"], narrow
+    assert any(width > box for width, box in scrolled["boxes"]), scrolled       # a table wider than the page
+    assert scrolled["page"] <= scrolled["view"], scrolled
 
 
 @pytest.mark.notorch

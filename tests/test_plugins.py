@@ -171,8 +171,15 @@ def test_task_files_through_flctl_tasks_a_clash_and_a_broken_plugin(tmp_path: Pa
     assert out.stderr.count("\n") == 1 and "task 'digits' is defined twice: built into flctl and by" in out.stderr
     assert f"file {folder / 'digits_again.py'}" in out.stderr and not (tmp_path / "clash").exists()
     (folder / "digits_again.py").write_text(task_source("blobs"))        # now the same name as the package's
-    out = flctl("tasks", env={**env, "PYTHONPATH": str(site)}, code=2)
-    assert "task 'blobs' is defined twice: by package fl-blobs 0.3.1 (fl_blobs.task:TASK) and by" in out.stderr
+    # the list still shows every task, the name defined twice flagged; a command that uses it refuses it
+    out = flctl("tasks", "--json", env={**env, "PYTHONPATH": str(site)})
+    listed = {t["name"]: t for t in json.loads(out.stdout)}
+    assert listed["blobs"]["clash"].startswith(
+        "task 'blobs' is defined twice: by package fl-blobs 0.3.1 (fl_blobs.task:TASK) and by"), listed["blobs"]
+    assert listed["three-blobs"]["clash"] is None and listed["digits"]["clash"] is None
+    out = flctl("run", "blobs", "--results-dir", str(tmp_path / "clash"), env={**env, "PYTHONPATH": str(site)},
+                code=2)
+    assert out.stderr.count("\n") == 1 and "task 'blobs' is defined twice: by package fl-blobs" in out.stderr
 
 
 def test_the_source_hash_follows_the_file_and_a_table_over_both_says_so(tmp_path: Path, results: Path) -> None:

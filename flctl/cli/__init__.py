@@ -87,5 +87,11 @@ app.command(rich_help_panel="Maintain")(runs.migrate)
 
 
 def main() -> None:
+    from flctl.versions import torch_pair_problem
+
     tolerate_narrow_encodings()
+    problem = torch_pair_problem()   # before any command imports torchvision: one line, not its 40-line traceback
+    if problem is not None:
+        print_error(problem)
+        sys.exit(2)
     app()

@@ -13,33 +13,42 @@ from flctl.cli.common import console
 JSON_OPT = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def _problems() -> None:
-    """Plugins that did not load: one line each, on stderr, after what did load."""
+def _problems(clashes: tuple[str, ...] = ()) -> None:
+    """Plugins that did not load and task names defined twice: one line each, on stderr, after what did load (a
+    problem said already as it was met, e.g. an FLCTL_TASKS entry that is not there, is not said again)."""
     from flctl.cli.common import err_console as err
     from flctl.plugins import problems
 
-    for line in problems():
+    for line in [*problems(unsaid=True), *clashes]:
         err.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True)
 
 
 def tasks(as_json: JSON_OPT = False) -> None:
-    """List the tasks (flctl's own and plugins': see docs/extending.md) with their paper defaults and options."""
-    from flctl.tasks import all_tasks, task_source
+    """List the tasks (flctl's own and plugins': see docs/extending.md) with their paper defaults and options. A
+    task name defined twice is listed and flagged (a command that uses it refuses it); the others are usable."""
+    from flctl.tasks import listing
 
-    rows: list[dict[str, Any]] = [{"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
-             "defaults": dict(t.defaults), "method_defaults": {m: dict(d) for m, d in t.method_defaults.items()},
-             "options": dict(t.options), "device_options": {d: dict(o) for d, o in t.device_options.items()},
-             "source": task_source(t.name).provenance() | {"where": task_source(t.name).where()}}
-            for t in all_tasks().values()]
+    rows: list[dict[str, Any]] = [
+        {"name": t.name, "kind": t.kind, "description": t.description, "methods": list(t.supported_methods),
+         "defaults": dict(t.defaults), "method_defaults": {m: dict(d) for m, d in t.method_defaults.items()},
+         "options": dict(t.options), "device_options": {d: dict(o) for d, o in t.device_options.items()},
+         "source": item.sources[0].provenance() | {"where": item.sources[0].where()},
+         "clash": item.clash, "defined_by": [s.where() for s in item.sources]}
+        for item in listing() for t in (item.task,)]
+    clashes = tuple(r["clash"] for r in rows if r["clash"])
     if as_json:
         print(json.dumps(rows, indent=2))
-        _problems()
+        _problems(clashes)
         return
     from rich.table import Table
 
     table = Table("task", "from", "kind", "description", "defaults", "options (-o KEY=VALUE)")
     for r in rows:
-        table.add_row(r["name"], escape(r["source"]["where"]), r["kind"], escape(r["description"]),
+        if r["clash"]:          # flagged where the eye is: its name, every definition, and the refusal
+            table.add_row(f"{escape(r['name'])} [bold red](clash)[/]",
+                          escape(" | ".join(r["defined_by"])), r["kind"], f"[red]{escape(r['clash'])}[/red]", "", "")
+            continue
+        table.add_row(escape(r["name"]), escape(r["source"]["where"]), r["kind"], escape(r["description"]),
                       ", ".join(f"{k}={v}" for k, v in r["defaults"].items())
                       + "".join(f"; {m}: " + ", ".join(f"{k}={v}" for k, v in d.items())
                                 for m, d in r["method_defaults"].items()),
@@ -47,7 +56,7 @@ def tasks(as_json: JSON_OPT = False) -> None:
                       + "".join(f"; on {d}: " + ", ".join(f"{k}={v}" for k, v in o.items())
                                 for d, o in r["device_options"].items()))
     console.print(table)
-    _problems()
+    _problems(clashes)
 
 
 def methods(as_json: JSON_OPT = False) -> None:

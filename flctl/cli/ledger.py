@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from flctl.cli.common import (
     DbOption,
+    LogLines,
     ResultsDirOption,
     complete_sweep,
     console,
@@ -24,45 +28,134 @@ from flctl.cli.info import JSON_OPT
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
-from flctl.status import LEDGER_COLUMNS, TO_DO, Status, ledger, settled
+from flctl.status import CELLS_FAILED_EXIT, DISK_FILLED, LEDGER_COLUMNS, TO_DO, Status, failed_for_good, ledger, settled
 
 
 def _ledger_table(data: dict):
     from rich.table import Table
 
-    table = Table("method", *LEDGER_COLUMNS, "cells", title=f"sweep {safe(data['sweep'])}")
+    table = Table("method", *LEDGER_COLUMNS, "cells", "error", title=f"sweep {safe(data['sweep'])}")
     for method, counts in sorted(data["methods"].items()):
-        table.add_row(safe(method), *(str(counts[k]) for k in LEDGER_COLUMNS), str(sum(counts.values())))
-    table.add_row("[bold]all", *(f"[bold]{data['total'][k]}" for k in LEDGER_COLUMNS), f"[bold]{data['cells']}")
+        table.add_row(safe(method), *(str(counts[k]) for k in LEDGER_COLUMNS), str(sum(counts.values())),
+                      _top_error(data["method_errors"].get(method, [])))
+    table.add_row("[bold]all", *(f"[bold]{data['total'][k]}" for k in LEDGER_COLUMNS), f"[bold]{data['cells']}",
+                  _top_error(data["errors"]))
     return table
 
 
-def watch(store, sid: str, until_done: bool, interval: float = 0.5) -> dict:
+def _top_error(errors: list[dict]) -> str:
+    """The most frequent error of failed or diverged cells, cut to fit a column, and how many other kinds there are."""
+    if not errors:
+        return ""
+    top = errors[0]["message"]
+    more = f" (+{len(errors) - 1} other)" if len(errors) > 1 else ""
+    return f"[red]{safe(top if len(top) <= 48 else top[:47] + '…')}[/]{more}"
+
+
+def error_summary(*ledgers: dict) -> None:
+    """After a wait: for each sweep whose cells failed or diverged, each error on a line of its own, with its count
+    and a run to look at with `flctl show`; then exit with CELLS_FAILED_EXIT if there were any."""
+    bad = [data for data in ledgers if failed_for_good(data)]
+    for data in bad:
+        console.print(f"[red]{failed_for_good(data)} of {data['cells']} cell(s) failed or diverged[/] "
+                      f"(sweep {safe(data['sweep'])}):", highlight=False)
+        for e in data["errors"]:
+            console.print(f"  {e['count']} × {safe(e['message'])}  [dim](flctl show {safe(e['run'][:12])})[/]",
+                          highlight=False)
+    if bad:
+        raise typer.Exit(CELLS_FAILED_EXIT)
+
+
+def _counts(data: dict) -> str:
+    return " · ".join(f"{k} {n}" for k, n in data["total"].items() if n) or "no cells"
+
+
+@contextlib.contextmanager
+def ledger_lines(url: str, sid: str) -> Iterator[None]:
+    """Without a terminal, while this process trains cells itself (`sweep --wait`'s and `paper`'s own worker): the
+    sweep's counts as a timestamped line every LOG_EVERY_S (a worker's epochs print nothing)."""
+    if console.is_terminal:
+        yield
+        return
+    from flctl.db import Store
+
+    def state() -> str:
+        try:
+            reader = Store.open(url, readonly=True)
+        except Exception as exc:       # gone, locked: the worker in this process says what it met
+            return f"sweep {sid}: the database cannot be read now ({type(exc).__name__})"
+        try:
+            return f"sweep {sid}: {_counts(ledger(reader, sid))}"
+        finally:
+            reader.close()
+
+    with LogLines().beating(state):
+        yield
+
+
+def _no_worker_left(root: Path, sid: str, data: dict) -> bool:
+    """Whether the sweep being waited for has cells to do that no worker will take: none running, some handed back
+    (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker or pending job left; a wait
+    would otherwise go on for ever."""
+    from flctl.launch import live_controllers, live_workers, submitted_jobs
+    from flctl.launch.slurm import any_active
+
+    if data["total"][Status.RUNNING] or not (data["total"]["stale"] or data["total"][Status.INTERRUPTED]):
+        return False
+    if live_workers(root, sid) or live_controllers(root, sid):
+        return False
+    slurm = sorted({j["job_id"].split("_")[0] for j in submitted_jobs(root, sid) if j["executor"] == "slurm"})
+    return not (slurm and any_active(slurm))        # a job still pending in Slurm's queue will take them
+
+
+def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path | None = None) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever. Piped or redirected, a log
     line each time the counts change (a log followed with `tail -f`, or cut short, still says how far the sweep got)
     and the last ledger as a table at the end, not every redraw."""
     from rich.live import Live
 
+    from flctl.runner import ground_moved
     from flctl.study import poll_delays
 
-    data, delays = ledger(store, sid), poll_delays(interval)     # a sweep of short cells returns when it is done
+    root = results_root(None) if root is None else root      # where the store's command found it
+
+    def poll() -> dict:
+        if (moved := ground_moved(store, root)) is not None:     # a query now would make an empty database
+            fail(f"{moved} while sweep {sid} ran: its workers stop and write no more", code=1)
+        data = ledger(store, sid)
+        if until_done and not settled(data) and _no_worker_left(root, sid, data):
+            back, stale = data["total"][Status.INTERRUPTED], data["total"]["stale"]
+            errors = [r["error"] or "" for r in store.sweep_runs(sid) if r["status"] == Status.INTERRUPTED]
+            if any(e.startswith(DISK_FILLED) for e in errors):
+                fail(f"the disk filled up under sweep {sid}: its workers stopped, {back} cell(s) handed back; free "
+                     "some space, then `flctl sweep` with the same axes resumes them from their checkpoints", code=1)
+            if not back:
+                fail(f"sweep {sid}'s workers are gone ({stale} cell(s) left running by them); `flctl sweep` with the "
+                     "same axes takes them up again", code=1)
+            console.print(f"[yellow]stopped[/]: sweep {safe(sid)}'s workers were stopped (`flctl cancel`, a "
+                          f"signal); {back} cell(s) handed back, `flctl sweep` with the same axes resumes it",
+                          highlight=False)
+            raise typer.Exit(130)
+        return data
+
+    data, delays = poll(), poll_delays(interval)     # a sweep of short cells returns when it is done
+
     if not console.is_terminal:
-        said = None
+        said, lines = None, LogLines()
         while True:
-            counts = " · ".join(f"{k} {n}" for k, n in data["total"].items() if n)
-            if counts != said:
-                console.print(f"{time.strftime('%H:%M:%S')} sweep {sid}: {counts or 'no cells'}", highlight=False)
-                said = counts
+            counts = _counts(data)
+            lines.tick(f"sweep {sid}: {counts}", now=counts != said)   # a change, or a while
+            said = counts
             if until_done and settled(data):
                 break
             time.sleep(next(delays))
-            data = ledger(store, sid)
+            data = poll()
         console.print(_ledger_table(data))
         return data
     with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
         while not (until_done and settled(data)):
             time.sleep(next(delays))
-            data = ledger(store, sid)
+            data = poll()
             live.update(_ledger_table(data))
     return data
 
@@ -87,7 +180,7 @@ def status(
         print(json.dumps(ledger(store, found["id"]), indent=2))
         return
     if watch_:
-        watch(store, found["id"], until_done=True)
+        error_summary(watch(store, found["id"], until_done=True, root=results_root(results_dir)))
     else:
         console.print(_ledger_table(ledger(store, found["id"])))
 

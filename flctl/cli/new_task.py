@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,6 +12,8 @@ import typer
 from flctl.cli.common import console, fail, safe
 
 NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+# The longest task name: the run database's task column (flctl.db.schema) holds 64 characters.
+MAX_NAME = 64
 
 TASK_FILE = '''"""{name}: {description}
 
@@ -100,32 +103,60 @@ def new_task(
 ) -> None:
     """Write a task file of your own (loader, model, paper-style defaults) and its test, runnable at once on
     tiny data; flctl finds it through FLCTL_TASKS or an installed package's entry point (docs/extending.md)."""
-    from flctl.errors import ConfigError
-    from flctl.tasks import all_tasks
+    from flctl.tasks import listing
 
     if not NAME.fullmatch(name):
         fail(f"task name {name!r}: use lower-case letters and digits, words joined by '-' (e.g. my-task)")
+    if len(name) > MAX_NAME:
+        fail(f"task name of {len(name)} characters: at most {MAX_NAME} (the run database holds that many); choose a "
+             "shorter name")
     if any(c in description for c in '"\\\n\r'):
         fail("--description: one line without quotes or backslashes")
-    try:
-        taken = name in all_tasks()
-    except ConfigError:        # a clash among the plugins in use: not this command's business
-        taken = False
-    if taken:
+    if name in {item.task.name for item in listing()}:
         fail(f"a task named {name!r} exists already (see `flctl tasks`); choose another name")
     folder = Path(directory) if directory is not None else Path.cwd()
     module = name.replace("-", "_")
     task_file, test_file = folder / f"{module}.py", folder / f"test_{module}.py"
-    for path in (task_file, test_file):
-        if path.exists():
-            fail(f"{safe(path)} exists; nothing was written (choose another --dir or name)")
+    where = f"--dir {folder}" if directory is not None else f"this folder ({folder})"
+    made = _missing_folders(folder)
+    if made is None:
+        fail(f"{where} is a file (or lies under one), not a folder; give a folder with --dir")
+    written: list[Path] = []
     try:
+        for path in (task_file, test_file):
+            if path.exists():
+                fail(f"{path} exists; nothing was written (choose another --dir or name)")
         folder.mkdir(parents=True, exist_ok=True)
-        task_file.write_text(TASK_FILE.format(name=name, description=description, file=task_file), encoding="utf-8")
-        test_file.write_text(TEST_FILE.format(name=name, module=module), encoding="utf-8")
-    except OSError as exc:
-        task_file.unlink(missing_ok=True)
-        fail(f"cannot write into {safe(folder)}: {exc.strerror or exc}")
+        for path, text in ((task_file, TASK_FILE.format(name=name, description=description, file=task_file)),
+                           (test_file, TEST_FILE.format(name=name, module=module))):
+            with path.open("x", encoding="utf-8") as handle:        # "x": never over a file that came meanwhile
+                written.append(path)
+                handle.write(text)
+    except OSError as exc:       # read-only, full, a name too long for this file system: leave nothing behind
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for made_folder in made:
+            with contextlib.suppress(OSError):
+                made_folder.rmdir()
+        fail(f"cannot write {module}.py into {where}: {exc.strerror or exc}; nothing was written (choose another "
+             "--dir)")
     console.print(f"wrote {safe(task_file)} and {safe(test_file)}\n"
                   f"  train it:  FLCTL_TASKS={safe(task_file)} flctl run {name} --method fl\n"
                   f"  test it:   python -m pytest {safe(test_file)}")
+
+
+def _missing_folders(folder: Path) -> list[Path] | None:
+    """The folders ``folder.mkdir(parents=True)`` would make, deepest first (removed again when writing fails); None
+    when ``folder`` or one of its parents is a file."""
+    missing: list[Path] = []
+    for path in (folder, *folder.parents):
+        try:
+            if path.is_dir():
+                return missing
+            if path.exists():
+                return None
+        except OSError:          # e.g. a part too long: mkdir says so
+            pass
+        missing.append(path)
+    return missing

@@ -95,12 +95,13 @@ def paper(
         console.print("nothing was written")
         return
     out = out if out is not None else root / ("paper" if scale == "paper" else f"paper-{scale}")
+    settled: list[dict] = []
     if report_only:          # reads the database only: nothing to open for writing
         root = ensure_writable(root)
     else:
         _, root = open_results(url, root)       # a bad --db: one line, before the plan and with nothing made
         _print_plan(programme)
-        _launch(programme, launch, url, root, wait)
+        settled = _launch(programme, launch, url, root, wait)
         runs = stored_runs(url, tasks_of(specs, items))
         programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
                                    together=together)
@@ -116,12 +117,17 @@ def paper(
         except ConfigError:
             pass
     _write(programme, specs, items, root, url, out, runs)
+    from flctl.cli.ledger import error_summary
+
+    error_summary(*settled)     # the bundle is written first: it shows what did finish
 
 
 def _print_plan(programme) -> None:
     from rich.table import Table
 
-    table = Table("", "specs", "cells", "done", "to do", f"{programme.device}-hours", "note",
+    from flctl.sweep import format_cost
+
+    table = Table("", "specs", "cells", "done", "to do", f"cost on {programme.device}", "note",
                   title=f"the paper's programme at the {programme.scale} scale")
     total_todo, total_hours, unknown = 0, 0.0, 0
     for p in programme.items:
@@ -129,7 +135,7 @@ def _print_plan(programme) -> None:
         hours = p.hours(to_do) if to_do else 0.0
         note = ("no data here: " + p.no_data) if p.no_data else ("no history yet" if to_do and hours is None else "")
         table.add_row(p.item.ref, safe(", ".join(p.item.all_specs())), str(len(p.cells)), str(len(p.finished)),
-                      str(len(to_do)), "—" if hours is None else f"{hours:.3g}", safe(note[:90]))
+                      str(len(to_do)), "—" if hours is None else format_cost(hours, programme.device), safe(note[:90]))
     # Items share cells (Tables 1 and 5 are one sweep): the totals count each cell once.
     seen: dict[str, object] = {}
     for p in programme.items:
@@ -143,14 +149,15 @@ def _print_plan(programme) -> None:
                 else:
                     total_hours += h
     console.print(table)
-    console.print(f"{total_todo} cell(s) to do, about {total_hours:.3g} {programme.device}-hours"
+    console.print(f"{total_todo} cell(s) to do, about {format_cost(total_hours, programme.device)}"
                   + (f" (+ {unknown} cell(s) of tasks with no finished run on {programme.device} to estimate from)"
                      if unknown else ""))
 
 
-def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> None:
+def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> list[dict]:
     """Launch each spec's missing cells as `flctl sweep --spec` would; the local and debug executors run the sweeps
-    one after another in this process (one machine's cores), Slurm submits them all (and waits with --wait)."""
+    one after another in this process (one machine's cores), Slurm submits them all (and waits with --wait).
+    Returns the ledgers of the sweeps waited for."""
     from flctl.cli.ledger import watch
     from flctl.cli.sweep import _launch as launch_sweep
     from flctl.errors import ConfigError
@@ -160,6 +167,7 @@ def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> 
 
     store = open_store(url, root)
     submitted: list[str] = []
+    settled: dict[str, dict] = {}
 
     def launch(sp, cells) -> None:
         try:
@@ -171,12 +179,12 @@ def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> 
         sid = sweep_id(planned.spec, configs)
         foreground = planned.settings.executor in ("local", "debug")
         launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
-        if launched.here is not None and not launched.here():
+        if launched.here is not None and not _here(launched.here, url, sid):
             console.print(f"[yellow]stopped[/]: `flctl cancel {sid}` stops the other workers; `flctl paper` again "
                           "resumes")
             raise typer.Exit(130)
         if foreground:
-            watch(store, sid, until_done=True)
+            settled[sid] = watch(store, sid, until_done=True, root=root)
         submitted.append(sid)
 
     n = launch_programme(programme, launch)
@@ -188,8 +196,16 @@ def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> 
         console.print("every cell the programme can run here is done: nothing to launch")
     elif wait:
         for sid in submitted:
-            watch(store, sid, until_done=True)
+            settled[sid] = watch(store, sid, until_done=True, root=root)
     store.close()
+    return list(settled.values())
+
+
+def _here(here, url: str, sid: str) -> bool:
+    from flctl.cli.ledger import ledger_lines
+
+    with ledger_lines(url, sid):
+        return here()
 
 
 def _write(programme, specs: Path, items, root: Path, url: str, out: Path, runs) -> None:

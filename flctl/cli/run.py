@@ -80,8 +80,7 @@ def run(
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     store, root = open_results(url, root)
 
-    from flctl.errors import ClaimLost
-    from flctl.fs import DiskFull
+    from flctl.errors import ClaimLost, DiskFull, GroundMoved
     from flctl.layout import Layout
     from flctl.runner import execute, stop_on_signals
 
@@ -99,7 +98,8 @@ def run(
     allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
     outcome: BaseException | None = None
-    with _progress(cfg.epochs, summary_line) as on_epoch, stop_on_signals() as stop:
+    progress = _progress(cfg.epochs, summary_line) if console.is_terminal else _log_lines(cfg, summary_line)
+    with progress as on_epoch, stop_on_signals() as stop:
         try:
             result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow, checkpoint_every=checkpoint_every,
                              stop=stop.is_set, fresh=fresh)
@@ -115,6 +115,8 @@ def run(
         fail(f"run {cfg.run_id} was taken over by another worker while this process was presumed lost (no "
              "heartbeat past the stale bound); it stopped without writing more (see `flctl show "
              f"{cfg.run_id}`)", code=1)
+    if isinstance(outcome, GroundMoved):
+        fail(f"{outcome}: run {cfg.run_id} stopped and wrote no more", code=1)
     if isinstance(outcome, DiskFull):
         fail(f"{outcome}; run {cfg.run_id} is interrupted: free some space, then the same `flctl run` resumes it "
              "from its last checkpoint", code=1)
@@ -133,6 +135,38 @@ def run(
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
     print_summary(store.get_run(cfg.run_id))
+
+
+class _log_lines:
+    """Without a terminal: a timestamped line when training starts, at each evaluation, and at least every
+    LOG_EVERY_S seconds (flctl.cli.common.LogLines), instead of a progress bar that a log shows only at the end."""
+
+    def __init__(self, cfg, title: str) -> None:
+        from flctl.cli.common import LogLines
+
+        self.cfg, self.title, self.lines = cfg, title, LogLines()
+        self.latest = "starting (data, model)"
+
+    def state(self) -> str:
+        return f"run {self.cfg.run_id} ({self.title}): {self.latest}"
+
+    def __enter__(self):
+        self.beating = self.lines.beating(self.state)
+        self.beating.__enter__()
+        self.lines.say(self.state())
+
+        def on_epoch(stats) -> None:
+            lam = "" if stats.max_multiplier is None else f" · max λ {stats.max_multiplier:.3g}"
+            self.latest = (f"epoch {stats.epoch}/{stats.epochs} · batch loss avg {stats.train_avg_loss:.4f} max "
+                           f"{stats.train_max_loss:.4f}{lam}")
+            if stats.metrics:
+                test = {k: v for k, v in stats.metrics.items() if k in ("test.avg_loss", "test.accuracy")}
+                self.latest += "".join(f" · {k} {v:.4g}" for k, v in test.items())
+            self.lines.tick(self.state(), now=stats.metrics is not None)
+        return on_epoch
+
+    def __exit__(self, *exc) -> None:
+        self.beating.__exit__(*exc)
 
 
 class _progress:

@@ -23,7 +23,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.info import JSON_OPT
 from flctl.method_info import METHOD_INFO
-from flctl.status import STATUSES
+from flctl.status import STATUSES, Status, error_line
 
 
 def runs(
@@ -51,13 +51,15 @@ def runs(
     from rich.table import Table
 
     table = Table("id", "task", "method", "ε", "α", "seed", "status", "epochs", "train avg", "train max",
-                  "test avg", "test acc", "time")
+                  "test avg", "test acc", "time", "error")
     for r in rows:
         m, c = r.metrics, r.config
+        error = error_line(r.error or "") if r.status == Status.FAILED else ""
         table.add_row(safe(r.id), safe(r.task), safe(r.method), _num(c.get("eps")), _num(c.get("alpha")),
                       safe(r.seed), safe(r.status), safe(r.epochs_done), _num(m.get("train.avg_loss")),
                       _num(m.get("train.max_loss")), _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
-                      f"{r.duration_s:.1f}s" if r.duration_s else "")
+                      f"{r.duration_s:.1f}s" if r.duration_s else "",
+                      f"[red]{safe(error if len(error) <= 60 else error[:59] + '…')}[/]" if error else "")
     console.print(table)
     total = len(rows) if not limit or len(rows) < limit else \
         store.count_runs(task=task, method=method, status=status, seed=seed)
@@ -88,8 +90,13 @@ def show(
     console.print(cfg)
     console.print(safe(f"host {run.host} · git {run.git_sha or '-'} · attempts {run.attempts} · "
                        f"started {run.started_at} · finished {run.finished_at or '-'}"))
-    if run.error:
-        console.print(f"[red]{safe(run.error)}[/]")
+    if run.error:        # a traceback: line by line, as Python printed it (safe() would fold it into one line)
+        for line in run.error.rstrip().splitlines():
+            console.print(f"[red]{safe(line)}[/]", highlight=False, soft_wrap=True)
+    libraries = (run.provenance or {}).get("libraries") or {}
+    if libraries:
+        console.print("libraries: " + " · ".join(f"{safe(k)} {safe(v)}" for k, v in libraries.items()
+                                                 if v is not None), highlight=False)
     print_summary(run)
     for kind, path in sorted(run.artifacts.items()):
         if kind != "records":            # print_summary named them

@@ -16,6 +16,7 @@ from flctl.cli.common import (
     config_options,
     console,
     db_url,
+    err_console,
     fail,
     launch_options,
     open_results,
@@ -24,7 +25,7 @@ from flctl.cli.common import (
     safe,
     with_model,
 )
-from flctl.cli.ledger import watch
+from flctl.cli.ledger import error_summary, ledger_lines, watch
 from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags
 
@@ -79,7 +80,7 @@ def sweep(
 
     try:
         chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
-        planned = plan_sweep(chosen, launch, results_root=results_root(results_dir), dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune,
+        planned = plan_sweep(chosen, launch, results_root=results_root(results_dir), dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune, progress=_planning,
                              parallel=parallel)
     except (ConfigError, TypeError) as exc:
         fail(str(exc))
@@ -100,15 +101,18 @@ def sweep(
     launched = _launch(store, url, root, sid, planned.spec, planned.configs, settings, join=wait)
     if launched.here is not None:
         console.print("this process works on the sweep too while it waits")
-        if not launched.here():
+        with ledger_lines(url, sid):
+            worked = launched.here()
+        if not worked:
             console.print(f"[yellow]stopped[/]: its cell went back to the queue; the other workers go on "
                           f"(`flctl cancel {sid}` stops them)")
             raise typer.Exit(130)
-    if wait:
-        watch(store, sid, until_done=True)
-    elif launched.jobs and settings.executor != "debug":
+    settled = watch(store, sid, until_done=True, root=root) if wait else None
+    if not wait and launched.jobs and settings.executor != "debug":
         console.print(f"follow it with `flctl status {sid} --watch`")
     sync_sweep(store, url, sid, planned.objective, direction)
+    if settled is not None:
+        error_summary(settled)
 
 
 def _chosen_spec(path: Path | None, task: str | None, fields: dict, *, p_min: str | None, seeds: int | None,
@@ -212,27 +216,40 @@ def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join
     return launched
 
 
+def _planning(done: int, cells: int) -> None:
+    err_console.print(f"planning: {done:,} of {cells:,} cells", highlight=False)
+
+
+PLAN_ROWS = 200     # a dry run's table shows this many runs: a terminal of 40,000 rows says no more than its count
+
+
 def _print_plan(sid: str, spec, configs) -> None:
     from rich.table import Table
 
     from flctl.sweep import AXES
 
     varying = [k for k in AXES if k != "p_min" and len({getattr(c, k) for c in configs}) > 1]   # p_min -> eps
-    opts = sorted({k for c in configs for k, _ in c.options if len({c2.opts[k] for c2 in configs}) > 1})
+    values: dict[str, set] = {}
+    for c in configs:
+        for k, v in c.options:
+            values.setdefault(k, set()).add(v)
+    opts = sorted(k for k, seen in values.items() if len(seen) > 1)
     table = Table("run id", *varying, *map(safe, opts),
                   title=f"sweep {sid}: {len(configs)} runs of {safe(spec.task)} (dry run)")
-    for c in configs:
+    for c in configs[:PLAN_ROWS]:
         table.add_row(c.run_id, *(safe(_fmt(getattr(c, k))) for k in varying), *(safe(_fmt(c.opts[k])) for k in opts))
     console.print(table)
-    console.print(f"{len(configs)} runs; nothing was written")
+    if len(configs) > PLAN_ROWS:
+        console.print(f"(the first {PLAN_ROWS} of {len(configs):,} runs)")
+    console.print(f"{len(configs):,} runs; nothing was written")
 
 
 def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
-    """The plan's device-hours from the database's finished runs of the same task and device, read-only; a line for
+    """The plan's device time from the database's finished runs of the same task and device, read-only; a line for
     console.print (the device and task are user text, made safe)."""
     from flctl.db import Store
     from flctl.errors import StoreError
-    from flctl.sweep import estimate_cost
+    from flctl.sweep import estimate_cost, format_cost, format_seconds
 
     device, task = safe(configs[0].device), safe(configs[0].task)
     url = db_url(db, results_root(results_dir))
@@ -251,12 +268,14 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
         return (f"cost: no finished {task} runs on {device} in the database yet, so no estimate "
                 "(it is fitted to their seconds per run)")
     if cost.s_per_cell == 0:     # one epoch count in the history: its start-up is inside the seconds per epoch
-        how = (f"{cost.epochs:,} epochs to train x {cost.s_per_epoch:.3g} s per epoch (median of {cost.history} "
-               f"finished {task} runs on {device}, start-up included)")
+        how = (f"{cost.epochs:,} epochs to train x {format_seconds(cost.s_per_epoch, device)} per epoch (median of "
+               f"{cost.history} finished {task} runs on {device}, start-up included)")
     else:
-        how = (f"{cost.cells:,} cell(s) x {cost.s_per_cell:.3g} s to start + {cost.epochs:,} epochs x "
-               f"{cost.s_per_epoch:.3g} s (fitted to {cost.history} finished {task} runs on {device})")
-    return f"cost: about {cost.device_hours:.3g} {device}-hours: {how} / {cost.cells_per_device} cell(s) per device"
+        how = (f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} to start + {cost.epochs:,} "
+               f"epochs x {format_seconds(cost.s_per_epoch, device)} (fitted to {cost.history} finished {task} runs "
+               f"on {device})")
+    return (f"cost: about {format_cost(cost.device_hours, device)}: {how} / {cost.cells_per_device} cell(s) per "
+            "device")
 
 
 def _fmt(v) -> str:

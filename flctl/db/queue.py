@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from flctl.db.liveness import STALE_AFTER_S, _is_stale, check_stale_after, db_now
@@ -22,7 +22,7 @@ from flctl.db.schema import Artifact, Run, SweepCell, now
 from flctl.db.sqlite import READ_ONLY
 from flctl.db.store import Store
 from flctl.errors import ClaimLost
-from flctl.status import TRAINABLE, Status
+from flctl.status import TO_DO, TRAINABLE, Status
 
 
 class RunQueue:
@@ -82,14 +82,16 @@ class RunQueue:
         is left. With ``accept``,
         only a cell whose stored config it accepts (e.g. one that can train together with cells already held).
 
-        To do: queued, failed with attempts left, or running with a lost worker. Candidates are tried in id
-        order through ``claim_run``'s compare-and-swap, so workers racing for the same cell never both win.
+        To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
+        error (a task's exception) would come again; a new launch of the sweep queues it again (``retry_failed``).
+        Candidates are tried in id order through ``claim_run``'s compare-and-swap, so workers racing for the same
+        cell never both win.
         """
         cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config)
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
-                                    Run.status.in_((*TRAINABLE, Status.RUNNING)))
+                                    Run.status.in_((*TO_DO, Status.RUNNING)))
                              .order_by(Run.id)).all()
             at = db_now(s)
         for r in rows:
@@ -102,12 +104,26 @@ class RunQueue:
         return None
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
-        """Whether the sweep has a cell no worker holds that a claim may take: queued, interrupted, or failed with
-        attempts left."""
+        """Whether the sweep has a cell no worker holds that a claim may take: queued or interrupted, with attempts
+        left."""
         with self.session() as s:
             return s.execute(select(Run.id).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
-                                    Run.status.in_(TRAINABLE)).limit(1)).first() is not None
+                                    Run.status.in_(TO_DO)).limit(1)).first() is not None
+
+    def retry_failed(self, run_ids: Iterable[str], *, max_attempts: int) -> list[str]:
+        """Queue the failed runs among ``run_ids`` that have attempts left (a new launch of their sweep tries them
+        again: the user may have fixed the cause; within one launch a failure is not retried). Returns their ids."""
+        ids = list(run_ids)
+
+        def fn(s: Session) -> list[str]:
+            found = s.scalars(select(Run.id).where(Run.id.in_(ids), Run.status == Status.FAILED,
+                                                   Run.attempts < max_attempts)).all()
+            if found:
+                s.execute(update(Run).where(Run.id.in_(found), Run.status == Status.FAILED)
+                          .values(status=Status.QUEUED).execution_options(synchronize_session=False))
+            return list(found)
+        return self.write(fn)
 
     def hand_back(self, sweep_id: str, reason: str, *, pids: Collection[int] = frozenset(),
                   job_prefixes: Collection[str] = frozenset(), stale_after: float = STALE_AFTER_S) -> list[str]:
@@ -219,8 +235,16 @@ class RunQueue:
             run.artifacts = [Artifact(kind=k, path=p) for k, p in sorted(artifacts.items())]
         self.write(fn)
 
-    def fail_run(self, run_id: str, token: str, error: str, duration_s: float) -> bool:
-        # Only a run still running under this claim fails: one handed back by a preempted job stays interrupted,
-        # and one another worker took over is theirs.
-        return self._fenced_update(run_id, token, {"status": Status.FAILED, "error": error, "finished_at": now(),
-                                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s})
+    def fail_run(self, run_id: str, token: str, error: str, duration_s: float, *, epochs_done: int | None = None,
+                 retry_below: int | None = None) -> bool:
+        """Record the claimed run's failure. ``retry_below``: a failure another process may not meet (a device that
+        died under it) queues the run again, its attempt counted, while it has used fewer attempts than this.
+        Only a run still running under this claim fails: one handed back by a preempted job stays interrupted, and
+        one another worker took over is theirs."""
+        status: Any = Status.FAILED if retry_below is None else \
+            case((Run.attempts < retry_below, Status.QUEUED), else_=Status.FAILED)
+        values: dict[str, Any] = {"status": status, "error": error, "finished_at": now(),
+                                  "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
+        if epochs_done is not None:
+            values["epochs_done"] = epochs_done
+        return self._fenced_update(run_id, token, values)

@@ -5,6 +5,7 @@ the fenced claim protocol of workers is flctl.db.queue's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -75,6 +76,22 @@ def _one_line(exc: BaseException, url: str | None = None) -> str:
     return redact(text.splitlines()[0] if text else type(orig).__name__, url)
 
 
+def moved(store: Store) -> str | None:
+    """Why the database ``store`` opened is not there any more: its SQLite file deleted, or replaced by another
+    file (its open connections would go on writing into the unlinked one, and a new connection would make an
+    empty database in its place). None while it is there; a server database does not move under its URL."""
+    if store.file is None:
+        return None
+    path, identity = store.file
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return f"the database {path} was deleted"
+    except OSError as exc:
+        return f"the database {path} cannot be reached ({exc.strerror})"
+    return None if (st.st_dev, st.st_ino) == identity else f"the database {path} was replaced by another file"
+
+
 class Store:
     """A handle on the run database. ``Store.open(url)`` checks it is reachable and of our schema."""
 
@@ -82,6 +99,7 @@ class Store:
         self.engine = engine
         self.readonly = False
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.file: tuple[Path, tuple[int, int]] | None = None      # a SQLite file: its path, (device, inode)
 
     @classmethod
     def open(cls, url: str, *, readonly: bool = False) -> Store:
@@ -103,12 +121,20 @@ class Store:
         if readonly and sqlite and parsed.database:
             path = Path(parsed.database).resolve()
             attempts = [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
+        store = None
         for target in attempts[:-1]:
             try:
-                return cls._open(target, sqlite, shown_url, readonly)
+                store = cls._open(target, sqlite, shown_url, readonly)
+                break
             except _Unopenable:   # a read-only folder cannot take SQLite's lock files: read it as immutable
                 pass
-        return cls._open(attempts[-1], sqlite, shown_url, readonly)
+        store = store or cls._open(attempts[-1], sqlite, shown_url, readonly)
+        if sqlite and parsed.database and parsed.database != ":memory:":
+            path = Path(parsed.database).resolve()
+            with contextlib.suppress(OSError):
+                st = path.stat()
+                store.file = (path, (st.st_dev, st.st_ino))
+        return store
 
     @classmethod
     def _open(cls, target: str | Callable[[], sqlite3.Connection], sqlite: bool, shown_url: str,

@@ -3,7 +3,7 @@ lost workers and start the workers still needed (launch_sweep)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
     requeued, gave_up = RunQueue(store).reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
+    RunQueue(store).retry_failed(ids, max_attempts=settings.max_attempts)    # a new launch tries them again
     cells = {r["id"]: r for r in store.sweep_runs(sid)}
     todo = [i for i in ids if cells[i]["status"] in TRAINABLE
             and cells[i]["attempts"] < settings.max_attempts]
@@ -112,7 +113,8 @@ class SweepPlan:
 
 
 def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bool = False, allow_large: bool = False, objective: str | None = None, direction: str = "min",
-               tune: int | None = None, parallel: int = 1) -> SweepPlan:
+               tune: int | None = None, parallel: int = 1,
+               progress: Callable[[int, int], None] | None = None) -> SweepPlan:
     """`flctl sweep`'s plan of ``spec`` (a flctl.sweep.SweepSpec) with the launch ``flags`` over its [launch] table,
     checked in the order a user meets the errors: launch settings, device (flctl.config.resolve_device), grid (with its data unless ``dry_run``; over MAX_CELLS
     only with ``allow_large``), objective and search space, Slurm script path, and unless ``dry_run`` that the
@@ -124,7 +126,7 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
     settings = LaunchSettings.resolve(spec.launch, flags)
     # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
     spec = replace(spec, device=resolve_device(spec.device, here=settings.executor != "slurm", planning=dry_run))
-    configs = plan(spec, check_data=not dry_run, allow_large=allow_large)
+    configs = plan(spec, check_data=not dry_run, allow_large=allow_large, progress=progress)
     sid = sweep_id(spec, configs)
     objective = objective or spec.objective or DEFAULT_OBJECTIVE
     tune = tune if tune is not None else spec.tune

@@ -24,16 +24,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import submitit
+from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
 from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
-from flctl.errors import DEVICE_LOST_EXIT, ConfigError, DeviceLost, is_fatal_device_error
+from flctl.errors import DEVICE_LOST_EXIT, ConfigError, DeviceLost, DiskFull, GroundMoved, is_fatal_device_error
 from flctl.launch.jobs import registered
 from flctl.launch.settings import LaunchSettings, Slot, SlurmOptions
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
-from flctl.runner import git_revision, stop_on_signals, train_claimed
+from flctl.runner import database_full, git_revision, ground_moved, stop_on_signals, train_claimed
 from flctl.study import poll_delays, sync_sweep
 
 _LINGER_POLL_S = 0.2
@@ -70,6 +71,8 @@ class Worker(submitit.helpers.Checkpointable):
         self.failed_cells: list[str] = []        # the cells it was training then
         self.losses_in_a_row = losses_in_a_row   # workers before this one that lost their device with no cell done
         self.trained_a_group = False             # a group of cells trained to its end (the device worked)
+        self.ground_moved: str | None = None     # its database or results folder went away: it stopped
+        self.disk_full: str | None = None        # the disk filled up: it stopped
 
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
@@ -91,11 +94,20 @@ class Worker(submitit.helpers.Checkpointable):
                 stop_on_signals(signals) as stop:
             try:
                 while not stop.is_set():
+                    if (moved := ground_moved(store, layout.root)) is not None:     # claim nothing in a new file
+                        print(f"flctl worker: {moved}; this worker stops and writes no more", file=sys.stderr)
+                        self.ground_moved = moved
+                        break
                     try:
                         claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
                     except TaskUnavailable as exc:   # the next cells would fail alike: leave them to other workers
                         outcome[exc.run_id] = "failed: task unavailable"
                         print(f"flctl worker: {exc}", file=sys.stderr)
+                        break
+                    except SQLAlchemyError as exc:  # the database's disk is full: one line, not a traceback
+                        if (full := database_full(store, exc)) is None:
+                            raise
+                        self._stop_on_full_disk(full)
                         break
                     if not claimed:
                         break
@@ -103,7 +115,15 @@ class Worker(submitit.helpers.Checkpointable):
                     self.current = {c.run_id: token for c, token in claimed}
                     try:
                         results = train_claimed(cfgs, dict(self.current), store, layout,
-                                                checkpoint_every=self.checkpoint_every, stop=stop.is_set)
+                                                checkpoint_every=self.checkpoint_every, stop=stop.is_set,
+                                                max_attempts=self.max_attempts)
+                    except DiskFull as exc:     # its cells were handed back; the next ones would fail alike
+                        self._stop_on_full_disk(exc)
+                        break
+                    except GroundMoved as exc:   # nothing was recorded: there is nowhere left to record it
+                        print(f"flctl worker: {exc}; this worker stops and writes no more", file=sys.stderr)
+                        self.ground_moved = str(exc)
+                        break
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
                         if is_fatal_device_error(exc) and not _device_works():   # ... unless the device is gone
@@ -115,7 +135,7 @@ class Worker(submitit.helpers.Checkpointable):
                         self.current = {}
                     outcome.update((r.run_id, r.status) for r in results)
                     self.trained_a_group = True
-                if self.sync_study and outcome:
+                if self.sync_study and outcome and self.ground_moved is None:
                     _sync_study_once(store, self.db_url, self.sweep_id)
             finally:
                 store.close()
@@ -160,6 +180,11 @@ class Worker(submitit.helpers.Checkpointable):
             if claimed := self._claim(store, job_id, git_sha):
                 return claimed
         return []
+
+    def _stop_on_full_disk(self, exc: OSError) -> None:
+        self.disk_full = str(exc)
+        print(f"flctl worker: {exc}; this worker stops: free some space, then `flctl sweep` again resumes the "
+              "sweep's cells from their checkpoints", file=sys.stderr)
 
     def _end_on_device_loss(self, slot: Slot) -> None:
         """After a fatal device error: start a fresh worker in this one's place while the sweep has cells to do, then

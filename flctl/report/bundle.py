@@ -1,11 +1,13 @@
 """`flctl paper`'s bundle: every table and figure of the paper from the finished runs, with the paper's numbers beside
 ours, as one folder a reader opens from disk.
 
-    index.html        one self-contained page (figures embedded as PNG data, tables as HTML, a contents list; no
-                      script, no request leaves the file)
-    tables/*.tex      booktabs, as `flctl report --table ... --format latex` writes them
+    index.html        one self-contained page (figures embedded as PNG data, tables as HTML, a contents list, the
+                      provenance as a list; no script, no request leaves the file)
+    tables/*.tex      booktabs: each table as the page shows it, ours beside the paper's, in the page's row order
     figures/*.png|pdf as `flctl report --plot ...` draws them
     paper.json        every number shown, with the run ids behind it
+    paper.csv         the tables' numbers flat, one line per table, row, column and source (ours or the paper's):
+                      `pandas.read_csv` reads it in one call
 
 Our numbers are those of `flctl report` for the same runs (flctl.report.tables.build, flctl.report.plots.figure).
 The folder is written beside ``out`` and swapped in whole: a failure leaves the previous bundle as it was.
@@ -14,7 +16,9 @@ The folder is written beside ``out`` and swapped in whole: a failure leaves the 
 from __future__ import annotations
 
 import base64
+import csv
 import html
+import io
 import json
 import os
 import shutil
@@ -32,16 +36,20 @@ from flctl.status import Status
 if TYPE_CHECKING:
     from flctl.paper import ItemPlan, Programme
     from flctl.programme import Published
-    from flctl.report.tables import Cell, Table
+    from flctl.report.tables import BesideRow, Cell, Table
 
 CSS = """
-body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
+body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222;
+overflow-wrap:break-word}
+.wide{overflow-x:auto;max-width:100%}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
 th,td{padding:.25em .6em;border-bottom:1px solid #e4e4e4;text-align:right;white-space:nowrap}
 th{background:#f4f4f4}td.k{text-align:left}td.paper{color:#666}
 td.off{background:#fde2e1}td.todo{color:#8a6d00;text-align:left;background:#fff8e1;white-space:normal;min-width:8em}
-.meta td{text-align:left}.note{color:#8a6d00}.smoke{background:#fff3cd;padding:.6em;border:1px solid #e0c36a}
+dl.meta{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2em 1.2em}
+dl.meta dt{font-weight:600}dl.meta dd{margin:0;min-width:0}dl.meta ul{margin:0;padding-left:1.2em}
+.note{color:#8a6d00}.smoke{background:#fff3cd;padding:.6em;border:1px solid #e0c36a}
 img{max-width:100%;border:1px solid #eee}.legend{color:#555;font-size:.9em}
 nav ol{columns:2}code{background:#f4f4f4;padding:0 .2em}
 """
@@ -57,11 +65,19 @@ def _mean_std(cell: Cell, digits: int) -> str:
     return number(cell.mean, digits) + (f" ± {number(cell.std, digits)}" if cell.std is not None and cell.n > 1 else "")
 
 
-def _paper_text(value: tuple[float, float | None, str] | None) -> str:
+def _paper_printed(value: tuple[float, float | None, str] | None) -> tuple[str, str | None] | None:
+    """A published value and its spread as the paper prints them (the spread with the value's decimals)."""
     if value is None:
+        return None
+    _, std, printed = value
+    return printed, (f"{std:.{len(printed.split('.')[-1])}f}" if std is not None else None)
+
+
+def _paper_text(value: tuple[float, float | None, str] | None) -> str:
+    shown = _paper_printed(value)
+    if shown is None:
         return "—"
-    v, std, printed = value
-    return printed + (f" ± {std:.{len(printed.split('.')[-1])}f}" if std is not None else "")
+    return shown[0] + (f" ± {shown[1]}" if shown[1] is not None else "")
 
 
 def _row_label(method: str, eps: float | None, alpha: float | None, model: Any) -> str:
@@ -73,9 +89,11 @@ def _row_label(method: str, eps: float | None, alpha: float | None, model: Any) 
 
 
 def _hours(h: float | None, device: str) -> str:
+    from flctl.sweep import format_cost
+
     if h is None:
-        return "no history to estimate the device-hours"
-    return f"≈ {h:.3g} {device}-hours" if h >= 0.1 else f"≈ {max(h * 60, 1):.0f} {device}-minute(s)"
+        return f"no finished run on {device} to estimate the cost from"
+    return f"≈ {format_cost(h, device)}"
 
 
 class _Bundle:
@@ -85,42 +103,48 @@ class _Bundle:
     # ------------------------------------------------------------ tables
 
     def table(self, plan: ItemPlan) -> tuple[str, dict[str, Any]]:
-        from flctl.report.tables import build, render
+        from flctl.fs import write_text_atomic
+        from flctl.report.tables import build, latex_beside
 
         item = plan.item
         runs = [self.p.runs[i] for i in sorted(plan.finished)]
         built: Table | None = build(item.table, runs, list(item.columns)) if runs else None
-        if built is not None:
-            from flctl.fs import write_text_atomic
-
-            write_text_atomic(self.folder / "tables" / f"{item.name}.tex", render(built, "latex", item.digits))
         cols = list(item.columns)
         paper = "paper" if item.stands_in is None else f"paper, Table {item.stands_in}"   # another data set's numbers
         head = ("<tr><th rowspan=2>Row</th><th rowspan=2>seeds</th>"
                 + "".join(f"<th colspan=2>{_e(c)}</th>" for c in cols) + "</tr><tr>"
                 + f"<th>ours</th><th>{_e(paper)}</th>" * len(cols) + "</tr>")
-        body, rows_json, used = [], [], set()
+        body, rows_json, beside, used = [], [], [], set()
         groups = self._groups(built, runs)
         for row in plan.rows:
             found = next((j for j, k in enumerate(built.configs if built else [])
                           if j not in used and row.matches(k.method, k.eps, k.alpha, k.model)), None)
             if found is not None:
                 used.add(found)
-            html_row, data = self._row(plan, row, built, found, groups)
+            html_row, data, side = self._row(plan, row, built, found, groups)
             body.append(html_row)
             rows_json.append(data)
+            beside.append(side)
         for j in range(len(built.configs) if built else 0):      # ours that the paper does not report
             if j not in used:
-                html_row, data = self._row(plan, None, built, j, groups)
+                html_row, data, side = self._row(plan, None, built, j, groups)
                 body.append(html_row)
                 rows_json.append(data)
+                beside.append(side)
         notes = list(built.notes if built else [])
         if plan.no_data:
             notes.append(f"no data here: {plan.no_data}")
-        text = (f"<table>{head}{''.join(body)}</table>"
+        # The LaTeX table is the page's: the same rows in the same order, ours beside the paper's, under the table's
+        # own title and the paper's caption.
+        caption = item.title + (f". The paper's caption: {item.caption}" if item.caption else ".")
+        caption += " Ours: mean ± standard deviation over the seeds finished."
+        write_text_atomic(self.folder / "tables" / f"{item.name}.tex",
+                          latex_beside(caption, cols, beside, notes, item.digits, paper))
+        # A wide table (six columns of ours and the paper's) scrolls in its own box; the page never scrolls sideways.
+        text = (f"<div class=wide><table>{head}{''.join(body)}</table></div>"
                 + "".join(f"<p class=note>{_e(n)}</p>" for n in notes)
-                + (f"<p>LaTeX: <code>tables/{item.name}.tex</code></p>" if built else ""))
-        return text, {"rows": rows_json, "notes": notes, "columns": cols}
+                + f"<p>LaTeX: <code>tables/{item.name}.tex</code></p>")
+        return text, {"rows": rows_json, "notes": notes, "columns": cols, "paper_table": item.number}
 
     def _groups(self, built: Table | None, runs: list) -> list[list[str]]:
         """The run ids behind each row of ``built`` (the same grouping the table made)."""
@@ -132,7 +156,9 @@ class _Bundle:
         return [sorted(r.id for r in groups[k]) for k in built.configs]
 
     def _row(self, plan: ItemPlan, row: Published | None, built: Table | None, j: int | None,
-             groups: list[list[str]]) -> tuple[str, dict[str, Any]]:
+             groups: list[list[str]]) -> tuple[str, dict[str, Any], BesideRow]:
+        from flctl.report.tables import BesideRow
+
         item, cols = plan.item, list(plan.item.columns)
         k, cells = (built.configs[j], built.rows[j][1]) if j is not None and built is not None else (None, None)
         # The paper's row names it as the paper does (ε = 0.51); a row of ours alone by its own values.
@@ -148,6 +174,9 @@ class _Bundle:
         if row is not None:
             data["keys"] = {"method": row.method, "eps": row.eps, "alpha": row.alpha, "model": row.model}
             data["paper"] = {c: {"value": row.values[c][0], "std": row.values[c][1]} for c in cols if c in row.values}
+        elif k is not None:
+            data["keys"] = {"method": k.method, "eps": k.eps, "alpha": k.alpha, "model": k.model}
+        paper = [_paper_printed(row.values.get(c)) if row is not None else None for c in cols]
         seeds = "" if cells is None else f"{cells[0].n}" + (f"/{len(planned)}" if len(planned) > cells[0].n else "")
         tds = [f"<td class=k>{_e(label)}</td><td>{_e(seeds)}</td>"]
         if cells is None:        # a published row we have no finished run of: say why, beside the paper's values
@@ -158,7 +187,8 @@ class _Bundle:
             tds += [f"<td class=todo>{_e(why) if n == 0 else '—'}</td><td class=paper>{_e(_paper_text(row.values.get(c)))}"
                     "</td>" for n, c in enumerate(cols)]
             data["status"] = "no data" if plan.no_data else "not run"
-            return "<tr>" + "".join(tds) + "</tr>", data
+            return ("<tr>" + "".join(tds) + "</tr>", data,
+                    BesideRow(label, data["status"], [None] * len(cols), paper, [False] * len(cols)))
         data["ours"] = {c: {"mean": cell.mean, "std": cell.std, "n": cell.n} for c, cell in zip(cols, cells)}
         data["status"] = Status.DIVERGED if cells[0].n == 0 else "partial" if to_do else "done"
         for c, cell in zip(cols, cells):
@@ -171,7 +201,9 @@ class _Bundle:
                    else "")
             tds.append(f"<td class='ours{' off' if off else ''}'{tip}>{_e(_mean_std(cell, item.digits))}"
                        f"{'†' if cell.flagged else ''}</td><td class=paper>{_e(_paper_text(value))}</td>")
-        return "<tr>" + "".join(tds) + "</tr>", data
+        shown = f"{seeds} (diverged)" if data["status"] == Status.DIVERGED else seeds
+        return ("<tr>" + "".join(tds) + "</tr>", data,
+                BesideRow(label, shown, list(cells), paper, [c in data["outside"] for c in cols]))
 
     # ------------------------------------------------------------ figures
 
@@ -250,6 +282,7 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
         (tmp / "index.html").write_text(_page(programme, sections, provenance), encoding="utf-8")
         (tmp / "paper.json").write_text(json.dumps({"provenance": provenance, "items": items}, indent=1,
                                                    allow_nan=False, default=str), encoding="utf-8")
+        (tmp / "paper.csv").write_text(_flat_csv(items), encoding="utf-8")
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         if out.exists():
             os.replace(out, old)
@@ -260,11 +293,61 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
     return out / "index.html"
 
 
+CSV_COLUMNS = ("table", "paper_table", "position", "row", "model", "method", "eps", "alpha", "column", "source",
+               "value", "std", "seeds", "status", "outside", "runs")
+
+
+def _flat_csv(items: list[dict[str, Any]]) -> str:
+    """paper.csv: a line per table, row (``position``: its place on the page, 1 first), column and source (``ours``:
+    mean, std and seeds over the finished runs, or empty; ``paper``: the published value and spread of the paper's
+    table ``paper_table``). ``outside``: ours lies outside the tolerance of the paper's value (always False for the
+    paper's lines); ``runs``: the run ids behind ours, space-separated. Empty cells are missing values."""
+    def cell(v: Any) -> str:
+        return "" if v is None else repr(v) if isinstance(v, float) else str(v)
+
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for it in items:
+        if it["kind"] != "table":
+            continue
+        paper_table = it["paper_table"]
+        for position, row in enumerate(it["rows"], 1):
+            keys = row.get("keys") or {}
+            head = [it["ref"], paper_table, position, row["label"], keys.get("model"), keys.get("method"),
+                    keys.get("eps"), keys.get("alpha")]
+            for c in it["columns"]:
+                ours = (row["ours"] or {}).get(c) or {}
+                paper = (row["paper"] or {}).get(c) or {}
+                w.writerow(map(cell, [*head, c, "ours", ours.get("mean"), ours.get("std"), ours.get("n"),
+                                      row["status"], c in row["outside"], " ".join(row["runs"])]))
+                w.writerow(map(cell, [*head, c, "paper", paper.get("value"), paper.get("std"), None, row["status"],
+                                      False, ""]))
+    return out.getvalue()
+
+
+# The provenance's fields as the page names them (a field without a name here shows its key).
+PROVENANCE = {"flctl": "flctl version", "commit": "flctl commit", "torch": "torch version", "command": "command",
+              "made": "written at", "database": "database", "scale": "scale",
+              "devices": "finished runs by device", "trained_with": "finished runs by how they trained"}
+
+
+def _provenance(provenance: dict[str, Any]) -> str:
+    """The provenance as a definition list a person reads (paper.json keeps it for machines)."""
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return ("<ul>" + "".join(f"<li>{_e(k)}: {value(x)}</li>" for k, x in v.items()) + "</ul>") if v else "none"
+        if isinstance(v, list | tuple):
+            return ", ".join(value(x) for x in v) if v else "none"
+        return "—" if v is None else _e(v)
+
+    return ("<dl class=meta>" + "".join(f"<dt>{_e(PROVENANCE.get(k, k.replace('_', ' ')))}</dt><dd>{value(v)}</dd>"
+                                        for k, v in provenance.items()) + "</dl>")
+
+
 def _page(programme: Programme, sections: list[str], provenance: dict[str, Any]) -> str:
     contents = "".join(f"<li><a href='#{p.item.name}'>{_e(p.item.title)}</a> "
                        f"({len(p.finished)}/{len(p.cells)})</li>" for p in programme.items)
-    meta = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v if isinstance(v, str) else json.dumps(v, default=str))}</td></tr>"
-                   for k, v in provenance.items())
     smoke = ("<p class=smoke>Smoke scale: one seed, two epochs, 256 samples of each split and the tasks' small "
              "models. These numbers check the path from plan to page; they are not comparable with the paper's, "
              "and no cell is marked against them.</p>" if programme.scale != "paper" else "")
@@ -279,4 +362,4 @@ def _page(programme: Programme, sections: list[str], provenance: dict[str, Any])
             "figures, ours beside the published</h1><p>Ramirez, Hounie, Elenter, Gallego-Posada, Hashemizadeh, "
             f"Ribeiro and Lacoste-Julien, <i>Feasible Learning</i>, AISTATS 2025.</p>{smoke}{legend}"
             f"<nav><h2>Contents</h2><ol>{contents}</ol></nav>{''.join(sections)}"
-            f"<h2 id=provenance>Provenance</h2><table class=meta>{meta}</table></body></html>\n")
+            f"<h2 id=provenance>Provenance</h2>{_provenance(provenance)}</body></html>\n")

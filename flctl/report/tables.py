@@ -330,10 +330,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
         return "\n".join(lines).rstrip() + "\n"
 
     if fmt == "latex":
-        def esc(s: str) -> str:
-            return (s.replace("_", r"\_").replace("%", r"\%").replace("ε", r"$\epsilon$")
-                    .replace("α", r"$\alpha$").replace("∞", r"$\infty$").replace("—", "--")
-                    .replace("†", r"$^\dagger$").replace("&", r"\&").replace("#", r"\#"))
+        esc = latex_text
         lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{esc(table.title)}}}",
                  r"\begin{tabular}{" + "l" * len(table.keys) + "c" * len(table.columns) + "}", r"\toprule",
                  " & ".join(esc(k) for k in table.keys + table.columns) + r" \\", r"\midrule"]
@@ -343,10 +340,7 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
                      for j, c in enumerate(cells)]
             lines.append(" & ".join([esc(k) for k in key] + texts) + r" \\")
         lines += [r"\bottomrule", r"\end{tabular}"]
-        for n in table.notes:      # a note's `command` is code: typewriter, not LaTeX's quote marks
-            note = re.sub(r"`([^`]*)`", r"\\texttt{\1}", esc(n))
-            lines.append(rf"\\[2pt]{{\footnotesize {note}}}")
-        lines += [r"\end{table}"]
+        lines += _latex_notes(table.notes) + [r"\end{table}"]
         return "\n".join(lines) + "\n"
 
     from rich.console import Console
@@ -367,6 +361,67 @@ def render(table: Table, fmt: str, digits: int = 2) -> str:
     for n in table.notes:
         console.print(f"[yellow]{literal(n)}[/]")
     return console.export_text(styles=False)
+
+
+def latex_text(s: str) -> str:
+    """Text of a table (keys, column names, notes) as LaTeX: its specials escaped, its Greek and marks as math."""
+    return (s.replace("_", r"\_").replace("%", r"\%").replace("ε", r"$\epsilon$")
+            .replace("α", r"$\alpha$").replace("∞", r"$\infty$").replace("±", r"$\pm$").replace("—", "--")
+            .replace("†", r"$^\dagger$").replace("&", r"\&").replace("#", r"\#"))
+
+
+def _latex_notes(notes: Sequence[str]) -> list[str]:
+    out = []
+    for n in notes:      # a note's `command` is code: typewriter, not LaTeX's quote marks
+        note = re.sub(r"`([^`]*)`", r"\\texttt{\1}", latex_text(n))
+        out.append(rf"\\[2pt]{{\footnotesize {note}}}")
+    return out
+
+
+@dataclass(frozen=True)
+class BesideRow:
+    """A row of a table shown beside the paper's (``latex_beside``): its label, its seeds (or why it has no value),
+    our cell of each column (None: no finished run), the paper's value and spread as printed (None: not published)
+    and whether ours lies outside the tolerance of the paper's."""
+
+    label: str
+    seeds: str
+    ours: list[Cell | None]
+    paper: list[tuple[str, str | None] | None]
+    outside: list[bool]
+
+
+def latex_beside(title: str, columns: Sequence[str], rows: Sequence[BesideRow], notes: Sequence[str],
+                 digits: int = 2, paper: str = "paper") -> str:
+    """A table with the paper's numbers beside ours (booktabs, the ± part grey as in the paper), rows in the order
+    given: each column a pair of sub-columns, ours and ``paper`` (the heading of the published values). A value of
+    ours outside the tolerance of the paper's is starred."""
+    def pm(std: str) -> str:
+        return rf" {{\color{{gray}}\scriptsize $\pm$ {std}}}"
+
+    def ours(c: Cell | None, off: bool) -> str:
+        if c is None or c.mean is None:
+            return "--"
+        text = number(c.mean, digits) + (pm(number(c.std, digits)) if c.std is not None and c.n > 1 else "")
+        return text + (r"$^\dagger$" if c.flagged else "") + ("$^*$" if off else "")
+
+    def published(v: tuple[str, str | None] | None) -> str:
+        return "--" if v is None else latex_text(v[0]) + (pm(latex_text(v[1])) if v[1] is not None else "")
+
+    n = len(columns)
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_text(title)}}}",
+             r"\begin{tabular}{ll" + "rr" * n + "}", r"\toprule",
+             " & ".join(["Row", "seeds", *(rf"\multicolumn{{2}}{{c}}{{{latex_text(c)}}}" for c in columns)]) + r" \\",
+             " ".join(rf"\cmidrule(lr){{{3 + 2 * j}-{4 + 2 * j}}}" for j in range(n)),
+             " & ".join(["", "", *(["ours", latex_text(paper)] * n)]) + r" \\", r"\midrule"]
+    for r in rows:
+        cells = [x for j in range(n) for x in (ours(r.ours[j], r.outside[j]), published(r.paper[j]))]
+        lines.append(" & ".join([latex_text(r.label), latex_text(r.seeds), *cells]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if any(any(r.outside) for r in rows):
+        notes = [*notes, f"* outside the tolerance of the {paper}'s value"]
+    lines += _latex_notes(notes) + [r"\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
 def record_values(runs: list[RunRecord], records_root, columns: Sequence[str]) -> Callable[[RunRecord, str], float | None]:

@@ -1,0 +1,127 @@
+"""The ground moving under a sweep: its database file deleted or replaced, or its results folder deleted, while
+`sweep --wait` and its workers run. The command stops with one line and exit 1, and nothing writes any more: no empty
+database appears in the deleted one's place, a replacement file is left as it was put there, a deleted results
+folder stays deleted. At 3623c99 the sweep hung or exited 0 while its workers wrote into the unlinked file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flctl.db import Store
+from tests.helpers import wait_until
+from tests.test_sweep_launch import worker_pids
+
+FLCTL = [sys.executable, "-m", "flctl"]
+
+
+@pytest.mark.parametrize("how", ["delete the database", "replace the database", "delete the results folder"])
+def test_a_sweep_stops_in_one_line_when_its_ground_moves(tmp_path: Path, how: str) -> None:
+    results = tmp_path / "results"
+    db = results / "flctl.db"
+    # 2 workers: one in this command's process, one a submitit job; the heartbeat is short, as a heartbeat of the
+    # real length would only make the test wait longer
+    proc = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "4", "--epochs", "4000",
+                             "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
+                             "--wait", "--results-dir", str(results)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FLCTL_HEARTBEAT": "0.5", "COLUMNS": "250"})
+    try:
+        wait_until(db.exists, "the sweep's database", interval=0.1)
+        reader = Store.open(f"sqlite:///{db}", readonly=True)
+        wait_until(lambda: sum(r.status == "running" for r in reader.list_runs()) == 2
+                   and len(list((results / "records").glob("run_id=*/epoch=*.parquet"))) >= 2,
+                   "two cells training", interval=0.1)
+        reader.close()
+        kept = None
+        if how == "delete the database":
+            db.unlink()
+        elif how == "replace the database":
+            shutil.copy(db, tmp_path / "copy.db")
+            os.replace(tmp_path / "copy.db", db)
+            kept = hashlib.sha256(db.read_bytes()).hexdigest()
+        else:
+            shutil.rmtree(results)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1, out + err
+    assert len(errors) == 1, err
+    said = {"delete the database": f"the database {db.resolve()} was deleted",
+            "replace the database": f"the database {db.resolve()} was replaced by another file",
+            "delete the results folder": "was deleted"}[how]
+    assert said in errors[0] and "its workers stop and write no more" in errors[0], errors[0]
+    wait_until(lambda: not worker_pids(results), "the workers to stop", timeout=120)
+    time.sleep(1.0)     # two heartbeats: a worker still writing would show now
+    if how == "delete the database":
+        assert not db.exists(), "an empty database was made in the deleted one's place"
+    elif how == "replace the database":
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == kept, "something wrote into the replacement"
+    else:
+        assert not results.exists(), "the deleted results folder was made again"
+
+
+def test_a_wait_on_a_sweep_that_flctl_cancel_stopped_ends_with_one_line_and_130(tmp_path: Path) -> None:
+    """`status --watch` (the wait of `sweep --wait` and `paper`) on a sweep whose workers `flctl cancel` stopped:
+    its cells are handed back and no worker is left to take them, so the wait ends at once, with a line and 130
+    (at 3623c99 it waited for ever, until killed)."""
+    results = tmp_path / "results"
+    args = ["--results-dir", str(results)]
+    started = subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
+                              "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local", *args],
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    watcher = subprocess.Popen([*FLCTL, "status", "--watch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "COLUMNS": "250"})
+    try:
+        reader = Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True)
+        wait_until(lambda: sum(r.status == "running" for r in reader.list_runs()) == 2, "two cells training",
+                   interval=0.1)
+        [sid] = [p.name for p in (results / "jobs").iterdir()]
+        cancelled = subprocess.run([*FLCTL, "cancel", sid, *args], capture_output=True, text=True, timeout=120)
+        assert cancelled.returncode == 0, cancelled.stderr
+        out, err = watcher.communicate(timeout=60)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 130, out + err
+    assert [line for line in out.splitlines() if line.startswith("stopped:")] == \
+        [f"stopped: sweep {sid}'s workers were stopped (`flctl cancel`, a signal); 2 cell(s) handed back, `flctl "
+         "sweep` with the same axes resumes it"], out
+
+
+def test_a_full_disk_under_a_two_worker_sweep_ends_in_one_line_and_the_sweep_resumes(tmp_path: Path) -> None:
+    """A file size limit stands for the full disk (a ~2 MB checkpoint, 512 KiB allowed: the database and the records
+    fit): each worker hands its cell back and stops, and the wait ends with one error line and exit 1, no cell left
+    running. At 3623c99 this ended in a SQLAlchemy traceback with cells left running."""
+    import resource
+    import signal
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024, 512 * 1024))
+
+    results = tmp_path / "results"
+    args = ["sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "30", "--eval-every", "10", "-o",
+            "hidden=400", "--workers", "2", "--threads", "1", "--executor", "local", "--checkpoint-every", "0",
+            "--results-dir", str(results)]
+    full = subprocess.run([*FLCTL, *args, "--wait"], capture_output=True, text=True, timeout=300, preexec_fn=limited,
+                          env={**os.environ, "COLUMNS": "250"})
+    assert full.returncode == 1, full.stdout + full.stderr
+    assert "Traceback" not in full.stdout + full.stderr
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: the disk filled up under sweep "), full.stderr
+    reader = Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True)
+    assert not any(r.status == "running" for r in reader.list_runs())
+    again = subprocess.run([*FLCTL, *args, "--wait"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {r.status for r in reader.list_runs()} == {"completed"}
