@@ -125,3 +125,35 @@ def test_a_full_disk_under_a_two_worker_sweep_ends_in_one_line_and_the_sweep_res
     again = subprocess.run([*FLCTL, *args, "--wait"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {r.status for r in reader.list_runs()} == {"completed"}
+
+
+@pytest.mark.parametrize("signum,code", [(2, 130), (15, 143)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_every_waiting_command_with_its_code(tmp_path: Path, signum: int, code: int) -> None:
+    """SIGINT 130 and SIGTERM 143, as `flctl run` exits, for `sweep --wait` (its own worker hands its cell back) and
+    `status --watch` alike, each with a line saying so (at 3623c99 status --watch ended with 130 for both, silently,
+    and `sweep --wait` with 130 for SIGTERM)."""
+    results = tmp_path / "results"
+    args = ["--results-dir", str(results)]
+    sweep = [*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "2", "--epochs", "4000", "--eval-every", "50",
+             "--workers", "1", "--threads", "1", "--executor", "local", *args]
+    waiting = subprocess.Popen([*sweep, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = None
+    try:
+        wait_until(lambda: (results / "flctl.db").exists(), "the database", interval=0.1)
+        reader = Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True)
+        wait_until(lambda: any(r.status == "running" for r in reader.list_runs()), "a cell training", interval=0.1)
+        watcher = subprocess.Popen([*FLCTL, "status", "--watch", *args], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        time.sleep(3)                                   # its first poll is done
+        watcher.send_signal(signum)
+        _, err = watcher.communicate(timeout=60)
+        assert watcher.returncode == code and err.strip().endswith("interrupted (SIGINT)" if signum == 2 else
+                                                                     "interrupted (SIGTERM)"), err
+        waiting.send_signal(signum)
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == code, out + err
+        assert "stopped: its cell went back to the queue" in out and "Traceback" not in err
+    finally:
+        for p in (waiting, watcher):
+            if p is not None and p.poll() is None:
+                p.kill()

@@ -3,6 +3,7 @@ so that `flctl --help` starts fast."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -28,7 +29,7 @@ class _OneLineErrors(TyperGroup):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except Exception as exc:
+        except (Exception, KeyboardInterrupt) as exc:
             if _is(exc, "NoArgsIsHelpError"):       # the help is printed already
                 sys.exit(2)
             if _is(exc, "UsageError"):
@@ -42,11 +43,22 @@ class _OneLineErrors(TyperGroup):
             if isinstance(exc, (ConfigError, StoreError)):   # bad input, or a database damaged past open: one line
                 print_error(str(exc))
                 sys.exit(2)
+            if isinstance(exc, KeyboardInterrupt) or (_is(exc, "Abort") and _signalled):
+                _interrupted()
             if _is(exc, "Abort"):
                 print("Aborted!", file=sys.stderr)
                 sys.exit(1)
             raise
+        if _signalled:          # typer turns the KeyboardInterrupt of _interrupt into exit 130 (older typer: Abort)
+            _interrupted()
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _interrupted() -> None:
+    """One line, and 128 + the signal's number (SIGINT 130, SIGTERM 143), as `flctl run` and the workers exit."""
+    signum = _signalled[-1] if _signalled else signal.SIGINT
+    print(f"flctl: interrupted ({signum.name})", file=sys.stderr)
+    sys.exit(128 + signum)
 
 
 def _flags_take_no_value() -> None:
@@ -86,9 +98,22 @@ app.command("new-task", rich_help_panel="Catalogue")(new_task.new_task)
 app.command(rich_help_panel="Maintain")(runs.migrate)
 
 
+# The signals that interrupted this command (SIGTERM turned into an interruption like Ctrl-C's): every command then
+# exits 128 + the signal's number, 130 or 143, with one line (training commands stop at an epoch's end first, with
+# handlers of their own: flctl.runner.stop_on_signals).
+_signalled: list[signal.Signals] = []
+
+
+def _interrupt(signum: int, _frame) -> None:
+    _signalled.append(signal.Signals(signum))
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     from flctl.versions import torch_pair_problem
 
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     tolerate_narrow_encodings()
     problem = torch_pair_problem()   # before any command imports torchvision: one line, not its 40-line traceback
     if problem is not None:

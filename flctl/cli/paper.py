@@ -179,10 +179,10 @@ def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> 
         sid = sweep_id(planned.spec, configs)
         foreground = planned.settings.executor in ("local", "debug")
         launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
-        if launched.here is not None and not _here(launched.here, url, sid):
+        if launched.here is not None and (stopped := _here(launched.here, url, sid)) is not None:
             console.print(f"[yellow]stopped[/]: `flctl cancel {sid}` stops the other workers; `flctl paper` again "
                           "resumes")
-            raise typer.Exit(130)
+            raise typer.Exit(stopped)
         if foreground:
             settled[sid] = watch(store, sid, until_done=True, root=root)
         submitted.append(sid)
@@ -201,7 +201,7 @@ def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> 
     return list(settled.values())
 
 
-def _here(here, url: str, sid: str) -> bool:
+def _here(here, url: str, sid: str) -> int | None:
     from flctl.cli.ledger import ledger_lines
 
     with ledger_lines(url, sid):

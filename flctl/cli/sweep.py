@@ -102,11 +102,11 @@ def sweep(
     if launched.here is not None:
         console.print("this process works on the sweep too while it waits")
         with ledger_lines(url, sid):
-            worked = launched.here()
-        if not worked:
+            stopped = launched.here()
+        if stopped is not None:
             console.print(f"[yellow]stopped[/]: its cell went back to the queue; the other workers go on "
                           f"(`flctl cancel {sid}` stops them)")
-            raise typer.Exit(130)
+            raise typer.Exit(stopped)
     settled = watch(store, sid, until_done=True, root=root) if wait else None
     if not wait and launched.jobs and settings.executor != "debug":
         console.print(f"follow it with `flctl status {sid} --watch`")

@@ -89,15 +89,15 @@ class _Here:
     worker: Worker
     slot: Slot
 
-    def __call__(self) -> bool:
-        """Work until no cell is left; False when a signal stopped it first. After a fatal device error this
-        process trains no more (its device context is dead) and only waits: the worker started a fresh process in its
-        place and said so on stderr."""
+    def __call__(self) -> int | None:
+        """Work until no cell is left; the exit code of the signal that stopped it first (130, 143), else None.
+        After a fatal device error this process trains no more (its device context is dead) and only waits: the
+        worker started a fresh process in its place and said so on stderr."""
         try:
             self.worker(self.slot)
         except DeviceLost:
-            return True
-        return not self.worker.stopped
+            return None
+        return self.worker.stopped
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
         self.batch_runs, self.slurm = batch_runs, slurm
         self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
-        self.stopped = False
+        self.stopped: int | None = None          # the exit code of the signal that stopped it (130, 143)
         self.device_lost: str | None = None      # the fatal device error that ended this worker
         self.failed_cells: list[str] = []        # the cells it was training then
         self.losses_in_a_row = losses_in_a_row   # workers before this one that lost their device with no cell done
@@ -139,7 +139,7 @@ class Worker(submitit.helpers.Checkpointable):
                     _sync_study_once(store, self.db_url, self.sweep_id)
             finally:
                 store.close()
-                self.stopped = stop.is_set()
+                self.stopped = stop.exit_code if stop.is_set() else None
         return outcome
 
     def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
