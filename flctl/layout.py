@@ -4,6 +4,7 @@ A results folder holds:
 
     flctl.db                          the run database (SQLite), unless --db / FLCTL_DB names another
     records/run_id=<id>/epoch=<e>.parquet   per-sample records (flctl.records writes the files of a run's folder)
+    records/run_id=<id>/_checksums.json     their SHA-256s and sizes, written as each file is committed
     runs/<id>/checkpoint.pt           while a run trains (flctl.cell: the checkpoint format)
     runs/<id>/model.pt                the trained weights
     runs/<id>/extras.npz              what the task's figures need

@@ -2,12 +2,22 @@
 
 Each eval epoch of a run is one file ``run_id=<id>/epoch=<e>.parquet`` holding both splits. A file is written
 to a temporary name and renamed into place, so readers never see half a file, and a resumed run that redoes
-an epoch replaces that epoch's file instead of appending duplicate rows.
+an epoch replaces that epoch's file instead of appending duplicate rows. Each file's SHA-256 and size go into the
+run's checksums, ``run_id=<id>/_checksums.json`` (also written whole or not at all), once the file is in place.
+
+Every read of record files goes through here, and is checked: a file of another schema (``SCHEMA``: names and
+types) is refused in one line that names it, never cast into numbers; a report first checks each run it reads
+against its checksums (``check_run``). A run written before flctl kept checksums has none: it is unverified, not
+failed, and stays readable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+import os
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +27,7 @@ import pyarrow.parquet as pq
 from flctl.errors import ConfigError
 from flctl.fs import atomic_path
 from flctl.layout import records_of
+from flctl.status import Status
 
 SCHEMA = pa.schema(
     [
@@ -34,11 +45,20 @@ SCHEMA = pa.schema(
     ]
 )
 
+# Columns added after the first release: a file written before them lacks them, and they read as null.
+LATER_COLUMNS = frozenset({"confidence", "pruned"})
+
 
 # As written: run_id dictionary-encoded, the type pyarrow gives the hive partition folder ``run_id=<id>``, so that
 # readers that merge the folder name with the column (pandas.read_parquet, pyarrow.parquet.read_table) agree
 # with the files. flctl reads with SCHEMA (plain strings), which also reads files written before this change.
 FILE_SCHEMA = SCHEMA.set(0, pa.field("run_id", pa.dictionary(pa.int32(), pa.string())))
+
+# A run's checksums, beside its epoch files. The leading underscore keeps it out of the dataset: pyarrow (and so
+# pandas) skip such names when they read the folder, and duckdb and polars read `*.parquet`.
+CHECKSUMS = "_checksums.json"
+CHECKSUMS_FORMAT = 1
+EPOCH_GLOB = "epoch=*.parquet"
 
 
 def split_table(
@@ -76,24 +96,245 @@ def split_table(
 
 
 def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table]) -> Path:
-    """Atomically write one eval epoch's records (all splits) for a run; returns the file path."""
+    """Atomically write one eval epoch's records (all splits) for a run, then its checksum into the run's
+    checksums (atomically too); returns the file path.
+
+    The checksums drop the epochs after this one (a run that redoes an epoch has removed its later files). A run
+    whose folder already holds files of earlier epochs but no checksums (it began before flctl kept them, and
+    resumed) gets none: one unlisted file would fail the check, so it stays unverified as a whole."""
     folder = records_of(root, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"epoch={epoch:05d}.parquet"
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.concat_tables(tables), sink)
+    data = sink.getvalue()
+    listed = _checksums_to_extend(folder, epoch)
     with atomic_path(final) as tmp:
-        pq.write_table(pa.concat_tables(tables), tmp)
+        with open(tmp, "wb") as f:
+            f.write(memoryview(data))
+    if listed is not None:
+        listed[final.name] = {"sha256": hashlib.sha256(memoryview(data)).hexdigest(), "bytes": data.size}
+        body = {"format": CHECKSUMS_FORMAT, "algorithm": "sha256", "files": dict(sorted(listed.items()))}
+        with atomic_path(folder / CHECKSUMS) as tmp:
+            tmp.write_text(json.dumps(body, indent=1) + "\n")
     return final
 
 
+def _checksums_to_extend(folder: Path, epoch: int) -> dict[str, dict] | None:
+    """The entries of the run's checksums that stay when ``epoch`` is written (those of earlier epochs); None when
+    the run keeps none (files of earlier epochs without checksums)."""
+    try:
+        listed = _load_checksums(folder)
+    except ValueError:
+        listed = {}         # damaged: start again; the files it vouched for now fail the check, as they should
+    if listed is None:
+        earlier = [p for p in folder.glob(EPOCH_GLOB) if (e := epoch_of(p)) is not None and e < epoch]
+        return None if earlier else {}
+    return {name: entry for name, entry in listed.items() if (e := epoch_of(Path(name))) is not None and e < epoch}
+
+
+def _load_checksums(folder: Path) -> dict[str, dict] | None:
+    """The run's checksums ({file name: {"sha256", "bytes"}}), None when it has none; ValueError (one phrase) when
+    the file is not checksums of flctl."""
+    path = folder / CHECKSUMS
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot be read ({exc})") from None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        raise ValueError("is not JSON") from None
+    files = body.get("files") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or body.get("format") != CHECKSUMS_FORMAT or body.get("algorithm") != "sha256" \
+            or not isinstance(files, dict):
+        raise ValueError(f"is not checksums of flctl (format {CHECKSUMS_FORMAT}, sha256)")
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int)
+                and epoch_of(Path(name)) is not None and "/" not in name):
+            raise ValueError(f"holds an entry that is not a record file's checksum ({name!r})")
+    return files
+
+
+# ---- the schema of one file ----
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """What makes ``schema`` another than a record file's (SCHEMA: its column names and types), or None. run_id
+    may be plain or dictionary-encoded strings (both were written); a later column (LATER_COLUMNS) may be absent."""
+    names = schema.names
+    missing = [f.name for f in SCHEMA if f.name not in names and f.name not in LATER_COLUMNS]
+    if missing:
+        lacks = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return f"columns {', '.join(names[:6]) + (', …' if len(names) > 6 else '') or 'none'}; no {lacks}"
+    unknown = [n for n in names if n not in SCHEMA.names]
+    if unknown:
+        return f"column{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} not among a record file's"
+    if len(set(names)) != len(names):
+        return "a column twice"
+    for f in SCHEMA:
+        if f.name not in names:
+            continue
+        kind = schema.field(f.name).type
+        same = kind.equals(f.type) or (f.name == "run_id" and pa.types.is_dictionary(kind)
+                                        and kind.value_type.equals(pa.string()))
+        if not same:
+            return f"column {f.name} holds {kind}, not {f.type}"
+    return None
+
+
+def file_problem(path: Path | str) -> str | None:
+    """None when ``path`` is a record file by its schema, else one line naming it and what it is."""
+    try:
+        schema = pq.read_schema(path)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except (pa.ArrowException, OSError) as exc:
+        return f"{path} is not a Parquet file ({_first_line(exc)})"
+    problem = schema_problem(schema)
+    return None if problem is None else f"{path} is not a record file of flctl ({problem})"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# ---- a run checked against its checksums ----
+
+# What a check finds of a run's records. A run whose records fail reads "failed", the word of a run's state that
+# failed (flctl.status spells it).
+OK, UNVERIFIED, FAILED = "ok", "unverified", Status.FAILED.value
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a run's records: ``text`` is one line naming the file. ``planted``: a file the run's
+    checksums do not list (something else put it there: moving it out repairs the run); otherwise the run's own
+    records are damaged or missing, and only training it again repairs them."""
+
+    path: Path
+    text: str
+    planted: bool = False
+
+
+@dataclass
+class RunCheck:
+    """A run's records checked: ``state`` is ok (every file listed, present and matching its checksum and the
+    schema), unverified (no checksums: written before flctl kept them; the files read are still schema-checked)
+    or failed (``problems``)."""
+
+    run_id: str
+    folder: Path
+    checksummed: bool
+    files: list[Path] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def state(self) -> str:
+        return FAILED if self.problems else OK if self.checksummed else UNVERIFIED
+
+
+def run_files(root: Path, run_id: str) -> list[Path]:
+    """A run's epoch files, oldest first (the last is its final records)."""
+    return sorted(records_of(root, run_id).glob(EPOCH_GLOB))
+
+
+def check_run(root: Path, run_id: str, deep: Collection[str] | None = None) -> RunCheck:
+    """Check a run's records folder: every file its checksums list is present with its size, none is unlisted,
+    and each file named in ``deep`` (file names; None: every file) has the records' schema and its recorded
+    SHA-256. The cheap part (names, sizes) covers every file; the reads cover ``deep``, what a report reads."""
+    folder = records_of(root, run_id)
+    files = run_files(root, run_id)
+    check = RunCheck(run_id, folder, checksummed=False, files=files)
+    try:
+        listed = _load_checksums(folder)
+    except ValueError as exc:
+        check.problems.append(Problem(folder / CHECKSUMS, f"{folder / CHECKSUMS} {exc}"))
+        listed = {}
+    check.checksummed = listed is not None
+    present = {p.name for p in files}
+    for name in sorted(set(listed or ()) - present):
+        check.problems.append(Problem(folder / name, f"{folder / name} is missing (its checksum is recorded)"))
+    for path in files:
+        read = deep is None or path.name in deep
+        wrong = _cached_problem(path) if read else None     # "<path> is not a record file of flctl (...)"
+        entry = None if listed is None else listed.get(path.name)
+        if listed is not None and entry is None:            # not the run's: what it is, when it was read
+            check.problems.append(Problem(path, wrong or f"{path} is not among the run's checksums (flctl did not "
+                                                         "write it there)", planted=True))
+            continue
+        mismatch = None if entry is None else _mismatch(path, entry, read)
+        if wrong is not None or mismatch is not None:
+            text = f"{wrong}, and does not match its checksum ({mismatch})" if wrong and mismatch else \
+                wrong or f"{path} does not match its checksum ({mismatch})"
+            check.problems.append(Problem(path, text))
+    return check
+
+
+def _mismatch(path: Path, entry: dict, read: bool) -> str | None:
+    """How ``path`` differs from its recorded checksum ``entry``: its size, else (when ``read``) its SHA-256."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return "it is gone"
+    if size != entry["bytes"]:
+        return f"{size:,} bytes, {entry['bytes']:,} recorded: truncated or overwritten"
+    if read and (digest := _cached_digest(path)) != entry["sha256"]:
+        return f"SHA-256 {digest[:12]}…, {entry['sha256'][:12]}… recorded"
+    return None
+
+
+# What this process found of a file as it is (path, size, times, inode): reports check a file and then read it, and
+# a report that shows several figures checks each file once.
+_FOUND: dict[tuple[str, int, int, int, int], dict[str, str | None]] = {}
+
+
+def _facts(path: Path) -> dict[str, str | None]:
+    st = os.stat(path)
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _FOUND and len(_FOUND) > 50_000:
+        _FOUND.clear()
+    return _FOUND.setdefault(key, {})
+
+
+def _cached_problem(path: Path) -> str | None:
+    try:
+        facts = _facts(path)
+    except OSError:
+        return file_problem(path)
+    if "problem" not in facts:
+        facts["problem"] = file_problem(path)
+    return facts["problem"]
+
+
+def _cached_digest(path: Path) -> str:
+    facts = _facts(path)
+    if facts.get("sha256") is None:
+        with open(path, "rb") as f:
+            facts["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+    digest = facts["sha256"]
+    assert digest is not None
+    return digest
+
+
+# ---- reading ----
+
 def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = None,
          epoch: int | None = None) -> pa.Table:
-    """Records of the given runs (all when None), optionally one split and one epoch."""
+    """Records of the given runs (all when None), optionally one split and one epoch. Each run is checked first
+    (``check_run``: its checksums, and the schema of each file): ConfigError naming the first problem."""
     root = Path(root)
-    files = None
-    if run_ids is not None:
-        files = [str(p) for r in run_ids for p in sorted(records_of(root, r).glob("epoch=*.parquet"))]
-        if not files:
-            return SCHEMA.empty_table()
+    if run_ids is None:
+        run_ids = sorted(p.name.split("=", 1)[1] for p in root.glob("run_id=*") if p.is_dir())
+    files: list[Path] = []
+    for run_id in run_ids:
+        check = check_run(root, run_id)
+        if check.problems:
+            raise ConfigError(refusal(check, f"train it again: {RETRAIN_BY_ID.format(run_id=run_id)}"))
+        files += check.files
+    if not files:
+        return SCHEMA.empty_table()
     # Here, not at the top: pyarrow.dataset imports pandas, and a run that only writes records need not.
     import pyarrow.dataset as ds
 
@@ -102,36 +343,59 @@ def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = N
         if val is not None:
             cond = ds.field(col) == val
             flt = cond if flt is None else flt & cond
-    return table(files if files is not None else root, filter=flt)
+    return table([str(p) for p in files], filter=flt)
 
 
-def table(source: Sequence[str] | Path, columns: Sequence[str] | None = None, filter=None) -> pa.Table:
-    """Record files (a list, or every one under a folder) read as one table, only ``columns`` and rows passing
-    ``filter``. A file there that is not a record file of ours (not Parquet, another schema: planted, or copied in
-    by mistake) is ConfigError naming it, not an Arrow traceback."""
+# How to train a run again, when only its id is at hand (flctl.report.data.retrain_command spells out the command
+# from its configuration).
+RETRAIN_BY_ID = "`flctl run` with its options and --rerun (`flctl show {run_id}` lists them)"
+
+
+def refusal(check: RunCheck, retrain: str) -> str:
+    """One line: the run whose records failed, its first problem and the fix (``retrain``: how to train it again,
+    for damaged or missing records; a planted file is moved out instead)."""
+    first = check.problems[0]
+    more = len(check.problems) - 1
+    return (f"run {check.run_id}: its records fail their check: {first.text}; {fix(check, retrain)}"
+            + (f" ({more} more problem{'s' if more > 1 else ''}: `flctl verify {check.run_id}` lists them)"
+               if more else ""))
+
+
+def fix(check: RunCheck, retrain: str) -> str:
+    """What repairs the first problem of a failed run: moving a planted file out, else training it again
+    (``retrain``); for a run without checksums, whose files cannot say whether they are its own, either."""
+    if check.problems[0].planted:
+        return "move it out of the records folder"
+    return retrain if check.checksummed else f"move it out of the records folder if it is not the run's, else {retrain}"
+
+
+def table(source: Sequence[str], columns: Sequence[str] | None = None, filter=None) -> pa.Table:
+    """Record files read as one table, only ``columns`` and rows passing ``filter``. Each file's schema is checked
+    first: a file that is not a record file of ours (not Parquet, another schema: planted, copied in by mistake, a
+    column of other types) is ConfigError naming it, never read with its values cast."""
     import pyarrow.dataset as ds
 
+    paths = [str(p) for p in source]
+    for path in paths:
+        problem = _cached_problem(Path(path))
+        if problem is not None:
+            raise ConfigError(f"{problem}; move it out of the records folder")
     try:
-        data = ds.dataset(source if isinstance(source, Path) else list(source), format="parquet", schema=SCHEMA,
-                          partitioning=None)
+        data = ds.dataset(paths, format="parquet", schema=SCHEMA, partitioning=None)
         return data.to_table(columns=list(columns) if columns else None, filter=filter)
     except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(unreadable(source, exc)) from None
+        raise ConfigError(f"per-sample records cannot be read: {_first_line(exc)}") from None
 
 
-def unreadable(source: Sequence[str] | Path, exc: BaseException) -> str:
-    """One line naming the first record file of ``source`` that does not hold records."""
-    paths = sorted(str(p) for p in source.rglob("*.parquet")) if isinstance(source, Path) else list(source)
-    for path in paths:
-        try:
-            schema = pq.read_schema(path)
-        except (pa.ArrowException, OSError) as err:
-            return f"{path} is not a Parquet file ({str(err).splitlines()[0]}); move it out of the records folder"
-        if any(f.name not in schema.names or not schema.field(f.name).type.equals(f.type)
-               for f in SCHEMA if f.name != "run_id"):     # run_id: plain string or dictionary, both ours
-            return (f"{path} is not a record file of flctl (columns {', '.join(schema.names)}); "
-                    "move it out of the records folder")
-    return f"per-sample records cannot be read: {str(exc).splitlines()[0]}"
+def read_file(path: Path | str, columns: Sequence[str] | None = None, filter=None) -> pa.Table:
+    """One record file (``table`` of one)."""
+    return table([str(path)], columns, filter)
+
+
+def epoch_of(path: Path) -> int | None:
+    """The epoch a record file's name says (``epoch=00005.parquet``: 5), None for another name."""
+    _, sep, number = path.stem.partition("=")
+    return int(number) if sep and path.stem.startswith("epoch=") and number.isdigit() else None
 
 
 def _epoch_of(path: Path) -> int:
@@ -139,10 +403,10 @@ def _epoch_of(path: Path) -> int:
 
 
 def final_epoch(root: Path, run_id: str) -> int | None:
-    files = sorted(records_of(root, run_id).glob("epoch=*.parquet"))
+    files = sorted(records_of(root, run_id).glob(EPOCH_GLOB))
     return _epoch_of(files[-1]) if files else None
 
 
 def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
     """A run's record files of epochs after ``epoch`` (what a run that restarts at ``epoch`` will redo)."""
-    return [p for p in sorted(records_of(root, run_id).glob("epoch=*.parquet")) if _epoch_of(p) > epoch]
+    return [p for p in sorted(records_of(root, run_id).glob(EPOCH_GLOB)) if _epoch_of(p) > epoch]

@@ -10,7 +10,7 @@ from flctl.cli import app
 from flctl.errors import ConfigError
 from flctl.knobs import check_checkpoint_every, check_count
 from flctl.launch import LaunchFlags, LaunchSettings, local_slots, slurm_workers
-from flctl.status import LEDGER_COLUMNS, ledger, settled
+from flctl.status import DIVERGED_ERROR, LEDGER_COLUMNS, failed_for_good, ledger, settled
 
 pytestmark = pytest.mark.notorch
 
@@ -27,7 +27,7 @@ def test_every_command_that_opens_the_database_declares_db_and_results_dir_alike
         for name in seen:
             if name in params:
                 seen[name].add((params[name].help, getattr(params[name], "rich_help_panel", None)))
-    assert commands == 10                         # run sweep cancel status sweeps runs show migrate report paper
+    assert commands == 11          # run sweep cancel status sweeps runs show migrate report paper verify
     assert all(len(found) == 1 for found in seen.values()), seen
 
 
@@ -105,8 +105,12 @@ class _Store:
         return self.rows
 
 
-def _row(method: str, status: str, stale: bool = False) -> dict:
-    return {"method": method, "status": status, "stale": stale}
+def _row(method: str, status: str, stale: bool = False, error: str | None = None) -> dict:
+    _row.made += 1    # type: ignore[attr-defined]
+    return {"id": f"run{_row.made}", "method": method, "status": status, "stale": stale, "error": error}  # type: ignore[attr-defined]
+
+
+_row.made = 0    # type: ignore[attr-defined]
 
 
 def test_the_ledger_counts_states_per_method_and_settles_when_no_cell_is_held_or_to_do() -> None:
@@ -120,3 +124,17 @@ def test_the_ledger_counts_states_per_method_and_settles_when_no_cell_is_held_or
         data = ledger(_Store([*finished, pending]), "s1")
         assert not settled(data), pending
     assert ledger(_Store([_row("fl", "running", stale=True)]), "s1")["total"]["stale"] == 1
+
+
+def test_the_ledger_counts_failed_and_diverged_cells_by_error() -> None:
+    """The error of a failed cell is its traceback's exception line, counted with what differs between occurrences
+    (numbers, ids, paths) set aside; a diverged cell counts as its own kind."""
+    trace = "Traceback (most recent call last):\n  File \"x.py\", line 3, in f\n    g()\nValueError: bad step {}\n"
+    rows = [_row("fl", "failed", error=trace.format(3)), _row("fl", "failed", error=trace.format(7)),
+            _row("erm", "failed", error="worker lost (heartbeat stale); gave up after 3 attempts"),
+            _row("erm", "diverged"), _row("erm", "completed")]
+    data = ledger(_Store(rows), "s1")
+    assert [(e["count"], e["message"], e["run"]) for e in data["errors"]] == [
+        (2, "ValueError: bad step 3", rows[0]["id"]), (1, DIVERGED_ERROR, rows[3]["id"]),
+        (1, "worker lost (heartbeat stale); gave up after 3 attempts", rows[2]["id"])]
+    assert [e["count"] for e in data["method_errors"]["fl"]] == [2] and failed_for_good(data) == 4

@@ -182,7 +182,7 @@ def test_records_are_ordered_complete_and_atomic(tmp_path: Path) -> None:
     cfg = config("digits", "fl", epochs=2, eval_every=1, batch_size=256)
     result = run(cfg, tmp_path)
     folder = records_of(tmp_path / "records", cfg.run_id)
-    assert sorted(p.name for p in folder.iterdir()) == ["epoch=00001.parquet", "epoch=00002.parquet"]
+    assert sorted(p.name for p in folder.iterdir()) == [records.CHECKSUMS, "epoch=00001.parquet", "epoch=00002.parquet"]
     table = records.read(tmp_path / "records", [cfg.run_id], epoch=2)
     assert table.schema.equals(records.SCHEMA)
     for split, n in (("train", 1347), ("test", 450)):

@@ -9,7 +9,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from flctl.cli import info, ledger, new_task, paper, report, run, runs, sweep
+from flctl.cli import info, ledger, new_task, paper, report, run, runs, sweep, verify
 from flctl.cli.common import print_error, tolerate_narrow_encodings
 from flctl.errors import ConfigError, StoreError
 
@@ -96,6 +96,7 @@ app.command(rich_help_panel="Catalogue")(info.tasks)
 app.command(rich_help_panel="Catalogue")(info.methods)
 app.command("new-task", rich_help_panel="Catalogue")(new_task.new_task)
 app.command(rich_help_panel="Maintain")(runs.migrate)
+app.command(rich_help_panel="Maintain")(verify.verify)
 
 
 # The signals that interrupted this command (SIGTERM turned into an interruption like Ctrl-C's): every command then

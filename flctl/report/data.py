@@ -1,17 +1,21 @@
-"""What reports read: finished runs from the database and their final per-sample records from Parquet."""
+"""What reports read: finished runs from the database and their final per-sample records from Parquet.
+
+Every read of records here checks the runs it reads first (flctl.records.check_run: the run's checksums, and the
+schema and SHA-256 of each file it reads) and refuses a run that fails, in one line that names the run, the file
+and how to train the run again. A run written before flctl kept checksums is unverified and read as it is.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from flctl import records
 from flctl.errors import ConfigError
-from flctl.layout import records_of
 from flctl.status import REPORTABLE, Status
 from flctl.text import shown
 
@@ -19,6 +23,10 @@ if TYPE_CHECKING:
     import numpy as np
 
     from flctl.db import RunRecord
+
+# A run as the readers take it: its record from the database (a refusal then spells out the command that trains it
+# again) or its id.
+RunRef = Union["RunRecord", str]
 
 
 def select_runs(store, *, sweep: str | None = None, task: str | None = None,
@@ -42,33 +50,85 @@ def select_runs(store, *, sweep: str | None = None, task: str | None = None,
     return runs
 
 
-def final_files(records_root: Path, run_ids: Sequence[str]) -> dict[str, Path]:
-    """Each run's last eval-epoch file (the final records); ConfigError when a run has none."""
-    out: dict[str, Path] = {}
-    for run_id in run_ids:
-        files = sorted(records_of(records_root, run_id).glob("epoch=*.parquet"))
+def _id(run: RunRef) -> str:
+    return run if isinstance(run, str) else run.id
+
+
+def retrain_command(run: RunRef) -> str:
+    """How to train ``run`` again from scratch, as the fix a refusal names: `flctl run TASK --method M ... --rerun`
+    with the options that set it apart from the task's defaults (checked to resolve to the same run id), else, from
+    an id alone or a configuration that does not resolve here, where to find its options."""
+    if isinstance(run, str):
+        return records.RETRAIN_BY_ID.format(run_id=run)
+    import shlex
+
+    from flctl.config import FIELDS, resolve
+    from flctl.tasks import get_task
+
+    stored = dict(run.config)
+    try:
+        task = get_task(run.task)
+        # where it ran: the task's defaults may depend on the device (fashion-mnist's model)
+        place = {k: stored[k] for k in ("device", "data_dir") if stored.get(k) not in (None, FIELDS[k].default)}
+        base = resolve(task, run.method, place).to_dict()
+        given = {name: stored.get(name) for name, f in FIELDS.items()
+                 if name != "method" and stored.get(name) is not None and stored.get(name) != base.get(name)}
+        given |= place
+        options = {k: v for k, v in (stored.get("options") or {}).items() if base["options"].get(k) != v}
+        if resolve(task, run.method, {**given, "options": options}).run_id != run.id:
+            return records.RETRAIN_BY_ID.format(run_id=run.id)
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return records.RETRAIN_BY_ID.format(run_id=run.id)
+    words = ["flctl", "run", run.task, "--method", run.method]
+    for name, value in given.items():
+        words += [FIELDS[name].flag, repr(value) if isinstance(value, float) else str(value)]
+    for key, value in sorted(options.items()):
+        words += ["-o", f"{key}={repr(value) if isinstance(value, float) else value}"]
+    return "`" + shlex.join([*words, "--rerun"]) + "`"
+
+
+def checked(records_root: Path, runs: Sequence[RunRef], *, final: bool = True) -> dict[str, list[Path]]:
+    """{run id: the record files a report reads (its last eval epoch's when ``final``, else every epoch's)}, each
+    run checked first (flctl.records.check_run over those files); ConfigError, one line, for a run that has no
+    records or fails the check."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(run: RunRef) -> records.RunCheck:
+        files = records.run_files(records_root, _id(run))
         if not files:
-            raise ConfigError(f"run {run_id} has no per-sample records under {records_root}; "
+            raise ConfigError(f"run {_id(run)} has no per-sample records under {records_root}; "
                               "was the results directory moved? (pass --results-dir)")
-        out[run_id] = files[-1]
-    return out
+        return records.check_run(records_root, _id(run), deep=[files[-1].name] if final else None)
+
+    # Hashing reads whole files and releases the GIL: a few threads keep a disk or a page cache busy.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        checks = list(pool.map(one, runs))
+    for run, check in zip(runs, checks):
+        if check.problems:
+            raise ConfigError(records.refusal(check, f"train it again: {retrain_command(run)}"))
+    return {c.run_id: (c.files[-1:] if final else c.files) for c in checks}
 
 
-def final_records(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None,
+def final_files(records_root: Path, runs: Sequence[RunRef]) -> dict[str, Path]:
+    """Each run's last eval-epoch file (the final records), checked; ConfigError when a run has none or fails."""
+    return {run_id: files[-1] for run_id, files in checked(records_root, runs).items()}
+
+
+def final_records(records_root: Path, runs: Sequence[RunRef], columns: Sequence[str] | None = None,
                   split: str | None = None) -> pa.Table:
     """The final per-sample records of the runs, reading only the needed files, columns and split."""
-    files = final_files(records_root, run_ids)
+    files = final_files(records_root, runs)
     return records.table([str(p) for p in files.values()], columns,
                          filter=(ds.field("split") == split) if split else None)
 
 
-def all_epochs(records_root: Path, run_ids: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
+def all_epochs(records_root: Path, runs: Sequence[RunRef], columns: Sequence[str] | None = None) -> pa.Table:
     """Every eval epoch of the runs (for dynamics plots), reading only their folders."""
-    files = [str(p) for r in run_ids for p in sorted(records_of(records_root, r).glob("epoch=*.parquet"))]
-    return records.table(files, columns, filter=ds.field("run_id").isin(list(run_ids)))
+    files = [str(p) for found in checked(records_root, runs, final=False).values() for p in found]
+    return records.table(files, columns, filter=ds.field("run_id").isin([_id(r) for r in runs]))
 
 
-def final_losses(records_root: Path, run_ids: Sequence[str], splits: Sequence[str] = ("train", "test"),
+def final_losses(records_root: Path, runs: Sequence[RunRef], splits: Sequence[str] = ("train", "test"),
                  threads: int = 4) -> dict[tuple[str, str], np.ndarray]:
     """{(run_id, split): final per-sample losses (finite, float64)} with one small two-column read per run.
 
@@ -77,17 +137,13 @@ def final_losses(records_root: Path, run_ids: Sequence[str], splits: Sequence[st
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
-    import pyarrow.parquet as pq
 
-    files = final_files(records_root, run_ids)
+    files = final_files(records_root, runs)
     out: dict[tuple[str, str], np.ndarray] = {}
 
     def one(item) -> None:
         run_id, path = item
-        try:
-            t = pq.read_table(path, columns=["split", "loss"], filters=[("split", "in", list(splits))])
-        except (OSError, pa.ArrowException) as exc:
-            raise ConfigError(records.unreadable([str(path)], exc)) from None
+        t = records.read_file(path, ["split", "loss"], filter=ds.field("split").isin(list(splits)))
         split_col = t["split"].to_numpy(zero_copy_only=False)
         loss = t["loss"].to_numpy()
         for sp in splits:

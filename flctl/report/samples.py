@@ -59,7 +59,7 @@ def violators(runs: list[RunRecord], records_root: Path, *, split: str = "train"
         level = eps if eps is not None else key.eps
         if level is None:   # ERM has no ε
             continue
-        t = final_records(records_root, [r.id for r in group], ["run_id", "sample_id", "loss"], split=split)
+        t = final_records(records_root, group, ["run_id", "sample_id", "loss"], split=split)
         t = t.append_column("violates", pc.greater(t["loss"], level))
         agg = t.group_by("sample_id").aggregate([("violates", "sum"), ("loss", "mean"), ("loss", "max")])
         agg = agg.filter(pc.greater_equal(agg["violates_sum"], min_seeds))
@@ -99,7 +99,7 @@ def diff(runs: list[RunRecord], records_root: Path, methods: tuple[str, str], *,
         sides.append(mine)
 
     def seed_mean(group: list[RunRecord]) -> pa.Table:
-        t = final_records(records_root, [r.id for r in group], ["sample_id", "loss"], split=split)
+        t = final_records(records_root, group, ["sample_id", "loss"], split=split)
         return t.group_by("sample_id").aggregate([("loss", "mean")]).sort_by("sample_id")
 
     a_name, b_name = methods

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 def _final_losses(records_root: Path, runs: Sequence[RunRecord], split: str | None) -> dict[tuple[str, str], np.ndarray]:
     """{(run_id, split): final per-sample losses}."""
-    return final_losses(records_root, [r.id for r in runs], [split] if split else list(SPLITS))
+    return final_losses(records_root, runs, [split] if split else list(SPLITS))
 
 
 def _cvar_curve(losses: np.ndarray, qs: np.ndarray) -> np.ndarray:

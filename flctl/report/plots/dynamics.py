@@ -36,7 +36,7 @@ def _dynamics(runs: list[RunRecord], records_root: Path, split: str | None) -> F
     task = _one_task(runs, "dynamics")
     done, note = _completed(runs, "dynamics")
     split = split or "train"
-    table = all_epochs(records_root, [r.id for r in done],
+    table = all_epochs(records_root, done,
                        ["run_id", "split", "epoch", "sample_id", "loss", "multiplier"])
     stats = (table.filter(pc.equal(table["split"], split))
              .group_by(["run_id", "epoch"])

@@ -32,7 +32,7 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
                           "e.g. `flctl sweep two-moons -m fl,rfl`; select them with --task two-moons")
     extras = {r.id: e for r, e in with_grid}
     chosen = _one_seed_per_group([r for r, _ in with_grid], limit=4)
-    table = final_records(records_root, [r.id for r in chosen], ["run_id", "sample_id", "multiplier"],
+    table = final_records(records_root, chosen, ["run_id", "sample_id", "multiplier"],
                           split="train")
 
     cols = 1 if len(chosen) == 1 else 2   # two-moons panels are wide: 1, 2 or a 2x2 grid

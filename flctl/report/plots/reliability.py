@@ -24,7 +24,7 @@ def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -
     task = _one_task(runs, "reliability")
     done, note = _completed(runs, "reliability")
     split = split or "test"
-    table = final_records(records_root, [r.id for r in done], ["run_id", "confidence", "correct"], split=split)
+    table = final_records(records_root, done, ["run_id", "confidence", "correct"], split=split)
     if table.num_rows == 0 or table["confidence"].null_count == table.num_rows:
         raise ConfigError(f"reliability diagrams need a classifier's confidences; the {task} runs have none "
                           "(regression or preference task)")

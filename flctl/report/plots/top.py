@@ -25,7 +25,7 @@ def _top_multipliers(runs: list[RunRecord], records_root: Path, k: int) -> Figur
     if run is None:
         raise ConfigError("the top-multipliers plot needs a completed fl or rfl run; select one with --task or "
                           "--sweep (e.g. `flctl run digits -m fl`)")
-    table = final_records(records_root, [run.id], ["sample_id", "loss", "multiplier", "prediction", "target"],
+    table = final_records(records_root, [run], ["sample_id", "loss", "multiplier", "prediction", "target"],
                           split="train")
     lam = table["multiplier"].to_numpy(zero_copy_only=False).astype(np.float64)
     if np.isnan(lam).all():

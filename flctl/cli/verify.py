@@ -1,0 +1,165 @@
+"""`flctl verify [RUN|SWEEP]`: check runs' per-sample records against their checksums and flctl's record schema."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from flctl.cli.common import (
+    DbOption,
+    ResultsDirOption,
+    complete_run,
+    console,
+    existing_store,
+    fail,
+    results_root,
+    safe,
+)
+from flctl.cli.info import JSON_OPT
+from flctl.errors import ConfigError
+from flctl.status import Status
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from flctl.db import RunRecord
+    from flctl.records import RunCheck
+
+# Some run's records failed the check. (2 stays bad input: an unknown run or sweep, no database.)
+VERIFY_FAILED_EXIT = 1
+# A run a worker holds or will take up again: its files are being written (an epoch file lands before its checksum),
+# so it is not checked until it is finished.
+IN_PROGRESS = "in progress"
+UNVERIFIED_MEANS = "no checksums: written before flctl kept them; their schema was checked"
+
+
+def verify(
+    ref: Annotated[Optional[str], typer.Argument(metavar="RUN|SWEEP", help="A run (id or unique prefix) or a sweep "
+                                                 "(id, prefix or name) [default: every run in the results folder].",
+                                                 autocompletion=complete_run)] = None,
+    as_json: JSON_OPT = False,
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
+) -> None:
+    """Check runs' per-sample records against their checksums and the records' schema.
+
+    Each file is checked against the checksum recorded when it was written, and against the schema. A run is ok, unverified (trained before flctl recorded checksums: not a failure) or failed,
+    with the file and why (a checksum mismatch, a missing or unlisted file, another schema). Runs still training
+    are not checked. Exit 0 when no run failed, 1 when one did."""
+    from flctl.layout import Layout
+    from flctl.records import FAILED
+
+    root = results_root(results_dir)
+    store = existing_store(db, root)
+    records_root = Layout(root).records
+    runs, orphans = _select(store, ref, records_root)
+    rows = _check(runs, orphans, records_root)
+    counts = {s: sum(r["records"] == s for r in rows) for s in _states()}
+    if as_json:
+        print(json.dumps({"results": str(root), "runs": rows, "summary": counts}, indent=2))
+    else:
+        _print(rows, counts, root)
+    if counts[FAILED]:
+        raise typer.Exit(VERIFY_FAILED_EXIT)
+
+
+def _states() -> tuple[str, ...]:
+    """What a run's records are found to be, in the order the summary counts them."""
+    from flctl.records import FAILED, OK, UNVERIFIED
+
+    return OK, UNVERIFIED, FAILED, IN_PROGRESS
+
+
+def _select(store, ref: str | None, records_root: Path) -> tuple[list[RunRecord], list[str]]:
+    """The runs to check: ``ref`` as a run or a sweep, else every run in the database; and, without ``ref``, the
+    run folders under the records that the database does not know."""
+    if ref is None:
+        runs = store.list_runs()
+        known = {r.id for r in runs}
+        folders = sorted(p.name.split("=", 1)[1] for p in records_root.glob("run_id=*") if p.is_dir())
+        return runs, [f for f in folders if f not in known]
+    run: RunRecord | None = None
+    refused: ConfigError | None = None
+    try:
+        run = store.get_run(ref)
+    except ConfigError as exc:      # not an id prefix (a sweep's name), or one several runs share
+        refused = exc
+    try:
+        sweep = store.get_sweep(ref)
+    except ConfigError as exc:
+        fail(str(exc))
+    if run is not None and sweep is not None:
+        fail(f"{ref!r} names run {run.id} and sweep {sweep['id']}; give more of the id you mean")
+    if run is not None:
+        return [run], []
+    if sweep is not None:
+        ids = {r["id"] for r in store.sweep_runs(sweep["id"])}
+        return [r for r in store.list_runs() if r.id in ids], []
+    if refused is not None and all(c in "0123456789abcdef" for c in ref.lower()):
+        fail(str(refused))
+    from flctl.text import shown
+
+    fail(f"no run or sweep {shown(ref)} in the database; list them with `flctl runs` or `flctl sweeps`")
+
+
+def _check(runs: list[RunRecord], orphans: list[str], records_root: Path) -> list[dict[str, Any]]:
+    """One row per run that has records, or should have (a completed run), in the order given; orphans last."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flctl import records
+    from flctl.layout import records_of
+    from flctl.report.data import retrain_command
+
+    def one(item: RunRecord | str) -> dict[str, Any] | None:
+        run_id = item if isinstance(item, str) else item.id
+        folder = records_of(records_root, run_id)
+        row: dict[str, Any] = {"run": run_id, "task": None, "method": None, "status": None, "records": None,
+                               "files": 0, "problems": [], "fix": None}
+        if not isinstance(item, str):
+            row |= {"task": item.task, "method": item.method, "status": item.status}
+        if not folder.is_dir():
+            if isinstance(item, str) or item.status != Status.COMPLETED:
+                return None                         # nothing written, nothing to check
+            row |= {"records": records.FAILED, "problems": [{"path": str(folder), "problem": f"{folder} is missing (a "
+                                                       "completed run has records)", "planted": False}],
+                    "fix": f"train it again: {retrain_command(item)}"}
+            return row
+        if not isinstance(item, str) and item.status in (Status.QUEUED, Status.RUNNING, Status.INTERRUPTED):
+            return row | {"records": IN_PROGRESS, "files": len(records.run_files(records_root, run_id))}
+        check: RunCheck = records.check_run(records_root, run_id)
+        row |= {"records": check.state, "files": len(check.files),
+                "problems": [{"path": str(p.path), "problem": p.text, "planted": p.planted} for p in check.problems]}
+        if check.problems:
+            row["fix"] = records.fix(check, f"train it again: {retrain_command(item)}")
+        return row
+
+    with ThreadPoolExecutor(max_workers=4) as pool:     # hashing reads whole files and releases the GIL
+        found = list(pool.map(one, [*runs, *orphans]))
+    return [r for r in found if r is not None]
+
+
+def _print(rows: list[dict[str, Any]], counts: dict[str, int], root: Path) -> None:
+    from rich.table import Table
+
+    from flctl.records import FAILED, OK, UNVERIFIED
+
+    if not rows:
+        console.print(f"no run in {safe(root)} has records to check")
+        return
+    table = Table("run", "task", "method", "status", "records", "files", "problem")
+    for r in rows:
+        style = {OK: "green", UNVERIFIED: "yellow", FAILED: "red"}.get(r["records"], "dim")
+        first = r["problems"][0]["problem"] if r["problems"] else ""
+        more = len(r["problems"]) - 1
+        table.add_row(safe(r["run"]), safe(r["task"] or "-"), safe(r["method"] or "-"),
+                      safe(r["status"] or "not in the database"), f"[{style}]{r['records']}[/]", str(r["files"]),
+                      safe(first) + (f" (+{more} more: --json lists them)" if more > 0 else ""))
+    console.print(table)
+    for r in rows:
+        if r["fix"]:
+            console.print(f"run {safe(r['run'])}: {safe(r['fix'])}", highlight=False, soft_wrap=True)
+    said = [f"{counts[s]} {s}" + (f" ({UNVERIFIED_MEANS})" if s == UNVERIFIED else "") for s in _states() if counts[s]]
+    console.print(f"{len(rows)} run{'s' if len(rows) != 1 else ''}: " + ", ".join(said)
+                  + ("" if counts[FAILED] else f"; nothing {FAILED}"), highlight=False, soft_wrap=True)
