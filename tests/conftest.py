@@ -75,6 +75,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
+def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plugins loaded in this process (api.use_tasks, FLCTL_TASKS read in process) stay in this test."""
+    from flctl import plugins, tasks
+
+    monkeypatch.setattr(plugins, "_extra", [])
+    monkeypatch.setattr(plugins, "_modules", {})
+    monkeypatch.setattr(plugins, "_problems", {})
+    monkeypatch.setattr(tasks, "_SOURCES", {})
+    monkeypatch.setattr(tasks, "_PLUGIN_TASKS", {})
+    monkeypatch.delenv(plugins.ENV, raising=False)
+
+
+@pytest.fixture
 def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as on a machine without CUDA, whatever the machine has, for the tests that check `--device cuda`
     is refused there (on a GPU the command trains instead). flctl asks torch (flctl.config.resolve_device,

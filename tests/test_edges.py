@@ -23,17 +23,6 @@ from tests.helpers import files_under, in_process
 from tests.test_plugins import task_source
 
 
-@pytest.fixture
-def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plugins loaded in this process (api.use_tasks, FLCTL_TASKS read in process) stay in this test."""
-    monkeypatch.setattr(plugins, "_extra", [])
-    monkeypatch.setattr(plugins, "_modules", {})
-    monkeypatch.setattr(plugins, "_problems", {})
-    monkeypatch.setattr(tasks, "_SOURCES", {})
-    monkeypatch.setattr(tasks, "_PLUGIN_TASKS", {})
-    monkeypatch.delenv(plugins.ENV, raising=False)
-
-
 def one_error(out, code: int = 2) -> str:
     """The one `error:` line of a refused command (no traceback)."""
     lines = out.stderr.strip().splitlines()

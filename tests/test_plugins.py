@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flctl import api, plugins, tasks
+from flctl import api, plugins
 from flctl.db import Store
 from flctl.errors import ConfigError
 from tests import warm
@@ -106,17 +106,6 @@ def flctl(*args: str, env: dict[str, str] | None = None, code: int = 0, cwd: Pat
                    env={**os.environ, "COLUMNS": "250", **(env or {})})
     assert out.returncode == code, out.stdout + out.stderr
     return out
-
-
-@pytest.fixture
-def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plugins added in this process (api.use_tasks) stay in this test."""
-    monkeypatch.setattr(plugins, "_extra", [])
-    monkeypatch.setattr(plugins, "_modules", {})
-    monkeypatch.setattr(plugins, "_problems", {})
-    monkeypatch.setattr(tasks, "_SOURCES", {})
-    monkeypatch.setattr(tasks, "_PLUGIN_TASKS", {})
-    monkeypatch.delenv(plugins.ENV, raising=False)
 
 
 def test_an_installed_package_lists_runs_sweeps_and_reports(site: Path, results: Path) -> None:
