@@ -38,14 +38,29 @@ def provenance(cfg: RunConfig) -> dict[str, Any]:
             "libraries": library_versions(), "data": describe_data(cfg)}
 
 
-def ground_moved(store: Store, root: Path) -> str | None:
-    """Why this process must stop writing: its database file or its results folder was deleted or replaced since
-    it opened them (None: both are there)."""
+def ground_moved(store: Store, root: Path | None) -> str | None:
+    """Why this process must stop writing: its database file was deleted or replaced since it opened it, or its
+    results folder ``root`` (None: none to watch) is gone. None: both are there."""
     from flctl.db.store import moved
 
     if (why := moved(store)) is not None:
         return why
-    return None if root.is_dir() else f"the results folder {root} was deleted"
+    return None if root is None or root.is_dir() else f"the results folder {root} was deleted"
+
+
+def device_works() -> bool:
+    """Whether this process's CUDA context still runs a kernel (False where CUDA was never used: then an error's
+    text is all there is to go by). Some errors that name CUDA leave the context usable (a cuBLAS handle that could
+    not be made for lack of memory, an invalid argument): those are a cell's own failure."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add_(1).item() == 2.0
+    except Exception:
+        return False
 
 
 class _Heartbeat(threading.Thread):
@@ -230,7 +245,8 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
                           time.perf_counter() - started)
         raise
     except BaseException as exc:   # fenced: a cell another worker took over stays theirs
-        retry = max_attempts if is_fatal_device_error(exc) else None
+        # the device died under the cells (another process may not meet it): queued again, the attempt counted
+        retry = max_attempts if is_fatal_device_error(exc) and not device_works() else None
         for run_id in ids:
             queue.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started,
                            epochs_done=beat.epochs_done.get(run_id), retry_below=retry)

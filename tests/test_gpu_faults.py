@@ -317,11 +317,13 @@ def test_a_fatal_device_error_under_the_debug_executor_does_not_end_the_command(
     poison.touch()
     results = tmp_path / "results"
     out = warm.run([sys.executable, "-m", "flctl", "sweep", "poisoned-moons", "-m", "fl", "--seeds", "3",
-                    "--epochs", "5", "--batch-runs", "1", "--executor", "debug", "--results-dir", str(results)],
-                   capture_output=True, text=True, timeout=300,
+                    "--epochs", "5", "--batch-runs", "1", "--executor", "debug", "--wait", "--results-dir",
+                    str(results)], capture_output=True, text=True, timeout=300,
                    env={**os.environ, "FLCTL_TASKS": str(task_file), "POISON": str(poison)})
-    assert out.returncode == 0, out.stdout + out.stderr
     assert "fatal device error" in out.stderr and "no worker was started in its place" in out.stderr, out.stderr
+    # the wait does not wait for ever on cells no worker is left to take: one line, exit 1
+    assert out.returncode == 1 and out.stderr.splitlines()[-1].startswith("error: no worker is left for sweep "), \
+        out.stdout + out.stderr
     runs = Store.open(f"sqlite:///{results / 'flctl.db'}").list_runs()
     assert sorted((r.status, r.attempts) for r in runs) == [("queued", 0), ("queued", 0), ("queued", 1)]
     assert "device-side assert" in next(r.error for r in runs if r.attempts == 1)
@@ -333,3 +335,32 @@ def _alive(pid: int | None) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tmp_path: Path, monkeypatch,
+                                                                              clean_plugins) -> None:
+    """An error that names CUDA but leaves the device working (a probe's kernel runs) is the cell's own failure,
+    not retried; one whose device fails the probe queues the cell again, its attempt counted."""
+    import flctl.runner
+    from flctl import api
+    from flctl.db import RunQueue, Store
+    from flctl.layout import Layout
+    from flctl.runner import train_claimed
+
+    task_file = tmp_path / "poisoned_moons.py"
+    task_file.write_text(POISONED_TASK)
+    api.use_tasks(task_file)
+    root = tmp_path / "results"
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    for works, status in ((True, "failed"), (False, "queued")):
+        (tmp_path / "poison").touch()
+        monkeypatch.setenv("POISON", str(tmp_path / "poison"))
+        monkeypatch.setattr(flctl.runner, "device_works", lambda works=works: works)
+        cfg = api.config("poisoned-moons", "fl", epochs=2, seed=int(works))
+        store.add_runs([cfg])
+        token = RunQueue(store).claim_run(cfg.run_id)
+        assert token is not None
+        with pytest.raises(RuntimeError, match="device-side assert"):
+            train_claimed([cfg], {cfg.run_id: token}, store, Layout(root), max_attempts=3)
+        run = store.get_run(cfg.run_id)
+        assert run is not None and (run.status, run.attempts) == (status, 1), works

@@ -164,3 +164,19 @@ def _running(results: Path) -> int:
         return sum(r.status == "running" for r in store.list_runs())
     finally:
         store.close()
+
+
+def test_a_watch_with_the_database_named_elsewhere_needs_no_results_folder_here(tmp_path: Path) -> None:
+    """`status --watch --db URL` from a folder with no results/ of its own: only the database is watched (the
+    ground check must not take the missing ./results for a deleted one)."""
+    results = tmp_path / "results"
+    done = subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "1", "--epochs", "3",
+                           "--executor", "debug", "--results-dir", str(results)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("FLCTL_RESULTS", "FLCTL_DB")}
+    out = subprocess.run([*FLCTL, "status", "--watch", "--db", f"sqlite:///{results / 'flctl.db'}"], cwd=elsewhere,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and "completed 1" in out.stdout, out.stdout + out.stderr

@@ -113,8 +113,9 @@ def _interrupt(signum: int, _frame) -> None:
 def main() -> None:
     from flctl.versions import torch_pair_problem
 
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:     # `flctl sweep ... &` from a script ignores SIGINT
+            signal.signal(signum, _interrupt)
     tolerate_narrow_encodings()
     problem = torch_pair_problem()   # before any command imports torchvision: one line, not its 40-line traceback
     if problem is not None:

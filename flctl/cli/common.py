@@ -91,7 +91,8 @@ class LogLines:
 
         def beat() -> None:
             while not done.wait(min(1.0, self.every_s)):
-                self.tick(state())
+                if self.clock() - self.last >= self.every_s:    # state() may query a database: only when due
+                    self.tick(state())
 
         thread = threading.Thread(target=beat, daemon=True, name="log-lines")
         thread.start()

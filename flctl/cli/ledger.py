@@ -93,19 +93,38 @@ def ledger_lines(url: str, sid: str) -> Iterator[None]:
         yield
 
 
-def _no_worker_left(root: Path, sid: str, data: dict) -> bool:
-    """Whether the sweep being waited for has cells to do that no worker will take: none running, some handed back
-    (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker or pending job left; a wait
-    would otherwise go on for ever."""
-    from flctl.launch import live_controllers, live_workers, submitted_jobs
-    from flctl.launch.slurm import any_active
+# A wait ends when no worker is left to take the cells still to do, once that has held this long: a worker that is
+# starting (a new interpreter) registers within a second or two.
+NO_WORKER_GRACE_S = 5.0
 
-    if data["total"][Status.RUNNING] or not (data["total"]["stale"] or data["total"][Status.INTERRUPTED]):
+
+def _no_worker_left(root: Path, sid: str, data: dict) -> bool:
+    """Whether the sweep being waited for has cells to do that no worker will take: none running, some queued,
+    handed back (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker, job controller or
+    Slurm job left. A sweep with Slurm jobs is never judged so: squeue may not answer, and a job may pend for hours."""
+    from flctl.launch import live_controllers, live_workers, submitted_jobs
+
+    total = data["total"]
+    if total[Status.RUNNING] or not (total["stale"] or total[Status.INTERRUPTED] or total[Status.QUEUED]):
         return False
-    if live_workers(root, sid) or live_controllers(root, sid):
+    if any(j["executor"] == "slurm" for j in submitted_jobs(root, sid)):
         return False
-    slurm = sorted({j["job_id"].split("_")[0] for j in submitted_jobs(root, sid) if j["executor"] == "slurm"})
-    return not (slurm and any_active(slurm))        # a job still pending in Slurm's queue will take them
+    return not (live_workers(root, sid) or live_controllers(root, sid))
+
+
+def _end_without_workers(store, sid: str, data: dict) -> None:
+    """The line, and the exit, of a wait that no worker is left to serve."""
+    back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))
+    errors = [r["error"] or "" for r in store.sweep_runs(sid) if r["status"] == Status.INTERRUPTED]
+    if any(e.startswith(DISK_FILLED) for e in errors):
+        fail(f"the disk filled up under sweep {sid}: its workers stopped, {back} cell(s) handed back; free some "
+             "space, then `flctl sweep` with the same axes resumes them from their checkpoints", code=1)
+    if back:
+        console.print(f"[yellow]stopped[/]: sweep {safe(sid)}'s workers were stopped (`flctl cancel`, a signal); "
+                      f"{back} cell(s) handed back, `flctl sweep` with the same axes resumes it", highlight=False)
+        raise typer.Exit(130)
+    fail(f"no worker is left for sweep {sid} ({stale + queued + back} cell(s) to do: their workers stopped or are "
+         "gone, see its logs under results/jobs/); `flctl sweep` with the same axes starts workers again", code=1)
 
 
 def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path | None = None) -> dict:
@@ -118,24 +137,19 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path |
     from flctl.study import poll_delays
 
     root = results_root(None) if root is None else root      # where the store's command found it
+    folder = root if root.is_dir() else None     # a --db elsewhere, its results folder not here: the database alone
+    idle_since: list[float] = []
 
     def poll() -> dict:
-        if (moved := ground_moved(store, root)) is not None:     # a query now would make an empty database
+        if (moved := ground_moved(store, folder)) is not None:     # a query now would make an empty database
             fail(f"{moved} while sweep {sid} ran: its workers stop and write no more", code=1)
         data = ledger(store, sid)
-        if until_done and not settled(data) and _no_worker_left(root, sid, data):
-            back, stale = data["total"][Status.INTERRUPTED], data["total"]["stale"]
-            errors = [r["error"] or "" for r in store.sweep_runs(sid) if r["status"] == Status.INTERRUPTED]
-            if any(e.startswith(DISK_FILLED) for e in errors):
-                fail(f"the disk filled up under sweep {sid}: its workers stopped, {back} cell(s) handed back; free "
-                     "some space, then `flctl sweep` with the same axes resumes them from their checkpoints", code=1)
-            if not back:
-                fail(f"sweep {sid}'s workers are gone ({stale} cell(s) left running by them); `flctl sweep` with the "
-                     "same axes takes them up again", code=1)
-            console.print(f"[yellow]stopped[/]: sweep {safe(sid)}'s workers were stopped (`flctl cancel`, a "
-                          f"signal); {back} cell(s) handed back, `flctl sweep` with the same axes resumes it",
-                          highlight=False)
-            raise typer.Exit(130)
+        if not (until_done and not settled(data) and _no_worker_left(root, sid, data)):
+            idle_since.clear()
+        elif not idle_since:
+            idle_since.append(time.monotonic())
+        elif time.monotonic() - idle_since[0] >= NO_WORKER_GRACE_S:
+            _end_without_workers(store, sid, data)
         return data
 
     data, delays = poll(), poll_delays(interval)     # a sweep of short cells returns when it is done

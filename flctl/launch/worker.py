@@ -34,7 +34,7 @@ from flctl.launch.jobs import registered
 from flctl.launch.settings import LaunchSettings, Slot, SlurmOptions
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
-from flctl.runner import database_full, git_revision, ground_moved, stop_on_signals, train_claimed
+from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
 from flctl.study import poll_delays, sync_sweep
 
 _LINGER_POLL_S = 0.2
@@ -126,7 +126,7 @@ class Worker(submitit.helpers.Checkpointable):
                         break
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
-                        if is_fatal_device_error(exc) and not _device_works():   # ... unless the device is gone
+                        if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
                             self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
                             self.failed_cells = list(self.current)
                             break
@@ -245,21 +245,6 @@ class Worker(submitit.helpers.Checkpointable):
                    max_attempts=self.max_attempts, stale_after=self.stale_after,
                    checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
                    sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins, slurm=self.slurm), slot)
-
-
-def _device_works() -> bool:
-    """Whether this process's CUDA context still runs a kernel (False where CUDA was never used: then the error's
-    text is all there is to go by). Some errors that name CUDA leave the context usable (a cuBLAS handle that could
-    not be made for lack of memory): those fail their cells like any other error, and the worker goes on."""
-    import torch
-
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return False
-    try:
-        torch.cuda.synchronize()
-        return torch.ones(1, device="cuda").add_(1).item() == 2.0
-    except Exception:
-        return False
 
 
 def _first_line(exc: BaseException) -> str:
