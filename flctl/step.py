@@ -164,11 +164,6 @@ def _tensors_of(obj: object) -> list[Tensor]:
     return found
 
 
-def storages(tensors: Sequence[Tensor]) -> list[int]:
-    """Where each tensor's memory lives (its storage's address)."""
-    return [t.untyped_storage().data_ptr() for t in tensors]
-
-
 def layouts(tensors: Sequence[Tensor]) -> list[tuple]:
     """What a CUDA graph baked in of each tensor it reads: its address (with its offset), shape and strides."""
     return [(t.data_ptr(), tuple(t.shape), t.stride()) for t in tensors]

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-def _storage(t: Tensor) -> int | None:
+def storage_of(t: Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr() if t.numel() else None
     except (RuntimeError, NotImplementedError):      # tensors without storage (functorch's wrappers)
@@ -43,13 +43,13 @@ class ExternalInputs(TorchDispatchMode):
         kwargs = kwargs or {}
         # lift_fresh: `torch.tensor(constant)` made inside the step (a constant, which a graph keeps as it is)
         for t in () if func is torch.ops.aten.lift_fresh.default else tree_leaves((args, kwargs)):
-            if isinstance(t, Tensor) and (p := _storage(t)) is not None and p not in self.produced \
+            if isinstance(t, Tensor) and (p := storage_of(t)) is not None and p not in self.produced \
                     and p not in self._seen:
                 self._seen.add(p)
                 self.external.append((str(func), p, tuple(t.shape), t))
         out = func(*args, **kwargs)
         for o in tree_leaves(out):
-            if isinstance(o, Tensor) and (p := _storage(o)) is not None:
+            if isinstance(o, Tensor) and (p := storage_of(o)) is not None:
                 self.produced.add(p)
         return out
 
@@ -135,7 +135,7 @@ class StreamRecorder(TorchDispatchMode):
             if arg.alias_info is not None and arg.alias_info.is_write:
                 written += [t for t in tree_leaves(value) if isinstance(t, Tensor)]
         for t in tree_leaves((args, kwargs)):
-            if isinstance(t, Tensor) and (p := _storage(t)) is not None and p in self.last_write:
+            if isinstance(t, Tensor) and (p := storage_of(t)) is not None and p in self.last_write:
                 writer, at = self.last_write[p]
                 if not self._ordered(s, writer, at):
                     self.races.append(Race(str(func), s.name, writer.name, _caller()))
@@ -143,10 +143,10 @@ class StreamRecorder(TorchDispatchMode):
         s.clock += 1
         if func is torch.ops.aten._local_scalar_dense.default:     # `.item()`: the host waits for this stream
             s.synchronize()
-        inputs = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
-        fresh = [o for o in tree_leaves(out) if isinstance(o, Tensor) and _storage(o) not in inputs]
+        inputs = {storage_of(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        fresh = [o for o in tree_leaves(out) if isinstance(o, Tensor) and storage_of(o) not in inputs]
         for t in written + fresh:
-            if (p := _storage(t)) is not None:
+            if (p := storage_of(t)) is not None:
                 self.last_write[p] = (s, s.clock)
         return out
 

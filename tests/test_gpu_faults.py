@@ -17,7 +17,7 @@ from flctl.tasks import all_tasks, get_task
 from flctl.train import _Stepper, train, train_together
 from flctl.writer import Writer
 from tests.fixtures import WRITERS
-from tests.gpu_emulation import ExternalInputs, fake_cuda_streams
+from tests.gpu_emulation import ExternalInputs, fake_cuda_streams, storage_of
 from tests.helpers import config
 from tests.reference import digest
 
@@ -83,7 +83,7 @@ def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path
 def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str) -> None:
     """CapturedStep recaptures when an input moves; it can see that only for the tensors flctl.step.step_inputs
     names. Every input the recorder finds must be among them (a new kind of state must be added there)."""
-    from flctl.step import step_inputs, storages
+    from flctl.step import step_inputs
 
     cells, data = _cells(tmp_path, name, 1)
     c = cells[0]
@@ -94,7 +94,7 @@ def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str)
     with ExternalInputs() as inputs:
         stepper.step(cells, False)
     batches = stepper.batches[c.cfg.run_id]
-    watched = set(storages(step_inputs(c, data, batches)))
+    watched = {storage_of(t) for t in step_inputs(c, data, batches)}
     missed = [(op, shape) for op, p, shape, _ in inputs.external if p not in watched]
     assert not missed, f"inputs CapturedStep does not watch: {missed}"
 
