@@ -4,10 +4,11 @@ For each task, K cells (mixed methods and seeds) train E epochs three ways, thro
 
 - alone: one ``train`` call per cell, one after the other (what K=1 workers do);
 - interleaved: one ``train_together`` call, cells stepping in turn (every task with a model);
-- vmap: one ``train_together`` call with one vmapped forward and backward for all cells (``Task.batched`` tasks).
+- grouped: one ``train_together`` call with one grouped model for all cells (flctl.stack; on the CPU for
+  ``Task.batched`` tasks, on CUDA for every groupable model).
 
 Rounds alternate the ways, so drift of the machine hits all alike; printed are the median wall seconds over rounds
-and each way's ratio to alone. The ``batched`` flag of a task (vmap or interleave) is chosen from these numbers.
+and each way's ratio to alone. The ``batched`` flag of a task (grouped or interleaved on the CPU) is chosen from these numbers.
 Writes benchmarks/results/stacking-<date>-<device>.json (or under --out; the printed table as .txt beside it).
 
     python benchmarks/bench_stacking.py                          # two-moons, digits, cifar10 (fake, narrow)
@@ -59,8 +60,8 @@ def measure(task: str, k: int, epochs: int, rounds: int, device: str, data_dir: 
     original = get_task(task)
     cfgs = cells(task, k, epochs, device, data_dir)
     ways = {"alone": None, "interleaved": dataclasses.replace(original, batched=False)}
-    if original.build_model is not None and original.augment is None:
-        ways["vmap"] = dataclasses.replace(original, batched=True)
+    if original.build_model is not None:
+        ways["grouped"] = dataclasses.replace(original, batched=True)
     times: dict[str, list[float]] = {w: [] for w in ways}
     for r in range(rounds):
         order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
+import functools
 import importlib.util
+import inspect
 import json
 import statistics
 import subprocess
@@ -46,6 +49,7 @@ assert _spec is not None and _spec.loader is not None
 sys.modules["flctl_tasks"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sys.modules["flctl_tasks"])
 
+import flctl.cell as cell_module  # noqa: E402
 from flctl.cell import Cell  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
 from flctl.train import _Stepper  # noqa: E402
@@ -86,20 +90,34 @@ class Count(TorchDispatchMode):
 
 
 def build(task: str, method: str, k: int, folder: Path, data_dir: str | None) -> _Stepper:
-    """K cells of ``task`` (seeds, learning rates and ε differ) in the loop's own stepper, their first epoch begun."""
+    """K cells of ``task`` (seeds, learning rates and ε differ) in the loop's own stepper, their first epoch begun,
+    set up as on CUDA where flctl lets a CPU do it: fused optimizers, cells of a groupable model grouped."""
     extra = dict(options={"width": 4}, batch_size=2) if task == "cifar10" else {}
     cfgs = [config(task, method, seed=i, epochs=1000, data_dir=data_dir, **extra,
                    lr=config(task, method).lr * (1 + i / 10), **({"eps": 0.5 + i / 100} if method == "fl" else {}))
             for i in range(k)]
-    spec = get_task(task)
+    spec = dataclasses.replace(get_task(task), batched=True)     # on CUDA every groupable model groups
     data = spec.load(cfgs[0].opts, data_dir)
-    cells = [Cell.build(cfg, spec, data, folder / cfg.run_id, torch.device("cpu")) for cfg in cfgs]
+    with as_on_cuda():
+        cells = [Cell.build(cfg, spec, data, folder / cfg.run_id, torch.device("cpu")) for cfg in cfgs]
     if k > 1:
         for c in cells:
             c.swap_rng_out()
     stepper = _Stepper(cells, spec, data)
     begin(stepper)
     return stepper
+
+
+@contextlib.contextmanager
+def as_on_cuda():
+    """Cells built with CUDA's optimizers (fused, a tensor learning rate), which a CPU runs too."""
+    build_optimizer = cell_module.build_optimizer
+    if "fused" in inspect.signature(build_optimizer).parameters:     # older commits (--before) build theirs
+        cell_module.build_optimizer = functools.partial(build_optimizer, fused=True)
+    try:
+        yield
+    finally:
+        cell_module.build_optimizer = build_optimizer
 
 
 def begin(stepper: _Stepper) -> None:

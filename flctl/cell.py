@@ -42,7 +42,7 @@ class RunResult:
     lambda_capped: int = 0                       # multipliers held at LAMBDA_CAP at the end (infeasible FL)
     artifacts: dict[str, str] = field(default_factory=dict)
     resumed_from: int = 0                        # epoch the run resumed from (0 = fresh start)
-    # how it was trained: {"engine": eager | captured | compiled | vmap, "cells_together": K, "device": its name}
+    # how it was trained: {"engine": eager | captured | compiled | grouped, "cells_together": K, "device": its name}
     trained_with: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,12 +52,15 @@ SGD_FIXED: dict[str, Any] = dict(dampening=0.0, nesterov=False)
 ADAMW_FIXED: dict[str, Any] = dict(betas=(0.9, 0.999), eps=1e-8, amsgrad=False)
 
 
-def build_optimizer(cfg: RunConfig, params, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+def build_optimizer(cfg: RunConfig, params, device: torch.device | str = "cpu",
+                    fused: bool | None = None) -> torch.optim.Optimizer:
     """The primal optimizer. On the CPU: foreach kernels (one multi-tensor kernel per update instead of a Python loop
-    over parameters; bitwise equal, and 5 % faster on two-moons), learning rate a Python float. On CUDA: the fused
-    kernels with the learning rate as a 0-dim device tensor, which the scheduler fills in place, so a captured step
-    reads each epoch's value and never syncs with the host (foreach would turn a tensor lr into a host scalar)."""
-    if torch.device(device).type == "cuda":
+    over parameters; bitwise equal, and 5 % faster on two-moons), learning rate a Python float. On CUDA (``fused``:
+    the CUDA kind anywhere, as benchmarks/bench_step_cost.py counts a CUDA step's ops on a CPU): the fused kernels,
+    one launch per update, with the learning rate as a 0-dim device tensor, which the scheduler fills in place, so a
+    captured step reads each epoch's value and never syncs with the host (foreach would turn a tensor lr into a host
+    scalar)."""
+    if torch.device(device).type == "cuda" if fused is None else fused:
         lr: Any = torch.tensor(cfg.lr, dtype=torch.float32, device=device)
         if cfg.optimizer == "sgd":
             return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=True,

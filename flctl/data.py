@@ -110,4 +110,4 @@ class Normalize(torch.nn.Module):
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1) * 255.0)
 
     def forward(self, x: Tensor) -> Tensor:
-        return (x.float() - self.mean) / self.std
+        return (x.to(self.mean.dtype) - self.mean) / self.std      # float32, or a float64 copy of the model

@@ -11,7 +11,7 @@ The step is graph-safe, so that on CUDA it can be captured once and replayed (``
 - state (multipliers, nuPI's ξ, epoch losses, BatchNorm statistics, optimizer state) changes in place only;
 - nothing in an epoch's steps reads a device value on the host.
 
-``batched_step`` is the other way to train cells of a small model together: one vmapped forward for all.
+``flctl.stack.grouped_step`` is the step of several cells of one architecture as one grouped model.
 """
 
 from __future__ import annotations
@@ -232,36 +232,3 @@ def compile_objective() -> Callable[..., tuple[Tensor, Tensor]]:
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, limit, max(getattr(config, limit), 64))
     return torch.compile(step_objective, fullgraph=True)
-
-
-def batched_step(task: Task, cells: Sequence[Cell], xs: list[Tensor], ys: list[Tensor],
-                 step_ids: Sequence[Tensor]) -> list[Tensor]:
-    """``train_step`` for several cells of one small model at once: their parameters are stacked (stacking is
-    differentiable, so each cell's own parameters get its gradient) and one vmapped forward and one backward
-    serve them all; then each cell's own dual step, objective and optimizer step, as alone. Returns each cell's g.
-
-    Equal to the cells' separate steps up to float rounding (batched matrix products sum in another order).
-    """
-    from torch.func import functional_call
-
-    base = cells[0].model                     # its code runs with each cell's parameters; batched tasks have no buffers
-    params = [dict(c.model.named_parameters()) for c in cells]
-    stacked = {name: torch.stack([p[name] for p in params]) for name in params[0]}     # [R, ...] each
-    x = torch.stack(xs)                                                                 # [R, B, ...]
-    forward = torch.vmap(lambda theta, xb: functional_call(base, theta, (xb,)))
-    if x.device.type == "cuda" and cells[0].cfg.precision == "auto":
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            out = forward(stacked, x).float()
-    else:
-        out = forward(stacked, x)                                                       # [R, B, out]
-    objectives, losses_out = [], []
-    for c, out_c, y, ids in zip(cells, out, ys, step_ids):
-        losses = per_sample_loss(task, out_c, y)                           # [B]
-        c.method.dual_step_(losses, ids)
-        objectives.append(c.method.primal_loss(losses, ids))
-        losses_out.append(losses.detach())
-        c.optimizer.zero_grad(set_to_none=True)
-    torch.stack(objectives).sum().backward()    # cells share no parameter: each gets its own objective's gradient
-    for c in cells:
-        c.optimizer.step()
-    return losses_out

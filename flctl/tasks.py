@@ -83,9 +83,9 @@ class Task:
     data_source: Callable[..., str] | None = None
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
     eval_chunk: int = 4096
-    # Cells of this task train together as one vmapped model (flctl.step.batched_step) rather than interleaved step
-    # by step: small models without buffers (no BatchNorm statistics), where one stacked forward measured faster
-    # (benchmarks/bench_stacking.py). Every task with a model can train cells together either way.
+    # On the CPU too, cells of this task train together as one grouped model (flctl.stack) rather than interleaved
+    # step by step: small models, where it measured faster (benchmarks/bench_stacking.py). On CUDA cells of every
+    # groupable model group. Every task with a model can train cells together either way.
     batched: bool = False
     # Inclusive (low, high) bounds of numeric options (None: open); checked before anything is written.
     option_ranges: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)

@@ -11,9 +11,8 @@ How cells step (``RunResult.trained_with``):
   same kernels as eager, so the same numbers with deterministic kernels;
 - compiled: the step's forward, loss and dual step through ``torch.compile`` (``--engine compiled``); numbers
   change, so it is part of the run's identity;
-- vmap: cells of a ``batched`` task (small models) trained together share one vmapped forward and backward.
-Several cells in one process interleave step by step, each with its own RNG streams: each cell's records equal
-those of the cell trained alone.
+- grouped: cells together as one grouped model (flctl.stack), on CUDA and for ``batched`` tasks: equal alone up to
+  float rounding. Other cells together interleave step by step, each with its own RNG streams: equal alone exactly.
 
 On CUDA, all of a group's device work runs on one stream (``worker_stream``), in program order, so no use of a
 tensor can overtake its last write; checkpoints leave it as host copies, and the writer thread never touches the
@@ -43,11 +42,11 @@ from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
+from flctl.stack import Grouped, group_inputs, grouped_step, groups
 from flctl.status import Status
 from flctl.step import (
     CapturedStep,
     EpochBatches,
-    batched_step,
     cell_step,
     compile_objective,
     step_inputs,
@@ -188,13 +187,14 @@ def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 class _Stepper:
     """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
-    one vmapped step for all; the RNG streams each cell's work runs under, and the group's one CUDA stream."""
+    one grouped step for all (flctl.stack); the RNG streams each cell's work runs under, and the group's one CUDA
+    stream."""
 
     def __init__(self, cells: list[Cell], task: Task, data: Dataset) -> None:
         self.task, self.data, self.cells = task, data, cells
         device = cells[0].device
         self.shared = len(cells) > 1                  # cells take turns with the global RNG streams
-        self.vmap = self.shared and task.batched      # measured faster for small models (bench_stacking.py)
+        self.grouping = self.shared and groups(task, cells)
         self.batches = {c.cfg.run_id: EpochBatches(c.cfg.batch_size, device) for c in cells}
         self.orders: dict[str, torch.Tensor] = {}
         self.device, self.stream = device, worker_stream(device)
@@ -203,16 +203,24 @@ class _Stepper:
             objective = compile_objective() if c.cfg.engine == "compiled" else step_objective
             batches = self.batches[c.cfg.run_id]
             for last in (False, True):
-                step: Callable[[], None] = partial(cell_step, c, task, data, batches, last, objective)
-                if c.cfg.engine == "captured":
-                    assert self.stream is not None      # validated: captured is CUDA only
-                    step = CapturedStep(step, self.stream, partial(step_inputs, c, data, batches))
-                self.steps[c.cfg.run_id, last] = step
+                self.steps[c.cfg.run_id, last] = self._engine(
+                    c, partial(cell_step, c, task, data, batches, last, objective),
+                    partial(step_inputs, c, data, batches))
+        self.group: Grouped | None = None                  # the grouped model of the cells stepping now, and its steps
+        self.group_steps: dict[bool, Callable[[], None]] = {}
+
+    def _engine(self, c: Cell, step: Callable[[], None], inputs: Callable[[], list[torch.Tensor]]):
+        """``step`` as cell ``c``'s engine runs it: as it is, or captured once and replayed."""
+        if c.cfg.engine != "captured":
+            return step
+        assert self.stream is not None      # validated: captured is CUDA only
+        return CapturedStep(step, self.stream, inputs)
 
     def trained_with(self, c: Cell) -> dict[str, Any]:
         device = c.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        return {"engine": "vmap" if self.vmap else c.cfg.engine, "cells_together": len(self.cells), "device": name}
+        return {"engine": "grouped" if self.grouping else c.cfg.engine, "cells_together": len(self.cells),
+                "device": name}
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
@@ -242,11 +250,9 @@ class _Stepper:
 
     def check_captures(self, active: list[Cell]) -> None:
         """Before an epoch's replays: a captured step whose inputs moved (flctl.step.CapturedStep) is captured anew."""
-        for c in active:
-            for last in (False, True):
-                step = self.steps[c.cfg.run_id, last]
-                if isinstance(step, CapturedStep):
-                    step.check()
+        for step in [*self.steps.values(), *self.group_steps.values()]:
+            if isinstance(step, CapturedStep):
+                step.check()
 
     def begin_epoch(self, c: Cell) -> None:
         """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's
@@ -262,21 +268,27 @@ class _Stepper:
             generator = torch.Generator(device=c.device).manual_seed(c.cfg.seed * 7919 + c.epoch)
         self.batches[c.cfg.run_id].fill(order, self.task.augment, generator)
 
-    def shapes(self, active: list[Cell]) -> list[bool]:
-        # cells of a group share batch size and training set; only a pruning run (alone) changes its epoch
+    def shapes(self, active: list[Cell]) -> list[bool]:   # cells together share batch size and training set
         return self.batches[active[0].cfg.run_id].shapes
 
     def step(self, active: list[Cell], last: bool) -> None:
-        if self.vmap and len(active) > 1:
-            takes = [self.batches[c.cfg.run_id].take(last)[0] for c in active]
-            xs = [self.data.train.x.index_select(0, ids) for ids in takes]
-            ys = [self.data.train.y.index_select(0, ids) for ids in takes]
-            for c, ids, losses in zip(active, takes, batched_step(self.task, active, xs, ys, takes)):
-                c.epoch_losses.index_copy_(0, ids, losses)
+        if self.grouping and len(active) > 1:
+            self._group_step(active, last)
             return
         for c in active:
             with self.own(c):
                 self.steps[c.cfg.run_id, last]()
+
+    def _group_step(self, active: list[Cell], last: bool) -> None:
+        """One grouped step of the active cells (flctl.stack), on a grouped model of exactly these cells: made anew
+        when one leaves (its tensors then keep the rows they had)."""
+        if self.group is None or self.group.cells != active:
+            self.group = group = Grouped(active)
+            batches = [self.batches[c.cfg.run_id] for c in active]
+            self.group_steps = {shape: self._engine(
+                active[0], partial(grouped_step, self.task, group, self.data, batches, shape),
+                partial(group_inputs, group, self.data, batches)) for shape in (False, True)}
+        self.group_steps[last]()
 
 
 def _end(c: Cell, task: Task, data, records_root: Path, trained_with: dict[str, Any],

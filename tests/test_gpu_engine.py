@@ -119,7 +119,7 @@ def test_a_checkpoint_written_during_replay_resumes_to_the_same_records(tmp_path
 
 
 def test_two_stacked_two_moons_cells_on_cuda_equal_each_alone(tmp_path: Path) -> None:
-    """The vmapped step of stacked small cells, on CUDA. Batched matrix products sum in another order than one cell's,
+    """The grouped step of stacked small cells, on CUDA. Grouped kernels sum in another order than one cell's,
     so equal within float32 rounding grown over 3 epochs (rtol 1e-4, atol 1e-5), not bit for bit; fp32, so that
     autocast's bf16 rounding does not enter."""
     import numpy as np
@@ -127,7 +127,7 @@ def test_two_stacked_two_moons_cells_on_cuda_equal_each_alone(tmp_path: Path) ->
     cfgs = [config("two-moons", m, seed=s, epochs=3, eval_every=1, device="cuda", precision="fp32")
             for m, s in (("fl", 0), ("erm", 1))]
     together = train_together(cfgs, tmp_path / "together", [tmp_path / "t" / c.run_id for c in cfgs])
-    assert [r.trained_with["engine"] for r in together] == ["vmap", "vmap"]
+    assert [r.trained_with["engine"] for r in together] == ["grouped", "grouped"]
     for cfg, result in zip(cfgs, together):
         alone = train(cfg, tmp_path / "alone", tmp_path / "a" / cfg.run_id)
         assert result.status == alone.status == "completed"

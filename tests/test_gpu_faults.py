@@ -4,6 +4,7 @@ failing cells on a dead CUDA context. Each test failed on the code that ran ther
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 from pathlib import Path
@@ -45,15 +46,18 @@ def _cells(tmp_path: Path, name: str, k: int) -> tuple[list[Cell], object]:
     return cells, data
 
 
-@pytest.mark.parametrize("k", [1, 2], ids=["alone", "stacked"])
+@pytest.mark.parametrize("k,grouped", [(1, False), (2, False), (3, True)], ids=["alone", "stacked", "grouped"])
 @pytest.mark.parametrize("name", AUGMENTED)
-def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path, name: str, k: int) -> None:
+def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path, name: str, k: int,
+                                                                 grouped: bool) -> None:
     """What a CUDA graph needs: each tensor a step reads but does not make (parameters, optimizer and method state,
     the epoch's batch buffers and augmentation parameters, the data) is at the same address in every epoch. At
-    3623c99 the augmentation parameters were new tensors each epoch: 3 of the inputs moved."""
+    3623c99 the augmentation parameters were new tensors each epoch: 3 of the inputs moved. Grouped cells (flctl.stack,
+    as on CUDA) are one captured step reading the grouped tensors."""
     cells, data = _cells(tmp_path, name, k)
-    task = get_task(name)
+    task = dataclasses.replace(get_task(name), batched=grouped)
     stepper = _Stepper(cells, task, data)
+    assert stepper.grouping == grouped
     seen: dict[tuple[int, int], list[int]] = {}
     shapes = None
     for epoch in range(2):
@@ -99,6 +103,25 @@ def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str)
     assert not missed, f"inputs CapturedStep does not watch: {missed}"
 
 
+@pytest.mark.parametrize("name", AUGMENTED)
+def test_a_captured_grouped_step_watches_every_input_it_reads(tmp_path: Path, name: str) -> None:
+    from flctl.stack import group_inputs
+
+    cells, data = _cells(tmp_path, name, 3)
+    stepper = _Stepper(cells, dataclasses.replace(get_task(name), batched=True), data)
+    for c in cells:
+        with stepper.own(c):
+            stepper.begin_epoch(c)
+    for _ in range(WARMUP_STEPS):
+        stepper.step(cells, False)
+    with ExternalInputs() as inputs:
+        stepper.step(cells, False)
+    group = stepper.group
+    watched = {storage_of(t) for t in group_inputs(group, data, [stepper.batches[c.cfg.run_id] for c in cells])}
+    missed = [(op, shape) for op, p, shape, _ in inputs.external if p not in watched]
+    assert not missed, f"inputs a captured grouped step does not watch: {missed}"
+
+
 
 @pytest.mark.parametrize("method,extra", [("erm", {}), ("cserm", {"alpha": 2.0}), ("fl", {}),
                                           ("rfl", {"dual_optimizer": "nupi", "kp": 0.5, "ki": 0.8, "nu": 0.3})],
@@ -142,7 +165,7 @@ def _races(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfgs: list) -> list:
 
 
 def test_stacked_small_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
-    """Two vmapped two-moons cells as on CUDA: at 3623c99 the vmapped step ran on the default stream while each
+    """Two grouped two-moons cells as on CUDA: at 3623c99 their (then vmapped) step ran on the default stream while each
     cell's epoch set-up and end ran on its own stream, unordered (the H200's 1,000-cell sweep: 704 failed)."""
     cfgs = [config("two-moons", m, seed=s, epochs=3, eval_every=1) for s, m in enumerate(("fl", "erm"))]
     races = _races(tmp_path, monkeypatch, cfgs)

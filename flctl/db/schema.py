@@ -60,7 +60,7 @@ class Run(Base):
     diverged_at: Mapped[dict | None] = mapped_column(JSON)
     lambda_capped: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    # {"engine": eager | captured | compiled | vmap, "cells_together": K, "device": the device's name}
+    # {"engine": eager | captured | compiled | grouped, "cells_together": K, "device": the device's name}
     trained_with: Mapped[dict | None] = mapped_column(JSON)
     # Where the code that trained it came from (flctl.plugins.Source.provenance): {"task": {...}, "method": {...}}
     provenance: Mapped[dict | None] = mapped_column(JSON)

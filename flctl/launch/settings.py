@@ -153,8 +153,7 @@ class LaunchFlags:
     threads: int | None = _flag("torch threads per local worker [OMP_NUM_THREADS if set, else cores // workers].")
     per_gpu: int | None = _flag("Workers sharing one GPU [1].")
     batch_runs: int | None = _flag("Cells a worker trains together in one process, each equal to the cell alone "
-                                   "(small models: one vmapped model; others: step by step, on CUDA on the worker's one "
-                                   "stream) [auto: on a GPU for small models an even share, at most "
+                                   "(one grouped model on CUDA and for small models; others: step by step) [auto: on a GPU for small models an even share, at most "
                                    f"{AUTO_BATCH_RUNS}; else 1].")
     checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
                                            f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")

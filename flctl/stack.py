@@ -1,0 +1,219 @@
+"""K cells of one architecture trained as one grouped model: one launch per op for all K, not K launches.
+
+K copies of a network are one network whose channels are the K copies' channels side by side:
+
+- a convolution with ``groups`` × K (each group sees its own cell's input channels only);
+- BatchNorm over K·C channels (its statistics are per channel, so each cell's are its own);
+- a linear layer as one batched matrix product ([K, B, in] @ [K, in, out]);
+- per-channel and elementwise layers (ReLU, pooling, flatten, the input's normalization) as they are.
+
+Cells share no number: each group of channels reads its own cell's inputs and parameters only, and the gradient of
+the sum of the cells' objectives is, row by row, each cell's own gradient. The grouped kernels sum in another order
+than the cells' own, so a cell's numbers equal those of the cell trained alone up to float rounding
+(tests/test_stacked.py states and holds the tolerances).
+
+Each cell keeps its modules and optimizer: each of its parameters and buffers becomes a view of its row of a grouped
+tensor [K, ...], so its optimizer steps, checkpoint, evaluation and records read and change its own row in place.
+(The earlier way, ``torch.vmap`` over stacked copies, dispatched 4.5× the ops of one cell for a ResNet: its batching
+rules move dimensions around every layer.)
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from flctl.data import Dataset, Normalize
+from flctl.losses import model_output, per_sample_loss
+from flctl.step import step_inputs
+from flctl.tasks import Task
+
+if TYPE_CHECKING:
+    from flctl.cell import Cell
+    from flctl.step import EpochBatches
+
+# Layers whose work is per channel or per element, and containers whose forward only chains their children: a
+# grouped copy runs them as they are.
+AS_THEY_ARE: tuple[type[nn.Module], ...] = (nn.Sequential, nn.ReLU, nn.Identity, nn.MaxPool2d, nn.AvgPool2d,
+                                            nn.AdaptiveAvgPool2d, nn.Flatten, Normalize)
+
+
+def _resnet_types() -> tuple[type[nn.Module], ...]:
+    """torchvision's ResNet and its blocks (a forward of convolutions, BatchNorm, ReLU, pooling, flatten, a linear
+    head and residual sums), when torchvision is imported: a model made of them imported it."""
+    resnet = sys.modules.get("torchvision.models.resnet")
+    return () if resnet is None else (resnet.ResNet, resnet.BasicBlock, resnet.Bottleneck)
+
+
+def groupable(model: nn.Module) -> bool:
+    """Whether K copies of ``model`` can run as one grouped model: every module one whose grouped copy computes each
+    copy's numbers (an unknown layer, dropout's random draws or a cumulative BatchNorm average cannot)."""
+    known = AS_THEY_ARE + _resnet_types()
+    for m in model.modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+            ok = m.padding_mode == "zeros"
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            ok = m.track_running_stats and m.momentum is not None
+        elif isinstance(m, nn.Flatten):
+            ok = m.start_dim == 1 and m.end_dim == -1
+        else:
+            ok = type(m) is nn.Linear or isinstance(m, known)
+        if not ok:
+            return False
+    return True
+
+
+class GroupedLinear(nn.Module):
+    """K linear layers as one: [B, K·in] -> [B, K·out], each cell's slice through its own weight [out, in]. Run as a
+    grouped 1×1 convolution: 3 ops forward and 3 backward, where a batched matrix product moves dimensions around
+    (16 in all)."""
+
+    def __init__(self, k: int, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.k = k
+        self.weight = nn.Parameter(weight)                        # [K·out, in, 1]
+        self.bias = None if bias is None else nn.Parameter(bias)  # [K·out]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv1d(x.unsqueeze(-1), self.weight, self.bias, groups=self.k).squeeze(-1)
+
+
+class Grouped:
+    """The grouped model of ``cells`` (K cells' models of one architecture, ``groupable``), whose parameters and
+    buffers the cells' own modules now view row by row."""
+
+    def __init__(self, cells: Sequence[Cell]) -> None:
+        self.cells = list(cells)
+        models = [c.model for c in cells]
+        self.k = k = len(models)
+        self.module = copy.deepcopy(models[0])        # the structure; every tensor of it is replaced below
+        self.module.train()
+        # (grouped leaf, the cells' tensors): where each step's gradients go
+        self.params: list[tuple[Tensor, list[Tensor]]] = []
+        for name, m in list(self.module.named_modules()):
+            mods = [model.get_submodule(name) for model in models]
+            if type(m) is nn.Linear:
+                weights, biases = _own(mods, "weight"), _own(mods, "bias") if m.bias is not None else []
+                linear = GroupedLinear(k, self._alias(weights).unsqueeze(-1),               # [K·out, in, 1]
+                                       self._alias(biases) if biases else None)
+                self._remember(linear.weight, weights)
+                if linear.bias is not None:
+                    self._remember(linear.bias, biases)
+                if name:
+                    parent, _, attr = name.rpartition(".")
+                    setattr(self.module.get_submodule(parent), attr, linear)
+                else:
+                    self.module = linear
+                continue
+            if isinstance(m, Normalize):        # constants, the same for every cell: side by side along channels
+                for attr in ("mean", "std"):
+                    m._buffers[attr] = torch.cat(_own(mods, attr), dim=1)
+                continue
+            if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+                m.in_channels, m.out_channels, m.groups = k * m.in_channels, k * m.out_channels, k * m.groups
+            elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                m.num_features *= k
+            for attr, p in list(m._parameters.items()):
+                if p is not None:
+                    tensors = _own(mods, attr)
+                    grouped = m._parameters[attr] = nn.Parameter(self._alias(tensors), requires_grad=p.requires_grad)
+                    self._remember(grouped, tensors)
+            for attr, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[attr] = self._alias(_own(mods, attr))
+
+    def _alias(self, tensors: list[Tensor]) -> Tensor:
+        """One grouped tensor of the cells' ``tensors`` (their values now), and each cell's tensor made a view of its
+        row: the rows side by side along the first dimension, [K·n, ...] ([K] for scalars), as a grouped convolution
+        or BatchNorm reads them. Rows keep the cells' strides (channels_last)."""
+        if tensors[0].dim() == 0:
+            grouped = torch.stack([t.detach() for t in tensors])
+        else:
+            grouped = torch.cat([t.detach() for t in tensors])
+            memory_format = torch.channels_last if tensors[0].dim() == 4 and tensors[0].is_contiguous(
+                memory_format=torch.channels_last) and not tensors[0].is_contiguous() else torch.contiguous_format
+            grouped = grouped.contiguous(memory_format=memory_format)
+        rows = grouped.view(self.k, *tensors[0].shape)
+        for t, row in zip(tensors, rows.unbind(0)):
+            t.data = row
+        return grouped
+
+    def _remember(self, leaf: Tensor, tensors: list[Tensor]) -> None:
+        self.params.append((leaf, tensors))
+
+    def zero_grad(self) -> None:
+        for leaf, _ in self.params:
+            leaf.grad = None
+
+    def hand_out_grads(self) -> None:
+        """Each cell's parameters' gradients: views of their rows of the grouped gradients (no copy; one op each)."""
+        for leaf, tensors in self.params:
+            if leaf.grad is not None:
+                grad = leaf.grad if leaf.dim() == tensors[0].dim() else leaf.grad.flatten(-2)   # a linear's [K·out, in]
+                for t, g in zip(tensors, grad.chunk(self.k)):
+                    t.grad = g
+
+    def forward(self, x: Tensor, precision: str) -> Tensor:
+        """The K cells' outputs [K, B, ...] for their inputs ``x`` [K, B, C, ...]: the cells' channels side by side
+        (images keep channels_last memory when the model has it), one forward, split back by cell."""
+        k, b = x.shape[:2]
+        if x.dim() == 5 and x.is_cuda:      # [K, B, C, H, W] -> [B, K·C, H, W] in channels_last memory: one copy
+            c, h, w = x.shape[2:]
+            grouped = x.permute(1, 3, 4, 0, 2).reshape(b, h, w, k * c).permute(0, 3, 1, 2)
+        else:
+            grouped = x.movedim(0, 1).reshape(b, k * x.shape[2], *x.shape[3:])
+        out = model_output(self.module, grouped, precision)            # [B, K·out]
+        return out.view(b, k, -1).transpose(0, 1)                      # [K, B, out]
+
+
+def groups(task: Task, cells: Sequence[Cell]) -> bool:
+    """Whether cells that train together run as one grouped model (flctl.stack): on CUDA, whenever their model is
+    groupable (one launch per op for all instead of one per cell); on the CPU, for ``batched`` tasks only (small
+    models, where it measured faster; a CPU's arithmetic is not bound by launches). Not for compiled steps (compiled
+    per cell) nor micro-batches."""
+    c = cells[0]
+    return (c.cfg.engine != "compiled" and c.cfg.micro_batch == 0 and (c.device.type == "cuda" or task.batched)
+            and groupable(c.model))
+
+
+def group_inputs(group: Grouped, data: Dataset, batches: Sequence[EpochBatches]) -> list[Tensor]:
+    """Every tensor a grouped step reads (``flctl.step.step_inputs`` of each cell, and the grouped model's own)."""
+    return [*(t for c, b in zip(group.cells, batches) for t in step_inputs(c, data, b)), *group.module.parameters(),
+            *group.module.buffers()]
+
+
+def _own(modules: Sequence[nn.Module], attr: str) -> list[Tensor]:
+    """Each module's tensor ``attr`` (a parameter or buffer every one of them has)."""
+    return [cast(Tensor, getattr(m, attr)) for m in modules]
+
+
+def grouped_step(task: Task, group: Grouped, data: Dataset, batches: Sequence[EpochBatches], last: bool) -> None:
+    """One step of each of the cells, as ``flctl.step.cell_step`` of each alone: their next batches gathered and
+    augmented as one, one grouped forward and backward, then each cell's own dual step, objective and optimizer
+    step. Graph-safe, as cell_step (flctl.step): a captured step replays it whole."""
+    cells, takes = group.cells, [b.take(last) for b in batches]
+    ids = torch.stack([t[0] for t in takes])                                 # [K, B]
+    k, b = ids.shape
+    flat = ids.view(-1)
+    x = data.train.x.index_select(0, flat)                                  # [K·B, ...]
+    if task.augment is not None:
+        x = task.augment.apply(x, {name: torch.cat([t[1][name] for t in takes]) for name in takes[0][1]})
+    out = group.forward(x.view(k, b, *x.shape[1:]), cells[0].cfg.precision)  # [K, B, out]
+    losses = per_sample_loss(task, out.reshape(k * b, *out.shape[2:]), data.train.y.index_select(0, flat))
+    objectives = []
+    for c, g, i in zip(cells, losses.view(k, b), ids):
+        c.method.dual_step_(g, i)
+        objectives.append(c.method.primal_loss(g, i))
+        c.optimizer.zero_grad(set_to_none=True)
+    group.zero_grad()
+    torch.stack(objectives).sum().backward()     # cells share no parameter: each row gets its own objective's gradient
+    group.hand_out_grads()
+    for c, g, i in zip(cells, losses.detach().view(k, b), ids):
+        c.optimizer.step()
+        c.epoch_losses.index_copy_(0, i, g)

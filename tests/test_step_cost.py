@@ -1,0 +1,44 @@
+"""What a step costs the host, held where a CPU can count it (benchmarks/bench_step_cost.py measures and records the
+numbers): dispatched ops and host-device syncs do not depend on the device, so a CUDA step's launches and waits are
+counted here, on a step built as on CUDA (fused optimizers, cells of a groupable model grouped)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import write_cifar10
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_step_cost", ROOT / "benchmarks" / "bench_step_cost.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("task", ["cifar10", "two-moons"])
+def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_waits(bench, task: str,
+                                                                                     tmp_path: Path) -> None:
+    data = str(write_cifar10(tmp_path / "data", per_batch=4)) if task == "cifar10" else None
+    ops, syncs = {}, {}
+    for name, (method, k) in bench.CONFIGS.items():
+        stepper = bench.build(task, method, k, tmp_path / name, data)
+        bench.step(stepper)                      # optimizer moments exist from here on
+        count = bench.Count(bench.host_scalars(stepper))
+        bench.step(stepper, count)
+        ops[name], syncs[name] = count.total, bench.epoch_syncs(stepper)
+        if k > 1:
+            assert {r["engine"] for r in map(stepper.trained_with, stepper.cells)} == {"grouped"}
+    assert syncs == {name: 0 for name in bench.CONFIGS}, "a step or an epoch's set-up waits for the device"
+    assert ops["fl"] <= 1.15 * ops["erm"], ops
+    # K = 4 grouped: one launch per op of the shared model; each cell's own take, loss, dual step and optimizer step
+    # stay its own (about 20 ops a cell), which is most of a two-moons step (a 3-layer MLP of 68 ops alone).
+    bound = 1.5 if task == "cifar10" else 2.1
+    assert ops["erm_k4"] <= bound * ops["erm"] and ops["fl_k4"] <= bound * ops["fl"], ops
