@@ -12,7 +12,7 @@ device, so a CPU counts them for the GPU:
   images, width 4; two-moons' batch as it is): the host's own cost of the step.
 
 Each task: ERM and FL, one cell and K = 4 together (K = 4 mixes seeds, learning rates and ε), through the loop's own
-``_Stepper``. Rounds alternate the configurations, so the machine's drift hits all alike. Writes
+``flctl.stepper.Stepper``. Rounds alternate the configurations, so the machine's drift hits all alike. Writes
 benchmarks/results/step-cost-<date>-cpu.json (or --out).
 
     python benchmarks/bench_step_cost.py            # about a minute on 2 cores
@@ -52,7 +52,11 @@ _spec.loader.exec_module(sys.modules["flctl_tasks"])
 import flctl.cell as cell_module  # noqa: E402
 from flctl.cell import Cell  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
-from flctl.train import _Stepper  # noqa: E402
+
+try:
+    from flctl.stepper import Stepper  # noqa: E402
+except ImportError:                    # commits before flctl/stepper.py (--before)
+    from flctl.train import _Stepper as Stepper  # type: ignore[no-redef]  # noqa: E402
 from tests.fixtures import write_cifar10  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
@@ -89,7 +93,7 @@ class Count(TorchDispatchMode):
         return sum(self.ops.values())
 
 
-def build(task: str, method: str, k: int, folder: Path, data_dir: str | None) -> _Stepper:
+def build(task: str, method: str, k: int, folder: Path, data_dir: str | None) -> Stepper:
     """K cells of ``task`` (seeds, learning rates and ε differ) in the loop's own stepper, their first epoch begun,
     set up as on CUDA where flctl lets a CPU do it: fused optimizers, cells of a groupable model grouped."""
     extra = dict(options={"width": 4}, batch_size=2) if task == "cifar10" else {}
@@ -103,7 +107,7 @@ def build(task: str, method: str, k: int, folder: Path, data_dir: str | None) ->
     if k > 1:
         for c in cells:
             c.swap_rng_out()
-    stepper = _Stepper(cells, spec, data)
+    stepper = Stepper(cells, spec, data)
     begin(stepper)
     return stepper
 
@@ -120,13 +124,13 @@ def as_on_cuda():
         cell_module.build_optimizer = build_optimizer
 
 
-def begin(stepper: _Stepper) -> None:
+def begin(stepper: Stepper) -> None:
     for c in stepper.cells:
         with stepper.own(c):
             stepper.begin_epoch(c)
 
 
-def step(stepper: _Stepper, count: Count | None = None) -> None:
+def step(stepper: Stepper, count: Count | None = None) -> None:
     """One full-batch step of every cell (under ``count``), a new epoch first when this one's full batches are used
     up (the stepper's step counter: one full batch of each cell per step)."""
     stepper.taken = getattr(stepper, "taken", 0)
@@ -138,11 +142,11 @@ def step(stepper: _Stepper, count: Count | None = None) -> None:
     stepper.taken += 1
 
 
-def host_scalars(stepper: _Stepper) -> set[int]:
+def host_scalars(stepper: Stepper) -> set[int]:
     return {id(s["step"]) for c in stepper.cells for s in c.optimizer.state.values() if "step" in s}
 
 
-def epoch_syncs(stepper: _Stepper) -> int:
+def epoch_syncs(stepper: Stepper) -> int:
     """Syncs in one epoch's set-up and steps (every shape)."""
     with Count(host_scalars(stepper)) as count:
         begin(stepper)

@@ -29,9 +29,10 @@ PRECISIONS = ("auto", "fp32")
 # sample (Sohrabi et al. 2024), see flctl.methods.NuPI. Its gains are read only by nupi.
 DUAL_OPTIMIZERS = ("gd", "nupi")
 # How a cell's step runs (flctl.train): eager; captured, replayed as CUDA graphs (the eager step's kernels, so the
-# same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it).
-ENGINES = ("eager", "captured", "compiled")
-SAME_NUMBERS_ENGINES = ("eager", "captured")
+# same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it);
+# auto, captured where that equals eager on CUDA, else eager (flctl.step.step_engine).
+ENGINES = ("auto", "eager", "captured", "compiled")
+SAME_NUMBERS_ENGINES = ("auto", "eager", "captured")
 # Where a field's command-line option is listed in `flctl run --help`.
 PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
 # Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
@@ -116,8 +117,9 @@ class RunConfig:
     # "fp32": no autocast. On the CPU both compute the same thing in float32.
     precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where",
                             choices=PRECISIONS, later=True)
-    engine: str = _field("eager", "Step engine: eager, captured (CUDA graphs, CUDA only) or compiled (torch.compile).",
-                         "where", choices=ENGINES, later=True)
+    engine: str = _field("auto", "Step engine: auto (captured on CUDA where it equals eager, else eager), eager, "
+                         "captured (CUDA graphs, CUDA only) or compiled (torch.compile).", "where", choices=ENGINES,
+                         later=True)
     eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim", bounds=Bounds(1))
     # The method knobs (flctl.method_info.METHOD_FIELDS): None where the run's method does not read them.
     eps: float | None = _field(None, "Constraint level ε on each sample's loss.", "method", per_cell=True,

@@ -95,7 +95,10 @@ def crop_flip(x: Tensor, params: dict[str, Tensor], pad: int = 4) -> Tensor:
     cols = params["dx"][:, None] + torch.arange(w, device=x.device)                  # [B, W]
     cols = torch.where(params["flip"][:, None], cols.flip(1), cols)[:, None, :]      # [B, 1, W]
     batch = torch.arange(b, device=x.device)[:, None, None]
-    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+    out = padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)      # NHWC memory: channels_last
+    # On CUDA the model is channels_last (flctl.cell.Cell.build): the gather's layout is already its own, where a
+    # contiguous copy here cost a copy back in the first convolution. The CPU's models are NCHW.
+    return out if out.is_cuda else out.contiguous()
 
 
 class Normalize(torch.nn.Module):

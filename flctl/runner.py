@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from flctl.config import RunConfig
 from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
 from flctl.status import DISK_FILLED, TRAINABLE, Status
 from flctl.versions import git_revision, library_versions
@@ -126,7 +127,7 @@ def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[
 
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
             allow: Iterable[str] = TRAINABLE, max_attempts: int | None = None,
-            stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = 0.0,
+            stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
             stop: Callable[[], bool] | None = None, fresh: bool = False):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
     not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate.
@@ -147,7 +148,7 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
 
 
 def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
-                  on_epoch: Callable | None = None, *, checkpoint_every: float = 0.0,
+                  on_epoch: Callable | None = None, *, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
                   stop: Callable[[], bool] | None = None, max_attempts: int | None = None) -> list:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,

@@ -6,27 +6,26 @@ Reads top to bottom: data -> cells (flctl.cell: model, optimizer, method, resume
 here: callers record what this returns.
 
 How cells step (``RunResult.trained_with``):
-- eager: each cell's step as Python calls it (the default);
-- captured: each cell's step replayed as a CUDA graph per batch shape (``--engine captured``, CUDA only); the
-  same kernels as eager, so the same numbers with deterministic kernels;
+- eager: each cell's step as Python calls it (the default off CUDA);
+- captured: each cell's step replayed as a CUDA graph per batch shape (the default on CUDA, flctl.step.step_engine);
+  the same kernels as eager, so the same numbers with deterministic kernels;
 - compiled: the step's forward, loss and dual step through ``torch.compile`` (``--engine compiled``); numbers
   change, so it is part of the run's identity;
 - grouped: cells together as one grouped model (flctl.stack), on CUDA and for ``batched`` tasks: equal alone up to
   float rounding. Other cells together interleave step by step, each with its own RNG streams: equal alone exactly.
 
-On CUDA, all of a group's device work runs on one stream (``worker_stream``), in program order, so no use of a
+How a group of cells steps (engines, grouping, RNG streams, the CUDA stream) is flctl.stepper's. On CUDA, all of a
+group's device work runs on one stream (``flctl.stepper.worker_stream``), in program order, so no use of a
 tensor can overtake its last write; checkpoints leave it as host copies, and the writer thread never touches the
 device (docs/design.md, "Streams and threads on CUDA").
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +35,14 @@ import torch
 from flctl import records
 from flctl.cell import Cell, RunResult, atomic_save, trainable_state
 from flctl.config import RunConfig
-from flctl.data import Dataset, epoch_order
 from flctl.fs import atomic_path
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import flatten, split_summary
-from flctl.stack import Grouped, group_inputs, grouped_step, groups
 from flctl.status import Status
-from flctl.step import (
-    CapturedStep,
-    EpochBatches,
-    cell_step,
-    compile_objective,
-    step_inputs,
-    step_objective,
-)
+from flctl.stepper import Stepper
 from flctl.tasks import Solution, Task, can_train_together, get_task
 from flctl.writer import Writer
 
@@ -77,13 +68,14 @@ def train(
     run_dir: Path,
     on_epoch: Callable[[EpochStats], None] | None = None,
     *,
-    checkpoint_every: float = 0.0,
+    checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
     stop: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Train ``cfg`` to completion (or divergence), resuming from ``run_dir/checkpoint.pt`` if present.
 
     A checkpoint is written after an epoch when ``checkpoint_every`` seconds have passed since the last one
-    (0: every epoch), after every eval epoch (so a resume never redoes recorded work twice over), and when
+    (0: every epoch; by time, so that a short epoch does not pay for a write of the whole state), after every eval
+    epoch (so a resume never redoes recorded work twice over), and when
     ``stop()`` turns true: the run then ends at that epoch boundary with status "stopped", ready to resume.
     """
     return train_together([cfg], records_root, [run_dir], on_epoch, checkpoint_every=checkpoint_every,
@@ -96,7 +88,7 @@ def train_together(
     run_dirs: list[Path],
     on_epoch: Callable[[EpochStats], None] | None = None,
     *,
-    checkpoint_every: float = 0.0,
+    checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
     stop: Callable[[], bool] | None = None,
     on_done: Callable[[RunResult], None] | None = None,
     fence: Callable[[str], bool] | None = None,
@@ -120,6 +112,9 @@ def train_together(
         # switches to `fp32_precision`; the old names still set them).
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cuda.matmul.allow_tf32 = False
+        # Autotuned convolutions (a run's shapes are fixed), unless deterministic kernels were asked for.
+        torch.backends.cudnn.benchmark = not (torch.backends.cudnn.deterministic
+                                              or torch.are_deterministic_algorithms_enabled())
 
     # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
     data = task.load(cfgs[0].opts, cfgs[0].data_dir)
@@ -142,7 +137,7 @@ def train_together(
         if stale and _held(c, fence):
             for path in stale:
                 path.unlink(missing_ok=True)
-    stepper = _Stepper(cells, task, data)
+    stepper = Stepper(cells, task, data)
     done: dict[str, RunResult] = {}        # cells reported to on_done before the group ended
 
     # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
@@ -177,118 +172,6 @@ def train_together(
                         on_done(done[c.cfg.run_id])
         return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c), fence)
                 for c in cells]
-
-
-def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The one CUDA stream a group's work runs on (None off CUDA); not the default stream: graphs are captured on a
-    side stream, and warm-up, capture and replay on one stream share its lazily made workspaces."""
-    return torch.cuda.Stream(device) if device.type == "cuda" else None
-
-
-class _Stepper:
-    """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
-    one grouped step for all (flctl.stack); the RNG streams each cell's work runs under, and the group's one CUDA
-    stream."""
-
-    def __init__(self, cells: list[Cell], task: Task, data: Dataset) -> None:
-        self.task, self.data, self.cells = task, data, cells
-        device = cells[0].device
-        self.shared = len(cells) > 1                  # cells take turns with the global RNG streams
-        self.grouping = self.shared and groups(task, cells)
-        self.batches = {c.cfg.run_id: EpochBatches(c.cfg.batch_size, device) for c in cells}
-        self.orders: dict[str, torch.Tensor] = {}
-        self.device, self.stream = device, worker_stream(device)
-        self.steps: dict[tuple[str, bool], Callable[[], None]] = {}
-        for c in cells:
-            objective = compile_objective() if c.cfg.engine == "compiled" else step_objective
-            batches = self.batches[c.cfg.run_id]
-            for last in (False, True):
-                self.steps[c.cfg.run_id, last] = self._engine(
-                    c, partial(cell_step, c, task, data, batches, last, objective),
-                    partial(step_inputs, c, data, batches))
-        self.group: Grouped | None = None                  # the grouped model of the cells stepping now, and its steps
-        self.group_steps: dict[bool, Callable[[], None]] = {}
-
-    def _engine(self, c: Cell, step: Callable[[], None], inputs: Callable[[], list[torch.Tensor]]):
-        """``step`` as cell ``c``'s engine runs it: as it is, or captured once and replayed."""
-        if c.cfg.engine != "captured":
-            return step
-        assert self.stream is not None      # validated: captured is CUDA only
-        return CapturedStep(step, self.stream, inputs)
-
-    def trained_with(self, c: Cell) -> dict[str, Any]:
-        device = c.device
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        return {"engine": "grouped" if self.grouping else c.cfg.engine, "cells_together": len(self.cells),
-                "device": name}
-
-    @contextlib.contextmanager
-    def on_stream(self) -> Iterator[None]:
-        """Run the group's work on its stream: after what the default stream queued (data, models, resumed state),
-        and before anything the caller queues on the default stream afterwards."""
-        if self.stream is None:
-            yield
-            return
-        caller = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(caller)
-        try:
-            with torch.cuda.stream(self.stream):
-                yield
-        finally:
-            caller.wait_stream(self.stream)
-
-    @contextlib.contextmanager
-    def own(self, c: Cell) -> Iterator[None]:
-        """Run ``c``'s work with its RNG streams in the globals (when cells share the process)."""
-        if self.shared:
-            c.swap_rng_in()
-        try:
-            yield
-        finally:
-            if self.shared:
-                c.swap_rng_out()
-
-    def check_captures(self, active: list[Cell]) -> None:
-        """Before an epoch's replays: a captured step whose inputs moved (flctl.step.CapturedStep) is captured anew."""
-        for step in [*self.steps.values(), *self.group_steps.values()]:
-            if isinstance(step, CapturedStep):
-                step.check()
-
-    def begin_epoch(self, c: Cell) -> None:
-        """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's
-        static buffers."""
-        if not c.model.training:    # only after an eval epoch: walking the modules every epoch adds up
-            c.model.train()
-        order = epoch_order(len(self.data.train), c.cfg.seed, c.epoch)
-        if c.pruner is not None:
-            order = c.pruner.epoch_order(order.to(c.device), c.epoch)
-        self.orders[c.cfg.run_id] = order
-        generator = None
-        if self.task.augment is not None:
-            generator = torch.Generator(device=c.device).manual_seed(c.cfg.seed * 7919 + c.epoch)
-        self.batches[c.cfg.run_id].fill(order, self.task.augment, generator)
-
-    def shapes(self, active: list[Cell]) -> list[bool]:   # cells together share batch size and training set
-        return self.batches[active[0].cfg.run_id].shapes
-
-    def step(self, active: list[Cell], last: bool) -> None:
-        if self.grouping and len(active) > 1:
-            self._group_step(active, last)
-            return
-        for c in active:
-            with self.own(c):
-                self.steps[c.cfg.run_id, last]()
-
-    def _group_step(self, active: list[Cell], last: bool) -> None:
-        """One grouped step of the active cells (flctl.stack), on a grouped model of exactly these cells: made anew
-        when one leaves (its tensors then keep the rows they had)."""
-        if self.group is None or self.group.cells != active:
-            self.group = group = Grouped(active)
-            batches = [self.batches[c.cfg.run_id] for c in active]
-            self.group_steps = {shape: self._engine(
-                active[0], partial(grouped_step, self.task, group, self.data, batches, shape),
-                partial(group_inputs, group, self.data, batches)) for shape in (False, True)}
-        self.group_steps[last]()
 
 
 def _end(c: Cell, task: Task, data, records_root: Path, trained_with: dict[str, Any],

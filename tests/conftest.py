@@ -194,3 +194,33 @@ def pytest_runtest_call(item: pytest.Item):
         pytest.fail(f"{item.nodeid} is marked notorch but imported torch (from {_WITNESS.where}); "
                     "CI runs it where torch is not installed", pytrace=False)
     return result
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch):
+    """Tasks whose models, data and state are float64 (the same computations, rounding at 1e-16), and whose cells
+    group as on CUDA (``batched``)."""
+    import dataclasses
+
+    import torch
+
+    import flctl.train
+    from flctl.tasks import get_task
+
+    def in_float64(task):
+        def load(*args):
+            data = task.load(*args)
+            for split in (data.train, data.test):
+                if split.x.is_floating_point():
+                    split.x = split.x.double()
+                if split.y.is_floating_point():
+                    split.y = split.y.double()
+            return data
+        return dataclasses.replace(task, batched=True, load=load,
+                                   build_model=lambda *a: task.build_model(*a).double())
+
+    monkeypatch.setattr(flctl.train, "get_task", lambda name: in_float64(get_task(name)))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(default)

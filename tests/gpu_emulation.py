@@ -163,13 +163,13 @@ def _caller() -> str:
 def fake_cuda_streams(monkeypatch: Any) -> Iterator[StreamRecorder]:
     """torch.cuda's stream API answered by a StreamRecorder, and flctl's worker stream made one of its fake streams,
     so that flctl's CUDA stream hand-overs run on a CPU under the recorder."""
-    import flctl.train
+    import flctl.stepper
 
     rec = StreamRecorder()
     monkeypatch.setattr(torch.cuda, "stream", rec.stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: rec.current)
     monkeypatch.setattr(torch.cuda, "synchronize", rec.synchronize)
     made = iter(range(1000))
-    monkeypatch.setattr(flctl.train, "worker_stream", lambda device: rec.new_stream(f"worker{next(made)}"))
+    monkeypatch.setattr(flctl.stepper, "worker_stream", lambda device: rec.new_stream(f"worker{next(made)}"))
     with rec:
         yield rec

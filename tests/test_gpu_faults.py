@@ -14,8 +14,9 @@ import torch
 
 from flctl.cell import Cell
 from flctl.step import WARMUP_STEPS
+from flctl.stepper import Stepper
 from flctl.tasks import all_tasks, get_task
-from flctl.train import _Stepper, train, train_together
+from flctl.train import train, train_together
 from flctl.writer import Writer
 from tests.fixtures import WRITERS
 from tests.gpu_emulation import ExternalInputs, fake_cuda_streams, storage_of
@@ -56,7 +57,7 @@ def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path
     as on CUDA) are one captured step reading the grouped tensors."""
     cells, data = _cells(tmp_path, name, k)
     task = dataclasses.replace(get_task(name), batched=grouped)
-    stepper = _Stepper(cells, task, data)
+    stepper = Stepper(cells, task, data)
     assert stepper.grouping == grouped
     seen: dict[tuple[int, int], list[int]] = {}
     shapes = None
@@ -91,7 +92,7 @@ def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str)
 
     cells, data = _cells(tmp_path, name, 1)
     c = cells[0]
-    stepper = _Stepper(cells, get_task(name), data)
+    stepper = Stepper(cells, get_task(name), data)
     stepper.begin_epoch(c)
     for _ in range(WARMUP_STEPS):                      # optimizer state exists from the first step on
         stepper.step(cells, False)
@@ -108,7 +109,7 @@ def test_a_captured_grouped_step_watches_every_input_it_reads(tmp_path: Path, na
     from flctl.stack import group_inputs
 
     cells, data = _cells(tmp_path, name, 3)
-    stepper = _Stepper(cells, dataclasses.replace(get_task(name), batched=True), data)
+    stepper = Stepper(cells, dataclasses.replace(get_task(name), batched=True), data)
     for c in cells:
         with stepper.own(c):
             stepper.begin_epoch(c)
@@ -138,7 +139,7 @@ def test_a_captured_step_keeps_its_graph_while_no_input_moves(tmp_path: Path, me
     task = get_task("cifar10")
     data = task.load(cfg.opts, data_dir)
     c = Cell.build(cfg, task, data, tmp_path / "run", torch.device("cpu"))
-    stepper = _Stepper([c], task, data)
+    stepper = Stepper([c], task, data)
     batches = stepper.batches[cfg.run_id]
     step = CapturedStep(lambda: None, None, lambda: step_inputs(c, data, batches))  # type: ignore[arg-type]
     stepper.begin_epoch(c)
@@ -236,7 +237,7 @@ def test_the_checkpoint_writer_thread_runs_no_torch_op_and_frees_no_copy(tmp_pat
 
     monkeypatch.setattr(module, "atomic_save", save)
     cfg = config("two-moons", "fl", epochs=4, eval_every=2)
-    assert train(cfg, tmp_path / "records", tmp_path / "runs" / cfg.run_id).status == "completed"
+    assert train(cfg, tmp_path / "records", tmp_path / "runs" / cfg.run_id, checkpoint_every=0.0).status == "completed"
     assert len(saved) == 3 and not ops, ops[:5]
     assert freed and set(freed) == {threading.current_thread().name}, set(freed)
     first = next(iter(saved[0]))

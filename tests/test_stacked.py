@@ -11,7 +11,6 @@ float32, on two-moons (no BatchNorm), records over 20 epochs equal within rtol 1
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-import flctl.train as train_module
 from flctl import records
 from flctl.cell import Cell
 from flctl.data import epoch_order
@@ -114,29 +112,6 @@ def assert_close_to_alone(tmp_path: Path, cfgs: list, together: list, rtol: floa
         for column in ("loss", "multiplier"):
             x, y = (t[column].to_numpy(zero_copy_only=False).astype(float) for t in (a, b))
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"{cfg.method} {column}")
-
-
-@pytest.fixture
-def float64(monkeypatch: pytest.MonkeyPatch):
-    """Tasks whose models, data and state are float64 (the same computations, rounding at 1e-16), and whose cells
-    group as on CUDA (``batched``)."""
-    def in_float64(task):
-        def load(*args):
-            data = task.load(*args)
-            for split in (data.train, data.test):
-                if split.x.is_floating_point():
-                    split.x = split.x.double()
-                if split.y.is_floating_point():
-                    split.y = split.y.double()
-            return data
-        return dataclasses.replace(task, batched=True, load=load,
-                                   build_model=lambda *a: task.build_model(*a).double())
-
-    monkeypatch.setattr(train_module, "get_task", lambda name: in_float64(get_task(name)))
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(default)
 
 
 def test_grouped_cells_equal_alone_in_float64_and_one_that_diverges_leaves_the_group(tmp_path: Path,

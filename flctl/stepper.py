@@ -1,0 +1,138 @@
+"""How a group of cells steps (``Stepper``): each cell's epoch buffers and step engine (eager, captured or compiled,
+flctl.step), or one grouped step for all (flctl.stack); the RNG streams each cell's work runs under; the group's one
+CUDA stream (``worker_stream``). flctl.train's loop calls it: begin each cell's epoch, step every batch shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+
+from flctl.cell import Cell
+from flctl.data import Dataset, epoch_order
+from flctl.stack import Grouped, group_inputs, grouped_step, groups
+from flctl.step import (
+    CapturedStep,
+    EpochBatches,
+    cell_step,
+    compile_objective,
+    step_engine,
+    step_inputs,
+    step_objective,
+)
+from flctl.tasks import Task
+
+
+def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The one CUDA stream a group's work runs on (None off CUDA); not the default stream: graphs are captured on a
+    side stream, and warm-up, capture and replay on one stream share its lazily made workspaces."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
+
+
+class Stepper:
+    """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
+    one grouped step for all (flctl.stack); the RNG streams each cell's work runs under, and the group's one CUDA
+    stream."""
+
+    def __init__(self, cells: list[Cell], task: Task, data: Dataset) -> None:
+        self.task, self.data, self.cells = task, data, cells
+        device = cells[0].device
+        self.shared = len(cells) > 1                  # cells take turns with the global RNG streams
+        self.grouping = self.shared and groups(task, cells)
+        self.batches = {c.cfg.run_id: EpochBatches(c.cfg.batch_size, device) for c in cells}
+        self.orders: dict[str, torch.Tensor] = {}
+        self.device, self.stream = device, worker_stream(device)
+        self.steps: dict[tuple[str, bool], Callable[[], None]] = {}
+        self.engine = {c.cfg.run_id: step_engine(c.cfg, task, device) for c in cells}
+        for c in cells:
+            objective = compile_objective() if self.engine[c.cfg.run_id] == "compiled" else step_objective
+            batches = self.batches[c.cfg.run_id]
+            for last in (False, True):
+                self.steps[c.cfg.run_id, last] = self._engine(
+                    c, partial(cell_step, c, task, data, batches, last, objective),
+                    partial(step_inputs, c, data, batches))
+        self.group: Grouped | None = None                  # the grouped model of the cells stepping now, and its steps
+        self.group_steps: dict[bool, Callable[[], None]] = {}
+
+    def _engine(self, c: Cell, step: Callable[[], None], inputs: Callable[[], list[torch.Tensor]]):
+        """``step`` as cell ``c``'s engine runs it: as it is, or captured once and replayed."""
+        if self.engine[c.cfg.run_id] != "captured":
+            return step
+        assert self.stream is not None      # captured is CUDA only (validated; auto resolves to it on CUDA only)
+        return CapturedStep(step, self.stream, inputs)
+
+    def trained_with(self, c: Cell) -> dict[str, Any]:
+        name = torch.cuda.get_device_name(c.device) if c.device.type == "cuda" else "cpu"
+        engine = "grouped" if self.grouping else self.engine[c.cfg.run_id]
+        return {"engine": engine, "cells_together": len(self.cells), "device": name}
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """Run the group's work on its stream: after what the default stream queued (data, models, resumed state),
+        and before anything the caller queues on the default stream afterwards."""
+        if self.stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            caller.wait_stream(self.stream)
+
+    @contextlib.contextmanager
+    def own(self, c: Cell) -> Iterator[None]:
+        """Run ``c``'s work with its RNG streams in the globals (when cells share the process)."""
+        if self.shared:
+            c.swap_rng_in()
+        try:
+            yield
+        finally:
+            if self.shared:
+                c.swap_rng_out()
+
+    def check_captures(self, active: list[Cell]) -> None:
+        """Before an epoch's replays: a captured step whose inputs moved (flctl.step.CapturedStep) is captured anew."""
+        for step in [*self.steps.values(), *self.group_steps.values()]:
+            if isinstance(step, CapturedStep):
+                step.check()
+
+    def begin_epoch(self, c: Cell) -> None:
+        """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's
+        static buffers."""
+        if not c.model.training:    # only after an eval epoch: walking the modules every epoch adds up
+            c.model.train()
+        order = epoch_order(len(self.data.train), c.cfg.seed, c.epoch)
+        if c.pruner is not None:
+            order = c.pruner.epoch_order(order.to(c.device), c.epoch)
+        self.orders[c.cfg.run_id] = order
+        generator = None
+        if self.task.augment is not None:
+            generator = torch.Generator(device=c.device).manual_seed(c.cfg.seed * 7919 + c.epoch)
+        self.batches[c.cfg.run_id].fill(order, self.task.augment, generator)
+
+    def shapes(self, active: list[Cell]) -> list[bool]:   # cells together share batch size and training set
+        return self.batches[active[0].cfg.run_id].shapes
+
+    def step(self, active: list[Cell], last: bool) -> None:
+        if self.grouping and len(active) > 1:
+            self._group_step(active, last)
+            return
+        for c in active:
+            with self.own(c):
+                self.steps[c.cfg.run_id, last]()
+
+    def _group_step(self, active: list[Cell], last: bool) -> None:
+        """A grouped step of the active cells (flctl.stack); their group is made anew when one leaves (it keeps its rows)."""
+        if self.group is None or self.group.cells != active:
+            self.group = group = Grouped(active)
+            batches = [self.batches[c.cfg.run_id] for c in active]
+            self.group_steps = {shape: self._engine(
+                active[0], partial(grouped_step, self.task, group, self.data, batches, shape),
+                partial(group_inputs, group, self.data, batches)) for shape in (False, True)}
+        self.group_steps[last]()
