@@ -134,17 +134,19 @@ def loop(repeats: int) -> dict:
             store = Store.open(f"sqlite:///{tmp}/flctl.db")
             marks: list[float] = []
             starts: list[float] = []
+            import flctl.stepper as stepper_mod
             import flctl.train as train_mod
 
-            real_order = train_mod.epoch_order
+            real_order = stepper_mod.epoch_order
 
             def first_order(*a, **k):
                 if not starts:
                     starts.append(time.perf_counter())     # the loop starts with the first epoch's order
                 return real_order(*a, **k)
 
-            # the step as the loop calls it (flctl.step.cell_step, bound by _Stepper when the run starts)
-            real = {name: getattr(train_mod, name) for name in ("cell_step", "_end_epoch", "evaluate")}
+            # the step as the loop calls it (flctl.step.cell_step, bound by flctl.stepper.Stepper when the run starts)
+            home = {"cell_step": stepper_mod, "_end_epoch": train_mod, "evaluate": train_mod}
+            real = {name: getattr(module, name) for name, module in home.items()}
             spent = dict.fromkeys(real, 0.0)
 
             def timed(name):
@@ -156,16 +158,16 @@ def loop(repeats: int) -> dict:
                         spent[name] += time.perf_counter() - start
                 return call
 
-            train_mod.epoch_order = first_order
+            stepper_mod.epoch_order = first_order
             for name in real:
-                setattr(train_mod, name, timed(name))
+                setattr(home[name], name, timed(name))
             try:
                 execute(config("two-moons", "fl", seed=i), store, Layout(Path(tmp)), checkpoint_every=60.0,
                         on_epoch=lambda stats: marks.append(time.perf_counter()))
             finally:
-                train_mod.epoch_order = real_order
+                stepper_mod.epoch_order = real_order
                 for name, fn in real.items():
-                    setattr(train_mod, name, fn)
+                    setattr(home[name], name, fn)
             store.close()
         flctl_s.append(marks[-1] - starts[0])
         outside.append(1 - spent["cell_step"] / flctl_s[-1])

@@ -1,7 +1,8 @@
 """Reference records of the CPU tasks, written down by the training code of 2026-11-23 before the engine rework.
 
 ``python -m tests.reference`` rewrites tests/data/reference_records.json (do that only when a change of the numbers
-is intended and said so). tests/test_reference.py trains every case again and checks run ids, metrics and a digest
+is intended and said so); ``python -m tests.reference together`` rewrites the cells trained together only (their
+step changed on 2026-11-26: one grouped model, flctl.stack, where a vmapped one rounded otherwise). tests/test_reference.py trains every case again and checks run ids, metrics and a digest
 of every Parquet value against the file: records must stay bit-identical across refactors of the loop.
 
 Bit-identity holds on requirements.lock's versions of the libraries that compute a task's numbers (``ARITHMETIC``),
@@ -191,6 +192,9 @@ def main() -> None:
         out["together"] = [{"run_id": c.run_id, "metrics": r.metrics, "records": digest(Path(tmp) / "together",
                                                                                        c.run_id)}
                            for c, r in zip(cfgs, results)]
+        if sys.argv[1:] == ["together"]:
+            REFERENCE.write_text(json.dumps(json.loads(REFERENCE.read_text()) | out, indent=1, sort_keys=True) + "\n")
+            return
         name, task, method, overrides = next(c for c in CASES if c[0] == OLD_CHECKPOINT_CASE)
         cfg = config(task, method, **overrides)
         stopped = train(cfg, Path(tmp) / "old", Path(tmp) / "old" / "run", stop=lambda: True)

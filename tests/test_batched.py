@@ -75,7 +75,7 @@ def test_cells_resumed_at_different_epochs_train_together(tmp_path: Path) -> Non
 
     # Interrupted after the first cell's epoch 6, before the second cell's: checkpoints at epochs 6 and 5.
     with pytest.raises(Interrupt):
-        train_together(cfgs, tmp_path / "together", dirs, on_epoch=stop_first_at_6)
+        train_together(cfgs, tmp_path / "together", dirs, on_epoch=stop_first_at_6, checkpoint_every=0.0)
     resumed = train_together(cfgs, tmp_path / "together", dirs)
     assert [r.resumed_from for r in resumed] == [6, 5]
     for cfg in cfgs:

@@ -214,7 +214,7 @@ def interrupted_and_resumed(cfg, tmp_path: Path, at_epoch: int):
 
     whole = train(cfg, tmp_path / "a" / "records", tmp_path / "a" / "run")
     with pytest.raises(Stop):
-        train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run", on_epoch=stop)
+        train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run", on_epoch=stop, checkpoint_every=0.0)
     checkpoint = torch.load(tmp_path / "b" / "run" / "checkpoint.pt", weights_only=True)
     return whole, train(cfg, tmp_path / "b" / "records", tmp_path / "b" / "run"), checkpoint
 

@@ -77,7 +77,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path, task: st
         if stats.epoch == 3:
             raise Interrupt
     with pytest.raises(Interrupt):
-        run(cfg, tmp_path / "b", on_epoch=stop_after_3)
+        run(cfg, tmp_path / "b", on_epoch=stop_after_3, checkpoint_every=0.0)
     assert (tmp_path / "b" / "runs" / cfg.run_id / "checkpoint.pt").exists()
     resumed = run(cfg, tmp_path / "b")
 
