@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))          # the tests' writers of the real on-disk 
 from flctl.config import resolve  # noqa: E402
 from flctl.layout import Layout  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
-from flctl.train import EpochStats, train  # noqa: E402
+from flctl.train import EpochStats, train, train_together  # noqa: E402
 from tests.fixtures import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
 
 PAPER_EVAL_EVERY = 10      # the issue's paper schedule for CIFAR-10: 200 epochs, evaluated every 10
@@ -429,33 +429,89 @@ def flctl_sweep(args, name: str, task_args: list[str], launch: list[str], timeou
     return row
 
 
+def steady(cfgs: list, work: Path, seconds: float, images_per_epoch: int, warmup_epochs: int = 2) -> dict:
+    """Train ``cfgs`` together in this process; images/s over ``seconds`` of steady training after ``warmup_epochs``
+    (warm-up steps, capture, cuDNN's autotuning): no process start-up, data, model build, eval or checkpoint in the
+    window. Ends once the window is full."""
+    marks: list[float] = []
+    first = cfgs[0].run_id
+
+    def on_epoch(stats: EpochStats) -> None:
+        if stats.run_id != first:
+            return
+        sync(cfgs[0].device)
+        marks.append(time.perf_counter())
+        if len(marks) > warmup_epochs and marks[-1] - marks[warmup_epochs] >= seconds:
+            raise Stop
+
+    layout = Layout(work)
+    try:
+        train_together(cfgs, layout.records, [layout.run_dir(c.run_id) for c in cfgs], on_epoch,
+                       checkpoint_every=float("inf"))
+    except Stop:
+        pass
+    epochs = len(marks) - 1 - warmup_epochs
+    if epochs < 1:
+        return {"cells": len(cfgs), "images_per_s": None, "epochs_timed": 0}
+    span = marks[-1] - marks[warmup_epochs]
+    images = len(cfgs) * epochs * images_per_epoch
+    return {"cells": len(cfgs), "epochs_timed": epochs, "seconds": span, "window": (marks[warmup_epochs], marks[-1]),
+            "images": images, "images_per_s": images / span}
+
+
+def _steady_one(cfg, work: str, seconds: float, images_per_epoch: int) -> dict:
+    """One cell in a process of its own (``share``'s K processes per GPU); its window in perf_counter time, which is
+    the system-wide monotonic clock on Linux, so the K windows can be compared."""
+    return steady([cfg], Path(work), seconds, images_per_epoch)
+
+
 def share(args) -> dict:
-    """The same grid of 8 CIFAR-10 cells (10,000 training images, 2 epochs each) on one GPU: K cells stacked in one
-    worker (--batch-runs K) against K workers (--per-gpu K). Aggregate images/s = cells x epochs x images / wall."""
-    per_batch = 200 if args.small else 2_000
-    data = write_cifar10(args.work / f"cifar-{per_batch}", per_batch=per_batch)
-    cells, epochs = 8, 2
-    grid = ["cifar10", "-m", "fl", "--seeds", str(cells), "--epochs", str(epochs), "--eval-every", str(epochs),
-            "--data", str(data)] + (["-o", "width=8"] if args.small else [])
-    images = cells * epochs * 5 * per_batch
-    out: dict = {"cells": cells, "epochs": epochs, "images_train": 5 * per_batch, "stacked": {}, "per_gpu": {}}
-    # K = 1 is one launch for both (one worker, one cell at a time); 4 before 2 and 8, so that a lease cut short
-    # still has the comparison that picks a default
-    for k in (1, 4, 2, 8):
-        ways = [("stacked", ["--workers", "1", "--batch-runs", str(k)])]
-        if 1 < k <= 4:
-            ways.append(("per_gpu", ["--per-gpu", str(k), "--batch-runs", "1"]))
-        for way, launch in ways:
-            row = flctl_sweep(args, f"{way}-{k}", grid, launch, args.timeout)
-            row["images_per_s"] = images / row["seconds"] if row["ledger"].get("completed") == cells else None
-            out[way][str(k)] = row
+    """Steady-state images/s of FL CIFAR-10 cells on one GPU, at least 20 s of training per configuration: K cells
+    grouped in one process (K = 1, 2, 4, 8) against K processes of one cell each (K = 2, 4, 8). Process start-up,
+    data, warm-up and capture are outside the timed window (``steady``)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    data = cifar_data(args)
+    per_batch, seconds = cifar_per_batch(args), 2.0 if args.small else 20.0
+    out: dict = {"seconds_each": seconds, "images_train": 5 * per_batch, "stacked": {}, "per_gpu": {}}
+
+    def cfgs(k: int) -> list:
+        over = {"options": {"width": 8}} if args.small else {}
+        return [config("cifar10", "fl", args.device, seed=i, epochs=100_000, eval_every=100_000, data_dir=str(data),
+                       **over) for i in range(k)]
+    # 4 before 2 and 8, so that a lease cut short still has the comparison that picks a default
+    for way, k in (("stacked", 1), ("stacked", 4), ("per_gpu", 4), ("stacked", 2), ("stacked", 8), ("per_gpu", 2),
+                   ("per_gpu", 8)):
+        if left(args) < args.min_left_s + seconds:
+            out[way][str(k)] = {"not_measured": True}
+            continue
+        work = args.work / "share" / f"{way}-{k}"
+        shutil.rmtree(work, ignore_errors=True)
+        try:
+            if way == "stacked":
+                row = steady(cfgs(k), work, seconds, 5 * per_batch)
+            else:
+                with ProcessPoolExecutor(k, mp_context=get_context("spawn")) as pool:
+                    rows = list(pool.map(_steady_one, cfgs(k), [str(work / str(i)) for i in range(k)],
+                                         [seconds] * k, [5 * per_batch] * k))
+                starts, ends = [r["window"][0] for r in rows], [r["window"][1] for r in rows]
+                overlap = max(0.0, min(ends) - max(starts)) / max(r["seconds"] for r in rows)
+                row = {"cells": k, "images_per_s": sum(r["images_per_s"] for r in rows), "processes": rows,
+                       "overlap": overlap}   # the share of the windows all K processes trained at once
+        except Exception as exc:            # one configuration's failure costs only its own figure
+            row = {"error": f"{type(exc).__name__}: {exc}"}
+        row["images_per_s"] = row.get("images_per_s")
+        out[way][str(k)] = row
+        print(f"share {way} K={k}: {row.get('images_per_s')} images/s", flush=True)
+        args.partial(out)
     out["per_gpu"]["1"] = out["stacked"]["1"]
     return out
 
 
 def moons(args) -> dict:
     """lr x dual lr x seeds = 10 x 10 x 10 FL cells of two-moons (paper schedule, 250 epochs) through flctl sweep.
-    Stacked: 8 workers, each training its cells 8 at a time (one vmapped model); not stacked: 8 workers, one cell
+    Stacked: 8 workers, each training its cells 8 at a time (one grouped model); not stacked: 8 workers, one cell
     each, on the first 100 cells (one seed) where the whole grid would outlast the lease. cells/s from the ledger."""
     n = 3 if args.small else 10
     grid = ["two-moons", "-m", "fl", "--lr", f"1e-4..1e-2:{n}", "--dual-lr", f"1e-3..1:{n}"]

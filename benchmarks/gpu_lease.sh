@@ -21,7 +21,7 @@
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 3        # the project's root: .whl/, benchmarks/, its git tree
 LEASE_S=${LEASE_S:-500}
-SECTIONS=${SECTIONS:-suite:150 diagnose:80 cifar:170 moons:100 share:120 profile:60 utkface:60}
+SECTIONS=${SECTIONS:-suite:120 diagnose:60 cifar:150 share:200 moons:80 profile:60 utkface:60}
 OUT=${OUT:-/tmp/gpu-lease-out}
 results=${RESULTS:-/tmp/gpu-bench}
 rm -rf "$results" && mkdir -p "$results" "$OUT"

@@ -14,7 +14,7 @@ import torch
 
 from flctl.cell import Cell
 from flctl.data import Dataset, epoch_order
-from flctl.stack import Grouped, group_inputs, grouped_step, groups
+from flctl.stack import GroupBatches, Grouped, group_inputs, grouped_step, groups
 from flctl.step import (
     CapturedStep,
     EpochBatches,
@@ -57,6 +57,7 @@ class Stepper:
                     partial(step_inputs, c, data, batches))
         self.group: Grouped | None = None                  # the grouped model of the cells stepping now, and its steps
         self.group_steps: dict[bool, Callable[[], None]] = {}
+        self.group_batches: GroupBatches | None = None
 
     def _engine(self, c: Cell, step: Callable[[], None], inputs: Callable[[], list[torch.Tensor]]):
         """``step`` as cell ``c``'s engine runs it: as it is, or captured once and replayed."""
@@ -101,6 +102,8 @@ class Stepper:
         for step in [*self.steps.values(), *self.group_steps.values()]:
             if isinstance(step, CapturedStep):
                 step.check()
+        if self.group_batches is not None and not self.group_batches.holds():   # a fill made new buffers: group anew
+            self.group = None
 
     def begin_epoch(self, c: Cell) -> None:
         """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's
@@ -131,7 +134,7 @@ class Stepper:
         """A grouped step of the active cells (flctl.stack); their group is made anew when one leaves (it keeps its rows)."""
         if self.group is None or self.group.cells != active:
             self.group = group = Grouped(active)
-            batches = [self.batches[c.cfg.run_id] for c in active]
+            self.group_batches = batches = GroupBatches([self.batches[c.cfg.run_id] for c in active])
             self.group_steps = {shape: self._engine(
                 active[0], partial(grouped_step, self.task, group, self.data, batches, shape),
                 partial(group_inputs, group, self.data, batches)) for shape in (False, True)}

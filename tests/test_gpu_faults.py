@@ -118,7 +118,7 @@ def test_a_captured_grouped_step_watches_every_input_it_reads(tmp_path: Path, na
     with ExternalInputs() as inputs:
         stepper.step(cells, False)
     group = stepper.group
-    watched = {storage_of(t) for t in group_inputs(group, data, [stepper.batches[c.cfg.run_id] for c in cells])}
+    watched = {storage_of(t) for t in group_inputs(group, data, stepper.group_batches)}
     missed = [(op, shape) for op, p, shape, _ in inputs.external if p not in watched]
     assert not missed, f"inputs a captured grouped step does not watch: {missed}"
 
