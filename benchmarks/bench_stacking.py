@@ -105,6 +105,7 @@ def main() -> None:
                     f"{w} {row['median_s'][w]:.2f} s ({row['ratio_to_alone'][w]:.2f}x)" for w in row["median_s"]),
                     flush=True)
     device = torch.cuda.get_device_name().replace(" ", "-") if args.device.startswith("cuda") else "cpu"
+    args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"stacking-{datetime.date.today()}-{device.lower()}.json"
     meta = {"device": device, "torch": torch.__version__, "threads": args.threads,
             "command": "python benchmarks/bench_stacking.py " + " ".join(sys.argv[1:])}

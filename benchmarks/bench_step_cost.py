@@ -227,7 +227,7 @@ def main() -> None:
     assert Path(flctl.__file__).parents[1] == ROOT, f"flctl comes from {flctl.__file__}, not {ROOT}"
     with tempfile.TemporaryDirectory() as tmp:
         cifar = write_cifar10(Path(tmp), per_batch=16)
-        out = {"commit": git("rev-parse", "--short", "HEAD"), "torch": torch.__version__,
+        out = {"commit": git("describe", "--always", "--dirty", "--abbrev=7"), "torch": torch.__version__,
                "what": "dispatched aten ops per step, syncs per epoch, median host µs per step (1 thread); "
                        "cifar10: ResNet-18 at width 4, batch 2; two_moons: the paper's MLP and batch",
                "cifar10": measure("cifar10", args.rounds, args.steps, str(cifar)),

@@ -16,6 +16,7 @@ The step is graph-safe, so that on CUDA it can be captured once and replayed (``
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 
 from flctl.data import Dataset
+from flctl.errors import is_fatal_device_error
 from flctl.losses import model_output, per_sample_loss
 from flctl.tasks import Augment, Task
 
@@ -204,12 +206,15 @@ class CapturedStep:
     any has moved, so the next call captures it again instead of replaying reads of freed memory."""
 
     def __init__(self, step: Callable[[], None], stream: torch.cuda.Stream,
-                 inputs: Callable[[], list[Tensor]]) -> None:
+                 inputs: Callable[[], list[Tensor]], fallback: bool = False) -> None:
         self.step, self.stream, self.inputs = step, stream, inputs
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captured_at: list[tuple] = []        # layouts(inputs()) when the graph was captured
         self.recaptures = 0
+        # engine auto: a capture that fails (an op the step gained that a graph cannot hold) leaves the run eager,
+        # with a warning, instead of failing it; --engine captured asked for graphs, and fails.
+        self.fallback, self.eager = fallback, False
 
     def check(self) -> None:
         """Drop the graph if an input it reads has moved since its capture (a host-side comparison of addresses)."""
@@ -221,7 +226,7 @@ class CapturedStep:
         if self.graph is not None:
             self.graph.replay()
             return
-        if self.calls < WARMUP_STEPS:
+        if self.calls < WARMUP_STEPS or self.eager:
             self.calls += 1
             self.step()
             return
@@ -229,8 +234,20 @@ class CapturedStep:
         # the graph's own pool, and every replay writes them there.
         self.captured_at = layouts(self.inputs())
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=self.stream):
+        try:
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                self.step()
+        except Exception as exc:
+            self.graph, self.captured_at = None, []
+            if not self.fallback or is_fatal_device_error(exc):
+                raise
+            # Capturing runs no kernel: the step has not run yet, and runs now, eagerly.
+            why = (str(exc).strip().splitlines() or [""])[0][:160]
+            print(f"flctl: warning: the step cannot be captured as a CUDA graph ({type(exc).__name__}: {why}); "
+                  "it runs eager", file=sys.stderr, flush=True)
+            self.eager = True
             self.step()
+            return
         self.graph.replay()                 # capturing runs nothing: this is the step's real run
 
 

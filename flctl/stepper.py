@@ -64,7 +64,7 @@ class Stepper:
         if self.engine[c.cfg.run_id] != "captured":
             return step
         assert self.stream is not None      # captured is CUDA only (validated; auto resolves to it on CUDA only)
-        return CapturedStep(step, self.stream, inputs)
+        return CapturedStep(step, self.stream, inputs, fallback=c.cfg.engine == "auto")
 
     def trained_with(self, c: Cell) -> dict[str, Any]:
         name = torch.cuda.get_device_name(c.device) if c.device.type == "cuda" else "cpu"

@@ -388,3 +388,38 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
             train_claimed([cfg], {cfg.run_id: token}, store, Layout(root), max_attempts=3)
         run = store.get_run(cfg.run_id)
         assert run is not None and (run.status, run.attempts) == (status, 1), works
+
+
+@pytest.mark.parametrize("fallback", [True, False], ids=["auto", "captured"])
+def test_a_step_that_cannot_be_captured_runs_eager_under_engine_auto_and_fails_under_captured(monkeypatch, capsys,
+                                                                                           fallback: bool) -> None:
+    """Engine auto is the CUDA default: a capture that fails (an op a graph cannot hold) must not fail the run. The
+    failed capture ran no kernel, so the step runs eagerly at once, and from then on; --engine captured fails."""
+    from flctl.step import CapturedStep
+
+    class Refused:                      # torch.cuda.graph, whose capture ends in an error
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc) -> None:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", Refused)
+    calls: list[int] = []
+    step = CapturedStep(lambda: calls.append(1), None, lambda: [], fallback=fallback)  # type: ignore[arg-type]
+    for _ in range(WARMUP_STEPS):
+        step()
+    if not fallback:
+        with pytest.raises(RuntimeError, match="not permitted"):
+            step()
+        return
+    step()
+    step()
+    assert step.eager and step.graph is None
+    assert len(calls) == WARMUP_STEPS + 1 + 1 + 1      # warm-up, the capture's trace, its eager run, one more step
+    err = capsys.readouterr().err
+    assert err.count("flctl: warning: the step cannot be captured") == 1 and "more" not in err
