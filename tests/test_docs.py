@@ -149,3 +149,41 @@ def test_modules_stay_small_and_each_job_has_one_home() -> None:
         imported |= {a.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import) for a in node.names}
         outside = {m for m in imported if m.startswith("flctl") and not m.startswith(f"flctl.{package}")}
         assert len(outside) <= 8, (path, sorted(outside))
+
+
+def _layout() -> tuple[list[str], list[list[str]]]:
+    """README's layout block: the top-level paths (the first word of each unindented line) and flctl/'s groups (the
+    names, comma-separated, on the lines indented by two spaces, up to the colon that ends a group)."""
+    block = between(section(README, "Layout"), "```\n", "```")
+    top, groups, names = [], [], []
+    for line in block.splitlines():
+        if re.match(r"\S", line):
+            top.append(line.split()[0])
+        elif re.match(r"  \S", line):
+            head, colon, _ = line.partition(":")
+            names += [name.strip() for name in head.split(",") if name.strip()]
+            if colon:
+                groups.append(names)
+                names = []
+    assert not names, f"README's layout block: {names} end no group (no colon after them)"
+    return top, groups
+
+
+def test_readme_layout_is_the_tree() -> None:
+    """Every path README's layout block names exists (top-level ones in the checkout, the indented ones in
+    flctl/), and every module and subpackage of flctl/ is named, once, in the group of its layer in docs/design.md,
+    the groups in the layers' order. Not named, so not required: modules inside flctl's subpackages (design.md
+    describes them) and every top-level folder (a checkout also holds venvs, caches and results)."""
+    from tests.test_structure import layers
+
+    top, groups = _layout()
+    missing = [path for path in top if not (ROOT / path).exists()]
+    missing += [f"flctl/{name}" for group in groups for name in group if not (ROOT / "flctl" / name).exists()]
+    assert not missing, f"README's layout names what is not there: {missing}"
+    named = [f"flctl/{name}" for group in groups for name in group]
+    assert len(named) == len(set(named)), "README's layout names a module twice"
+    assert set(named) == _modules(), ("README's layout, flctl/: not named "
+                                      f"{sorted(_modules() - set(named))}, no module {sorted(set(named) - _modules())}")
+    known = layers()
+    assert [sorted({known[f"flctl/{name}"] for name in group}) for group in groups] == \
+        [[n] for n in range(1, max(known.values()) + 1)], "README's layout: one group per layer, in design.md's order"

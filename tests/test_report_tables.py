@@ -320,3 +320,90 @@ def test_a_wide_runs_table_keeps_what_matters_in_the_terminal_and_says_what_it_l
     left = len(keys) + len(columns) - len(shown)
     assert left > 0 and any(f"{left} more column(s) do not fit here" in line for line in lines)
     assert render(table, "markdown").splitlines()[2].count("|") == len(keys) + len(columns) + 1   # all of them
+
+
+# ---- the registry of tables (flctl.report.table_specs) ----
+
+@pytest.mark.notorch
+def test_no_module_but_the_registry_tests_a_table_name() -> None:
+    """A table's layout is its TableSpec: a comparison with a table's name elsewhere (`name == "llm"`, `table in
+    ("main", ...)`, a `match` on it) or a lookup keyed by table names (`{"ablation": ..., "llm": ...}`) would be
+    a second place deciding it, which a table added to the registry would not reach."""
+    import ast
+
+    from flctl.report.table_specs import TABLE_SPECS
+
+    root = Path(__file__).resolve().parents[1] / "flctl"
+    registry = root / "report" / "table_specs.py"
+
+    def names(node: ast.AST) -> set[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return {x.value for x in items if isinstance(x, ast.Constant) and x.value in TABLE_SPECS}
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == registry:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):     # name == "llm", "llm" != name, name in ("main", "llm")
+                sides = [node.left, *node.comparators]
+                hit = set().union(*((names(b) if isinstance(b, (ast.Tuple, ast.List, ast.Set)) else set())
+                                    if isinstance(op, (ast.In, ast.NotIn)) else names(a) | names(b)
+                                    for a, op, b in zip(sides, node.ops, sides[1:])))
+            elif isinstance(node, ast.match_case):
+                hit = {x.value.value for x in ast.walk(node.pattern) if isinstance(x, ast.MatchValue)
+                       and isinstance(x.value, ast.Constant) and x.value.value in TABLE_SPECS}
+            elif isinstance(node, ast.Dict):
+                hit = set().union(*(names(k) for k in node.keys if k is not None))
+                hit = hit if len(hit) > 1 else set()
+            else:
+                continue
+            if hit:
+                line = (node.pattern if isinstance(node, ast.match_case) else node).lineno
+                found.append(f"{path.relative_to(root.parent)}:{line} {sorted(hit)}")
+    assert not found, f"table names tested outside flctl/report/table_specs.py: {found}"
+
+
+@pytest.fixture
+def toy_table():
+    """A table registered by the test, in another layout than any of flctl's own (ε first, no α, one metric), and
+    removed after it."""
+    from flctl.report.table_specs import TABLE_SPECS, TableSpec, register
+
+    spec = register(TableSpec("toy", "Toy table", keys=("eps", "method"), metrics=("max_loss",)))
+    try:
+        yield spec
+    finally:
+        del TABLE_SPECS[spec.name]
+
+
+@pytest.mark.notorch
+def test_a_registered_table_builds_and_renders_in_every_format(toy_table) -> None:
+    from flctl.report import FORMATS
+    from flctl.report.table_specs import TableSpec, register
+
+    table = build("toy", RUNS)
+    assert (table.title, table.keys, table.columns) == ("Toy table", ["ε", "Method"], ["train.max_loss", "test.max_loss"])
+    assert [row for row, _ in table.rows] == [["—", "ERM"], ["0.50", "FL"], ["0.50", "RFL"]]
+    for fmt in FORMATS:
+        assert "Toy table" in render(table, fmt) or fmt == "csv"
+    with pytest.raises(ValueError, match="already registered differently"):
+        register(TableSpec("toy", "Another title"))
+    with pytest.raises(ValueError, match="keys must be distinct ones of model, method, eps, alpha"):
+        TableSpec("bad", "Bad", keys=("lr",))  # type: ignore[arg-type]
+
+
+def test_a_registered_table_is_a_choice_of_report_and_renders(finished: Path, toy_table) -> None:
+    import typing
+
+    from flctl.cli.report import report
+
+    complete = typing.get_type_hints(report, include_extras=True)["table"].__metadata__[0].autocompletion
+    assert complete("to") == ["toy"] and "toy" in complete("")
+    res = runner.invoke(app, ["report", "--table", "toy", "--sweep", "small", "--format", "markdown"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0] == "**Toy table**" and lines[2] == "| ε | Method | train.max_loss | test.max_loss |"
+    assert [line.split(" | ")[1] for line in lines[4:7]] == ["ERM", "FL", "RFL"]
+    res = runner.invoke(app, ["report", "--table", "nope", "--sweep", "small"])
+    assert res.exit_code == 2 and "choose one of: main, ablation, llm, runs, groups, toy" in res.stderr

@@ -47,13 +47,15 @@ def test_the_launch_flags_are_declared_once_for_sweep_and_paper_and_cover_the_se
     assert shown["sweep"] == shown["paper"]
     assert shown["sweep"]["batch_runs"][0] == ["--batch-runs"]
     assert shown["sweep"]["partition"][2] == "Slurm" and shown["sweep"]["workers"][2] == "Launch"
-    settings = {f.name for f in dataclasses.fields(LaunchSettings)} - {"slurm"}
-    slurm = {f.name for f in dataclasses.fields(SlurmOptions)} - {"extra"} | {"sbatch"}
+    settings = {f.name for f in dataclasses.fields(LaunchSettings)} - {"options"}
+    slurm = {f.name for f in dataclasses.fields(SlurmOptions)}
     assert set(names) == settings | slurm and not settings & slurm
     given = LaunchFlags(workers=3, per_gpu=2, batch_runs=4, partition="gpu", sbatch={"constraint": "a100"})
-    resolved = LaunchSettings.resolve({"workers": 1, "threads": 2, "partition": "cpu"}, given)
-    assert (resolved.workers, resolved.threads, resolved.slurm.partition) == (3, 2, "gpu")   # the command line wins
-    assert resolved.slurm.extra == {"constraint": "a100"}
+    resolved = LaunchSettings.resolve({"executor": "slurm", "workers": 1, "threads": 2, "partition": "cpu"}, given)
+    assert (resolved.workers, resolved.threads, resolved.options.partition) == (3, 2, "gpu")  # the command line wins
+    assert resolved.options.sbatch == {"constraint": "a100"}
+    with pytest.raises(ConfigError, match=r"^--partition is not an option of --executor local$"):
+        LaunchSettings.resolve({"partition": "cpu"})
     assert resolved.cells_per_device("cuda:1") == 8 and resolved.cells_per_device("cpu") == 4
     with pytest.raises(ConfigError, match=r"unknown \[launch\] key\(s\) batchruns; valid: account, array_parallelism"):
         LaunchSettings.resolve({"batchruns": 2})

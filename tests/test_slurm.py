@@ -231,7 +231,7 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
 
 
 def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path, leftovers) -> None:
-    from flctl.launch import Slot
+    from flctl.launch import Slot, WorkerRecipe
     from flctl.launch.submit import submit
     from flctl.sweep import plan, spec_from_values
 
@@ -251,7 +251,7 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
     store = Store.open(url)
     store.create_sweep("preempted", None, "two-moons", {}, [cfg])
     folder = results / "jobs" / "preempted"
-    [job] = submit("preempted", [Slot(0)], db_url=url, results_root=results, executor="slurm")
+    [job] = submit(WorkerRecipe(url, str(results), "preempted", "slurm"), [Slot(0)])
     leftovers["jobs"].append(job.job_id)
     assert re.fullmatch(r"\d+", job.job_id), job.job_id                 # one worker: a plain job, no array
 

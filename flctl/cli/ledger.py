@@ -102,12 +102,12 @@ def _no_worker_left(root: Path, sid: str, data: dict) -> bool:
     """Whether the sweep being waited for has cells to do that no worker will take: none running, some queued,
     handed back (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker, job controller or
     Slurm job left. A sweep with Slurm jobs is never judged so: squeue may not answer, and a job may pend for hours."""
-    from flctl.launch import live_controllers, live_workers, submitted_jobs
+    from flctl.launch import live_controllers, live_workers, queued_jobs
 
     total = data["total"]
     if total[Status.RUNNING] or not (total["stale"] or total[Status.INTERRUPTED] or total[Status.QUEUED]):
         return False
-    if any(j["executor"] == "slurm" for j in submitted_jobs(root, sid)):
+    if queued_jobs(root, sid):       # a scheduler's jobs may wait in its queue: no process here tells
         return False
     return not (live_workers(root, sid) or live_controllers(root, sid))
 
@@ -233,7 +233,7 @@ def cancel(
     Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held
     are marked interrupted without counting an attempt.
     """
-    from flctl.launch import live_controllers, live_workers, submitted_jobs
+    from flctl.launch import live_controllers, live_workers, queued_jobs
     from flctl.launch.cancel import cancel as cancel_sweep
 
     if not timeout >= 0:
@@ -244,8 +244,8 @@ def cancel(
     sid = found["id"]
     running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == Status.RUNNING]
     reader.close()
-    slurm = any(j["executor"] == "slurm" for j in submitted_jobs(root, sid))
-    if not (running or live_workers(root, sid) or live_controllers(root, sid) or slurm):
+    queued = bool(queued_jobs(root, sid))
+    if not (running or live_workers(root, sid) or live_controllers(root, sid) or queued):
         if as_json:
             print(json.dumps({"sweep": sid, "stopped": [], "killed": [], "handed_back": []}))
         else:

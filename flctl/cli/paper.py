@@ -81,7 +81,7 @@ def paper(
             launch = dataclasses.replace(launch, workers=1)
         settings = LaunchSettings.resolve({}, launch)
         if device is not None:
-            device = resolve_device(device, here=settings.executor != "slurm", planning=dry_run)
+            device = resolve_device(device, here=settings.launcher.runs_here, planning=dry_run)
         runs = stored_runs(url, tasks_of(specs, items))
         together = settings.cells_per_device(device or "cpu")
         # A dry run plans without looking at the data (as `flctl sweep --dry-run`: a cluster's programme can be
@@ -177,7 +177,7 @@ def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> 
         wanted = {c.run_id for c in cells}
         configs = [c for c in planned.configs if c.run_id in wanted]
         sid = sweep_id(planned.spec, configs)
-        foreground = planned.settings.executor in ("local", "debug")
+        foreground = planned.settings.launcher.runs_here
         launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
         if launched.here is not None and (stopped := _here(launched.here, url, sid)) is not None:
             console.print(f"[yellow]stopped[/]: `flctl cancel {sid}` stops the other workers; `flctl paper` again "

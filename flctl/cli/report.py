@@ -23,16 +23,28 @@ from flctl.cli.common import (
 )
 from flctl.fs import atomic_path, write_text_atomic
 from flctl.method_info import METHOD_INFO
-from flctl.report import FORMAT_OF_SUFFIX, FORMATS, PLOTS, QUERIES, TABLES, listed
+from flctl.report import FORMAT_OF_SUFFIX, FORMATS, PLOTS, QUERIES, listed
+from flctl.report.table_specs import TABLE_SPECS, table_spec
 
 SELECT_PANEL = "Which runs"
 
 
+def _by_tables() -> tuple[str, ...]:
+    """The tables that take --by (a row per group of samples)."""
+    return tuple(name for name, spec in TABLE_SPECS.items() if spec.by)
+
+
+def _table_help() -> str:
+    """--table's help: every registered table, and which take --by."""
+    by = "".join(f" ({name}: with --by)" for name in _by_tables())
+    return f"{listed(tuple(TABLE_SPECS))}{by}."
+
+
 def report(
-    table: Annotated[Optional[str], typer.Option(help=f"{listed(TABLES)} (groups: with --by).",
-                                                                             autocompletion=complete_from(TABLES))] = None,
+    table: Annotated[Optional[str], typer.Option(help=_table_help(), autocompletion=complete_from(TABLE_SPECS))] = None,
     plot: Annotated[Optional[str], typer.Option(help=f"{listed(PLOTS)}.", autocompletion=complete_from(PLOTS))] = None,
-    by: Annotated[Optional[str], typer.Option(help="groups table: the attribute, e.g. race or gender (utkface).")] = None,
+    by: Annotated[Optional[str], typer.Option(help=f"{listed(_by_tables())} table: the attribute, e.g. race or gender "
+                                                   "(utkface).")] = None,
     samples: Annotated[Optional[str], typer.Option(help=f"Per-sample query: {listed(QUERIES)}.",
                                                                                autocompletion=complete_from(QUERIES))] = None,
     sweep: Annotated[Optional[str], typer.Option(help="Sweep id, prefix or name.", rich_help_panel=SELECT_PANEL,
@@ -65,8 +77,10 @@ def report(
 
     if sum(x is not None for x in (table, plot, samples)) != 1:
         fail("give exactly one of --table, --plot or --samples")
-    if (table == "groups") != (by is not None):
-        fail("--table groups needs --by ATTRIBUTE (e.g. race)" if by is None else "--by applies to --table groups")
+    spec = TABLE_SPECS.get(table) if table is not None else None   # an unknown name is refused below, with the list
+    if (spec is not None and spec.by) != (by is not None):
+        fail(f"--table {table} needs --by ATTRIBUTE (e.g. race)" if by is None
+             else f"--by applies to --table {listed(_by_tables())}")
     if split not in (None, "train", "test"):
         fail(f"--split must be train or test, got {split!r}")
     for flag, value, lo, hi in (("--digits", digits, 0, 12), ("--top", top, 1, None), ("--min-seeds", min_seeds, 1, None),
@@ -85,28 +99,28 @@ def report(
     root = results_root(results_dir)
     store = existing_store(db, root)
     try:
-        if table is not None and table not in TABLES:
-            raise ConfigError(f"unknown table {table!r}; choose one of: {', '.join(TABLES)}")
+        if table is not None:
+            spec = table_spec(table)       # refuses an unknown name, listing the tables
         if table is not None and fmt not in FORMATS:
             raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-        if table == "llm" and sweep is None and task is None:
-            task = "orca-dpo"          # the preference-optimization table is of the LLM task's runs
+        if spec is not None and spec.task is not None and sweep is None and task is None:
+            task = spec.task           # e.g. the preference-optimization table is of the LLM task's runs
         if plot == "heatmap" and sweep is None:
             sweep = _latest_lr_sweep(store, task)
         runs = select_runs(store, sweep=sweep, task=task)
         layout = Layout(root)
         records_root = layout.records
-        if table is not None:
+        if spec is not None:
             cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
             for c in cols or []:
                 tables.check_column(c)
-            if table == "groups":
+            if spec.by:
                 from flctl.report.groups import groups_table
 
                 assert by is not None
-                built = groups_table(runs, records_root, by, cols)
+                built = groups_table(runs, records_root, by, cols, spec)
             else:
-                built = tables.build(table, runs, cols, tables.record_values(runs, records_root, cols or []))
+                built = tables.build(spec, runs, cols, tables.record_values(runs, records_root, cols or []))
             _emit_table(built, fmt, out, digits)
         elif plot is not None:
             from flctl.report.plots import plot as make_plot

@@ -30,8 +30,6 @@ from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
-# Workers a --tune may start in a row for trials no worker took before it gives up (they die at start-up).
-MAX_REVIVALS = 3
 
 
 def _axis(help_text: str = ""):
@@ -108,7 +106,7 @@ def sweep(
                           f"(`flctl cancel {sid}` stops them)")
             raise typer.Exit(stopped)
     settled = watch(store, sid, until_done=True, root=root) if wait else None
-    if not wait and launched.jobs and settings.executor != "debug":
+    if not wait and launched.jobs and not settings.launcher.in_process:
         console.print(f"follow it with `flctl status {sid} --watch`")
     sync_sweep(store, url, sid, planned.objective, direction)
     if settled is not None:
@@ -137,49 +135,25 @@ def _chosen_spec(path: Path | None, task: str | None, fields: dict, *, p_min: st
 
 def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
           settings) -> None:
-    import dataclasses
+    """Run the search (flctl.launch.tune) and print each trial as it is told, then the best."""
+    from flctl.errors import ConfigError
+    from flctl.launch.tune import TuneFailed, run_tune
+    from flctl.study import search_space
+    from flctl.sweep import tune_id
 
-    from flctl.launch import has_workers
-    from flctl.layout import Layout
-    from flctl.study import params_of, search_space, tune
-    from flctl.sweep import resolve_cell, tune_id
+    def told(trial) -> None:
+        result = f"{safe(objective)} = {trial.value:.4g}" if trial.value is not None else safe(trial.status)
+        console.print(f"trial {trial.number + 1}/{n_trials}: {_params(trial.params)} → {result} (run {trial.run_id})")
 
-    spec = dataclasses.replace(spec, tune=n_trials, objective=objective)
-    sid = tune_id(spec)
-
-    def launch_configs(configs) -> None:
-        revived.clear()
-        _launch(store, url, root, sid, spec, configs, settings, quiet=True)
-
-    def fetch(run_ids):
-        return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
-
-    revived: list[str] = []
-
-    def revive(configs) -> None:
-        """Start a worker for trials' runs still queued when no worker of the sweep is alive (see tune)."""
-        if has_workers(root, sid):
-            return
-        if len(revived) >= MAX_REVIVALS:   # workers that die before claiming anything: stop, do not loop
-            fail(f"sweep {sid}: {MAX_REVIVALS} workers in a row exited without taking run(s) "
-                 f"{', '.join(c.run_id for c in configs)}; see the job logs in {Layout(root).sweep_jobs(sid)}", code=1)
-        revived.append(configs[0].run_id)
-        _launch(store, url, root, sid, spec, configs, settings, quiet=True)
-
-    names = list(search_space(spec))
-
-    def told(number: int, cfg, row: dict, value: float | None) -> None:
-        """One line per trial, as it is told: its parameters, and its objective or why it has none."""
-        result = f"{safe(objective)} = {value:.4g}" if value is not None else safe(row["status"])
-        console.print(f"trial {number + 1}/{n_trials}: {_params(params_of(cfg, names))} → {result} (run {cfg.run_id})")
-
-    console.print(f"sweep [bold]{sid}[/]: TPE search, {n_trials} trials over {safe(', '.join(names))}; "
+    sid = tune_id(dataclasses.replace(spec, tune=n_trials, objective=objective))
+    console.print(f"sweep [bold]{sid}[/]: TPE search, {n_trials} trials over {safe(', '.join(search_space(spec)))}; "
                   f"follow it with `flctl status {sid}`")
-    study = tune(spec, sid, n_trials, objective, direction, store=store, url=url,
-                 resolve_cell=lambda p: resolve_cell(spec, p), launch=launch_configs, fetch=fetch, revive=revive,
-                 parallel=parallel, told=told)
-    if not any(t.value is not None for t in study.get_trials(deepcopy=False)):
-        fail(f"sweep {sid}: no trial finished with a value of {objective}; see `flctl status {sid}`", code=1)
+    try:
+        study = run_tune(store, url, root, spec, n_trials, objective, direction, parallel, settings, told)
+    except ConfigError as exc:
+        fail(str(exc))
+    except TuneFailed as exc:
+        fail(str(exc), code=1)
     best = study.best_trial
     console.print(f"study [bold]{safe(study.study_name)}[/]: best {safe(objective)} = {best.value:.4g} with "
                   f"{_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
@@ -190,9 +164,8 @@ def _params(params: dict) -> str:
     return ", ".join(safe(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") for k, v in params.items())
 
 
-def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False,
-            quiet: bool = False):
-    """Launch the sweep's cells and say what happened; ``quiet`` (each --tune trial): only new worker jobs."""
+def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False):
+    """Launch the sweep's cells and say what happened."""
     from flctl.errors import ConfigError
     from flctl.launch import launch_sweep
 
@@ -200,14 +173,13 @@ def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join
         launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
     except ConfigError as exc:        # e.g. results/jobs is another user's folder
         fail(str(exc))
-    if not quiet:
-        console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
-                      f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
-                      "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
-                      + f"; {launched.todo} to do"
-                      + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+    console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
+                  f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
+                  "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
+                  + f"; {launched.todo} to do"
+                  + (f", {launched.live} worker(s) already on it" if launched.live else ""))
     if launched.jobs:
-        ids = sorted({j.job_id.split("_")[0] for j in launched.jobs})
+        ids = sorted({settings.launcher.job_group(j.job_id) for j in launched.jobs})
         console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "
                       f"{safe(', '.join(ids[:5]))}{' ...' if len(ids) > 5 else ''}"
                       + (" and one in this process" if launched.here else ""))

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
+from flctl.config import RunConfig
 from flctl.db.liveness import STALE_AFTER_S, _is_stale, check_stale_after, db_now
 from flctl.db.schema import Artifact, Run, SweepCell, now
 from flctl.db.sqlite import READ_ONLY
@@ -77,10 +78,10 @@ class RunQueue:
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None,
-                   accept: Callable[[dict], bool] | None = None) -> tuple[str, str] | None:
-        """Claim the sweep's next cell still to do, for a pull worker: (run id, fencing token), or None when none
-        is left. With ``accept``,
-        only a cell whose stored config it accepts (e.g. one that can train together with cells already held).
+                   accept: Callable[[RunConfig], bool] | None = None) -> tuple[RunConfig, str] | None:
+        """Claim the sweep's next cell still to do, for a pull worker: (its config, fencing token), or None when none
+        is left. With ``accept``, only a cell whose config it accepts (e.g. one that can train together with cells
+        already held).
 
         To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
         error (a task's exception) would come again; a new launch of the sweep queues it again (``retry_failed``).
@@ -95,12 +96,15 @@ class RunQueue:
                              .order_by(Run.id)).all()
             at = db_now(s)
         for r in rows:
-            if (r.status == Status.RUNNING and not _is_stale(r, stale_after, at)) or (accept and not accept(r.config)):
+            if r.status == Status.RUNNING and not _is_stale(r, stale_after, at):
+                continue
+            cfg = RunConfig.from_json(r.config)
+            if accept and not accept(cfg):
                 continue
             token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
-                                   git_sha=git_sha, device=r.config.get("device"))
+                                   git_sha=git_sha, device=cfg.device)
             if token is not None:
-                return r.id, token
+                return cfg, token
         return None
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:

@@ -1,9 +1,11 @@
-"""Launching a sweep: W pull workers through submitit, debug (in process), local (subprocesses) or Slurm.
+"""Launching a sweep: W pull workers through a launcher (flctl.launch.backends: debug in process, local
+subprocesses, Slurm job arrays, or an installed one).
 
 A sweep's cells are rows in the database, not arguments of jobs: each worker (flctl.launch.worker) claims the next
-one until none is left. By job: settings (LaunchFlags, LaunchSettings, Slot), plan (`flctl sweep`'s checks and
-launch), submit (submitit), worker (the pull loop), jobs (results/jobs/<sweep>/ and its trust checks), slurm (every
-Slurm command flctl runs itself), cancel.
+one until none is left. By job: settings (LaunchFlags, LaunchSettings), backends (the launchers, Slot), plan
+(`flctl sweep`'s checks and launch), submit (start workers through the launcher), worker (the pull loop and its
+recipe), jobs (results/jobs/<sweep>/ and its trust checks), slurm (every Slurm command flctl runs itself), tune (a
+--tune search), cancel.
 
 The names below are imported on first use, so that the CLI reads LaunchFlags (no database layer) at start-up.
 `cancel` and `submit` are functions of the modules of those names: import them from there.
@@ -16,11 +18,12 @@ from typing import Any
 
 _HOME = {
     "has_workers": "jobs", "live_controllers": "jobs", "live_workers": "jobs", "private_folder": "jobs",
-    "submitted_jobs": "jobs",
-    "Launched": "plan", "SweepPlan": "plan", "launch_sweep": "plan", "plan_sweep": "plan",
-    "LaunchFlags": "settings", "LaunchSettings": "settings", "Slot": "settings", "SlurmOptions": "settings",
-    "batch_runs_for": "settings", "local_slots": "settings", "slurm_workers": "settings",
-    "Worker": "worker",
+    "queued_jobs": "jobs", "submitted_jobs": "jobs",
+    "Launched": "plan", "SweepPlan": "plan", "cells_together": "plan", "launch_sweep": "plan", "plan_sweep": "plan",
+    "LaunchFlags": "settings", "LaunchSettings": "settings", "batch_runs_for": "settings",
+    "Launcher": "backends", "Slot": "backends", "get_launcher": "backends",
+    "SlurmOptions": "backends.slurm", "slurm_workers": "backends.slurm", "local_slots": "backends.local",
+    "Worker": "worker", "WorkerRecipe": "worker",
 }
 __all__ = sorted(_HOME)
 

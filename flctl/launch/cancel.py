@@ -12,8 +12,8 @@ from flctl.db import RunQueue, Store
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
-from flctl.launch.jobs import live_controllers, local_workers, submitted_jobs
-from flctl.launch.slurm import any_active, scancel
+from flctl.launch.backends import get_launcher
+from flctl.launch.jobs import live_controllers, local_workers, queued_jobs
 from flctl.layout import Layout
 from flctl.procs import Process, send, still
 
@@ -25,26 +25,26 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *,
     Local workers get SIGINT (they finish their epoch, checkpoint and hand their cell back) and are killed if
     still alive after ``timeout`` seconds: the registered ones, and the workers of the job controllers the sweep
     started (submitted.json), which are found before they register. Slurm jobs: pending array tasks are cancelled,
-    running ones get SIGINT, then whatever is left is scancel-ed. Cells still marked running by a worker that is
+    running ones get SIGINT, then whatever is left is scancel-ed (any queued launcher: its ``stop``). Cells still marked running by a worker that is
     now gone are handed back. Only processes that are still those recorded, and that flctl started, get a signal.
     """
     stopped: dict[int, tuple[Process, str | None]] = {}
     controllers = live_controllers(results_root, sweep_id)
-    slurm_ids = sorted({j["job_id"].split("_")[0] for j in submitted_jobs(results_root, sweep_id)
-                        if j["executor"] == "slurm"})
+    # a scheduler's jobs (Slurm's), by launcher: stopped through the scheduler, by their groups (arrays)
+    queued = {launcher: sorted({launcher.job_group(j) for j in ids})
+              for launcher, ids in ((get_launcher(n)(), ids) for n, ids in queued_jobs(results_root, sweep_id).items())}
     for p, job_id in local_workers(results_root, sweep_id, controllers):
         if send(p, signal.SIGINT):
             stopped[p.pid] = (p, job_id)
-    if slurm_ids:
-        scancel(slurm_ids, "--state=PENDING")
-        scancel(slurm_ids, "--signal=INT")
+    for launcher, ids in queued.items():
+        launcher.stop(ids, hard=False)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p, job_id in local_workers(results_root, sweep_id, controllers):   # started since: stop them too
             if p.pid not in stopped and send(p, signal.SIGINT):
                 stopped[p.pid] = (p, job_id)
         if not (any(still(p) for p, _ in stopped.values()) or any(still(c) for c in controllers)
-                or (slurm_ids and any_active(slurm_ids))):
+                or any(launcher.active(ids) for launcher, ids in queued.items())):
             break
         time.sleep(0.2)
     for c in controllers:             # what is left is killed; its controllers frozen first, so they start no more
@@ -54,16 +54,18 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *,
     killed = [p.pid for p, _ in stopped.values() if send(p, signal.SIGKILL)]
     for c in controllers:
         send(c, signal.SIGKILL)
-    if slurm_ids and any_active(slurm_ids):
-        scancel(slurm_ids)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any_active(slurm_ids):
-            time.sleep(0.5)
+    for launcher, ids in queued.items():
+        if launcher.active(ids):
+            launcher.stop(ids, hard=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and launcher.active(ids):
+                time.sleep(0.5)
     host = socket.gethostname()
     for pid in stopped:   # a killed worker cannot unregister itself
         Layout(results_root).worker_file(sweep_id, host, pid).unlink(missing_ok=True)
+    groups = {j for ids in queued.values() for j in ids}
     handed_back = RunQueue(store).hand_back(sweep_id, "cancelled; resumes from its checkpoint",
-                                  pids=set(stopped), job_prefixes=set(slurm_ids))
+                                            pids=set(stopped), job_prefixes=groups)
     return {"sweep": sweep_id, "killed": killed, "handed_back": handed_back,
             "stopped": [{"kind": "process", "pid": p.pid, "job_id": job_id} for p, job_id in stopped.values()]
-            + [{"kind": "slurm job", "job_id": j} for j in slurm_ids]}
+            + [{"kind": f"{launcher.name} job", "job_id": j} for launcher, ids in queued.items() for j in ids]}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import stat
 import sys
@@ -24,23 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import submitit
-
 from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
-from flctl.launch.settings import EXECUTORS
-from flctl.launch.slurm import active_job_ids, any_active
+from flctl.launch.backends import get_launcher, names
 from flctl.layout import Layout
 from flctl.procs import Process, children, process, recorded, still
 from flctl.text import shown
-
-# Slurm job ids as submitit records them: 123, an array task 123_4, or a range of pending tasks 123_[0-7%2].
-SLURM_JOB_ID = re.compile(r"[0-9]+(?:_(?:[0-9]+|\[[0-9,%-]+\]))?")
-
-
-# submitit's other job ids: a local job's controller pid, a debug job's DEBUG_<number>
-LOCAL_JOB_ID = re.compile(r"[0-9]+|DEBUG_[0-9]+")
-
 
 _MAX_FILE_BYTES = 1 << 20
 
@@ -134,18 +122,26 @@ def _bad_worker(info: Any, here: str) -> str | None:
     executor, job_id, pid = info.get("executor"), info.get("job_id"), info.get("pid")
     if not (isinstance(info.get("host"), str) and info["host"]):
         return "no host"
-    if executor not in EXECUTORS:
-        return f"executor {shown(str(executor))} is not one of {', '.join(EXECUTORS)}"
+    if (launcher := _launcher(executor)) is None:
+        return f"executor {shown(str(executor))} is not one of {', '.join(names())}"
     if not (isinstance(pid, int) and not isinstance(pid, bool) and pid > 1):
         return f"pid {shown(str(pid))} is not a process id above 1"
-    if executor == "slurm" and not (isinstance(job_id, str) and SLURM_JOB_ID.fullmatch(job_id)):
-        return f"job id {shown(str(job_id))} is not a Slurm job id"
-    if executor != "slurm" and not (job_id is None or (isinstance(job_id, str) and LOCAL_JOB_ID.fullmatch(job_id))):
-        return f"job id {shown(str(job_id))} is not a local or debug job's"
-    if executor != "slurm" and info["host"] == here and recorded(pid, info.get("start_time"),
-                                                                  info.get("cmdline")) is None:
+    if not (job_id is None and not launcher.queued or isinstance(job_id, str) and launcher.job_id.fullmatch(job_id)):
+        return f"job id {shown(str(job_id))} is not a {launcher.name} job's"
+    if not launcher.queued and info["host"] == here and recorded(pid, info.get("start_time"),
+                                                                 info.get("cmdline")) is None:
         return "it does not say which process registered (start_time, cmdline): not written by this flctl"
     return None
+
+
+def _launcher(name: Any) -> Any:
+    """The launcher class named ``name`` (a field read from a file), or None when there is none of that name."""
+    if not isinstance(name, str) or name not in names():
+        return None
+    try:
+        return get_launcher(name)
+    except ConfigError:
+        return None
 
 
 @contextlib.contextmanager
@@ -167,7 +163,7 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
     another host as long as its file is there, one of this host while its process is the one that registered and
     one flctl started. Files of workers that are gone (kill -9, scancel, a pid now another process's) are removed
     here; malformed ones, or ones naming a process flctl did not start, are reported and skipped."""
-    found, active_arrays, here = [], None, socket.gethostname()
+    found, active, here = [], {}, socket.gethostname()
     layout = Layout(results_root)
     folder, workers = layout.sweep_jobs(sweep_id), layout.workers(sweep_id)
     if not all(_own_folder(f) for f in (layout.jobs, folder, workers)):
@@ -179,11 +175,11 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
         if (why := _bad_worker(info, here)) is not None:
             _warn(f"skipping worker file {str(path)!r}: {why}")
             continue
-        if info["executor"] == "slurm":
-            if active_arrays is None:
-                active_arrays = active_job_ids([j["job_id"] for j in submitted_jobs(results_root, sweep_id)
-                                                   if j["executor"] == "slurm"])
-            alive = info["job_id"] in active_arrays
+        launcher = get_launcher(info["executor"])
+        if launcher.queued:                    # its scheduler says, for all the sweep's jobs of it at once
+            if launcher.name not in active:
+                active[launcher.name] = launcher().active(queued_jobs(results_root, sweep_id).get(launcher.name, []))
+            alive = info["job_id"] in active[launcher.name]
         elif info["host"] != here:
             alive = True                       # cannot be checked from here
         else:
@@ -206,7 +202,7 @@ def live_controllers(results_root: Path, sweep_id: str) -> list[Process]:
     folder, here = Layout(results_root).sweep_jobs(sweep_id), socket.gethostname()
     found = []
     for job in submitted_jobs(results_root, sweep_id):
-        if job["executor"] == "local" and job["host"] == here:
+        if not get_launcher(job["executor"]).queued and job["host"] == here:
             controller = recorded(int(job["job_id"]), job["start_time"], job["cmdline"])
             if controller is not None and still(controller) and _launched_here(controller.cmdline, folder):
                 found.append(controller)
@@ -218,11 +214,19 @@ def has_workers(results_root: Path, sweep_id: str) -> bool:
     (its worker not registered yet), or a Slurm job of the sweep that squeue lists (pending ones included)."""
     if live_workers(results_root, sweep_id) or live_controllers(results_root, sweep_id):
         return True
-    slurm = [j["job_id"] for j in submitted_jobs(results_root, sweep_id) if j["executor"] == "slurm"]
-    return bool(slurm) and any_active(slurm)
+    return any(get_launcher(name)().active(ids) for name, ids in queued_jobs(results_root, sweep_id).items())
 
 
-def remember_jobs(path: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
+def queued_jobs(results_root: Path, sweep_id: str) -> dict[str, list[str]]:
+    """The sweep's jobs of queued launchers (a scheduler's: Slurm's), by launcher name."""
+    found: dict[str, list[str]] = {}
+    for j in submitted_jobs(results_root, sweep_id):
+        if get_launcher(j["executor"]).queued:
+            found.setdefault(j["executor"], []).append(j["job_id"])
+    return found
+
+
+def remember_jobs(path: Path, executor: str, jobs: Sequence[Any]) -> None:
     """Add the jobs to the sweep's submitted.json (``path``) before `flctl sweep` returns, so that `flctl cancel`
     finds them at once. A local job's id is its controller's pid; what the OS says of that process is recorded with
     it. Under a lock: a worker that lost its device adds its replacement while others may do the same."""
@@ -233,11 +237,11 @@ def remember_jobs(path: Path, executor: str, jobs: Sequence[submitit.Job]) -> No
         _add_jobs(path, executor, jobs)
 
 
-def _add_jobs(path: Path, executor: str, jobs: Sequence[submitit.Job]) -> None:
+def _add_jobs(path: Path, executor: str, jobs: Sequence[Any]) -> None:
     known = _read_jobs(path)
     for job in jobs:
         entry: dict[str, Any] = {"executor": executor, "job_id": job.job_id, "host": socket.gethostname()}
-        if executor == "local":
+        if not get_launcher(executor).queued:      # a local job's id is its controller's pid
             controller = process(int(job.job_id))
             if controller is None:           # already gone: nothing to stop later
                 continue
@@ -253,16 +257,17 @@ def _bad_job(entry: Any) -> str | None:
     executor, job_id = entry.get("executor"), entry.get("job_id")
     if not (isinstance(entry.get("host"), str) and entry["host"]):
         return "no host"
-    if executor == "slurm":
-        ok = isinstance(job_id, str) and SLURM_JOB_ID.fullmatch(job_id) is not None
-        return None if ok else f"job id {shown(str(job_id))} is not a Slurm job id"
-    if executor == "local":
-        pid = int(job_id) if isinstance(job_id, str) and job_id.isdigit() else None
-        if pid is None or recorded(pid, entry.get("start_time"), entry.get("cmdline")) is None:
-            return (f"local job {shown(str(job_id))} does not say which process it is (a process id above 1, "
-                    "start_time, cmdline)")
-        return None
-    return f"executor {shown(str(executor))} is not local or slurm"
+    launcher = _launcher(executor)
+    if launcher is None or launcher.in_process:
+        return f"executor {shown(str(executor))} is not one whose jobs are recorded"
+    if launcher.queued:
+        ok = isinstance(job_id, str) and launcher.job_id.fullmatch(job_id) is not None
+        return None if ok else f"job id {shown(str(job_id))} is not a {launcher.name} job id"
+    pid = int(job_id) if isinstance(job_id, str) and job_id.isdigit() else None
+    if pid is None or recorded(pid, entry.get("start_time"), entry.get("cmdline")) is None:
+        return (f"{launcher.name} job {shown(str(job_id))} does not say which process it is (a process id above 1, "
+                "start_time, cmdline)")
+    return None
 
 
 def _read_jobs(path: Path) -> list[dict[str, Any]]:
@@ -295,8 +300,8 @@ def local_workers(results_root: Path, sweep_id: str,
     workers included), and the job processes of its live local controllers, registered or not yet."""
     here = socket.gethostname()
     found = {}
-    for w in live_workers(results_root, sweep_id):          # Slurm's workers are stopped through Slurm
-        if w["host"] == here and w["executor"] != "slurm":
+    for w in live_workers(results_root, sweep_id):          # a scheduler's workers are stopped through it
+        if w["host"] == here and not get_launcher(w["executor"]).queued:
             p = recorded(w["pid"], w["start_time"], w["cmdline"])
             if p is not None:
                 found[p.pid] = (p, w["job_id"])

@@ -8,16 +8,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import submitit
-
 from flctl.config import RunConfig, resolve_device
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ConfigError, DeviceLost
+from flctl.launch.backends import Slot
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
-from flctl.launch.settings import LaunchFlags, LaunchSettings, Slot, batch_runs_for
-from flctl.launch.slurm import check_executor, check_script_path, check_slurm_cluster
+from flctl.launch.settings import LaunchFlags, LaunchSettings, batch_runs_for
 from flctl.launch.submit import submit
-from flctl.launch.worker import Worker
+from flctl.launch.worker import Worker, WorkerRecipe
 from flctl.layout import Layout
 from flctl.status import TRAINABLE, Status
 
@@ -38,8 +36,14 @@ class Launched:
     gave_up: list[str]
     todo: int
     live: int
-    jobs: list[submitit.Job]
+    jobs: list[Any]                # the launcher's jobs, each with a job_id
     here: _Here | None = None
+
+
+def cells_together(settings: LaunchSettings, task: str, cells: int, workers: int, device: str) -> int:
+    """Cells each worker trains together: --batch-runs, or the automatic choice for ``cells`` cells among ``workers``
+    workers (batch_runs_for). The launch and the dry run's cost estimate both ask here."""
+    return settings.batch_runs or batch_runs_for(task, cells, max(workers, 1), device)
 
 
 def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],
@@ -63,19 +67,20 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
     started = {w["job_id"] for w in registered}
     live = len(registered) + sum(str(c.pid) not in started for c in live_controllers(root, sid))
-    slots = settings.slots(len(todo), configs[0].device if configs else "cpu")
+    device = configs[0].device if configs else "cpu"
+    slots = settings.slots(len(todo), device)
     slots = slots[:max(0, len(slots) - live)] if todo else []
-    batch_runs = settings.batch_runs or batch_runs_for(spec.task, len(todo), max(len(slots), 1), configs[0].device)
+    launcher = settings.launcher
+    recipe = WorkerRecipe(url, str(root), sid, settings.executor, settings.options, settings.max_attempts,
+                          checkpoint_every=settings.checkpoint_every, per_gpu=settings.per_gpu,
+                          batch_runs=cells_together(settings, spec.task, len(todo), len(slots), device),
+                          linger_s=TUNE_LINGER_S if spec.tune and not launcher.in_process else 0.0)
     here = None
-    if join and settings.executor == "local" and slots and slots[0].cuda is None:
-        here = _Here(Worker(url, str(root), sid, executor="local", max_attempts=settings.max_attempts,
-                            checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs,
-                            sync_study=False), slots[0])      # the waiting command syncs once all is done
+    if join and launcher.joins and slots and slots[0].cuda is None:
+        # the waiting command syncs the study once all is done; its worker stops with the sweep (no linger)
+        here = _Here(Worker(replace(recipe, sync_study=False, linger_s=0.0)), slots[0])
         slots = slots[1:]
-    jobs = submit(sid, slots, db_url=url, results_root=root, executor=settings.executor, slurm=settings.slurm,
-                  per_gpu=settings.per_gpu, max_attempts=settings.max_attempts,
-                  checkpoint_every=settings.checkpoint_every, batch_runs=batch_runs,
-                  linger_s=TUNE_LINGER_S if spec.tune and settings.executor != "debug" else 0.0)
+    jobs = submit(recipe, slots)
     if jobs or here:
         store.count_submission(sid)
     return Launched(len(configs), added, sum(cells[i]["status"] == Status.COMPLETED for i in ids), requeued,
@@ -125,7 +130,8 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
 
     settings = LaunchSettings.resolve(spec.launch, flags)
     # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
-    spec = replace(spec, device=resolve_device(spec.device, here=settings.executor != "slurm", planning=dry_run))
+    launcher = settings.launcher
+    spec = replace(spec, device=resolve_device(spec.device, here=launcher.runs_here, planning=dry_run))
     configs = plan(spec, check_data=not dry_run, allow_large=allow_large, progress=progress)
     sid = sweep_id(spec, configs)
     objective = objective or spec.objective or DEFAULT_OBJECTIVE
@@ -137,11 +143,7 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
         raise ConfigError(f"--tune and --parallel must be at least 1, got {tune} and {parallel}")
     if tune is not None:
         search_space(spec)     # a search needs a range or a list to search
-    if settings.executor == "slurm":
-        check_script_path(results_root)
+    launcher.check(results_root, dry_run=dry_run)
     if not dry_run:
-        check_executor(settings.executor)
-        if settings.executor == "slurm":       # before the sweep is recorded: sbatch would fail after
-            check_slurm_cluster()
         settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
     return SweepPlan(spec, configs, sid, settings, objective, tune)

@@ -1,13 +1,12 @@
 """A sweep's launch settings: the spec's [launch] table, the command's flags and OMP_NUM_THREADS, checked once
-(LaunchSettings); where its workers run (Slot: local processes on CPU cores or GPUs, Slurm array tasks) and how many
-cells each trains together."""
+(LaunchSettings), with the launcher they name (flctl.launch.backends) and its own options; and how many cells each
+worker trains together."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,65 +19,7 @@ from flctl.knobs import (
     check_checkpoint_every,
     check_count,
 )
-
-EXECUTORS = ("debug", "local", "slurm")
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    partition: str | None = None
-    gpus: int | None = None
-    cpus: int | None = None
-    mem_gb: float | None = None
-    time_min: int | None = None
-    account: str | None = None
-    qos: str | None = None
-    array_parallelism: int | None = None
-    # Extra sbatch options (KEY=VALUE -> #SBATCH --KEY=VALUE): submitit writes each one as a line of the batch script
-    # that bash runs, with the value shell-quoted and the key as it is; check_script_text() keeps both on their line.
-    extra: dict[str, str] = field(default_factory=dict)
-
-    def check_script_text(self) -> None:
-        """Refuse what would break out of its `#SBATCH` line in the generated batch script: a newline there starts a
-        line of its own, which bash runs when the job starts (any control character is refused, ESC included).
-        Partition, account and qos are one word; sbatch keys are option names."""
-
-        from flctl.text import first_control
-
-        for name in ("partition", "account", "qos"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)
-                                      or first_control(value) is not None):
-                raise ConfigError(f"--{name} must be one word, got {value!r}")
-        for key, value in self.extra.items():
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", key):
-                raise ConfigError(f"--sbatch {key!r}: an sbatch option name is letters, digits, '-' and '_' "
-                                  "(e.g. --sbatch constraint=a100)")
-            bad = first_control(value)
-            if bad is not None:
-                raise ConfigError(f"--sbatch {key}={value!r}: the value holds a control character (U+{ord(bad):04X}), "
-                                  "which would start a line of its own in the Slurm batch script")
-
-    def parameters(self) -> dict[str, Any]:
-        p: dict[str, Any] = {}
-        for key, value in (("slurm_partition", self.partition), ("gpus_per_node", self.gpus),
-                           ("cpus_per_task", self.cpus), ("mem_gb", self.mem_gb), ("timeout_min", self.time_min),
-                           ("slurm_account", self.account), ("slurm_qos", self.qos),
-                           ("slurm_array_parallelism", self.array_parallelism)):
-            if value is not None:
-                p[key] = value
-        if self.extra:
-            p["slurm_additional_parameters"] = dict(self.extra)
-        return p
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one worker runs: its index, its torch intra-op threads and, on GPUs, its CUDA_VISIBLE_DEVICES."""
-
-    index: int
-    threads: int | None = None
-    cuda: str | None = None
+from flctl.launch.backends import Launcher, NoOptions, Slot, get_launcher
 
 
 def omp_threads() -> int | None:
@@ -87,53 +28,6 @@ def omp_threads() -> int | None:
     waiting threads then spin on each other's cores). Other values (OpenMP's nested lists) are left to torch."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def cuda_devices() -> list[str]:
-    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES entries (imports torch)."""
-    import torch
-
-    count = torch.cuda.device_count()
-    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return listed[:count] if "CUDA_VISIBLE_DEVICES" in os.environ else [str(i) for i in range(count)]
-
-
-def local_slots(cells: int, *, device: str, workers: int | None = None, threads: int | None = None,
-                per_gpu: int = 1, cores: int | None = None, gpus: Sequence[str] | None = None) -> list[Slot]:
-    """The local executor's workers. On the CPU: W = max(1, cores // threads) unless given, each with
-    threads = cores // W (at least 1). On CUDA: W = GPUs x per_gpu, worker i on GPU i // per_gpu. Never more
-    workers than cells (threads are then shared among the workers that run)."""
-    for name, value in (("--workers", workers), ("--threads", threads), ("--per-gpu", per_gpu)):
-        check_count(name, value)
-    cores = cores or cpu_count()
-    if device.startswith("cuda"):
-        if gpus is None:
-            gpus = cuda_devices()
-        if device != "cuda":                  # cuda:N: that one device
-            index = int(device.partition(":")[2] or 0)
-            if index >= len(gpus):
-                raise ConfigError(f"--device {device}: this machine has {len(gpus)} visible CUDA device(s)")
-            gpus = [gpus[index]]
-        if not gpus:
-            raise ConfigError(f"--device {device}: no CUDA device is visible here (torch.cuda.device_count() is 0)")
-        w = min(workers or len(gpus) * per_gpu, max(cells, 1))
-        t = threads or max(1, cores // w)
-        return [Slot(i, t, gpus[(i // per_gpu) % len(gpus)]) for i in range(w)]
-    w = min(workers or max(1, cores // (threads or 1)), max(cells, 1))
-    t = threads or max(1, cores // w)     # the cores of workers a short sweep does not need go to the others
-    return [Slot(i, t) for i in range(w)]
-
-
-def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
-    """Slurm: W workers (default min(cells, SLURM_DEFAULT_WORKERS)); with ``per_gpu`` K they run K to a job."""
-    for name, value in (("--workers", workers), ("--per-gpu", per_gpu)):
-        check_count(name, value)
-    w = min(workers or SLURM_DEFAULT_WORKERS, max(cells, 1))
-    return [Slot(i) for i in range(math.ceil(w / per_gpu) * per_gpu)]
 
 
 def _flag(help: str, panel: str = "launch") -> Any:
@@ -147,7 +41,8 @@ class LaunchFlags:
     """What a command line said about launching (None: not given, so the spec's [launch] table or the default
     holds). One field per option, its help written here once; LaunchSettings.resolve merges it over the spec."""
 
-    executor: str | None = _flag("debug (in process), local (subprocesses) or slurm [default: the spec's, else local].")
+    executor: str | None = _flag("How workers start: debug (in process), local (subprocesses), slurm (a job array) "
+                                 "or an installed launcher [default: the spec's, else local].")
     workers: int | None = _flag("Pull workers [local: cores // threads, or GPUs x per-gpu with --device cuda; slurm: "
                                 f"min(cells, {SLURM_DEFAULT_WORKERS})].")
     threads: int | None = _flag("torch threads per local worker [OMP_NUM_THREADS if set, else cores // workers].")
@@ -174,48 +69,41 @@ class LaunchFlags:
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    executor: str = "local"
+    executor: str = "local"              # the launcher's name (flctl.launch.backends)
     workers: int | None = None
     threads: int | None = None
     per_gpu: int = 1
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S
     batch_runs: int | None = None        # None: batch_runs_for() chooses
-    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    options: Any = field(default_factory=NoOptions)      # the launcher's own (its Options)
+
+    @property
+    def launcher(self) -> Launcher:
+        return get_launcher(self.executor)(self.options)
 
     @classmethod
     def resolve(cls, spec_launch: Mapping[str, Any], flags: LaunchFlags = LaunchFlags()) -> LaunchSettings:
-        """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags);
-        --threads given by neither is OMP_NUM_THREADS when that is set (omp_threads)."""
-        slurm_keys = {f.name for f in fields(LaunchFlags) if f.metadata["panel"] == "slurm"}
-        unknown = set(spec_launch) - set(LaunchFlags.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: "
-                              f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
+        """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags) and
+        the launcher's own options; --threads given by neither is OMP_NUM_THREADS when that is set (omp_threads).
+        A launcher's option given to another launcher is refused (ConfigError), as are unknown keys."""
         merged = {**spec_launch, **flags.given()}
+        launcher = get_launcher(str(merged.get("executor", cls.executor)))
+        general = {f.name for f in fields(cls)} - {"options"}
+        own = {f.name for f in fields(launcher.Options)}
+        known = general | own | set(LaunchFlags.__dataclass_fields__)
+        if unknown := set(merged) - known:
+            raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}")
+        if foreign := sorted(set(merged) - general - own):
+            raise ConfigError(f"--{foreign[0].replace('_', '-')} is not an option of --executor {launcher.name}")
         if merged.get("threads") is None:
             merged["threads"] = omp_threads()
-        sbatch = merged.pop("sbatch", None) or {}
-        if not isinstance(sbatch, Mapping):
-            raise ConfigError(f"sbatch must be a table of KEY = VALUE ([launch.sbatch]), got {sbatch!r}")
-        extra = {str(k): str(v) for k, v in sbatch.items()}
-        slurm = SlurmOptions(**{k: merged.pop(k) for k in list(merged) if k in slurm_keys}, extra=extra)
-        settings = cls(**merged, slurm=slurm)
-        if settings.executor not in EXECUTORS:
-            raise ConfigError(f"unknown executor {settings.executor!r}; choose one of: {', '.join(EXECUTORS)}")
+        options = launcher.Options(**{k: merged.pop(k) for k in own if k in merged})
+        settings = cls(**merged, options=options)
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
             check_count(f"--{name.replace('_', '-')}", getattr(settings, name))
         check_checkpoint_every(settings.checkpoint_every)
-        # Slurm's own options, checked here rather than by sbatch after the cells were recorded
-        for name, kind, least in (("gpus", int, 0), ("cpus", int, 1), ("time_min", int, 1),
-                                  ("array_parallelism", int, 1), ("mem_gb", float, 0)):
-            value = getattr(slurm, name)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if value is not None and (not number or (kind is int and not isinstance(value, int)) or value < least
-                                      or (name == "mem_gb" and value == 0)):
-                what = "an integer of at least" if kind is int else "a number above"
-                raise ConfigError(f"--{name.replace('_', '-')} must be {what} {least}, got {value!r}")
-        slurm.check_script_text()
+        options.check()
         return settings
 
     def cells_per_device(self, device: str) -> int:
@@ -224,12 +112,8 @@ class LaunchSettings:
         return (self.batch_runs or 1) * (self.per_gpu if device.startswith("cuda") else 1)
 
     def slots(self, cells: int, device: str) -> list[Slot]:
-        """The workers to run for ``cells`` cells still to do (see local_slots and slurm_workers)."""
-        if self.executor == "debug":
-            return [Slot(0)] if cells else []
-        if self.executor == "slurm":
-            return slurm_workers(cells, self.workers, self.per_gpu)
-        return local_slots(cells, device=device, workers=self.workers, threads=self.threads, per_gpu=self.per_gpu)
+        """The workers to run for ``cells`` cells still to do (the launcher's)."""
+        return self.launcher.slots(cells, device, self)
 
 
 def batch_runs_for(task: str, cells: int, workers: int, device: str) -> int:

@@ -20,9 +20,9 @@ SLURM_COMMANDS = ("sbatch", "srun", "sacct", "squeue", "scancel", "sinfo")
 SLURM_ANSWER_S = 15.0
 
 
-def check_executor(executor: str) -> None:
-    """The executor's commands are here (its name was checked by LaunchSettings.resolve)."""
-    if executor == "slurm" and (missing := [c for c in SLURM_COMMANDS if shutil.which(c) is None]):
+def check_commands() -> None:
+    """Slurm's commands are on PATH (ConfigError naming those missing)."""
+    if missing := [c for c in SLURM_COMMANDS if shutil.which(c) is None]:
         raise ConfigError(f"--executor slurm needs Slurm's commands on PATH ({', '.join(missing)} "
                           f"{'is' if len(missing) == 1 else 'are'} missing); use --executor local on this machine")
 

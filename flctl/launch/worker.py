@@ -19,9 +19,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import submitit
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,8 +32,9 @@ import flctl.plugins
 from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.errors import DEVICE_LOST_EXIT, ConfigError, DeviceLost, DiskFull, GroundMoved, is_fatal_device_error
+from flctl.launch.backends import Launcher, Slot, get_launcher
 from flctl.launch.jobs import registered
-from flctl.launch.settings import LaunchSettings, Slot, SlurmOptions
+from flctl.launch.settings import LaunchSettings
 from flctl.launch.slurm import allocated_cpus
 from flctl.layout import Layout
 from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
@@ -50,26 +53,43 @@ class TaskUnavailable(Exception):
         self.run_id = run_id
 
 
+@dataclass(frozen=True)
+class WorkerRecipe:
+    """What a sweep's worker is made of, built once by the launch (flctl.launch.plan.launch_sweep) and handed as it is
+    to each worker, to the worker that replaces one after a device loss, and to a requeued one: plain, picklable
+    data. ``plugins``: the plugin task files and modules the launching process used (FLCTL_TASKS, a spec's
+    task_module), so that a worker on another node or under another environment loads the same ones."""
+
+    db_url: str
+    results_root: str
+    sweep_id: str
+    executor: str = "local"                     # the launcher (flctl.launch.backends) and its options
+    options: Any = None
+    max_attempts: int = LaunchSettings.max_attempts
+    stale_after: float = STALE_AFTER_S
+    checkpoint_every: float = LaunchSettings.checkpoint_every
+    batch_runs: int = 1
+    per_gpu: int = 1
+    linger_s: float = 0.0
+    sync_study: bool = True
+    plugins: tuple[str, ...] = field(default_factory=lambda: tuple(flctl.plugins.paths()))
+    losses_in_a_row: int = 0                    # workers before this one that lost their device with no cell done
+
+    @property
+    def launcher(self) -> Launcher:
+        return get_launcher(self.executor)(self.options)
+
+
 class Worker(submitit.helpers.Checkpointable):
     """The job body: pull the sweep's cells one at a time until none is left. Picklable; holds only plain data."""
 
-    def __init__(self, db_url: str, results_root: str, sweep_id: str, *, executor: str = "local",
-                 max_attempts: int = LaunchSettings.max_attempts, stale_after: float = STALE_AFTER_S,
-                 checkpoint_every: float = LaunchSettings.checkpoint_every, batch_runs: int = 1,
-                 sync_study: bool = True, linger_s: float = 0.0, plugins: Sequence[str] | None = None,
-                 slurm: SlurmOptions | None = None, losses_in_a_row: int = 0) -> None:
-        self.db_url, self.results_root, self.sweep_id, self.executor = db_url, results_root, sweep_id, executor
-        # The plugin task files and modules the launching process used (FLCTL_TASKS, a spec's task_module): a
-        # worker on another node or under another environment loads the same ones.
-        self.plugins = tuple(flctl.plugins.paths() if plugins is None else plugins)
-        self.sync_study, self.linger_s = sync_study, linger_s
-        self.max_attempts, self.stale_after, self.checkpoint_every = max_attempts, stale_after, checkpoint_every
-        self.batch_runs, self.slurm = batch_runs, slurm
+    def __init__(self, recipe: WorkerRecipe) -> None:
+        self.recipe = recipe
         self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
         self.stopped: int | None = None          # the exit code of the signal that stopped it (130, 143)
         self.device_lost: str | None = None      # the fatal device error that ended this worker
         self.failed_cells: list[str] = []        # the cells it was training then
-        self.losses_in_a_row = losses_in_a_row   # workers before this one that lost their device with no cell done
+        self.losses_in_a_row = recipe.losses_in_a_row
         self.trained_a_group = False             # a group of cells trained to its end (the device worked)
         self.ground_moved: str | None = None     # its database or results folder went away: it stopped
         self.disk_full: str | None = None        # the disk filled up: it stopped
@@ -77,7 +97,8 @@ class Worker(submitit.helpers.Checkpointable):
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
             os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
-        flctl.plugins.add(self.plugins)
+        self.slot = slot
+        flctl.plugins.add(self.recipe.plugins)
         with _torch_threads(slot.threads or allocated_cpus()):
             outcome = self._work()
         if self.device_lost is not None:
@@ -85,13 +106,13 @@ class Worker(submitit.helpers.Checkpointable):
         return outcome
 
     def _work(self) -> dict[str, str]:
-        store = Store.open(self.db_url)
-        layout = Layout(Path(self.results_root))
+        r = self.recipe
+        store = Store.open(r.db_url)
+        layout = Layout(Path(r.results_root))
         job_id, git_sha = _job_id(), git_revision()
         outcome: dict[str, str] = {}
-        signals = ("SIGINT",) if self.executor == "slurm" else ("SIGINT", "SIGTERM")
-        with registered(Path(self.results_root), self.sweep_id, job_id, self.executor), \
-                stop_on_signals(signals) as stop:
+        with registered(Path(r.results_root), r.sweep_id, job_id, r.executor), \
+                stop_on_signals(r.launcher.stop_signals) as stop:
             try:
                 while not stop.is_set():
                     if (moved := ground_moved(store, layout.root)) is not None:     # claim nothing in a new file
@@ -115,8 +136,8 @@ class Worker(submitit.helpers.Checkpointable):
                     self.current = {c.run_id: token for c, token in claimed}
                     try:
                         results = train_claimed(cfgs, dict(self.current), store, layout,
-                                                checkpoint_every=self.checkpoint_every, stop=stop.is_set,
-                                                max_attempts=self.max_attempts)
+                                                checkpoint_every=r.checkpoint_every, stop=stop.is_set,
+                                                max_attempts=r.max_attempts)
                     except DiskFull as exc:     # its cells were handed back; the next ones would fail alike
                         self._stop_on_full_disk(exc)
                         break
@@ -135,8 +156,8 @@ class Worker(submitit.helpers.Checkpointable):
                         self.current = {}
                     outcome.update((r.run_id, r.status) for r in results)
                     self.trained_a_group = True
-                if self.sync_study and outcome and self.ground_moved is None:
-                    _sync_study_once(store, self.db_url, self.sweep_id)
+                if r.sync_study and outcome and self.ground_moved is None:
+                    _sync_study_once(store, r.db_url, r.sweep_id)
             finally:
                 store.close()
                 self.stopped = stop.exit_code if stop.is_set() else None
@@ -147,11 +168,12 @@ class Worker(submitit.helpers.Checkpointable):
         fencing tokens."""
         from flctl.tasks import can_train_together, get_task
 
+        r = self.recipe
+
         def claim(accept=None) -> tuple[RunConfig, str] | None:
-            got = RunQueue(store).claim_next(self.sweep_id, max_attempts=self.max_attempts, stale_after=self.stale_after,
-                                   job_id=job_id, git_sha=git_sha, accept=accept)
-            run = None if got is None else store.get_run(got[0])
-            return None if run is None or got is None else (RunConfig.from_json(run.config), got[1])
+            got = RunQueue(store).claim_next(r.sweep_id, max_attempts=r.max_attempts, stale_after=r.stale_after,
+                                             job_id=job_id, git_sha=git_sha, accept=accept)
+            return None if got is None else (device_in_slot(got[0], getattr(self, "slot", None)), got[1])
 
         first = claim()
         if first is None:
@@ -163,8 +185,8 @@ class Worker(submitit.helpers.Checkpointable):
             RunQueue(store).fail_run(first[0].run_id, first[1], why, 0.0)
             raise TaskUnavailable(first[0].run_id, why) from None
         claimed, lead = [first], first[0]
-        while len(claimed) < self.batch_runs:
-            more = claim(lambda config: can_train_together([lead, RunConfig.from_json(config)]))
+        while len(claimed) < r.batch_runs:
+            more = claim(lambda cfg: can_train_together([lead, cfg]))
             if more is None:
                 break
             claimed.append(more)
@@ -172,7 +194,7 @@ class Worker(submitit.helpers.Checkpointable):
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
         """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
-        deadline = time.monotonic() + self.linger_s
+        deadline = time.monotonic() + self.recipe.linger_s
         for delay in poll_delays(_LINGER_POLL_S):   # the next trial comes a tell and an ask after this cell's end
             if time.monotonic() >= deadline or stop.is_set():
                 break
@@ -193,7 +215,8 @@ class Worker(submitit.helpers.Checkpointable):
         # A fresh process that also loses its device before it finishes a cell is replaced too, but not for ever: a
         # GPU that is broken (not one cell's fault) would otherwise start worker after worker.
         self.losses_in_a_row = 1 if self.trained_a_group else self.losses_in_a_row + 1
-        replaced = (self.executor != "debug" and self.losses_in_a_row < MAX_DEVICE_LOSSES_IN_A_ROW
+        in_process = self.recipe.launcher.in_process
+        replaced = (not in_process and self.losses_in_a_row < MAX_DEVICE_LOSSES_IN_A_ROW
                     and self._cells_left() and self._start_replacement(slot))
         then = ("a fresh worker takes its place" if replaced else
                 f"no worker was started in its place ({self.losses_in_a_row} workers in a row lost their device "
@@ -202,17 +225,17 @@ class Worker(submitit.helpers.Checkpointable):
         message = (f"fatal device error in cells {', '.join(self.failed_cells) or '?'} ({self.device_lost}); this "
                    f"process's device context is dead: it stops claiming cells, {then}")
         print(f"flctl worker: {message} (exit {DEVICE_LOST_EXIT})", file=sys.stderr, flush=True)
-        if self.executor != "debug" and _job_id() is not None:     # a submitit job of its own (debug: in process)
+        if not in_process and _job_id() is not None:     # a job of its own (not in the launching process)
             sys.stdout.flush()
             # Not sys.exit: interpreter teardown would make CUDA calls on the dead context (and can hang in them).
             os._exit(DEVICE_LOST_EXIT)
-        if self.executor != "debug":    # submitit's debug jobs open a debugger on an exception: return instead
+        if not in_process:    # submitit's debug jobs open a debugger on an exception: return instead
             raise DeviceLost(message)
 
     def _cells_left(self) -> bool:
-        store = Store.open(self.db_url)
+        store = Store.open(self.recipe.db_url)
         try:
-            return RunQueue(store).has_to_do(self.sweep_id, max_attempts=self.max_attempts)
+            return RunQueue(store).has_to_do(self.recipe.sweep_id, max_attempts=self.recipe.max_attempts)
         finally:
             store.close()
 
@@ -221,10 +244,7 @@ class Worker(submitit.helpers.Checkpointable):
         from flctl.launch.submit import submit
 
         try:
-            submit(self.sweep_id, [slot], db_url=self.db_url, results_root=Path(self.results_root),
-                   executor=self.executor, slurm=self.slurm, max_attempts=self.max_attempts,
-                   stale_after=self.stale_after, checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
-                   linger_s=self.linger_s, losses_in_a_row=self.losses_in_a_row)
+            submit(replace(self.recipe, losses_in_a_row=self.losses_in_a_row), [slot])
         except Exception as exc:        # the sweep goes on with its other workers; `flctl sweep` again starts more
             print(f"flctl worker: could not start a worker in this one's place: {_first_line(exc)}", file=sys.stderr)
             return False
@@ -234,17 +254,22 @@ class Worker(submitit.helpers.Checkpointable):
         # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
         # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
         if self.current:
-            store = Store.open(self.db_url)
+            store = Store.open(self.recipe.db_url)
             try:
                 for run_id, token in self.current.items():
                     RunQueue(store).requeue(run_id, token, "preempted or timed out; job requeued")
             finally:
                 store.close()
-        return submitit.helpers.DelayedSubmission(
-            Worker(self.db_url, self.results_root, self.sweep_id, executor=self.executor,
-                   max_attempts=self.max_attempts, stale_after=self.stale_after,
-                   checkpoint_every=self.checkpoint_every, batch_runs=self.batch_runs,
-                   sync_study=self.sync_study, linger_s=self.linger_s, plugins=self.plugins, slurm=self.slurm), slot)
+        return submitit.helpers.DelayedSubmission(Worker(self.recipe), slot)
+
+
+def device_in_slot(cfg: RunConfig, slot: Slot | None) -> RunConfig:
+    """The config a worker trains: a slot that gives its worker one GPU (CUDA_VISIBLE_DEVICES, the local launcher's
+    --device cuda:N) makes that GPU the process's cuda:0, where cuda:N would not exist. The device is not part of a
+    run's identity: the run is the same."""
+    if slot is None or slot.cuda is None or "," in slot.cuda or not cfg.device.startswith("cuda:"):
+        return cfg
+    return replace(cfg, device="cuda")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.errors import ConfigError
-from flctl.metrics import cvar
+from flctl.metrics import SPLITS, cvar
 from flctl.report.data import final_records
 from flctl.report.plots.common import load_extras
+from flctl.report.table_specs import TableSpec
 from flctl.report.tables import Table, build, check_column
 from flctl.status import Status
 
 if TYPE_CHECKING:
     from flctl.db import RunRecord
 
-DEFAULT_COLUMNS = ("train.avg_loss", "train.max_loss", "test.avg_loss", "test.max_loss")
 WORST = "worst group"
 
 
@@ -45,8 +45,11 @@ def _group_value(losses: np.ndarray, metric: str, eps: float | None) -> float | 
                       "quantile@Q or violation_rate")
 
 
-def groups_table(runs: list[RunRecord], records_root: Path, by: str, columns: Sequence[str] | None) -> Table:
-    columns = list(columns or DEFAULT_COLUMNS)
+def groups_table(runs: list[RunRecord], records_root: Path, by: str, columns: Sequence[str] | None,
+                 spec: TableSpec) -> Table:
+    """The table ``spec`` (one with ``by``) of the runs' samples grouped by the attribute ``by``: per group, a row per
+    configuration laid out as ``spec`` says, then the worst group's rows."""
+    columns = list(columns or [f"{s}.{m}" for s in SPLITS for m in spec.metrics or ()])
     for c in columns:
         check_column(c)
     done = [r for r in runs if r.status == Status.COMPLETED]
@@ -81,11 +84,13 @@ def groups_table(runs: list[RunRecord], records_root: Path, by: str, columns: Se
             present = [v for v in per_group.values() if v is not None]
             values[(r.id, WORST, c)] = max(present) if present else None
 
-    table = Table(f"Loss by {by} group", ["Group"], columns, best_within_first_key=True)
+    # Rows compete for "best" only within their group: a method's loss on one race beside another's on another is
+    # no comparison.
+    table = Table(spec.title.format(by=by), ["Group"], columns, best_within_first_key=True)
     for group in [*names, WORST]:
         def value(run: RunRecord, col: str, group: str = group) -> float | None:
             return values.get((run.id, group, col))
-        part = build("main", done, columns, value=value)
+        part = build(spec, done, columns, value=value)
         if not table.keys[1:]:
             table.keys += part.keys
         table.rows += [([group, *row], cells) for row, cells in part.rows if any(c.n for c in cells)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from flctl.config import NOT_IDENTITY, SAME_NUMBERS_ENGINES
 from flctl.method_info import method_info
+from flctl.report.table_specs import KEYS, MAIN, TableSpec
 
 if TYPE_CHECKING:
     from flctl.db import RunRecord
@@ -54,19 +55,18 @@ class ConfigKey:
     method: str
     eps: float | None
     alpha: float | None
-    model: Any                               # the task option `model` (the llm table's first key), or None
+    model: Any                               # the task option `model` (a key column of the llm table), or None
     rest: tuple[tuple[str, Any], ...]        # (field, hashable value) of the other fields that vary among the runs
 
-    def sort_key(self, table: str = "main") -> tuple:
+    def sort_key(self, table: TableSpec = MAIN) -> tuple:
+        """The configuration's place among ``table``'s rows: by its key columns in their order (the baseline first
+        where it says so), then by the other fields that vary."""
         order = method_info(self.method).order
-        eps = -1.0 if self.eps is None else self.eps
-        alpha = math.inf if self.alpha is None else self.alpha
-        rest = tuple(value_order(v) for _, v in self.rest)
-        if table == "ablation":   # ERM first; then per eps: FL (alpha = inf), RFL by decreasing alpha, CSERM
-            return (order != 0, eps, order, -alpha if self.method != "fl" else -math.inf, rest)
-        if table == "llm":
-            return (value_order(self.model), order, eps, alpha, rest)
-        return (order, eps, alpha, rest)
+        alpha = math.inf if self.alpha is None or (table.fl_alpha_infinite and self.method == "fl") else self.alpha
+        by = {"model": value_order(self.model), "method": order, "eps": -1.0 if self.eps is None else self.eps,
+              "alpha": -alpha if table.alpha_descending else alpha}
+        first = (order != 0,) if table.baseline_first else ()
+        return (*first, *(by[k] for k in table.keys), tuple(value_order(v) for _, v in self.rest))
 
 
 def _compared(config: dict[str, Any]) -> dict[str, Any]:
@@ -195,27 +195,21 @@ def key_texts(keys: Sequence[ConfigKey], compact: bool = False) -> dict[ConfigKe
                         tuple((name.removeprefix(OPTION), rest[name][v]) for name, v in k.rest)) for k in keys}
 
 
-def row_labels(keys: Sequence[ConfigKey], table: str = "main") -> tuple[list[str], dict[ConfigKey, list[str]]]:
+def row_labels(keys: Sequence[ConfigKey], table: TableSpec = MAIN) -> tuple[list[str], dict[ConfigKey, list[str]]]:
     """The key columns of a table and each configuration's texts in them (what per-sample queries name groups by)."""
     texts = key_texts(keys)
-    # The other fields that vary, as name=text (the llm table's model has a column of its own).
+    # The other fields that vary, as name=text (a model with a key column of its own is not named twice).
+    shown = {f"{OPTION}model"} if "model" in table.keys else set()
     config = {k: ", ".join(f"{name}={text}" for (name, text), (field, _) in zip(texts[k].rest, k.rest)
-                           if not (table == "llm" and field == f"{OPTION}model")) for k in keys}
+                           if field not in shown) for k in keys}
     fields = any(config.values())
     out: dict[ConfigKey, list[str]] = {}
     for k in keys:
         t = texts[k]
-        if table == "ablation":
-            row = [t.eps, t.method, "∞" if k.method == "fl" else t.alpha]
-        elif table == "llm":
-            row = [str(k.model or "—"), t.method, t.eps, t.alpha]
-        else:
-            row = [t.method, t.eps, t.alpha]
-        if fields:
-            row.append(config[k])
-        out[k] = row
-    names = {"ablation": ["ε", "Method", "α"], "llm": ["Model", "Method", "ε", "α"]}.get(table, ["Method", "ε", "α"])
-    return names + (["Config"] if fields else []), out
+        text = {"model": str(k.model or "—"), "method": t.method, "eps": t.eps,
+                "alpha": "∞" if table.fl_alpha_infinite and k.method == "fl" else t.alpha}
+        out[k] = [text[c] for c in table.keys] + ([config[k]] if fields else [])
+    return [KEYS[c] for c in table.keys] + (["Config"] if fields else []), out
 
 
 def curve_labels(keys: Sequence[ConfigKey]) -> dict[ConfigKey, str]:

@@ -1,10 +1,10 @@
 """The paper's tables: rows of (method, ε, α) cells, each mean ± std over seeds with its seed count.
 
-``build(name, runs, ...)`` turns finished runs into a ``Table``; ``render(table, fmt)`` writes it as rich,
-markdown, LaTeX (booktabs, ± part grey as in the paper) or CSV. The best value of each column is bold; a
-cell with fewer seeds than its siblings is flagged (†) and named in the notes. Rows are configurations as
-flctl.report.groups_of_runs groups and writes them (figures and per-sample queries use the same). The runs table
-is one row per run instead, of any set of runs.
+``build(name, runs, ...)`` lays finished runs out as the table flctl.report.table_specs declares under ``name``, a
+``Table``; ``render(table, fmt)`` writes it as rich, markdown, LaTeX (booktabs, ± part grey as in the paper) or CSV.
+The best value of each column is bold; a cell with fewer seeds than its siblings is flagged (†) and named in the
+notes. Rows are configurations as flctl.report.groups_of_runs groups and writes them (figures and per-sample queries
+use the same). The runs table is one row per run instead, of any set of runs.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from flctl.config import FIELDS
 from flctl.errors import ConfigError
 from flctl.method_info import method_info
 from flctl.metrics import SPLITS, SUMMARY_METRICS
-from flctl.report import FORMATS, TABLES
+from flctl.report import FORMATS
 from flctl.report.groups_of_runs import ConfigKey, group_by_config, hashable, number, row_labels, value_order
+from flctl.report.table_specs import TableSpec, table_spec
 from flctl.status import Status
 from flctl.versions import CHANGES_NUMBERS, LIBRARIES
 
@@ -128,14 +129,14 @@ def _run_value(v: Any) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
-def _runs_table(runs: list[RunRecord], columns: list[str],
+def _runs_table(title: str, runs: list[RunRecord], columns: list[str],
                 value: Callable[[RunRecord, str], float | None]) -> Table:
     """One row per run: its id, task, method, every identity field of RunConfig (fields a method or a switched-off
     option does not read are empty), every task option, then the metric columns."""
     fields = [name for name, f in FIELDS.items() if f.identity and name != "method"]
     options = sorted({k for r in runs for k in (r.config.get("options") or {})})
     versions = [*LIBRARIES, "cuda", "python", "data"]
-    table = Table("Runs", ["run", "task", "method", *fields, *(f"options.{k}" for k in options),
+    table = Table(title, ["run", "task", "method", *fields, *(f"options.{k}" for k in options),
                            *(f"versions.{v}" for v in versions)], columns, per_run=True)
 
     def used(r: RunRecord) -> dict[str, Any]:
@@ -171,33 +172,29 @@ def _short_notes(rows: list[tuple[list[str], int, int, int]], expected: int) -> 
             + (f"; {diverged} run(s) diverged" if diverged else "") + "; see `flctl runs`"]
 
 
-def build(name: str, runs: list[RunRecord], columns: Sequence[str] | None = None,
+def build(name: str | TableSpec, runs: list[RunRecord], columns: Sequence[str] | None = None,
           value: Callable[[RunRecord, str], float | None] | None = None) -> Table:
-    """Group finished runs into the named table. ``value(run, column)`` reads a column (default: summary)."""
-    if name not in TABLES:
-        raise ConfigError(f"unknown table {name!r}; choose one of: {', '.join(TABLES)}")
-    if name != "runs":   # a row per run stands alone; grouped rows compete for "best" within one task only
+    """Lay finished runs out as the table ``name`` (flctl.report.table_specs; or its spec). ``value(run, column)``
+    reads a column (default: summary)."""
+    spec = table_spec(name) if isinstance(name, str) else name
+    if spec.row == "config":   # a row per run stands alone; grouped rows compete for "best" within one task only
         one_task(runs)
     value = value or (lambda run, col: run.metrics.get(col))
-    classification = any(r.metrics.get("train.accuracy") is not None for r in runs)
     if columns is None:
-        if name == "runs":
-            columns = [f"{s}.{m}" for s in SPLITS for m in SUMMARY if any(f"{s}.{m}" in r.metrics for r in runs)]
-        else:
-            per_split = ["avg_loss", "max_loss"] + (["accuracy"] if classification and name == "main" else [])
-            columns = [f"{s}.{m}" for s in SPLITS for m in per_split]
+        classification = any(r.metrics.get("train.accuracy") is not None for r in runs)
+        metrics = (*(SUMMARY if spec.metrics is None else spec.metrics), *(spec.classification if classification else ()))
+        columns = [f"{s}.{m}" for s in SPLITS for m in metrics
+                   if spec.metrics is not None or any(f"{s}.{m}" in r.metrics for r in runs)]
     for c in columns:
         check_column(c)
     columns = list(columns)
-    if name == "runs":
-        return _runs_table(runs, columns, value)
+    if spec.row == "run":
+        return _runs_table(spec.title, runs, columns, value)
 
     groups = group_by_config(runs)
-    title = {"ablation": "α ablation (FL is RFL with α = ∞)", "llm": "Preference optimization"}.get(name,
-                                                                                                  "Final performance")
-    keys = sorted(groups, key=lambda k: k.sort_key(name))
-    names, labels = row_labels(keys, name)
-    table = Table(title, names, columns)
+    keys = sorted(groups, key=lambda k: k.sort_key(spec))
+    names, labels = row_labels(keys, spec)
+    table = Table(spec.title, names, columns)
     expected = max(len(g) for g in groups.values())
     seeds = []
     for k in keys:

@@ -1,0 +1,137 @@
+"""Launchers: how a sweep's pull workers (flctl.launch.worker) start, are known alive, and are stopped.
+
+One class per launcher, each with a typed options dataclass (its ``[launch]`` keys and flags), behind ``Launcher``:
+``debug`` (in this process), ``local`` (subprocesses of this machine), ``slurm`` (job arrays), flctl's own;
+an installed package adds one through the entry-point group ``flctl.launchers`` (docs/extending.md, "A launcher").
+What differs between launchers is said by the launcher, as class facts and methods: nothing outside this package
+compares a launcher's name.
+
+Two kinds of workers: a launcher's workers run as processes flctl can see on this host (``queued`` False: they
+are known alive and stopped by their processes, from the files they leave under results/jobs/), or as jobs of a
+scheduler (``queued`` True: alive while the scheduler lists their job ids, stopped through it)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from flctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flctl.launch.settings import LaunchSettings
+    from flctl.launch.worker import Worker
+
+GROUP = "flctl.launchers"
+# flctl's own launchers, by name: their modules are imported on first use (the CLI reads the names at start-up).
+BUILT_IN = {"debug": "flctl.launch.backends.debug:Debug", "local": "flctl.launch.backends.local:Local",
+            "slurm": "flctl.launch.backends.slurm:Slurm"}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one worker runs: its index, its torch intra-op threads and, on GPUs, its CUDA_VISIBLE_DEVICES."""
+
+    index: int
+    threads: int | None = None
+    cuda: str | None = None
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A launcher without options of its own."""
+
+    def check(self) -> None:
+        pass
+
+
+class Launcher:
+    """How one kind of worker is started, found alive and stopped. Subclass it, set ``name`` (and ``Options``, a
+    frozen dataclass whose fields are the launcher's own ``[launch]`` keys, with a ``check()`` that raises
+    ConfigError), and implement ``slots`` and ``start``; a ``queued`` launcher also ``active`` and ``stop``."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+    runs_here: ClassVar[bool] = True         # its workers run on this machine: its devices are checked here
+    in_process: ClassVar[bool] = False       # its workers run inside the launching command, which returns after them
+    joins: ClassVar[bool] = False            # `flctl sweep --wait`'s own process may be one of its workers
+    queued: ClassVar[bool] = False           # its workers are a scheduler's jobs (see the module's docstring)
+    # the signals that ask its worker to stop (finish the epoch, checkpoint, hand its cells back)
+    stop_signals: ClassVar[tuple[str, ...]] = ("SIGINT", "SIGTERM")
+    # what its job ids look like: checked before one reaches a command or a signal
+    job_id: ClassVar[re.Pattern[str]] = re.compile(r"[0-9]+|DEBUG_[0-9]+")
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = self.Options() if options is None else options
+
+    def describe(self) -> str:
+        """One line for a person: the launcher and its options."""
+        return self.name
+
+    def check(self, results_root: Path, *, dry_run: bool) -> None:
+        """What starting its workers needs is here (commands, a cluster that answers, paths it writes into scripts):
+        ConfigError before anything is written. ``dry_run``: only what needs no running system."""
+
+    def slots(self, cells: int, device: str, settings: LaunchSettings) -> list[Slot]:
+        """The workers to start for ``cells`` cells still to do on ``device`` (a Slot each)."""
+        raise NotImplementedError
+
+    def start(self, worker: Worker, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+        """Start ``worker`` once per slot; its jobs, each with a ``job_id`` (an in-process launcher returns after
+        they ran). ``folder``: the sweep's private jobs folder; ``log``: where workers' controllers may write;
+        ``per_gpu``: workers sharing a GPU (--per-gpu)."""
+        raise NotImplementedError
+
+    def active(self, job_ids: Sequence[str]) -> set[str]:
+        """Of a queued launcher's ``job_ids``, those its scheduler still lists (pending or running)."""
+        return set()
+
+    def stop(self, job_ids: Sequence[str], *, hard: bool) -> None:
+        """A queued launcher's jobs asked to stop (``hard``: ended now, whatever they are doing)."""
+
+    def job_group(self, job_id: str) -> str:
+        """The id its scheduler stops a job by (an array task's array)."""
+        return job_id
+
+
+class SubmititLauncher(Launcher):
+    """A launcher through one of submitit's executors (``cluster``): a job array of the worker, one task per slot."""
+
+    cluster: ClassVar[str]
+
+    def parameters(self, slots: Sequence[Slot], per_gpu: int) -> tuple[dict[str, Any], list[Slot]]:
+        """submitit's parameters for these slots' jobs, and the slots that get a job each."""
+        return {}, list(slots)
+
+    def start(self, worker: Worker, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+        import submitit
+
+        ex = submitit.AutoExecutor(folder=str(folder), cluster=self.cluster)
+        params, slots = self.parameters(slots, per_gpu)
+        ex.update_parameters(**{"name": f"flctl-{worker.recipe.sweep_id}", "timeout_min": 7 * 24 * 60, **params})
+        return ex.map_array(worker, list(slots))
+
+
+def names() -> list[str]:
+    """Every launcher's name: flctl's own, then installed ones."""
+    return list(BUILT_IN) + [ep.name for ep in _entry_points() if ep.name not in BUILT_IN]
+
+
+def get_launcher(name: str) -> type[Launcher]:
+    """The launcher class named ``name`` (ConfigError naming the choices otherwise)."""
+    from flctl.plugins import load_object
+
+    target = BUILT_IN.get(name) or next((ep.value for ep in _entry_points() if ep.name == name), None)
+    if target is None:
+        raise ConfigError(f"unknown executor {name!r}; choose one of: {', '.join(names())}")
+    cls = load_object(target)
+    if not (isinstance(cls, type) and issubclass(cls, Launcher) and getattr(cls, "name", None) == name):
+        raise ConfigError(f"{target} is not a flctl.launch.backends.Launcher subclass named {name!r}")
+    return cls
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: ep.name)

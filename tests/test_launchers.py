@@ -1,0 +1,160 @@
+"""Launchers as backends (flctl.launch.backends): a new one is one file and an entry point, found by
+`flctl sweep --executor NAME`; nothing outside the backends compares a launcher's name; --device cuda:N works
+whichever launcher starts the worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flctl.errors import ConfigError
+from flctl.launch.backends import Launcher, Slot, get_launcher, names
+from tests.helpers import config, in_process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A launcher of its own package: each slot's worker runs in a thread of the launching process, one after the other.
+TOY = '''
+from flctl.launch.backends import Launcher, Slot
+
+
+class Inline(Launcher):
+    """Workers in this process, one after the other (a toy: what a Ray or Kubernetes launcher fills in)."""
+
+    name = "inline"
+    in_process = True
+
+    def slots(self, cells, device, settings):
+        return [Slot(i) for i in range(min(2, cells))]
+
+    def start(self, worker, slots, folder, log, per_gpu=1):
+        for slot in slots:
+            worker(slot)
+        (folder / "inline-started.txt").write_text(str(len(slots)))
+        return []
+'''
+
+
+@pytest.fixture
+def installed_toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A package `toy_launcher` installed as a distribution would be: its module and a .dist-info whose
+    entry_points.txt names it in the group flctl.launchers (what importlib.metadata reads)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "toy_launcher.py").write_text(TOY)
+    info = site / "toy_launcher-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-launcher\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[flctl.launchers]\ninline = toy_launcher:Inline\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    yield site
+    sys.modules.pop("toy_launcher", None)
+
+
+def test_an_installed_launcher_is_found_and_runs_a_sweep(installed_toy: Path, tmp_path: Path) -> None:
+    assert names()[:3] == ["debug", "local", "slurm"] and "inline" in names()
+    results = tmp_path / "results"
+    res = in_process("sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "2", "--executor", "inline",
+                     "--wait", "--results-dir", str(results), env={"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "3 completed" in res.stdout or "completed" in res.stdout
+    assert list(results.glob("jobs/*/inline-started.txt"))[0].read_text() == "2"
+    rows = json.loads(in_process("runs", "--json", env={"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"}).stdout)
+    assert [r["status"] for r in rows] == ["completed"] * 3
+
+
+def test_an_unknown_launcher_is_refused_naming_the_installed_ones(installed_toy: Path, tmp_path: Path) -> None:
+    res = in_process("sweep", "two-moons", "-m", "fl", "--epochs", "2", "--executor", "nosuch",
+                     "--results-dir", str(tmp_path / "r"))
+    assert res.returncode == 2
+    assert "unknown executor 'nosuch'; choose one of: debug, local, slurm, inline" in res.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_launcher_entry_point_that_is_not_a_launcher_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    site = tmp_path / "site"
+    (site / "bad_launcher-0.1.dist-info").mkdir(parents=True)
+    (site / "bad_launcher.py").write_text("class NotOne:\n    name = 'bad'\n")
+    (site / "bad_launcher-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bad\nVersion: 0.1\n")
+    (site / "bad_launcher-0.1.dist-info" / "entry_points.txt").write_text("[flctl.launchers]\nbad = bad_launcher:NotOne\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    with pytest.raises(ConfigError, match=r"^bad_launcher:NotOne is not a flctl.launch.backends.Launcher subclass"):
+        get_launcher("bad")
+
+
+def test_no_launcher_name_is_compared_outside_the_backends() -> None:
+    """What differs between launchers is the launcher's to say (its class facts and methods): a comparison with a
+    launcher's name elsewhere is a branch a new launcher would have to find and edit."""
+    launcher = "|".join(re.escape(n) for n in ("debug", "local", "slurm"))
+    compared = re.compile(rf"""(==|!=)\s*["']({launcher})["']|["']({launcher})["']\s*(==|!=)|"""
+                          rf"""\bin\s*[(\[{{][^)\]}}]*["']({launcher})["']""")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted((ROOT / "flctl").rglob("*.py")) if "backends" not in path.parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if compared.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_each_launcher_says_what_differs() -> None:
+    facts = {n: (c.runs_here, c.in_process, c.joins, c.queued, c.stop_signals)
+             for n, c in ((n, get_launcher(n)) for n in ("debug", "local", "slurm"))}
+    assert facts == {"debug": (True, True, False, False, ("SIGINT", "SIGTERM")),
+                     "local": (True, False, True, False, ("SIGINT", "SIGTERM")),
+                     "slurm": (False, False, False, True, ("SIGINT",))}
+    slurm = get_launcher("slurm")
+    assert slurm.job_id.fullmatch("123_[0-7%2]") and not slurm.job_id.fullmatch("123; rm -rf")
+    assert slurm().job_group("123_4") == "123" and issubclass(slurm, Launcher)
+    assert "partition=gpu" in slurm(slurm.Options(partition="gpu")).describe().replace("slurm_partition", "partition")
+
+
+@pytest.mark.parametrize("launcher,slot,expected", [
+    ("local", Slot(0, 1, cuda="1"), "cuda"),       # the worker sees GPU 1 alone: it is its cuda:0
+    ("local", Slot(0, 1, cuda="0,1"), "cuda:1"),   # more than one visible: the index stands
+    ("debug", Slot(0), "cuda:1"),                  # in the launching process, which sees every GPU
+    ("slurm", Slot(0), "cuda:1"),                  # Slurm's own CUDA_VISIBLE_DEVICES: the index within the job's
+])
+def test_a_worker_trains_cuda_n_on_the_device_its_slot_gives_it(tmp_path: Path, monkeypatch, launcher: str,
+                                                                slot: Slot, expected: str) -> None:
+    """--device cuda:N: the local launcher gives the worker GPU N alone (CUDA_VISIBLE_DEVICES=N), where cuda:N
+    does not exist. The worker trains the cell on the device it sees; the run is the same (device is not identity)."""
+    import flctl.launch.worker as worker_module
+    from flctl.db import Store
+    from flctl.launch import Worker, WorkerRecipe, local_slots
+
+    assert local_slots(3, device="cuda:1", cores=4, gpus=["0", "1"]) == [Slot(0, 4, "1")]
+    cfg = dataclasses.replace(config("two-moons", "fl", epochs=1), device="cuda:1")
+    url = f"sqlite:///{tmp_path / 'flctl.db'}"
+    store = Store.open(url)
+    store.create_sweep("s", None, "two-moons", {}, [cfg])
+    store.close()
+    trained: list[str] = []
+
+    def train_claimed(cfgs, tokens, store, layout, **kwargs):   # the cell stays claimed: its one attempt is used
+        trained.extend(c.device for c in cfgs)
+        assert [c.run_id for c in cfgs] == [cfg.run_id]
+        return []
+
+    monkeypatch.setattr(worker_module, "train_claimed", train_claimed)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    recipe = WorkerRecipe(url, str(tmp_path), "s", launcher, max_attempts=1, sync_study=False)
+    Worker(recipe)(dataclasses.replace(slot, threads=None))
+    assert trained[:1] == [expected]
+
+
+def test_the_launchers_doc_section_shows_a_launcher_that_loads() -> None:
+    """docs/extending.md's launcher: its code is a Launcher subclass that imports as written."""
+    doc = (ROOT / "docs" / "extending.md").read_text()
+    section = doc.split("## A launcher", 1)[1].split("\n## ", 1)[0]
+    code = textwrap.dedent(re.findall(r"```python\n(.*?)```", section, re.S)[0])
+    namespace: dict = {}
+    exec(compile(code, "extending.md", "exec"), namespace)
+    classes = [v for v in namespace.values() if isinstance(v, type) and issubclass(v, Launcher) and v is not Launcher]
+    assert classes and all(getattr(c, "name", None) for c in classes)
