@@ -33,8 +33,8 @@ import numpy as np
 from flctl import records
 from flctl.db import RunQueue, Store
 from flctl.layout import Layout
-from flctl.paper import plan_programme
-from flctl.programme import ITEMS
+from flctl.paper.plan import plan_programme
+from flctl.paper.programme import ITEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -160,6 +160,98 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
         store.close()
 
 
+def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int | None = None,
+          options: dict[str, Any] | None = None, name: str | None = None, device: str | None = None,
+          data_dir: str | None = None, results_dir: str | Path | None = None, db: str | None = None,
+          wait: bool = True, tune: int | None = None, objective: str | None = None, direction: str = "min",
+          parallel: int = 1, launch: dict[str, Any] | None = None, **axes: Any) -> dict[str, Any]:
+    """Plan a grid of runs and fill what is not done, as ``flctl sweep`` does: the same checks, run ids, database
+    rows, launchers (flctl.launch.backends) and workers. ``axes``: run fields, each a value, a list of values or a
+    range written as on the command line (``lr="1e-4..1e-2:5"``); or ``spec``, a TOML spec file. ``launch``: the
+    launch flags by name (``executor``, ``workers``, ``batch_runs``, ...; flctl.launch.LaunchFlags). With ``wait``
+    (the default) it returns once no cell is left to train: ``{"sweep": id, "cells": N, "total": counts by status,
+    "errors": ...}`` (flctl.status.ledger); without, once its workers are started. With ``tune``: a TPE search of
+    that many trials (``{"sweep": id, "study": the Optuna study}``). Bad input raises ConfigError before anything is
+    written; a wait its workers leave unfinished raises flctl.launch.wait.SweepStopped."""
+    import dataclasses
+
+    from flctl.launch import launch_sweep, plan_sweep
+    from flctl.launch.tune import run_tune
+    from flctl.launch.wait import settle
+    from flctl.status import ledger
+    from flctl.study import sync_sweep
+    from flctl.sweep import load_spec, spec_from_values
+
+    if (spec is None) == (task is None):
+        raise ConfigError("give either a task with axes or spec=, not both or neither")
+    flags = _launch_flags(launch)
+    if spec is not None:
+        if axes or seeds is not None:
+            raise ConfigError("give either spec= or axes, not both")
+        chosen = load_spec(Path(spec))
+        chosen = chosen if device is None else dataclasses.replace(chosen, device=device)
+    else:
+        assert task is not None
+        chosen = spec_from_values(task, axes, seeds=seeds, options=options or {}, name=name, device=device or "cpu",
+                                  data_dir=data_dir)
+    root = results_root(results_dir)
+    url = database_url(db, root)
+    planned = plan_sweep(chosen, flags, results_root=root, objective=objective, direction=direction, tune=tune,
+                         parallel=parallel)
+    store = open_store(results_dir, db)
+    try:
+        if planned.tune is not None:
+            study = run_tune(store, url, root, planned.spec, planned.tune, planned.objective, direction, parallel,
+                             planned.settings)
+            return {"sweep": study.study_name.removeprefix("flctl-"), "study": study}
+        sid = planned.sweep_id
+        launched = launch_sweep(store, url, root, sid, planned.spec, planned.configs, planned.settings, join=wait)
+        if launched.here is not None:
+            launched.here()
+        data = settle(store, sid, root) if wait else ledger(store, sid)
+        sync_sweep(store, url, sid, planned.objective, direction)
+        return {"sweep": sid, **data}
+    finally:
+        store.close()
+
+
+def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | None = None,
+          device: str | None = None, data_dir: str | None = None, results_dir: str | Path | None = None,
+          db: str | None = None, out: str | Path | None = None, report_only: bool = False, dry_run: bool = False,
+          wait: bool = False, launch: dict[str, Any] | None = None) -> Any:
+    """The paper's programme, as ``flctl paper`` runs it (flctl.paper.flow): planned with its cost, its missing cells
+    launched (``only``: these tables and figures, e.g. "table:1"; ``scale`` "smoke": tiny and fast), then the bundle
+    written (``out``, default RESULTS/paper or RESULTS/paper-smoke). Returns a flctl.paper.flow.PaperRun (its
+    ``bundle``: the index.html written; ``programme``: what each table and figure has and lacks); with ``dry_run``,
+    the PaperPlan (its ``programme``, with the cost), writing nothing. ConfigError for bad input, before anything is
+    written."""
+    from flctl.paper.flow import fill_paper, plan_paper
+    from flctl.sweep import SHIPPED_SPECS
+
+    flags = _launch_flags(launch)
+    root = results_root(results_dir)
+    url = database_url(db, root)
+    plan = plan_paper(url=url, specs=Path(specs) if specs is not None else SHIPPED_SPECS, launch=flags, only=only,
+                      scale=scale, device=device, data_dir=data_dir, check_data=not (dry_run or report_only))
+    if dry_run:
+        return plan
+    if not report_only:
+        open_store(results_dir, db).close()          # the results folder and database, made as `flctl paper` does
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+    return fill_paper(plan, root=root, out=Path(out) if out is not None else None, wait=wait, report_only=report_only)
+
+
+def _launch_flags(launch: dict[str, Any] | None) -> Any:
+    """flctl.launch.LaunchFlags from a dict of them by name (ConfigError naming an unknown one)."""
+    from flctl.launch import LaunchFlags
+
+    if unknown := sorted(set(launch or {}) - set(LaunchFlags.__dataclass_fields__)):
+        raise ConfigError(f"launch: unknown key(s) {', '.join(unknown)}; valid: "
+                          f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
+    return LaunchFlags(**(launch or {}))
+
+
 def runs(*, results_dir: str | Path | None = None, db: str | None = None, task: str | None = None,
          method: str | None = None, status: str | None = None) -> list[RunRecord]:
     """The recorded runs, newest first, optionally of one task, method and status."""

@@ -143,7 +143,7 @@ class RunConfig:
     prune_patience: int = _field(5, "Pruning: satisfied at this many visits in a row.", "optim", later=True,
                                  switched_by="prune_after", bounds=Bounds(1))
     # > 0: each split keeps this many samples, spread evenly over it (flctl.data.Dataset.subset): a quick stand-in
-    # of the task (the paper programme's smoke scale, flctl.programme). Sample ids are positions among those kept.
+    # of the task (the paper programme's smoke scale, flctl.paper.programme). Sample ids are positions among those kept.
     subset: int = _field(0, "Keep N samples of each split, spread evenly over it (0: all).", "optim", later=True,
                          bounds=Bounds(0, MAX_BATCH, says=f"a number of samples in 0..{MAX_BATCH:,} (0: all)"))
     options: tuple[tuple[str, Any], ...] = ()   # task-specific options, sorted (key, value) pairs

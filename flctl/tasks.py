@@ -91,7 +91,7 @@ class Task:
     option_ranges: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
     # Per-method departures from ``defaults`` (e.g. the paper's CSERM step size of lr/10 on CIFAR-10 and UTKFace).
     method_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # The paper programme's smoke scale (flctl.programme.scaled): run fields and, under "options", task options that
+    # The paper programme's smoke scale (flctl.paper.programme.scaled): run fields and, under "options", task options that
     # make a cell tiny beyond one seed, two epochs and 256 samples (e.g. a narrow network).
     smoke: Mapping[str, Any] = field(default_factory=dict)
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.db import RunQueue, Store
-from flctl.programme import ITEMS, published, scaled
+from flctl.paper.programme import ITEMS, published, scaled
 from flctl.sweep import load_spec, plan
 
 runner = CliRunner()
@@ -45,8 +45,8 @@ def wide_bundle(root: Path, refs: tuple[str, ...] = WIDE, seeds: tuple[int, ...]
     """A paper-scale bundle of ``refs`` from fake finished runs of Tables 5-7's cells of ``seeds`` (their other
     seeds not run, nor CSERM at ε = 0: a row not run with a cost to show), in the results folder ``root``; returns
     its index.html. Tables 5-7 are the paper's widest: six columns, each ours and the paper's, with a spread."""
-    from flctl.paper import plan_programme
-    from flctl.report.bundle import write_bundle
+    from flctl.paper.bundle import write_bundle
+    from flctl.paper.plan import plan_programme
 
     root.mkdir(parents=True, exist_ok=True)
     items = [i for i in ITEMS if i.ref in refs]

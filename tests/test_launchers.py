@@ -158,3 +158,31 @@ def test_the_launchers_doc_section_shows_a_launcher_that_loads() -> None:
     exec(compile(code, "extending.md", "exec"), namespace)
     classes = [v for v in namespace.values() if isinstance(v, type) and issubclass(v, Launcher) and v is not Launcher]
     assert classes and all(getattr(c, "name", None) for c in classes)
+
+
+@pytest.mark.parametrize("batch_runs", [None, 3])
+def test_the_dry_runs_cost_counts_the_cells_together_the_launch_gives_its_workers(tmp_path: Path, monkeypatch,
+                                                                                batch_runs) -> None:
+    """The cost estimate divides by the cells that train at once on a device: the launch's own choice (automatic on a
+    GPU for a batched task: an even share per worker, at most 8), not --batch-runs alone (1 when not given)."""
+    import flctl.launch.backends.local as local
+    import flctl.launch.plan as plan_module
+    from flctl.db import Store
+    from flctl.launch import LaunchFlags, LaunchSettings, launch_sweep
+    from flctl.sweep import plan, spec_from_values
+
+    monkeypatch.setattr(local, "cuda_devices", lambda: ["0", "1"])         # two GPUs, faked: nothing trains
+    recipes: list = []
+    monkeypatch.setattr(plan_module, "submit", lambda recipe, slots: recipes.append((recipe, slots)) or [])
+    spec = dataclasses.replace(spec_from_values("two-moons", {"method": "fl", "lr": "1e-4..1e-2:20"}, seeds=2,
+                                                device="cpu"), device="cuda")
+    configs = [dataclasses.replace(c, device="cuda") for c in plan(dataclasses.replace(spec, device="cpu"))]
+    settings = LaunchSettings.resolve({}, LaunchFlags(batch_runs=batch_runs, per_gpu=2))
+    estimated = settings.cells_per_device("two-moons", len(configs), "cuda")
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    launch_sweep(store, f"sqlite:///{tmp_path / 'flctl.db'}", tmp_path, "s", spec, configs, settings)
+    store.close()
+    [(recipe, slots)] = recipes
+    assert len(configs) == 40 and len(slots) == 4                          # 2 GPUs x 2 workers each
+    assert recipe.batch_runs == (batch_runs or 8)
+    assert estimated == recipe.batch_runs * 2                               # x --per-gpu workers on one GPU

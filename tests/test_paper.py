@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.db import RunQueue, Store
-from flctl.programme import ITEMS, PUBLISHED, published, scaled
+from flctl.paper.programme import ITEMS, PUBLISHED, published, scaled
 from flctl.sweep import load_spec, plan
 from tests.fixtures import write_cifar10
 from tests.helpers import files_under
@@ -216,8 +216,8 @@ def test_the_page_opens_from_disk_in_a_real_browser(world: dict, tmp_path: Path)
 def test_a_stand_in_table_sits_beside_the_published_one_unjudged(tmp_path: Path) -> None:
     """At the paper's scale, Table 1 on Fashion-MNIST shows the paper's CIFAR-10 numbers beside ours and marks none
     of its cells, however far ours lie; CIFAR-10's own Table 1 marks the same numbers."""
-    from flctl.paper import plan_programme
-    from flctl.report.bundle import write_bundle
+    from flctl.paper.bundle import write_bundle
+    from flctl.paper.plan import plan_programme
 
     root = tmp_path / "results"
     root.mkdir()

@@ -28,7 +28,7 @@ from flctl.cli.info import JSON_OPT
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
-from flctl.status import CELLS_FAILED_EXIT, DISK_FILLED, LEDGER_COLUMNS, TO_DO, Status, failed_for_good, ledger, settled
+from flctl.status import CELLS_FAILED_EXIT, LEDGER_COLUMNS, TO_DO, Status, failed_for_good, ledger, settled
 
 
 def _ledger_table(data: dict):
@@ -93,85 +93,42 @@ def ledger_lines(url: str, sid: str) -> Iterator[None]:
         yield
 
 
-# A wait ends when no worker is left to take the cells still to do, once that has held this long: a worker that is
-# starting (a new interpreter) registers within a second or two.
-NO_WORKER_GRACE_S = 5.0
-
-
-def _no_worker_left(root: Path, sid: str, data: dict) -> bool:
-    """Whether the sweep being waited for has cells to do that no worker will take: none running, some queued,
-    handed back (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker, job controller or
-    Slurm job left. A sweep with Slurm jobs is never judged so: squeue may not answer, and a job may pend for hours."""
-    from flctl.launch import live_controllers, live_workers, queued_jobs
-
-    total = data["total"]
-    if total[Status.RUNNING] or not (total["stale"] or total[Status.INTERRUPTED] or total[Status.QUEUED]):
-        return False
-    if queued_jobs(root, sid):       # a scheduler's jobs may wait in its queue: no process here tells
-        return False
-    return not (live_workers(root, sid) or live_controllers(root, sid))
-
-
-def _end_without_workers(store, sid: str, data: dict) -> None:
-    """The line, and the exit, of a wait that no worker is left to serve."""
-    back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))
-    errors = [r["error"] or "" for r in store.sweep_runs(sid) if r["status"] == Status.INTERRUPTED]
-    if any(e.startswith(DISK_FILLED) for e in errors):
-        fail(f"the disk filled up under sweep {sid}: its workers stopped, {back} cell(s) handed back; free some "
-             "space, then `flctl sweep` with the same axes resumes them from their checkpoints", code=1)
-    if back:
-        console.print(f"[yellow]stopped[/]: sweep {safe(sid)}'s workers were stopped (`flctl cancel`, a signal); "
-                      f"{back} cell(s) handed back, `flctl sweep` with the same axes resumes it", highlight=False)
-        raise typer.Exit(130)
-    fail(f"no worker is left for sweep {sid} ({stale + queued + back} cell(s) to do: their workers stopped or are "
-         "gone, see its logs under results/jobs/); `flctl sweep` with the same axes starts workers again", code=1)
-
-
 def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path | None = None) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever. Piped or redirected, a log
     line each time the counts change (a log followed with `tail -f`, or cut short, still says how far the sweep got)
-    and the last ledger as a table at the end, not every redraw."""
+    and the last ledger as a table at the end, not every redraw. A wait that cannot end with the sweep done
+    (flctl.launch.wait.SweepStopped) ends the command with its line and exit code."""
     from rich.live import Live
 
-    from flctl.runner import ground_moved
+    from flctl.launch.wait import Settling, SweepStopped
     from flctl.study import poll_delays
 
-    root = results_root(None) if root is None else root      # where the store's command found it
-    folder = root if root.is_dir() else None     # a --db elsewhere, its results folder not here: the database alone
-    idle_since: list[float] = []
-
-    def poll() -> dict:
-        if (moved := ground_moved(store, folder)) is not None:     # a query now would make an empty database
-            fail(f"{moved} while sweep {sid} ran: its workers stop and write no more", code=1)
-        data = ledger(store, sid)
-        if not (until_done and not settled(data) and _no_worker_left(root, sid, data)):
-            idle_since.clear()
-        elif not idle_since:
-            idle_since.append(time.monotonic())
-        elif time.monotonic() - idle_since[0] >= NO_WORKER_GRACE_S:
-            _end_without_workers(store, sid, data)
+    settling = Settling(store, sid, results_root(None) if root is None else root, until_done)
+    try:
+        data, delays = settling.poll(), poll_delays(interval)     # a sweep of short cells returns when it is done
+        if not console.is_terminal:
+            said, lines = None, LogLines()
+            while True:
+                counts = _counts(data)
+                lines.tick(f"sweep {sid}: {counts}", now=counts != said)   # a change, or a while
+                said = counts
+                if until_done and settled(data):
+                    break
+                time.sleep(next(delays))
+                data = settling.poll()
+            console.print(_ledger_table(data))
+            return data
+        with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
+            while not (until_done and settled(data)):
+                time.sleep(next(delays))
+                data = settling.poll()
+                live.update(_ledger_table(data))
         return data
-
-    data, delays = poll(), poll_delays(interval)     # a sweep of short cells returns when it is done
-
-    if not console.is_terminal:
-        said, lines = None, LogLines()
-        while True:
-            counts = _counts(data)
-            lines.tick(f"sweep {sid}: {counts}", now=counts != said)   # a change, or a while
-            said = counts
-            if until_done and settled(data):
-                break
-            time.sleep(next(delays))
-            data = poll()
-        console.print(_ledger_table(data))
-        return data
-    with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
-        while not (until_done and settled(data)):
-            time.sleep(next(delays))
-            data = poll()
-            live.update(_ledger_table(data))
-    return data
+    except SweepStopped as exc:
+        if exc.exit_code == 130:
+            console.print(f"[yellow]stopped[/]: {safe(str(exc))}", highlight=False)
+            raise typer.Exit(130) from None
+        fail(str(exc), code=exc.exit_code)
 
 
 def status(

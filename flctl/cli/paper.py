@@ -3,10 +3,6 @@ browsable bundle of every table and figure with the paper's own numbers beside o
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,12 +19,11 @@ from flctl.cli.common import (
     fail,
     launch_options,
     open_results,
-    open_store,
     results_root,
     safe,
+    said_launched,
 )
-from flctl.config import resolve_device
-from flctl.launch.settings import LaunchFlags, LaunchSettings
+from flctl.launch.settings import LaunchFlags
 from flctl.sweep import SHIPPED_SPECS
 
 SPECS = SHIPPED_SPECS
@@ -62,64 +57,49 @@ def paper(
     still to spend; then launch the missing cells (as `flctl sweep` does) and write one bundle (index.html,
     tables/*.tex, figures/*.pdf|png, paper.json) with the paper's numbers beside ours. Re-running fills only what is
     missing."""
+    from flctl.cli.ledger import error_summary, ledger_lines, watch
     from flctl.errors import ConfigError
-    from flctl.paper import plan_programme, stored_runs, tasks_of
-    from flctl.programme import SCALES, select
+    from flctl.paper.flow import Hooks, fill_paper, plan_paper
 
-    if dry_run and report_only:
-        fail("give --dry-run or --report-only, not both")
     root = results_root(results_dir)
     url = db_url(db, root)
     try:
-        if scale not in SCALES:
-            raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
-        items = select(only)
-        if scale == "smoke" and launch.workers is None:
-            # A smoke cell trains in about a second; a worker's new interpreter spends ~5 s of CPU importing torch
-            # and scikit-learn before it takes one, and the default W (cores // threads) starts W - 1 of them for
-            # each spec in turn: 2 cores, 17 -> 12 core-s for the whole programme.
-            launch = dataclasses.replace(launch, workers=1)
-        settings = LaunchSettings.resolve({}, launch)
-        if device is not None:
-            device = resolve_device(device, here=settings.launcher.runs_here, planning=dry_run)
-        runs = stored_runs(url, tasks_of(specs, items))
-        together = settings.cells_per_device(device or "cpu")
-        # A dry run plans without looking at the data (as `flctl sweep --dry-run`: a cluster's programme can be
-        # planned on a laptop, and checking imports each task's data stack); so does a bundle of what is finished.
-        programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
-                                   together=together, check_data=not (dry_run or report_only))
+        if dry_run and report_only:
+            raise ConfigError("give --dry-run or --report-only, not both")
+        plan = plan_paper(url=url, specs=specs, launch=launch, only=only, scale=scale, device=device,
+                          data_dir=data_dir, check_data=not (dry_run or report_only))
     except ConfigError as exc:
         fail(str(exc))
     if dry_run:
-        _print_plan(programme)
+        _print_plan(plan.programme)
         console.print("nothing was written")
         return
-    out = out if out is not None else root / ("paper" if scale == "paper" else f"paper-{scale}")
-    settled: list[dict] = []
-    if report_only:          # reads the database only: nothing to open for writing
-        root = ensure_writable(root)
-    else:
-        _, root = open_results(url, root)       # a bad --db: one line, before the plan and with nothing made
-        _print_plan(programme)
-        settled = _launch(programme, launch, url, root, wait)
-        runs = stored_runs(url, tasks_of(specs, items))
-        programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir, runs=runs,
-                                   together=together)
-    if only is not None and not report_only:
-        # --only chose what trains; the bundle keeps every table and figure finished so far (where --specs holds
-        # their specs: a folder of some of them bundles what it has)
-        try:
-            every = select(None)
-            runs = stored_runs(url, tasks_of(specs, every))
-            programme = plan_programme(specs, every, scale=scale, device=device, data_dir=data_dir, runs=runs,
-                                       together=together, check_data=False)
-            items = every
-        except ConfigError:
-            pass
-    _write(programme, specs, items, root, url, out, runs)
-    from flctl.cli.ledger import error_summary
+    # reading the database only needs a folder to write the bundle into; launching needs the database (a bad --db:
+    # one line, before the plan and with nothing made)
+    root = ensure_writable(root) if report_only else open_results(url, root)[1]
 
-    error_summary(*settled)     # the bundle is written first: it shows what did finish
+    def here(worker, sid: str) -> int | None:
+        with ledger_lines(url, sid):
+            return worker()
+
+    hooks = Hooks(plan=_print_plan, launched=said_launched, here=here,
+                  wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root),
+                  warn=lambda line: err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True))
+    try:
+        done = fill_paper(plan, root=root, out=out, wait=wait, report_only=report_only, hooks=hooks)
+    except ConfigError as exc:
+        fail(str(exc))
+    if done.stopped is not None:
+        console.print(f"[yellow]stopped[/]: `flctl cancel {done.stopped_in}` stops the other workers; `flctl paper` "
+                      "again resumes")
+        raise typer.Exit(done.stopped)
+    if done.lacking:
+        console.print(f"[yellow]not launched[/], their data is not here: {safe(', '.join(done.lacking))} (see the "
+                      "plan; --data-dir)")
+    if not report_only and done.launched == 0:
+        console.print("every cell the programme can run here is done: nothing to launch")
+    console.print(f"wrote {safe(done.bundle)} ({done.bundle_s:.1f} s); open it in a browser")
+    error_summary(*done.ledgers)     # the bundle is written first: it shows what did finish
 
 
 def _print_plan(programme) -> None:
@@ -152,94 +132,3 @@ def _print_plan(programme) -> None:
     console.print(f"{total_todo} cell(s) to do, about {format_cost(total_hours, programme.device)}"
                   + (f" (+ {unknown} cell(s) of tasks with no finished run on {programme.device} to estimate from)"
                      if unknown else ""))
-
-
-def _launch(programme, flags: LaunchFlags, url: str, root: Path, wait: bool) -> list[dict]:
-    """Launch each spec's missing cells as `flctl sweep --spec` would; the local and debug executors run the sweeps
-    one after another in this process (one machine's cores), Slurm submits them all (and waits with --wait).
-    Returns the ledgers of the sweeps waited for."""
-    from flctl.cli.ledger import watch
-    from flctl.cli.sweep import _launch as launch_sweep
-    from flctl.errors import ConfigError
-    from flctl.launch import plan_sweep
-    from flctl.paper import launch_programme
-    from flctl.sweep import sweep_id
-
-    store = open_store(url, root)
-    submitted: list[str] = []
-    settled: dict[str, dict] = {}
-
-    def launch(sp, cells) -> None:
-        try:
-            planned = plan_sweep(sp.spec, flags, results_root=root, allow_large=True)
-        except ConfigError as exc:
-            fail(f"sweeps/{sp.name}.toml: {exc}")
-        wanted = {c.run_id for c in cells}
-        configs = [c for c in planned.configs if c.run_id in wanted]
-        sid = sweep_id(planned.spec, configs)
-        foreground = planned.settings.launcher.runs_here
-        launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
-        if launched.here is not None and (stopped := _here(launched.here, url, sid)) is not None:
-            console.print(f"[yellow]stopped[/]: `flctl cancel {sid}` stops the other workers; `flctl paper` again "
-                          "resumes")
-            raise typer.Exit(stopped)
-        if foreground:
-            settled[sid] = watch(store, sid, until_done=True, root=root)
-        submitted.append(sid)
-
-    n = launch_programme(programme, launch)
-    lacking = sorted(name for name, sp in programme.specs.items() if sp.no_data and programme.cells_to_do(name))
-    if lacking:
-        console.print(f"[yellow]not launched[/], their data is not here: {safe(', '.join(lacking))} (see the plan; "
-                      "--data-dir)")
-    if n == 0:
-        console.print("every cell the programme can run here is done: nothing to launch")
-    elif wait:
-        for sid in submitted:
-            settled[sid] = watch(store, sid, until_done=True, root=root)
-    store.close()
-    return list(settled.values())
-
-
-def _here(here, url: str, sid: str) -> int | None:
-    from flctl.cli.ledger import ledger_lines
-
-    with ledger_lines(url, sid):
-        return here()
-
-
-def _write(programme, specs: Path, items, root: Path, url: str, out: Path, runs) -> None:
-    import importlib.metadata as md
-
-    from flctl.layout import Layout
-    from flctl.paper import plan_programme
-    from flctl.programme import SCALES
-    from flctl.report.bundle import write_bundle
-    from flctl.text import redact
-    from flctl.versions import git_revision
-
-    def version(name: str) -> str:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return "not installed"
-
-    # Finished runs of the same tables at the other scales: counted on the page, never averaged in.
-    others: dict[str, int] = {}
-    for scale in SCALES:
-        if scale != programme.scale:
-            other = plan_programme(specs, items, scale=scale, device=None, data_dir=None, runs=runs, check_data=False)
-            for p in other.items:
-                if p.finished:
-                    others[p.item.ref] = others.get(p.item.ref, 0) + len(p.finished)
-    provenance = {"flctl": version("flctl"), "commit": git_revision() or "unknown", "torch": version("torch"),
-                  "command": " ".join(["flctl", *sys.argv[1:]]), "made": datetime.now(UTC).isoformat(
-                      timespec="seconds"), "database": redact(url)}
-    from flctl.report.tables import mixed_code_notes
-
-    for plan in programme.items:
-        for note in mixed_code_notes([programme.runs[i] for i in plan.finished]):
-            err_console.print(f"[yellow]warning:[/yellow] {plan.item.ref}: {escape(note)}", soft_wrap=True)
-    t0 = time.perf_counter()
-    index = write_bundle(programme, Layout(root).records, out, provenance, others)
-    console.print(f"wrote {safe(index)} ({time.perf_counter() - t0:.1f} s); open it in a browser")

@@ -23,6 +23,7 @@ from flctl.cli.common import (
     parse_options,
     results_root,
     safe,
+    said_launched,
     with_model,
 )
 from flctl.cli.ledger import error_summary, ledger_lines, watch
@@ -173,18 +174,7 @@ def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join
         launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
     except ConfigError as exc:        # e.g. results/jobs is another user's folder
         fail(str(exc))
-    console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
-                  f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
-                  "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
-                  + f"; {launched.todo} to do"
-                  + (f", {launched.live} worker(s) already on it" if launched.live else ""))
-    if launched.jobs:
-        ids = sorted({settings.launcher.job_group(j.job_id) for j in launched.jobs})
-        console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "
-                      f"{safe(', '.join(ids[:5]))}{' ...' if len(ids) > 5 else ''}"
-                      + (" and one in this process" if launched.here else ""))
-    elif launched.here:
-        console.print("1 worker, in this process")
+    said_launched(launched, sid, spec, settings)
     return launched
 
 
@@ -235,7 +225,7 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
                 store.close()
         except StoreError:
             runs = []
-    cost = estimate_cost(runs, configs, settings.cells_per_device(configs[0].device))
+    cost = estimate_cost(runs, configs, settings.cells_per_device(configs[0].task, len(configs), configs[0].device))
     if cost is None:
         return (f"cost: no finished {task} runs on {device} in the database yet, so no estimate "
                 "(it is fitted to their seconds per run)")

@@ -19,8 +19,8 @@ from typing import Any
 _HOME = {
     "has_workers": "jobs", "live_controllers": "jobs", "live_workers": "jobs", "private_folder": "jobs",
     "queued_jobs": "jobs", "submitted_jobs": "jobs",
-    "Launched": "plan", "SweepPlan": "plan", "cells_together": "plan", "launch_sweep": "plan", "plan_sweep": "plan",
-    "LaunchFlags": "settings", "LaunchSettings": "settings", "batch_runs_for": "settings",
+    "Launched": "plan", "SweepPlan": "plan", "launch_sweep": "plan", "plan_sweep": "plan",
+    "LaunchFlags": "settings", "LaunchSettings": "settings", "batch_runs_for": "settings", "cells_together": "settings",
     "Launcher": "backends", "Slot": "backends", "get_launcher": "backends",
     "SlurmOptions": "backends.slurm", "slurm_workers": "backends.slurm", "local_slots": "backends.local",
     "Worker": "worker", "WorkerRecipe": "worker",

@@ -13,7 +13,7 @@ from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.backends import Slot
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
-from flctl.launch.settings import LaunchFlags, LaunchSettings, batch_runs_for
+from flctl.launch.settings import LaunchFlags, LaunchSettings, cells_together
 from flctl.launch.submit import submit
 from flctl.launch.worker import Worker, WorkerRecipe
 from flctl.layout import Layout
@@ -38,12 +38,6 @@ class Launched:
     live: int
     jobs: list[Any]                # the launcher's jobs, each with a job_id
     here: _Here | None = None
-
-
-def cells_together(settings: LaunchSettings, task: str, cells: int, workers: int, device: str) -> int:
-    """Cells each worker trains together: --batch-runs, or the automatic choice for ``cells`` cells among ``workers``
-    workers (batch_runs_for). The launch and the dry run's cost estimate both ask here."""
-    return settings.batch_runs or batch_runs_for(task, cells, max(workers, 1), device)
 
 
 def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],

@@ -106,14 +106,26 @@ class LaunchSettings:
         options.check()
         return settings
 
-    def cells_per_device(self, device: str) -> int:
-        """Cells training at once on one device, as the cost estimate counts them: --batch-runs per worker, times
-        --per-gpu workers on a GPU (on the CPU each worker has cores of its own)."""
-        return (self.batch_runs or 1) * (self.per_gpu if device.startswith("cuda") else 1)
+    def cells_per_device(self, task: str, cells: int, device: str) -> int:
+        """Cells training at once on one device, as the cost estimate counts them: the cells each worker trains
+        together, as the launch decides them (``cells_together``: --batch-runs, else the automatic choice for these
+        workers), times --per-gpu workers on a GPU (on the CPU each worker has cores of its own). Where the workers
+        cannot be counted here (a GPU planned on a laptop) the choice assumes the --workers given, else one."""
+        try:
+            workers = len(self.slots(cells, device))
+        except ConfigError:
+            workers = self.workers or 1
+        return cells_together(self, task, cells, workers, device) * (self.per_gpu if device.startswith("cuda") else 1)
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""
         return self.launcher.slots(cells, device, self)
+
+
+def cells_together(settings: LaunchSettings, task: str, cells: int, workers: int, device: str) -> int:
+    """Cells each worker trains together: --batch-runs, or the automatic choice for ``cells`` cells among ``workers``
+    workers (batch_runs_for). The launch (flctl.launch.plan) and the cost estimate both ask here."""
+    return settings.batch_runs or batch_runs_for(task, cells, max(workers, 1), device)
 
 
 def batch_runs_for(task: str, cells: int, workers: int, device: str) -> int:

@@ -28,7 +28,7 @@ class TableSpec:
     of one task): its ``keys`` in order, then a Config column naming the other fields that vary among the runs.
     Rows sort by the keys in their order, then by those other fields. A table of runs has one row per run."""
 
-    name: str                             # as --table takes it and a paper item names it (flctl.programme.Item.table)
+    name: str                             # as --table takes it and a paper item names it (flctl.paper.programme.Item.table)
     title: str                            # above the table; a ``by`` table's names the attribute: "{by}"
     # What a row is: "config", a configuration (see above); "run", one run (its id, every identity field, task
     # option and library version, then its own values): any runs, of any tasks, nothing averaged or "best".

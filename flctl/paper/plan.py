@@ -1,4 +1,4 @@
-"""`flctl paper`'s plan: the paper's programme (flctl.programme) resolved against sweeps/ and the run database.
+"""`flctl paper`'s plan: the paper's programme (flctl.paper.programme) resolved against sweeps/ and the run database.
 
 For each table and figure: the cells that serve it at the chosen scale (the planned runs of its specs that it
 shows), how many are finished, whether its task's data is here, and the device-hours still to spend (the sweep cost
@@ -16,7 +16,7 @@ from typing import Any
 
 from flctl.config import RunConfig
 from flctl.errors import ConfigError
-from flctl.programme import Item, Published, published, scaled, spec_paths
+from flctl.paper.programme import Item, Published, published, scaled, spec_paths
 from flctl.status import REPORTABLE
 from flctl.sweep import CostEstimate, SweepSpec, estimate_cost, load_spec, plan, sweep_id
 
@@ -77,9 +77,12 @@ class Programme:
 
 
 def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: str | None, data_dir: str | None,
-                   runs: Sequence[Any], together: int = 1, check_data: bool = True) -> Programme:
+                   runs: Sequence[Any], together: Callable[[str, int, str], int] | None = None,
+                   check_data: bool = True) -> Programme:
     """Plan ``items`` at ``scale`` from the specs in ``folder``; ``runs`` are the database's runs (RunRecords).
-    ``device`` and ``data_dir`` replace the specs' where given. ConfigError for a missing or invalid spec."""
+    ``device`` and ``data_dir`` replace the specs' where given; ``together(task, cells, device)``: cells training at
+    once on a device, as the launch would set them (flctl.launch.settings.LaunchSettings.cells_per_device; None:
+    one). ConfigError for a missing or invalid spec."""
     from flctl.tasks import check_task_data, get_task
 
     names = sorted({n for i in items for n in i.all_specs()})
@@ -114,7 +117,8 @@ def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: s
                     cells.setdefault(c.run_id, c)
         finished = {i for i in cells if i in by_id and by_id[i].status in REPORTABLE}
         to_do = [c for i, c in cells.items() if i not in finished]
-        cost = estimate_cost(runs, to_do, together) if to_do else None
+        per_device = together(to_do[0].task, len(to_do), to_do[0].device) if together and to_do else 1
+        cost = estimate_cost(runs, to_do, per_device) if to_do else None
         no_data = next((specs[n].no_data for n in item.all_specs() if specs[n].no_data), None)
         plans.append(ItemPlan(item, cells, finished, cost, no_data, rows))
     first = next(iter(specs.values()), None)

@@ -1,8 +1,8 @@
 """The paper's programme: each table and figure of Ramirez et al., *Feasible Learning* (AISTATS 2025), the sweeps/
 specs that serve it, which of their runs it shows, the numbers the paper published for it, and the scales it can be
-run at. Torch-free: `flctl paper --dry-run` and the bundle (flctl.report.bundle) read it without the training stack.
+run at. Torch-free: `flctl paper --dry-run` and the bundle (flctl.paper.bundle) read it without the training stack.
 
-The published numbers live in one data file, ``flctl/report/published.csv``, transcribed from the paper's LaTeX
+The published numbers live in one data file, ``flctl/paper/published.csv``, transcribed from the paper's LaTeX
 source: a row per number, with its table, the row's keys (model, method, ε, α; empty where the paper's row names
 none) and our metric name for its column (train.avg_loss is the paper's "Avg. CE", "MSE" or "Avg. Loss").
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from flctl.errors import ConfigError
 
-PUBLISHED = Path(__file__).parent / "report" / "published.csv"
+PUBLISHED = Path(__file__).parent / "published.csv"
 C6 = ("train.avg_loss", "train.max_loss", "train.accuracy", "test.avg_loss", "test.max_loss", "test.accuracy")
 C4 = ("train.avg_loss", "train.max_loss", "test.avg_loss", "test.max_loss")
 CDF = (("cdf", "train"), ("cvar", "train"), ("cdf", "test"), ("cvar", "test"))

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
 from flctl.method_info import method_info
-from flctl.programme import tolerance
+from flctl.paper.programme import tolerance
 from flctl.report.groups_of_runs import number
 from flctl.status import Status
 
 if TYPE_CHECKING:
-    from flctl.paper import ItemPlan, Programme
-    from flctl.programme import Published
+    from flctl.paper.plan import ItemPlan, Programme
+    from flctl.paper.programme import Published
     from flctl.report.tables import BesideRow, Cell, Table
 
 CSS = """

@@ -1,0 +1,89 @@
+"""Waiting for a sweep to settle (`flctl sweep --wait`, `flctl paper`, ``flctl.api.sweep``): its ledger polled until
+no cell is left to train, or until nothing is left that could train one (its database moved, no worker left)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flctl.launch.jobs import live_controllers, live_workers, queued_jobs
+from flctl.runner import ground_moved
+from flctl.status import DISK_FILLED, Status, ledger, settled
+
+# A wait ends when no worker is left to take the cells still to do, once that has held this long: a worker that is
+# starting (a new interpreter) registers within a second or two.
+NO_WORKER_GRACE_S = 5.0
+
+
+class SweepStopped(Exception):
+    """A wait that cannot end with the sweep done: one line, and the exit code a command ends with (130: its workers
+    were stopped and their cells handed back; 1: the disk filled, no worker is left, or the database moved)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def no_worker_left(root: Path, sid: str, data: dict) -> bool:
+    """Whether the sweep being waited for has cells to do that no worker will take: none running, some queued,
+    handed back (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker, job controller or
+    scheduler's job left. A sweep with a scheduler's jobs is never judged so: squeue may not answer, and a job may
+    pend for hours."""
+    total = data["total"]
+    if total[Status.RUNNING] or not (total["stale"] or total[Status.INTERRUPTED] or total[Status.QUEUED]):
+        return False
+    if queued_jobs(root, sid):
+        return False
+    return not (live_workers(root, sid) or live_controllers(root, sid))
+
+
+class Settling:
+    """The polls of one wait: ``poll()`` returns the sweep's ledger (flctl.status.ledger), or raises SweepStopped."""
+
+    def __init__(self, store: Any, sid: str, root: Path, until_done: bool = True) -> None:
+        self.store, self.sid, self.root, self.until_done = store, sid, root, until_done
+        self.folder = root if root.is_dir() else None    # a --db elsewhere, its results folder not here: the database
+        self.idle_since: float | None = None
+
+    def poll(self) -> dict:
+        if (moved := ground_moved(self.store, self.folder)) is not None:   # a query now would make an empty database
+            raise SweepStopped(f"{moved} while sweep {self.sid} ran: its workers stop and write no more", 1)
+        data = ledger(self.store, self.sid)
+        if not (self.until_done and not settled(data) and no_worker_left(self.root, self.sid, data)):
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = time.monotonic()
+        elif time.monotonic() - self.idle_since >= NO_WORKER_GRACE_S:
+            raise self._stopped(data)
+        return data
+
+    def _stopped(self, data: dict) -> SweepStopped:
+        back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))
+        errors = [r["error"] or "" for r in self.store.sweep_runs(self.sid) if r["status"] == Status.INTERRUPTED]
+        if any(e.startswith(DISK_FILLED) for e in errors):
+            return SweepStopped(f"the disk filled up under sweep {self.sid}: its workers stopped, {back} cell(s) handed "
+                                "back; free some space, then `flctl sweep` with the same axes resumes them from their "
+                                "checkpoints", 1)
+        if back:
+            return SweepStopped(f"sweep {self.sid}'s workers were stopped (`flctl cancel`, a signal); {back} cell(s) "
+                                "handed back, `flctl sweep` with the same axes resumes it", 130)
+        return SweepStopped(f"no worker is left for sweep {self.sid} ({stale + queued + back} cell(s) to do: their "
+                            "workers stopped or are gone, see its logs under results/jobs/); `flctl sweep` with the "
+                            "same axes starts workers again", 1)
+
+
+def settle(store: Any, sid: str, root: Path, interval: float = 0.5,
+           on_poll: Callable[[dict], None] | None = None) -> dict:
+    """Wait until sweep ``sid`` settles; its last ledger. SweepStopped when it cannot."""
+    from flctl.study import poll_delays
+
+    settling, delays = Settling(store, sid, root), poll_delays(interval)
+    data = settling.poll()
+    while not settled(data):
+        if on_poll is not None:
+            on_poll(data)
+        time.sleep(next(delays))
+        data = settling.poll()
+    return data

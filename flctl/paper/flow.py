@@ -1,0 +1,198 @@
+"""`flctl paper`'s flow, for the command and for ``flctl.api.paper``: plan the programme with its cost, launch each
+spec's missing cells as `flctl sweep --spec` would, wait where the sweeps run here (or when asked), and write the
+bundle. What a person sees of it (the plan's table, each launch, the live ledger) is the caller's: ``Hooks``."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from flctl.config import resolve_device
+from flctl.errors import ConfigError
+from flctl.launch import LaunchFlags, LaunchSettings, launch_sweep, plan_sweep
+from flctl.launch.wait import settle
+from flctl.paper.plan import Programme, launch_programme, plan_programme, stored_runs, tasks_of
+from flctl.paper.programme import SCALES, select
+
+
+@dataclasses.dataclass
+class Hooks:
+    """What the caller shows of the flow (each does nothing by default, and ``wait`` waits without a word)."""
+
+    plan: Callable[[Programme], None] = lambda programme: None            # the plan, before anything is launched
+    launched: Callable[[Any, str, Any, LaunchSettings], None] = lambda launched, sid, spec, settings: None
+    here: Callable[[Any, str], int | None] = lambda here, sid: here()       # a worker of this process, until done
+    wait: Callable[[Any, str, Path], dict] = settle                         # (store, sweep id, results) -> ledger
+    warn: Callable[[str], None] = lambda line: None
+
+
+@dataclasses.dataclass
+class PaperRun:
+    """What the flow did: the programme as it stands after it, the bundle's index (None: a dry run), the ledgers of
+    the sweeps waited for, the specs not launched for want of their data, and the exit code of a signal that stopped
+    this process's worker (None: not stopped)."""
+
+    programme: Programme
+    bundle: Path | None = None
+    ledgers: list[dict] = dataclasses.field(default_factory=list)
+    lacking: list[str] = dataclasses.field(default_factory=list)
+    launched: int = 0
+    stopped: int | None = None
+    stopped_in: str | None = None           # the sweep whose worker here was stopped
+    bundle_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperPlan:
+    """The programme planned, and what filling it needs (``plan_paper``): nothing of it is written yet."""
+
+    programme: Programme
+    items: list
+    specs: Path
+    url: str
+    launch: LaunchFlags
+    scale: str
+    only: str | None
+    device: str | None
+    data_dir: str | None
+    together: Callable[[str, int, str], int]
+
+    def again(self, items: list | None = None, check_data: bool = True) -> Programme:
+        """The programme planned anew (after a launch: what is finished now), of ``items`` (default: its own)."""
+        chosen = self.items if items is None else items
+        return plan_programme(self.specs, chosen, scale=self.scale, device=self.device, data_dir=self.data_dir,
+                              runs=stored_runs(self.url, tasks_of(self.specs, chosen)), together=self.together,
+                              check_data=check_data)
+
+
+def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), only: str | None = None,
+               scale: str = "paper", device: str | None = None, data_dir: str | None = None,
+               check_data: bool = True) -> PaperPlan:
+    """The paper's programme at ``scale`` (``only``: these tables and figures) planned against ``url``'s runs, with
+    its cost. ``check_data`` False: without looking at the data (a dry run, a bundle of what is finished: as `flctl
+    sweep --dry-run`, a cluster's programme can be planned on a laptop). ConfigError for bad input; writes nothing."""
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
+    items = select(only)
+    if scale == "smoke" and launch.workers is None:
+        # A smoke cell trains in about a second; a worker's new interpreter spends ~5 s of CPU importing torch and
+        # scikit-learn before it takes one, and the default W (cores // threads) starts W - 1 of them for each spec
+        # in turn: 2 cores, 17 -> 12 core-s for the whole programme.
+        launch = dataclasses.replace(launch, workers=1)
+    settings = LaunchSettings.resolve({}, launch)
+    if device is not None:
+        device = resolve_device(device, here=settings.launcher.runs_here, planning=not check_data)
+    programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir,
+                               runs=stored_runs(url, tasks_of(specs, items)), together=settings.cells_per_device,
+                               check_data=check_data)
+    return PaperPlan(programme, items, specs, url, launch, scale, only, device, data_dir, settings.cells_per_device)
+
+
+def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bool = False,
+               report_only: bool = False, hooks: Hooks = Hooks()) -> PaperRun:
+    """Launch the planned programme's missing cells (local and debug launchers: spec after spec in this process; a
+    scheduler's: all submitted, waited for with ``wait``), then write the bundle under ``out`` (default
+    RESULTS/paper, or RESULTS/paper-<scale>); ``report_only``: the bundle of what is finished, launching nothing."""
+    from flctl.db import Store
+
+    result = PaperRun(plan.programme)
+    if not report_only:
+        hooks.plan(plan.programme)
+        store = Store.open(plan.url)
+        try:
+            _launch(result, store, plan.url, root, plan.launch, wait, hooks)
+        finally:
+            store.close()
+        if result.stopped is not None:
+            return result
+    items, programme = plan.items, plan.again() if not report_only else plan.programme
+    if plan.only is not None and not report_only:
+        # --only chose what trains; the bundle keeps every table and figure finished so far (where --specs holds
+        # their specs: a folder of some of them bundles what it has)
+        try:
+            items = select(None)
+            programme = plan.again(items, check_data=False)
+        except ConfigError:
+            pass
+    result.programme = programme
+    out = out if out is not None else root / ("paper" if plan.scale == "paper" else f"paper-{plan.scale}")
+    t0 = time.perf_counter()
+    result.bundle = write(programme, plan.specs, items, root, plan.url, out,
+                          stored_runs(plan.url, tasks_of(plan.specs, items)), hooks)
+    result.bundle_s = time.perf_counter() - t0
+    return result
+
+
+def _launch(result: PaperRun, store: Any, url: str, root: Path, flags: LaunchFlags, wait: bool, hooks: Hooks) -> None:
+    """Each spec's missing cells, as `flctl sweep --spec` launches them; the ledgers of the sweeps waited for."""
+    from flctl.sweep import sweep_id
+
+    submitted: list[str] = []
+    settled: dict[str, dict] = {}
+
+    def launch(sp: Any, cells: list) -> None:
+        if result.stopped is not None:
+            return
+        try:
+            planned = plan_sweep(sp.spec, flags, results_root=root, allow_large=True)
+        except ConfigError as exc:
+            raise ConfigError(f"sweeps/{sp.name}.toml: {exc}") from None
+        wanted = {c.run_id for c in cells}
+        configs = [c for c in planned.configs if c.run_id in wanted]
+        sid = sweep_id(planned.spec, configs)
+        foreground = planned.settings.launcher.runs_here
+        launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
+        hooks.launched(launched, sid, planned.spec, planned.settings)
+        if launched.here is not None and (stopped := hooks.here(launched.here, sid)) is not None:
+            result.stopped, result.stopped_in = stopped, sid
+            return
+        if foreground:
+            settled[sid] = hooks.wait(store, sid, root)
+        submitted.append(sid)
+
+    result.launched = launch_programme(result.programme, launch)
+    programme = result.programme
+    result.lacking = sorted(name for name, sp in programme.specs.items()
+                            if sp.no_data and programme.cells_to_do(name))
+    if wait and result.stopped is None:
+        for sid in submitted:
+            settled[sid] = hooks.wait(store, sid, root)
+    result.ledgers = list(settled.values())
+
+
+def write(programme: Programme, specs: Path, items: list, root: Path, url: str, out: Path, runs: list,
+          hooks: Hooks = Hooks()) -> Path:
+    """The bundle of ``programme`` under ``out`` (flctl.paper.bundle), with the provenance of this flctl and command;
+    finished runs of the same tables at the other scales are counted on its pages, never averaged in."""
+    from flctl.layout import Layout
+    from flctl.paper.bundle import write_bundle
+    from flctl.report.tables import mixed_code_notes
+    from flctl.text import redact
+    from flctl.versions import git_revision
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    others: dict[str, int] = {}
+    for scale in SCALES:
+        if scale != programme.scale:
+            other = plan_programme(specs, items, scale=scale, device=None, data_dir=None, runs=runs, check_data=False)
+            for p in other.items:
+                if p.finished:
+                    others[p.item.ref] = others.get(p.item.ref, 0) + len(p.finished)
+    provenance = {"flctl": version("flctl"), "commit": git_revision() or "unknown", "torch": version("torch"),
+                  "command": " ".join(["flctl", *sys.argv[1:]]), "made": datetime.now(UTC).isoformat(
+                      timespec="seconds"), "database": redact(url)}
+    for plan in programme.items:
+        for note in mixed_code_notes([programme.runs[i] for i in plan.finished]):
+            hooks.warn(f"{plan.item.ref}: {note}")
+    return Path(write_bundle(programme, Layout(root).records, out, provenance, others))

@@ -1,0 +1,56 @@
+"""flctl.api.sweep and flctl.api.paper do what `flctl sweep` and `flctl paper` do, under the same rules: the same
+sweep ids and cells, re-running fills only what is missing, bad input raises ConfigError with nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flctl import api
+from flctl.errors import ConfigError
+from flctl.status import Status
+from tests.helpers import files_under, in_process
+
+
+def test_api_sweep_fills_a_grid_and_is_the_cli_sweep(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    done = api.sweep("two-moons", method="fl", lr=[1e-3, 2e-3], seeds=2, epochs=2, results_dir=results,
+                     launch={"executor": "debug"})
+    assert done["cells"] == 4 and done["total"][Status.COMPLETED] == 4
+    assert {r.status for r in api.runs(results_dir=results)} == {Status.COMPLETED}
+    # the command line's spelling of the same grid is the same sweep: nothing left to do
+    res = in_process("sweep", "two-moons", "-m", "fl", "--lr", "1e-3,2e-3", "--seeds", "2", "--epochs", "2",
+                     "--executor", "debug", "--results-dir", str(results))
+    assert res.returncode == 0, res.stderr
+    assert f"sweep {done['sweep']}" in res.stdout and "4 completed" in res.stdout and "0 to do" in res.stdout
+    again = api.sweep("two-moons", method="fl", lr="1e-3,2e-3", seeds=2, epochs=2, results_dir=results,
+                      launch={"executor": "debug"})
+    assert again["sweep"] == done["sweep"] and again["total"][Status.COMPLETED] == 4
+
+
+@pytest.mark.parametrize("call,message", [
+    (dict(method="fl", lr=[1e-3], launch={"executr": "debug"}), r"^launch: unknown key\(s\) executr; valid: "),
+    (dict(method="nope"), r"unknown method 'nope'"),
+    (dict(method="fl", launch={"executor": "nosuch"}), r"^unknown executor 'nosuch'"),
+    (dict(method="fl", launch={"partition": "gpu"}), r"^--partition is not an option of --executor local$"),
+])
+def test_api_sweep_refuses_bad_input_writing_nothing(tmp_path: Path, call: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        api.sweep("two-moons", epochs=2, results_dir=tmp_path / "results", **call)
+    assert not files_under(tmp_path)
+
+
+def test_api_paper_plans_fills_and_bundles_as_flctl_paper(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    plan = api.paper(only="figure:1", scale="smoke", results_dir=results, dry_run=True)
+    [item] = plan.programme.items
+    assert item.item.ref == "figure:1" and len(item.to_do) == len(item.cells) > 0
+    assert not results.exists()                                         # a dry run writes nothing
+    done = api.paper(only="figure:1", scale="smoke", results_dir=results, launch={"executor": "debug"})
+    assert done.launched == 1 and done.bundle == results / "paper-smoke" / "index.html" and done.bundle.is_file()
+    figure = next(p for p in done.programme.items if p.item.ref == "figure:1")
+    assert len(figure.finished) == len(figure.cells) and not figure.to_do
+    with pytest.raises(ConfigError, match=r"^unknown scale 'huge'; choose one of: paper, smoke$"):
+        api.paper(scale="huge", results_dir=tmp_path / "other")
+    assert not (tmp_path / "other").exists()
