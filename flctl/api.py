@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
-from flctl.status import Status
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -137,20 +136,17 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
     As ``flctl run``: the same configuration is the same run; ``rerun`` trains a completed one again. A run
     held by a live worker elsewhere raises ConfigError; a training error propagates with the run marked failed."""
     from flctl.layout import Layout
-    from flctl.runner import execute
-    from flctl.status import TRAINABLE
+    from flctl.runner import train_unless_done
 
     if on_epoch is not None and not callable(on_epoch):
         raise ConfigError(f"on_epoch={on_epoch!r}: give a function of one argument, called after each epoch")
     cfg = config(task, method, p_min=p_min, **fields)
     store = open_store(results_dir, db)
     try:
-        previous = store.get_run(cfg.run_id)
-        if previous is not None and previous.status == Status.COMPLETED and not rerun:
-            return previous
-        fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
-        allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
-        result = execute(cfg, store, Layout(results_root(results_dir)), on_epoch=on_epoch, allow=allow, fresh=fresh)
+        found, result = train_unless_done(cfg, store, Layout(results_root(results_dir)), rerun=rerun,
+                                          on_epoch=on_epoch)
+        if found is not None:
+            return found
         record = store.get_run(cfg.run_id)
         if result is None and record is not None:
             raise ConfigError(f"run {cfg.run_id} is being trained by {record.host} pid {record.pid}; wait for it")

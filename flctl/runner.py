@@ -125,6 +125,28 @@ def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[
             signal.signal(sig, old)
 
 
+def completed(cfg: RunConfig, store: Store, rerun: bool = False) -> Any:
+    """The run of ``cfg`` when it is completed and not to be trained again (``rerun``); else None."""
+    previous = store.get_run(cfg.run_id)
+    return previous if previous is not None and previous.status == Status.COMPLETED and not rerun else None
+
+
+def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bool = False,
+                      on_epoch: Callable | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
+                      stop: Callable[[], bool] | None = None) -> tuple[Any, Any]:
+    """`flctl run`'s and flctl.api.run's one rule: a completed run is found, not trained (``rerun``: trained again,
+    from scratch); a diverged one starts from scratch; any other trains or resumes from its checkpoint. Returns
+    (the completed run found, None) or (None, ``execute``'s RunResult: None when a live worker holds the run)."""
+    if (done := completed(cfg, store, rerun)) is not None:
+        return done, None
+    previous = store.get_run(cfg.run_id)
+    # --rerun and a diverged run start from scratch: execute clears their old files once the claim is ours
+    fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
+    allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
+    return None, execute(cfg, store, layout, on_epoch, allow=allow, checkpoint_every=checkpoint_every, stop=stop,
+                         fresh=fresh)
+
+
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
             allow: Iterable[str] = TRAINABLE, max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,

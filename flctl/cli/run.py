@@ -29,7 +29,7 @@ from flctl.cli.common import (
 from flctl.config import PANELS
 from flctl.errors import ConfigError
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every
-from flctl.status import TRAINABLE, Status
+from flctl.status import Status
 
 
 def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
@@ -82,27 +82,23 @@ def run(
 
     from flctl.errors import ClaimLost, DiskFull, GroundMoved
     from flctl.layout import Layout
-    from flctl.runner import execute, stop_on_signals
+    from flctl.runner import completed, stop_on_signals, train_unless_done
 
-    layout = Layout(root)
-    previous = store.get_run(cfg.run_id)
-    if previous is not None and previous.status == Status.COMPLETED and not rerun:
+    if (found := completed(cfg, store, rerun)) is not None:     # before the progress bar: nothing trains
         console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
-        print_summary(previous)
+        print_summary(found)
         return
-    # --rerun and a diverged run start from scratch: execute clears their old files once the claim is ours
-    fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
-
+    layout = Layout(root)
     summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if cfg.eps is not None else "") + (
         f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
-    allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
     outcome: BaseException | None = None
+    result = None
     progress = _progress(cfg.epochs, summary_line) if console.is_terminal else _log_lines(cfg, summary_line)
     with progress as on_epoch, stop_on_signals() as stop:
         try:
-            result = execute(cfg, store, layout, on_epoch=on_epoch, allow=allow, checkpoint_every=checkpoint_every,
-                             stop=stop.is_set, fresh=fresh)
+            _, result = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
+                                          checkpoint_every=checkpoint_every, stop=stop.is_set)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once, resumes from the last checkpoint
             outcome = exc
         except Exception as exc:
