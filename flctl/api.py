@@ -171,11 +171,8 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
     written; a wait its workers leave unfinished raises flctl.launch.wait.SweepStopped."""
     import dataclasses
 
-    from flctl.launch import launch_sweep, plan_sweep
-    from flctl.launch.tune import run_tune
-    from flctl.launch.wait import settle
-    from flctl.status import ledger
-    from flctl.study import sync_sweep
+    from flctl.launch import plan_sweep
+    from flctl.launch.flow import fill_sweep
     from flctl.sweep import load_spec, spec_from_values
 
     if (spec is None) == (task is None):
@@ -196,19 +193,12 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
                          parallel=parallel)
     store = open_store(results_dir, db)
     try:
-        if planned.tune is not None:
-            study = run_tune(store, url, root, planned.spec, planned.tune, planned.objective, direction, parallel,
-                             planned.settings)
-            return {"sweep": study.study_name.removeprefix("flctl-"), "study": study}
-        sid = planned.sweep_id
-        launched = launch_sweep(store, url, root, sid, planned.spec, planned.configs, planned.settings, join=wait)
-        if launched.here is not None:
-            launched.here()
-        data = settle(store, sid, root) if wait else ledger(store, sid)
-        sync_sweep(store, url, sid, planned.objective, direction)
-        return {"sweep": sid, **data}
+        filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction)
     finally:
         store.close()
+    if filled.study is not None:
+        return {"sweep": filled.sweep_id, "study": filled.study}
+    return {"sweep": filled.sweep_id, **(filled.ledger or {})}
 
 
 def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | None = None,

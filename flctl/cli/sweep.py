@@ -75,7 +75,8 @@ def sweep(
     """
     from flctl.errors import ConfigError
     from flctl.launch import plan_sweep
-    from flctl.study import sync_sweep
+    from flctl.launch.flow import fill_sweep
+    from flctl.launch.tune import TuneFailed
 
     try:
         chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
@@ -95,23 +96,54 @@ def sweep(
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     store, root = open_results(url, root)
     if planned.tune is not None:
-        _tune(store, url, root, planned.spec, planned.tune, planned.objective, direction, parallel, settings)
+        _tune_line(planned)
+    try:
+        filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction, hooks=_hooks(url, planned))
+    except ConfigError as exc:          # e.g. results/jobs is another user's folder
+        fail(str(exc))
+    except TuneFailed as exc:
+        fail(str(exc), code=1)
+    if filled.study is not None:
+        best = filled.study.best_trial
+        console.print(f"study [bold]{safe(filled.study.study_name)}[/]: best {safe(planned.objective)} = "
+                      f"{best.value:.4g} with {_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
         return
-    launched = _launch(store, url, root, sid, planned.spec, planned.configs, settings, join=wait)
-    if launched.here is not None:
+    if filled.stopped is not None:
+        console.print(f"[yellow]stopped[/]: its cell went back to the queue; the other workers go on "
+                      f"(`flctl cancel {sid}` stops them)")
+        raise typer.Exit(filled.stopped)
+    if not wait and filled.launched is not None and filled.launched.jobs and not settings.launcher.in_process:
+        console.print(f"follow it with `flctl status {sid} --watch`")
+    if filled.ledger is not None:
+        error_summary(filled.ledger)
+
+
+def _hooks(url: str, planned):
+    """How `flctl sweep` shows a sweep filling: each launch, this process's worker's log lines, the live ledger, each
+    --tune trial as it is told."""
+    from flctl.launch.flow import Hooks
+
+    def here(worker, sid: str) -> int | None:
         console.print("this process works on the sweep too while it waits")
         with ledger_lines(url, sid):
-            stopped = launched.here()
-        if stopped is not None:
-            console.print(f"[yellow]stopped[/]: its cell went back to the queue; the other workers go on "
-                          f"(`flctl cancel {sid}` stops them)")
-            raise typer.Exit(stopped)
-    settled = watch(store, sid, until_done=True, root=root) if wait else None
-    if not wait and launched.jobs and not settings.launcher.in_process:
-        console.print(f"follow it with `flctl status {sid} --watch`")
-    sync_sweep(store, url, sid, planned.objective, direction)
-    if settled is not None:
-        error_summary(settled)
+            return worker()
+
+    def told(trial) -> None:
+        n, objective = planned.tune, planned.objective
+        result = f"{safe(objective)} = {trial.value:.4g}" if trial.value is not None else safe(trial.status)
+        console.print(f"trial {trial.number + 1}/{n}: {_params(trial.params)} → {result} (run {trial.run_id})")
+
+    return Hooks(launched=said_launched if planned.tune is None else (lambda *a: None), here=here,
+                 wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root), told=told)
+
+
+def _tune_line(planned) -> None:
+    from flctl.study import search_space
+    from flctl.sweep import tune_id
+
+    sid = tune_id(dataclasses.replace(planned.spec, tune=planned.tune, objective=planned.objective))
+    console.print(f"sweep [bold]{sid}[/]: TPE search, {planned.tune} trials over "
+                  f"{safe(', '.join(search_space(planned.spec)))}; follow it with `flctl status {sid}`")
 
 
 def _chosen_spec(path: Path | None, task: str | None, fields: dict, *, p_min: str | None, seeds: int | None,
@@ -134,48 +166,9 @@ def _chosen_spec(path: Path | None, task: str | None, fields: dict, *, p_min: st
                             device=device, data_dir=fields["data_dir"])
 
 
-def _tune(store, url: str, root: Path, spec, n_trials: int, objective: str, direction: str, parallel: int,
-          settings) -> None:
-    """Run the search (flctl.launch.tune) and print each trial as it is told, then the best."""
-    from flctl.errors import ConfigError
-    from flctl.launch.tune import TuneFailed, run_tune
-    from flctl.study import search_space
-    from flctl.sweep import tune_id
-
-    def told(trial) -> None:
-        result = f"{safe(objective)} = {trial.value:.4g}" if trial.value is not None else safe(trial.status)
-        console.print(f"trial {trial.number + 1}/{n_trials}: {_params(trial.params)} → {result} (run {trial.run_id})")
-
-    sid = tune_id(dataclasses.replace(spec, tune=n_trials, objective=objective))
-    console.print(f"sweep [bold]{sid}[/]: TPE search, {n_trials} trials over {safe(', '.join(search_space(spec)))}; "
-                  f"follow it with `flctl status {sid}`")
-    try:
-        study = run_tune(store, url, root, spec, n_trials, objective, direction, parallel, settings, told)
-    except ConfigError as exc:
-        fail(str(exc))
-    except TuneFailed as exc:
-        fail(str(exc), code=1)
-    best = study.best_trial
-    console.print(f"study [bold]{safe(study.study_name)}[/]: best {safe(objective)} = {best.value:.4g} with "
-                  f"{_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
-
-
 def _params(params: dict) -> str:
     """A trial's parameters as `alpha=0.005432, lr=0.001`."""
     return ", ".join(safe(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}") for k, v in params.items())
-
-
-def _launch(store, url: str, root: Path, sid: str, spec, configs, settings, join: bool = False):
-    """Launch the sweep's cells and say what happened."""
-    from flctl.errors import ConfigError
-    from flctl.launch import launch_sweep
-
-    try:
-        launched = launch_sweep(store, url, root, sid, spec, configs, settings, join=join)
-    except ConfigError as exc:        # e.g. results/jobs is another user's folder
-        fail(str(exc))
-    said_launched(launched, sid, spec, settings)
-    return launched
 
 
 def _planning(done: int, cells: int) -> None:

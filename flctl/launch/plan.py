@@ -109,6 +109,7 @@ class SweepPlan:
     settings: LaunchSettings
     objective: str
     tune: int | None              # trials of a TPE search; None: the grid
+    parallel: int = 1             # trials of a search launched at once
 
 
 def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bool = False, allow_large: bool = False, objective: str | None = None, direction: str = "min",
@@ -140,4 +141,4 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
     launcher.check(results_root, dry_run=dry_run)
     if not dry_run:
         settings.slots(len(configs), configs[0].device)     # e.g. --device cuda without a GPU: fail now
-    return SweepPlan(spec, configs, sid, settings, objective, tune)
+    return SweepPlan(spec, configs, sid, settings, objective, tune, parallel)

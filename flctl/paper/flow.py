@@ -15,21 +15,10 @@ from typing import Any
 
 from flctl.config import resolve_device
 from flctl.errors import ConfigError
-from flctl.launch import LaunchFlags, LaunchSettings, launch_sweep, plan_sweep
-from flctl.launch.wait import settle
+from flctl.launch import LaunchFlags, LaunchSettings, plan_sweep
+from flctl.launch.flow import Hooks, fill_sweep
 from flctl.paper.plan import Programme, launch_programme, plan_programme, stored_runs, tasks_of
 from flctl.paper.programme import SCALES, select
-
-
-@dataclasses.dataclass
-class Hooks:
-    """What the caller shows of the flow (each does nothing by default, and ``wait`` waits without a word)."""
-
-    plan: Callable[[Programme], None] = lambda programme: None            # the plan, before anything is launched
-    launched: Callable[[Any, str, Any, LaunchSettings], None] = lambda launched, sid, spec, settings: None
-    here: Callable[[Any, str], int | None] = lambda here, sid: here()       # a worker of this process, until done
-    wait: Callable[[Any, str, Path], dict] = settle                         # (store, sweep id, results) -> ledger
-    warn: Callable[[str], None] = lambda line: None
 
 
 @dataclasses.dataclass
@@ -145,16 +134,16 @@ def _launch(result: PaperRun, store: Any, url: str, root: Path, flags: LaunchFla
             raise ConfigError(f"sweeps/{sp.name}.toml: {exc}") from None
         wanted = {c.run_id for c in cells}
         configs = [c for c in planned.configs if c.run_id in wanted]
-        sid = sweep_id(planned.spec, configs)
+        planned = dataclasses.replace(planned, configs=configs, sweep_id=sweep_id(planned.spec, configs))
+        # this machine's launchers fill the specs one after another, in this process; a scheduler's get them all
         foreground = planned.settings.launcher.runs_here
-        launched = launch_sweep(store, url, root, sid, planned.spec, configs, planned.settings, join=foreground)
-        hooks.launched(launched, sid, planned.spec, planned.settings)
-        if launched.here is not None and (stopped := hooks.here(launched.here, sid)) is not None:
-            result.stopped, result.stopped_in = stopped, sid
+        filled = fill_sweep(planned, store, url, root, wait=foreground, hooks=hooks)
+        if filled.stopped is not None:
+            result.stopped, result.stopped_in = filled.stopped, filled.sweep_id
             return
-        if foreground:
-            settled[sid] = hooks.wait(store, sid, root)
-        submitted.append(sid)
+        if filled.ledger is not None:
+            settled[filled.sweep_id] = filled.ledger
+        submitted.append(filled.sweep_id)
 
     result.launched = launch_programme(result.programme, launch)
     programme = result.programme
@@ -162,7 +151,8 @@ def _launch(result: PaperRun, store: Any, url: str, root: Path, flags: LaunchFla
                             if sp.no_data and programme.cells_to_do(name))
     if wait and result.stopped is None:
         for sid in submitted:
-            settled[sid] = hooks.wait(store, sid, root)
+            if sid not in settled:
+                settled[sid] = hooks.wait(store, sid, root)
     result.ledgers = list(settled.values())
 
 
