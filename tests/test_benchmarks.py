@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import warm
-from tests.fixtures import real_fashion_mnist
+from tests.datasets import real_fashion_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import torch
 from flctl.errors import ConfigError
 from flctl.tasks import get_task
 from flctl_tasks import fashion_mnist as fm
-from tests.fixtures import real_fashion_mnist
+from tests.datasets import real_fashion_mnist
 from tests.helpers import config, files_under, in_process
 
 TASK = get_task("fashion-mnist")

@@ -18,7 +18,7 @@ from flctl.stepper import Stepper
 from flctl.tasks import all_tasks, get_task
 from flctl.train import train, train_together
 from flctl.writer import Writer
-from tests.fixtures import WRITERS
+from tests.datasets import WRITERS
 from tests.gpu_emulation import ExternalInputs, fake_cuda_streams, storage_of
 from tests.helpers import config
 from tests.reference import digest

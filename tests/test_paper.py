@@ -22,7 +22,7 @@ from flctl.cli import app
 from flctl.db import RunQueue, Store
 from flctl.paper.programme import ITEMS, PUBLISHED, published, scaled
 from flctl.sweep import load_spec, plan
-from tests.fixtures import write_cifar10
+from tests.datasets import write_cifar10
 from tests.helpers import files_under
 
 runner = CliRunner()

@@ -29,7 +29,7 @@ import torch
 
 from flctl_tasks.fashion_mnist import DEBIAN, complete
 from tests import warm
-from tests.fixtures import orca_rows
+from tests.datasets import orca_rows
 from tests.helpers import in_process
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from flctl.data import epoch_order
 from flctl.step import EpochBatches, step_objective, train_step
 from flctl.tasks import get_task
 from flctl.train import train, train_together
-from tests.fixtures import write_cifar10, write_utkface
+from tests.datasets import write_cifar10, write_utkface
 from tests.helpers import config
 from tests.reference import digest
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import write_cifar10
+from tests.datasets import write_cifar10
 
 ROOT = Path(__file__).resolve().parents[1]
 

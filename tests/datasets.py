@@ -1,4 +1,5 @@
-"""Datasets written in their real on-disk formats, small, for tasks whose data cannot be downloaded here."""
+"""Datasets written in their real on-disk formats, small, for tasks whose data cannot be downloaded here: each
+task's own loader reads them. (Writers, not pytest fixtures: those are in tests/conftest.py.)"""
 
 from __future__ import annotations
 
