@@ -49,7 +49,7 @@ from flctl.config import resolve  # noqa: E402
 from flctl.layout import Layout  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
 from flctl.train import EpochStats, train, train_together  # noqa: E402
-from tests.datasets import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
+from tests.data_writers import orca_rows, write_cifar10, write_orca_dpo  # noqa: E402
 
 PAPER_EVAL_EVERY = 10      # the paper schedule for CIFAR-10: 200 epochs, evaluated every 10
 

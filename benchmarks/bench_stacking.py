@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import flctl.train as train_mod  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
-from tests.datasets import write_cifar10  # noqa: E402
+from tests.data_writers import write_cifar10  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
 METHODS = ("erm", "fl", "rfl", "cserm")

@@ -58,8 +58,8 @@ try:
 except ImportError:                    # commits before flctl/stepper.py (--before)
     from flctl.train import _Stepper as Stepper  # type: ignore[no-redef]  # noqa: E402
 try:
-    from tests.datasets import write_cifar10  # noqa: E402
-except ImportError:                    # commits before tests/datasets.py was named so (--before)
+    from tests.data_writers import write_cifar10  # noqa: E402
+except ImportError:                    # commits before tests/data_writers.py was named so (--before)
     from tests.fixtures import write_cifar10  # type: ignore[no-redef]  # noqa: E402
 from tests.helpers import config  # noqa: E402
 

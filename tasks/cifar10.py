@@ -55,7 +55,7 @@ def _find(data_dir: str | None) -> Path:
 # What a CIFAR-10 python batch may ask the unpickler for: a batch is a dict of a uint8 array `data`, int `labels`,
 # `batch_label` and `filenames` strings, and only the array needs callables. The real files (Python 2, numpy 1)
 # name numpy.core.multiarray._reconstruct, numpy.ndarray and numpy.dtype; numpy 2 writes numpy._core.multiarray;
-# Python 3 at protocol 2 writes bytes through _codecs.encode (tests/datasets.py::write_cifar10).
+# Python 3 at protocol 2 writes bytes through _codecs.encode (tests/data_writers.py::write_cifar10).
 _RECONSTRUCT = np.zeros(0).__reduce__()[0]      # numpy's _reconstruct, whichever module numpy keeps it in
 BATCH_GLOBALS: dict[tuple[str, str], Any] = {
     ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,

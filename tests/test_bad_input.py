@@ -17,6 +17,10 @@ from typer.testing import CliRunner
 from flctl.cli import app
 from flctl.db import Store
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): 160 flctl processes, each given one bad
+# input: 50 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 
 

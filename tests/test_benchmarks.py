@@ -20,7 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests import warm
-from tests.datasets import real_fashion_mnist
+from tests.data_writers import real_fashion_mnist
+
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): every benchmark script run at a small
+# size: 54 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 

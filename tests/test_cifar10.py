@@ -15,7 +15,7 @@ from flctl.cli import app
 from flctl.data import Normalize
 from flctl.errors import ConfigError
 from flctl.tasks import get_task
-from tests.datasets import write_cifar10
+from tests.data_writers import write_cifar10
 from tests.helpers import files_under
 
 runner = CliRunner()

@@ -240,6 +240,7 @@ def test_help_shows_no_value_for_flags_and_every_option_has_help() -> None:
                 assert m.group(3), f"{command[0]} {m.group(1)} has no help"
 
 
+@pytest.mark.slow    # a completion process per word completed: 5 s
 def test_shell_completion_offers_tasks_methods_kinds_and_ids(results: Path) -> None:
     import sys
 

@@ -19,6 +19,10 @@ from flctl.db import RunQueue, Store
 from tests import warm
 from tests.helpers import config
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): many processes writing one database at
+# once (and again on PostgreSQL in CI): 12 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 WORKERS, RUNS, BUMPS = 16, 64, 20
 
 WORKER = r"""

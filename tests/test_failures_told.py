@@ -13,9 +13,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from flctl.db import Store
 from flctl.status import CELLS_FAILED_EXIT
 from tests import warm
+
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): sweeps whose cells fail, watched to
+# their end: 21 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
 
 FLCTL = [sys.executable, "-m", "flctl"]
 

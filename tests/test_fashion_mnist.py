@@ -16,7 +16,7 @@ import torch
 from flctl.errors import ConfigError
 from flctl.tasks import get_task
 from flctl_tasks import fashion_mnist as fm
-from tests.datasets import real_fashion_mnist
+from tests.data_writers import real_fashion_mnist
 from tests.helpers import config, files_under, in_process
 
 TASK = get_task("fashion-mnist")
@@ -115,6 +115,7 @@ def test_augmentation_keeps_28x28_and_is_a_padded_crop_with_flips() -> None:
         assert any(torch.equal(c, a[i]) or torch.equal(c.flip(2), a[i]) for c in crops)
 
 
+@pytest.mark.slow    # trains on the real images until it learns: 4 s
 def test_flctl_run_trains_on_real_images_and_learns(tmp_path: Path) -> None:
     """The README's command on a subset: ERM's test accuracy after 2 epochs is far above chance (10 %), so images,
     labels and sample ids line up; FL at ε = 0.51 runs with the same command and records a multiplier per sample."""

@@ -51,6 +51,7 @@ def flctl_with_field(package: Path, cwd: Path, *args: str) -> subprocess.Complet
     return warm.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, timeout=120)
 
 
+@pytest.mark.slow    # six processes of a copy of flctl with a new field: 6 s
 def test_a_field_declared_once_is_everywhere(package: Path, results: Path, tmp_path: Path) -> None:
     def ok(*args: str) -> str:
         res = flctl_with_field(package, tmp_path, "-m", "flctl", *args)

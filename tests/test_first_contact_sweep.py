@@ -20,6 +20,10 @@ from flctl.study import tune
 from flctl.sweep import resolve_cell, spec_from_values
 from tests import warm
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): the README's --tune line and sweeps
+# through local workers: 14 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 FLCTL = [sys.executable, "-m", "flctl"]
 runner = CliRunner()
 

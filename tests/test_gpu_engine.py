@@ -17,7 +17,7 @@ from flctl.data import epoch_order
 from flctl.step import WARMUP_STEPS, CapturedStep, EpochBatches, cell_step, step_inputs
 from flctl.tasks import get_task
 from flctl.train import train, train_together
-from tests.datasets import write_cifar10
+from tests.data_writers import write_cifar10
 from tests.helpers import config
 from tests.reference import digest
 

@@ -18,7 +18,7 @@ from flctl.stepper import Stepper
 from flctl.tasks import all_tasks, get_task
 from flctl.train import train, train_together
 from flctl.writer import Writer
-from tests.datasets import WRITERS
+from tests.data_writers import WRITERS
 from tests.gpu_emulation import ExternalInputs, fake_cuda_streams, storage_of
 from tests.helpers import config
 from tests.reference import digest
@@ -289,6 +289,7 @@ POISONED_TASK = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow    # a sweep of local workers, one of which loses its device: 21 s
 def test_a_fatal_device_error_ends_its_worker_and_the_sweep_finishes(tmp_path: Path) -> None:
     """A fatal CUDA error in one cell of a local sweep: that cell is failed with the error (its attempt counted), its
     worker exits with DEVICE_LOST_EXIT after starting a fresh worker, and every other cell completes. At 3623c99 the
@@ -327,6 +328,7 @@ def test_a_fatal_device_error_ends_its_worker_and_the_sweep_finishes(tmp_path: P
     wait_until(lambda: not _alive(cell.pid), "the failed cell's worker to exit")
 
 
+@pytest.mark.slow    # a sweep to its end after a lost device: 8 s
 def test_a_fatal_device_error_under_the_debug_executor_does_not_end_the_command(tmp_path: Path) -> None:
     """The debug executor runs its worker in the calling process: a device loss there stops the worker (one line
     says so) but never exits the command's process; the cells not trained stay queued for a later sweep, and so does

@@ -19,6 +19,10 @@ from flctl.db import Store
 from tests.helpers import wait_until
 from tests.test_sweep_launch import worker_pids
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): two-worker sweeps whose database or
+# results folder goes away under them: 135 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 FLCTL = [sys.executable, "-m", "flctl"]
 
 

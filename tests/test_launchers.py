@@ -173,7 +173,7 @@ def test_the_dry_runs_cost_counts_the_cells_together_the_launch_gives_its_worker
 
     monkeypatch.setattr(local, "cuda_devices", lambda: ["0", "1"])         # two GPUs, faked: nothing trains
     recipes: list = []
-    monkeypatch.setattr(plan_module, "submit", lambda recipe, slots: recipes.append((recipe, slots)) or [])
+    monkeypatch.setattr(plan_module, "submit", lambda worker, slots: recipes.append((worker.recipe, slots)) or [])
     spec = dataclasses.replace(spec_from_values("two-moons", {"method": "fl", "lr": "1e-4..1e-2:20"}, seeds=2,
                                                 device="cpu"), device="cuda")
     configs = [dataclasses.replace(c, device="cuda") for c in plan(dataclasses.replace(spec, device="cpu"))]

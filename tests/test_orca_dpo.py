@@ -1,7 +1,7 @@
 """orca-dpo: data filtering and split, the DPO loss, the reference, the four methods, records by pair id.
 
 A two-layer Llama built from a config and a byte-level tokenizer stand in for the LLM (no download); the data are
-JSONL/Parquet files in the columns of argilla/distilabel-intel-orca-dpo-pairs (tests/datasets.py).
+JSONL/Parquet files in the columns of argilla/distilabel-intel-orca-dpo-pairs (tests/data_writers.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from flctl.step import train_step
 from flctl.tasks import get_task
 from flctl.train import train
 from flctl_tasks import orca_dpo
-from tests.datasets import orca_rows, write_orca_dpo
+from tests.data_writers import orca_rows, write_orca_dpo
 from tests.helpers import config, files_under
 
 # Found, not imported: every xdist worker collects every module, and importing peft (with bitsandbytes) and trl costs

@@ -22,8 +22,12 @@ from flctl.cli import app
 from flctl.db import RunQueue, Store
 from flctl.paper.programme import ITEMS, PUBLISHED, published, scaled
 from flctl.sweep import load_spec, plan
-from tests.datasets import write_cifar10
+from tests.data_writers import write_cifar10
 from tests.helpers import files_under
+
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): `flctl paper` planning, launching and
+# bundling the smoke programme: 28 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
 
 runner = CliRunner()
 SPECS = Path(__file__).resolve().parents[1] / "sweeps"

@@ -21,6 +21,10 @@ from flctl.db import Store
 from flctl.errors import ConfigError
 from tests import warm
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): a package pip-installed once, and plugin
+# tasks trained through workers: 55 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 FLCTL = [sys.executable, "-m", "flctl"]
 
 # A three-blob classification task: tiny, so that each run takes a second.

@@ -13,7 +13,7 @@ from flctl import records
 from flctl.errors import ConfigError
 from flctl.losses import model_output
 from flctl.train import train
-from tests.datasets import write_cifar10
+from tests.data_writers import write_cifar10
 from tests.helpers import config
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run with CUDA_VISIBLE_DEVICES set)")

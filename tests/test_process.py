@@ -19,6 +19,10 @@ from flctl import records
 from tests import warm
 from tests.helpers import in_process
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): real flctl processes killed, signalled
+# and checked for their imports: 31 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 FLCTL = [sys.executable, "-m", "flctl"]
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,8 +29,12 @@ import torch
 
 from flctl_tasks.fashion_mnist import DEBIAN, complete
 from tests import warm
-from tests.datasets import orca_rows
+from tests.data_writers import orca_rows
 from tests.helpers import in_process
+
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): every README command on a folder several
+# tasks fill: 106 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 # What a line needs that this machine does not have; such a line must refuse in one line, exit 2.

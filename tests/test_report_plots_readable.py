@@ -21,6 +21,10 @@ from flctl.db import Store
 from flctl.report.data import select_runs
 from flctl.report.plots import figure
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): a 20-run sweep, then its figures: 14 s
+# of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 GRID = ["sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1e-2:5", "--dual-lr", "1e-3..1e-1:4", "--epochs", "2",
         "--eval-every", "1", "--executor", "debug"]

@@ -31,6 +31,10 @@ from flctl.study import poll_delays
 from tests import warm
 from tests.helpers import wait_until
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): a populated results folder and the
+# sweeps that read it back: 21 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 FLCTL = [sys.executable, "-m", "flctl"]
 HOST = socket.gethostname()
 SID = "abcdef123456"

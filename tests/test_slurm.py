@@ -26,7 +26,9 @@ from tests import helpers, warm
 
 # A real cluster on a loaded 2-core machine: each test bounds its own waits (wait_until), so the per-test
 # pytest-timeout (300 s) is raised here rather than cutting a slow but progressing re-run short.
-pytestmark = pytest.mark.timeout(900)
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): job arrays on a real Slurm cluster
+# (CI's): minutes where the cluster is up.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 FLCTL = [sys.executable, "-m", "flctl"]
 RECORD_ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
@@ -231,7 +233,7 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
 
 
 def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path, leftovers) -> None:
-    from flctl.launch import Slot, WorkerRecipe
+    from flctl.launch import Slot, Worker, WorkerRecipe
     from flctl.launch.submit import submit
     from flctl.sweep import plan, spec_from_values
 
@@ -251,7 +253,7 @@ def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path,
     store = Store.open(url)
     store.create_sweep("preempted", None, "two-moons", {}, [cfg])
     folder = results / "jobs" / "preempted"
-    [job] = submit(WorkerRecipe(url, str(results), "preempted", "slurm"), [Slot(0)])
+    [job] = submit(Worker(WorkerRecipe(url, str(results), "preempted", "slurm")), [Slot(0)])
     leftovers["jobs"].append(job.job_id)
     assert re.fullmatch(r"\d+", job.job_id), job.job_id                 # one worker: a plain job, no array
 

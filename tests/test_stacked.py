@@ -24,7 +24,7 @@ from flctl.data import epoch_order
 from flctl.step import EpochBatches, step_objective, train_step
 from flctl.tasks import get_task
 from flctl.train import train, train_together
-from tests.datasets import write_cifar10, write_utkface
+from tests.data_writers import write_cifar10, write_utkface
 from tests.helpers import config
 from tests.reference import digest
 
@@ -53,6 +53,7 @@ def assert_equal_alone(tmp_path: Path, cfgs: list, together: list) -> None:
         assert result.trained_with["cells_together"] == len(cfgs) and alone.trained_with["cells_together"] == 1
 
 
+@pytest.mark.slow    # ResNet-18 cells, together and alone: 3 s
 def test_cifar10_cells_together_equal_alone(tmp_path: Path) -> None:
     data = str(write_cifar10(tmp_path / "data", per_batch=8))
     cfgs = mixed("cifar10", data, **CIFAR)
@@ -69,6 +70,7 @@ def test_utkface_cells_together_equal_alone(tmp_path: Path) -> None:
     assert_equal_alone(tmp_path, cfgs, together)
 
 
+@pytest.mark.slow    # every cell trained again alone: 2 s
 def test_a_diverging_cell_leaves_and_the_others_equal_alone(tmp_path: Path) -> None:
     data = str(write_cifar10(tmp_path / "data", per_batch=8))
     cfgs = mixed("cifar10", data, **CIFAR)[:2] + [config("cifar10", "erm", seed=5, lr=1e12, data_dir=data, **CIFAR)]
@@ -77,6 +79,7 @@ def test_a_diverging_cell_leaves_and_the_others_equal_alone(tmp_path: Path) -> N
     assert_equal_alone(tmp_path, cfgs, together)
 
 
+@pytest.mark.slow    # every cell trained again alone: 3 s
 def test_cells_resuming_from_different_epochs_equal_alone(tmp_path: Path) -> None:
     data = str(write_cifar10(tmp_path / "data", per_batch=8))
     cfgs = mixed("cifar10", data, **CIFAR)
@@ -114,6 +117,7 @@ def assert_close_to_alone(tmp_path: Path, cfgs: list, together: list, rtol: floa
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"{cfg.method} {column}")
 
 
+@pytest.mark.slow    # every cell trained again alone: 4 s
 def test_grouped_cells_equal_alone_in_float64_and_one_that_diverges_leaves_the_group(tmp_path: Path,
                                                                                      float64) -> None:
     data = str(write_cifar10(tmp_path / "data", per_batch=8))
@@ -127,6 +131,7 @@ def test_grouped_cells_equal_alone_in_float64_and_one_that_diverges_leaves_the_g
     assert_close_to_alone(tmp_path, cfgs[:3], together[:3], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow    # every cell trained again alone: 3 s
 def test_grouped_cells_resuming_from_different_epochs_equal_alone_in_float64(tmp_path: Path, float64) -> None:
     data = str(write_utkface(tmp_path / "faces", n=40))
     cfgs = [config("utkface", m, seed=s, lr=lr, data_dir=data, **UTK)

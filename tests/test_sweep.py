@@ -74,7 +74,7 @@ def test_every_shipped_spec_parses_and_built_tasks_plan(tmp_path: Path, path: Pa
     import dataclasses
 
     from flctl.tasks import all_tasks
-    from tests.datasets import REAL, WRITERS
+    from tests.data_writers import REAL, WRITERS
 
     spec = load_spec(path)
     if spec.task in REAL:     # planning checks the real data (fashion-mnist): skips where it is not installed

@@ -20,6 +20,10 @@ from flctl.launch import Slot, local_slots
 from tests import warm
 from tests.helpers import in_process, wait_until
 
+# Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): real pull workers, killed and cancelled
+# mid-sweep: 117 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+pytestmark = pytest.mark.slow
+
 FLCTL = [sys.executable, "-m", "flctl"]
 ORDER = [("epoch", "ascending"), ("split", "ascending"), ("sample_id", "ascending")]
 

@@ -13,7 +13,7 @@ from flctl import records
 from flctl.errors import ConfigError
 from flctl.tasks import all_tasks, get_task
 from flctl.train import train
-from tests.datasets import REAL, WRITERS
+from tests.data_writers import REAL, WRITERS
 from tests.helpers import config
 
 CASES = [(name, method) for name, task in all_tasks().items() for method in task.supported_methods]
@@ -27,7 +27,7 @@ def data_dir(name: str, tmp_path: Path) -> str | None:
         return None
     writer = WRITERS.get(name)
     if writer is None:
-        assert all_tasks()[name].check is None, f"task {name} needs data: add a writer to tests/datasets.py"
+        assert all_tasks()[name].check is None, f"task {name} needs data: add a writer to tests/data_writers.py"
         return None
     return str(writer(tmp_path / "data"))
 

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from tests.datasets import write_cifar10
+from tests.data_writers import write_cifar10
 from tests.helpers import files_under
 
 runner = CliRunner()

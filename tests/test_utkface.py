@@ -15,7 +15,7 @@ from flctl.cli import app
 from flctl.errors import ConfigError
 from flctl.tasks import get_task
 from tests import warm
-from tests.datasets import write_utkface
+from tests.data_writers import write_utkface
 from tests.helpers import files_under
 
 runner = CliRunner()

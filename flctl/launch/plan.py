@@ -74,7 +74,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
         # the waiting command syncs the study once all is done; its worker stops with the sweep (no linger)
         here = _Here(Worker(replace(recipe, sync_study=False, linger_s=0.0)), slots[0])
         slots = slots[1:]
-    jobs = submit(recipe, slots)
+    jobs = submit(Worker(recipe), slots)
     if jobs or here:
         store.count_submission(sid)
     return Launched(len(configs), added, sum(cells[i]["status"] == Status.COMPLETED for i in ids), requeued,

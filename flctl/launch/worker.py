@@ -36,6 +36,7 @@ from flctl.launch.backends import Launcher, Slot, get_launcher
 from flctl.launch.jobs import registered
 from flctl.launch.settings import LaunchSettings
 from flctl.launch.slurm import allocated_cpus
+from flctl.launch.submit import submit
 from flctl.layout import Layout
 from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
 from flctl.study import poll_delays, sync_sweep
@@ -241,10 +242,8 @@ class Worker(submitit.helpers.Checkpointable):
 
     def _start_replacement(self, slot: Slot) -> bool:
         """One worker like this one, for the same slot, through the same executor (a new process: a new context)."""
-        from flctl.launch.submit import submit
-
         try:
-            submit(replace(self.recipe, losses_in_a_row=self.losses_in_a_row), [slot])
+            submit(Worker(replace(self.recipe, losses_in_a_row=self.losses_in_a_row)), [slot])
         except Exception as exc:        # the sweep goes on with its other workers; `flctl sweep` again starts more
             print(f"flctl worker: could not start a worker in this one's place: {_first_line(exc)}", file=sys.stderr)
             return False
