@@ -127,7 +127,7 @@ def _bad_worker(info: Any, here: str) -> str | None:
     if not (isinstance(pid, int) and not isinstance(pid, bool) and pid > 1):
         return f"pid {shown(str(pid))} is not a process id above 1"
     if not (job_id is None and not launcher.queued or isinstance(job_id, str) and launcher.job_id.fullmatch(job_id)):
-        return f"job id {shown(str(job_id))} is not a {launcher.name} job's"
+        return f"job id {shown(str(job_id))} is not a {launcher.title or launcher.name} job's"
     if not launcher.queued and info["host"] == here and recorded(pid, info.get("start_time"),
                                                                  info.get("cmdline")) is None:
         return "it does not say which process registered (start_time, cmdline): not written by this flctl"
@@ -262,7 +262,7 @@ def _bad_job(entry: Any) -> str | None:
         return f"executor {shown(str(executor))} is not one whose jobs are recorded"
     if launcher.queued:
         ok = isinstance(job_id, str) and launcher.job_id.fullmatch(job_id) is not None
-        return None if ok else f"job id {shown(str(job_id))} is not a {launcher.name} job id"
+        return None if ok else f"job id {shown(str(job_id))} is not a {launcher.title or launcher.name} job id"
     pid = int(job_id) if isinstance(job_id, str) and job_id.isdigit() else None
     if pid is None or recorded(pid, entry.get("start_time"), entry.get("cmdline")) is None:
         return (f"{launcher.name} job {shown(str(job_id))} does not say which process it is (a process id above 1, "

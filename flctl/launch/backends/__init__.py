@@ -54,6 +54,7 @@ class Launcher:
     ConfigError), and implement ``slots`` and ``start``; a ``queued`` launcher also ``active`` and ``stop``."""
 
     name: ClassVar[str]
+    title: ClassVar[str] = ""                # its name as a person writes it in a sentence ("Slurm"); "": its name
     Options: ClassVar[type] = NoOptions
     runs_here: ClassVar[bool] = True         # its workers run on this machine: its devices are checked here
     in_process: ClassVar[bool] = False       # its workers run inside the launching command, which returns after them

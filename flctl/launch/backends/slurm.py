@@ -82,6 +82,7 @@ class SlurmOptions:
 
 class Slurm(SubmititLauncher):
     name = cluster = "slurm"
+    title = "Slurm"
     Options = SlurmOptions
     options: SlurmOptions
     runs_here = False
