@@ -177,7 +177,9 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
 
     if (spec is None) == (task is None):
         raise ConfigError("give either a task with axes or spec=, not both or neither")
-    flags = _launch_flags(launch)
+    # launch keys that are not flctl's flags are the launcher's own options: the spec's [launch] table takes them
+    extra = {k: v for k, v in (launch or {}).items() if k not in _flag_names()}
+    flags = _launch_flags({k: v for k, v in (launch or {}).items() if k in _flag_names()})
     if spec is not None:
         if axes or seeds is not None:
             raise ConfigError("give either spec= or axes, not both")
@@ -187,6 +189,8 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
         assert task is not None
         chosen = spec_from_values(task, axes, seeds=seeds, options=options or {}, name=name, device=device or "cpu",
                                   data_dir=data_dir)
+    if extra:
+        chosen = dataclasses.replace(chosen, launch={**chosen.launch, **extra})
     root = results_root(results_dir)
     url = database_url(db, root)
     planned = plan_sweep(chosen, flags, results_root=root, objective=objective, direction=direction, tune=tune,
@@ -198,6 +202,11 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
         store.close()
     if filled.study is not None:
         return {"sweep": filled.sweep_id, "study": filled.study}
+    if filled.stopped is not None:             # a signal stopped this process's worker: its cell went back
+        from flctl.launch.wait import SweepStopped
+
+        raise SweepStopped(f"this process's worker of sweep {filled.sweep_id} was stopped; its cell went back to the "
+                           "queue and the other workers go on (`flctl cancel` stops them)", filled.stopped)
     return {"sweep": filled.sweep_id, **(filled.ledger or {})}
 
 
@@ -226,6 +235,12 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
     else:
         root.mkdir(parents=True, exist_ok=True)
     return fill_paper(plan, root=root, out=Path(out) if out is not None else None, wait=wait, report_only=report_only)
+
+
+def _flag_names() -> set[str]:
+    from flctl.launch import LaunchFlags
+
+    return set(LaunchFlags.__dataclass_fields__)
 
 
 def _launch_flags(launch: dict[str, Any] | None) -> Any:

@@ -30,7 +30,7 @@ def test_api_sweep_fills_a_grid_and_is_the_cli_sweep(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("call,message", [
-    (dict(method="fl", lr=[1e-3], launch={"executr": "debug"}), r"^launch: unknown key\(s\) executr; valid: "),
+    (dict(method="fl", lr=[1e-3], launch={"executr": "debug"}), r"^unknown \[launch\] key\(s\) executr; valid: "),
     (dict(method="nope"), r"unknown method 'nope'"),
     (dict(method="fl", launch={"executor": "nosuch"}), r"^unknown executor 'nosuch'"),
     (dict(method="fl", launch={"partition": "gpu"}), r"^--partition is not an option of --executor local$"),

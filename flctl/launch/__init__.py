@@ -3,9 +3,9 @@ subprocesses, Slurm job arrays, or an installed one).
 
 A sweep's cells are rows in the database, not arguments of jobs: each worker (flctl.launch.worker) claims the next
 one until none is left. By job: settings (LaunchFlags, LaunchSettings), backends (the launchers, Slot), plan
-(`flctl sweep`'s checks and launch), submit (start workers through the launcher), worker (the pull loop and its
-recipe), jobs (results/jobs/<sweep>/ and its trust checks), slurm (every Slurm command flctl runs itself), tune (a
---tune search), cancel.
+(`flctl sweep`'s checks and launch), flow (fill a planned sweep: launch or search, wait, sync), submit (start workers
+through the launcher), worker (the pull loop and its recipe), jobs (results/jobs/<sweep>/ and its trust checks),
+wait (until a sweep settles), slurm (every Slurm command flctl runs itself), tune (a --tune search), cancel.
 
 The names below are imported on first use, so that the CLI reads LaunchFlags (no database layer) at start-up.
 `cancel` and `submit` are functions of the modules of those names: import them from there.

@@ -25,7 +25,7 @@ from typing import Any
 
 from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
-from flctl.launch.backends import get_launcher, names
+from flctl.launch.backends import BUILT_IN, get_launcher, names
 from flctl.layout import Layout
 from flctl.procs import Process, children, process, recorded, still
 from flctl.text import shown
@@ -136,7 +136,7 @@ def _bad_worker(info: Any, here: str) -> str | None:
 
 def _launcher(name: Any) -> Any:
     """The launcher class named ``name`` (a field read from a file), or None when there is none of that name."""
-    if not isinstance(name, str) or name not in names():
+    if not isinstance(name, str) or not (name in BUILT_IN or name in names()):
         return None
     try:
         return get_launcher(name)

@@ -19,7 +19,7 @@ from flctl.knobs import (
     check_checkpoint_every,
     check_count,
 )
-from flctl.launch.backends import Launcher, NoOptions, Slot, get_launcher
+from flctl.launch.backends import Launcher, Slot, get_launcher  # Slot: where pickles of older workers look
 
 
 def omp_threads() -> int | None:
@@ -76,7 +76,7 @@ class LaunchSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S
     batch_runs: int | None = None        # None: batch_runs_for() chooses
-    options: Any = field(default_factory=NoOptions)      # the launcher's own (its Options)
+    options: Any = None                  # the launcher's own (its Options; None: their defaults)
 
     @property
     def launcher(self) -> Launcher:
@@ -87,10 +87,15 @@ class LaunchSettings:
         """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags) and
         the launcher's own options; --threads given by neither is OMP_NUM_THREADS when that is set (omp_threads).
         A launcher's option given to another launcher is refused (ConfigError), as are unknown keys."""
-        merged = {**spec_launch, **flags.given()}
-        launcher = get_launcher(str(merged.get("executor", cls.executor)))
+        given = flags.given()
+        launcher = get_launcher(str(given.get("executor", spec_launch.get("executor", cls.executor))))
         general = {f.name for f in fields(cls)} - {"options"}
         own = {f.name for f in fields(launcher.Options)}
+        if given.get("executor", launcher.name) != spec_launch.get("executor", launcher.name):
+            # the command line moved the spec to another launcher: the spec's options for its own one stay behind
+            spec_launch = {k: v for k, v in spec_launch.items() if k in general or k in own
+                           or k not in LaunchFlags.__dataclass_fields__}
+        merged = {**spec_launch, **given}
         known = general | own | set(LaunchFlags.__dataclass_fields__)
         if unknown := set(merged) - known:
             raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}")
@@ -110,10 +115,11 @@ class LaunchSettings:
         """Cells training at once on one device, as the cost estimate counts them: the cells each worker trains
         together, as the launch decides them (``cells_together``: --batch-runs, else the automatic choice for these
         workers), times --per-gpu workers on a GPU (on the CPU each worker has cores of its own). Where the workers
-        cannot be counted here (a GPU planned on a laptop) the choice assumes the --workers given, else one."""
+        cannot be counted here (a GPU planned on a laptop, perhaps one without torch) the choice assumes the --workers
+        given, else one."""
         try:
             workers = len(self.slots(cells, device))
-        except ConfigError:
+        except (ConfigError, ImportError):
             workers = self.workers or 1
         return cells_together(self, task, cells, workers, device) * (self.per_gpu if device.startswith("cuda") else 1)
 

@@ -187,7 +187,7 @@ class Worker(submitit.helpers.Checkpointable):
             raise TaskUnavailable(first[0].run_id, why) from None
         claimed, lead = [first], first[0]
         while len(claimed) < r.batch_runs:
-            more = claim(lambda cfg: can_train_together([lead, cfg]))
+            more = claim(lambda cfg: can_train_together([lead, device_in_slot(cfg, getattr(self, "slot", None))]))
             if more is None:
                 break
             claimed.append(more)
@@ -243,7 +243,8 @@ class Worker(submitit.helpers.Checkpointable):
     def _start_replacement(self, slot: Slot) -> bool:
         """One worker like this one, for the same slot, through the same executor (a new process: a new context)."""
         try:
-            submit(Worker(replace(self.recipe, losses_in_a_row=self.losses_in_a_row)), [slot])
+            # one worker, for this slot (a per-gpu Slurm job of K tasks would start K)
+            submit(Worker(replace(self.recipe, losses_in_a_row=self.losses_in_a_row, per_gpu=1)), [slot])
         except Exception as exc:        # the sweep goes on with its other workers; `flctl sweep` again starts more
             print(f"flctl worker: could not start a worker in this one's place: {_first_line(exc)}", file=sys.stderr)
             return False

@@ -50,7 +50,7 @@ class PaperPlan:
     only: str | None
     device: str | None
     data_dir: str | None
-    together: Callable[[str, int, str], int]
+    together: Callable[[Any, list], int]
 
     def again(self, items: list | None = None, check_data: bool = True) -> Programme:
         """The programme planned anew (after a launch: what is finished now), of ``items`` (default: its own)."""
@@ -77,10 +77,14 @@ def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), on
     settings = LaunchSettings.resolve({}, launch)
     if device is not None:
         device = resolve_device(device, here=settings.launcher.runs_here, planning=not check_data)
+    def together(spec: Any, cells: list) -> int:
+        """Cells at once on a device, as this spec's launch ([launch] under the command's flags) would set them."""
+        return LaunchSettings.resolve(spec.launch, launch).cells_per_device(spec.task, len(cells), cells[0].device)
+
     programme = plan_programme(specs, items, scale=scale, device=device, data_dir=data_dir,
-                               runs=stored_runs(url, tasks_of(specs, items)), together=settings.cells_per_device,
+                               runs=stored_runs(url, tasks_of(specs, items)), together=together,
                                check_data=check_data)
-    return PaperPlan(programme, items, specs, url, launch, scale, only, device, data_dir, settings.cells_per_device)
+    return PaperPlan(programme, items, specs, url, launch, scale, only, device, data_dir, together)
 
 
 def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bool = False,

@@ -77,12 +77,12 @@ class Programme:
 
 
 def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: str | None, data_dir: str | None,
-                   runs: Sequence[Any], together: Callable[[str, int, str], int] | None = None,
+                   runs: Sequence[Any], together: Callable[[Any, list[RunConfig]], int] | None = None,
                    check_data: bool = True) -> Programme:
     """Plan ``items`` at ``scale`` from the specs in ``folder``; ``runs`` are the database's runs (RunRecords).
-    ``device`` and ``data_dir`` replace the specs' where given; ``together(task, cells, device)``: cells training at
-    once on a device, as the launch would set them (flctl.launch.settings.LaunchSettings.cells_per_device; None:
-    one). ConfigError for a missing or invalid spec."""
+    ``device`` and ``data_dir`` replace the specs' where given; ``together(spec, cells)``: how many of the spec's
+    ``cells`` train at once on a device, as its launch would set them (flctl.paper.flow; None: one). ConfigError for
+    a missing or invalid spec."""
     from flctl.tasks import check_task_data, get_task
 
     names = sorted({n for i in items for n in i.all_specs()})
@@ -117,7 +117,7 @@ def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: s
                     cells.setdefault(c.run_id, c)
         finished = {i for i in cells if i in by_id and by_id[i].status in REPORTABLE}
         to_do = [c for i, c in cells.items() if i not in finished]
-        per_device = together(to_do[0].task, len(to_do), to_do[0].device) if together and to_do else 1
+        per_device = together(specs[item.all_specs()[0]].spec, to_do) if together and to_do else 1
         cost = estimate_cost(runs, to_do, per_device) if to_do else None
         no_data = next((specs[n].no_data for n in item.all_specs() if specs[n].no_data), None)
         plans.append(ItemPlan(item, cells, finished, cost, no_data, rows))
