@@ -86,6 +86,7 @@ class Worker(submitit.helpers.Checkpointable):
 
     def __init__(self, recipe: WorkerRecipe) -> None:
         self.recipe = recipe
+        self.slot: Slot | None = None            # where it runs (set when called): its cells' device follows it
         self.current: dict[str, str] = {}        # the cells training now: run id -> claim token
         self.stopped: int | None = None          # the exit code of the signal that stopped it (130, 143)
         self.device_lost: str | None = None      # the fatal device error that ended this worker
@@ -174,7 +175,7 @@ class Worker(submitit.helpers.Checkpointable):
         def claim(accept=None) -> tuple[RunConfig, str] | None:
             got = RunQueue(store).claim_next(r.sweep_id, max_attempts=r.max_attempts, stale_after=r.stale_after,
                                              job_id=job_id, git_sha=git_sha, accept=accept)
-            return None if got is None else (device_in_slot(got[0], getattr(self, "slot", None)), got[1])
+            return None if got is None else (device_in_slot(got[0], self.slot), got[1])
 
         first = claim()
         if first is None:
@@ -187,7 +188,7 @@ class Worker(submitit.helpers.Checkpointable):
             raise TaskUnavailable(first[0].run_id, why) from None
         claimed, lead = [first], first[0]
         while len(claimed) < r.batch_runs:
-            more = claim(lambda cfg: can_train_together([lead, device_in_slot(cfg, getattr(self, "slot", None))]))
+            more = claim(lambda cfg: can_train_together([lead, device_in_slot(cfg, self.slot)]))
             if more is None:
                 break
             claimed.append(more)
