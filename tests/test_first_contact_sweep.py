@@ -60,6 +60,8 @@ def test_the_readmes_tune_line_finishes_every_trial_through_local_workers(tmp_pa
     # One line per trial, not the launch's cell counts every time a trial is added.
     assert out.stdout.count("trial ") == 20 and "trial 20/20: alpha=" in out.stdout
     assert "already on it" not in out.stdout
+    # The worker job a trial's launch started is named (a trial a live worker takes starts none).
+    assert 1 <= out.stdout.count("worker job(s) through local: ") < 20
     runs = {r["id"]: r for r in json.loads(flctl(tmp_path, "runs", "--json", "--limit", "100",
                                                  "--results-dir", str(results)).stdout)}
     assert {t.user_attrs["run_id"] for t in trials} <= set(runs)

@@ -401,13 +401,15 @@ ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=
 DbOption = Annotated[Optional[str], typer.Option(help=DB_HELP, rich_help_panel=PANELS["where"])]
 
 
-def said_launched(launched, sid: str, spec, settings) -> None:
-    """What a launch did (flctl.launch.plan.Launched), as `flctl sweep` and `flctl paper` say it."""
-    console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
-                  f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
-                  "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
-                  + f"; {launched.todo} to do"
-                  + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+def said_launched(launched, sid: str, spec, settings, quiet: bool = False) -> None:
+    """What a launch did (flctl.launch.plan.Launched), as `flctl sweep` and `flctl paper` say it; ``quiet`` (each
+    --tune trial's launch): only the worker jobs it started."""
+    if not quiet:
+        console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
+                      f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
+                      "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
+                      + f"; {launched.todo} to do"
+                      + (f", {launched.live} worker(s) already on it" if launched.live else ""))
     if launched.jobs:
         ids = sorted({settings.launcher.job_group(j.job_id) for j in launched.jobs})
         console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -133,7 +134,7 @@ def _hooks(url: str, planned):
         result = f"{safe(objective)} = {trial.value:.4g}" if trial.value is not None else safe(trial.status)
         console.print(f"trial {trial.number + 1}/{n}: {_params(trial.params)} → {result} (run {trial.run_id})")
 
-    return Hooks(launched=said_launched if planned.tune is None else (lambda *a: None), here=here,
+    return Hooks(launched=functools.partial(said_launched, quiet=planned.tune is not None), here=here,
                  wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root), told=told)
 
 

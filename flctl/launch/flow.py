@@ -18,7 +18,7 @@ class Hooks:
     """What the caller shows while a sweep fills (each does nothing by default; ``wait`` waits without a word)."""
 
     plan: Callable[[Any], None] = lambda plan: None                         # a plan, before anything is launched
-    launched: Callable[[Launched, str, Any, Any], None] = lambda launched, sid, spec, settings: None
+    launched: Callable[[Launched, str, Any, Any], None] = lambda launched, sid, spec, settings: None  # each launch
     here: Callable[[Any, str], int | None] = lambda here, sid: here()       # a worker of this process, until done
     wait: Callable[[Any, str, Path], dict] = settle                         # (store, sweep id, results) -> ledger
     told: Callable[[Any], None] | None = None                               # a --tune trial, as it is told
@@ -46,7 +46,7 @@ def fill_sweep(planned: SweepPlan, store: Any, url: str, root: Path, *, wait: bo
 
     if planned.tune is not None:
         study = run_tune(store, url, root, planned.spec, planned.tune, planned.objective, direction,
-                         planned.parallel, planned.settings, told=hooks.told)
+                         planned.parallel, planned.settings, told=hooks.told, launched=hooks.launched)
         return Filled(study.study_name.removeprefix("flctl-"), study=study)
     sid = planned.sweep_id
     launched = launch_sweep(store, url, root, sid, planned.spec, planned.configs, planned.settings, join=wait)

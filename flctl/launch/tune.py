@@ -11,7 +11,7 @@ from typing import Any
 from flctl.config import RunConfig
 from flctl.db import Store
 from flctl.launch.jobs import has_workers
-from flctl.launch.plan import launch_sweep
+from flctl.launch.plan import Launched, launch_sweep
 from flctl.launch.settings import LaunchSettings
 from flctl.layout import Layout
 
@@ -36,10 +36,11 @@ class Trial:
 
 
 def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objective: str, direction: str,
-             parallel: int, settings: LaunchSettings, told: Callable[[Trial], None] | None = None) -> Any:
+             parallel: int, settings: LaunchSettings, told: Callable[[Trial], None] | None = None,
+             launched: Callable[[Launched, str, Any, LaunchSettings], None] | None = None) -> Any:
     """Search ``n_trials`` trials of ``spec``'s axes for the best ``objective`` (``direction`` min or max); each
     trial's cell is launched through ``settings``. Returns the Optuna study, whose best trial has a value;
-    ``told`` hears of each trial as it is told. TuneFailed when workers keep dying before they take a trial, or no
+    ``told`` hears of each trial as it is told, ``launched`` of each launch (flctl.launch.flow.Hooks). TuneFailed when workers keep dying before they take a trial, or no
     trial ended with a value."""
     from flctl.study import params_of, search_space, tune
     from flctl.sweep import resolve_cell, tune_id
@@ -49,9 +50,12 @@ def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objec
     revived: list[str] = []
     names = list(search_space(spec))
 
-    def launch(configs: list[RunConfig]) -> None:
-        revived.clear()
-        launch_sweep(store, url, root, sid, spec, configs, settings)
+    def launch(configs: list[RunConfig], revival: bool = False) -> None:
+        if not revival:
+            revived.clear()
+        done = launch_sweep(store, url, root, sid, spec, configs, settings)
+        if launched is not None:
+            launched(done, sid, spec, settings)
 
     def revive(configs: list[RunConfig]) -> None:
         """Start a worker for trials' runs still queued when no worker of the sweep is alive (see flctl.study.tune)."""
@@ -61,7 +65,7 @@ def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objec
             raise TuneFailed(f"sweep {sid}: {MAX_REVIVALS} workers in a row exited without taking run(s) "
                              f"{', '.join(c.run_id for c in configs)}; see the job logs in {Layout(root).sweep_jobs(sid)}")
         revived.append(configs[0].run_id)
-        launch_sweep(store, url, root, sid, spec, configs, settings)
+        launch(configs, revival=True)
 
     def fetch(run_ids: list[str]) -> dict[str, dict]:
         return {r["id"]: r for r in store.sweep_runs(sid) if r["id"] in set(run_ids)}
