@@ -68,6 +68,8 @@ def test_an_installed_launcher_is_found_and_runs_a_sweep(installed_toy: Path, tm
     assert list(results.glob("jobs/*/inline-started.txt"))[0].read_text() == "2"
     rows = json.loads(in_process("runs", "--json", env={"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"}).stdout)
     assert [r["status"] for r in rows] == ["completed"] * 3
+    plan = in_process("sweep", "two-moons", "-m", "fl", "--executor", "inline", "--dry-run")
+    assert plan.returncode == 0 and "launch through inline\n" in plan.stdout, plan.stdout + plan.stderr
 
 
 def test_an_unknown_launcher_is_refused_naming_the_installed_ones(installed_toy: Path, tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(results: Path) -> None:
                               "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "12 runs; nothing was written" in res.output
+    assert "launch through local: worker processes on this machine" in res.output      # Launcher.describe
     assert files_under(results) == []
 
 

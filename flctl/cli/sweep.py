@@ -90,6 +90,7 @@ def sweep(
         console.print(safe(note))
     if dry_run:
         _print_plan(sid, planned.spec, planned.configs)
+        console.print(f"launch through {safe(settings.launcher.describe())}")
         console.print(_cost_line(db, results_dir, planned.configs, settings))
         return
 
