@@ -44,6 +44,11 @@ class Method:
     # micro-batch's objective by its share of the batch for "mean" and by 1 for "sum", so that the
     # accumulated gradient is the whole batch's.
     reduction: ClassVar[str] = "mean"
+    # Whether K instances of the class step as one (flctl.stack.stack_methods): its dual_step_, primal_loss and
+    # satisfied read losses and ids [..., B] against state [..., N] and hyper-parameters [..., 1] (gather and scatter
+    # on the last dimension, reductions over it), so one instance whose tensors are the K cells' side by side, [K, ...],
+    # steps each cell's row as that cell's own would. primal_loss then returns [K].
+    stacks: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -120,9 +125,10 @@ class ERM(Method):
     r"""Empirical risk minimization: :math:`\frac{1}{|B|}\sum_{i\in B} g_i(\theta)`."""
 
     name = "erm"
+    stacks = True
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
-        return losses.mean()
+        return losses.mean(-1)
 
 
 @register
@@ -167,13 +173,13 @@ class NuPI:
         """(K_I − 1) e_t + K_P (ξ_t − ξ_{t−1}) for the batch, and ξ moved on. The method adds η times this to its
         gradient-ascent step λ + η e_t: the sum is the nuPI step, and with K_P = 0, K_I = 1 the correction is
         exactly 0 so the multipliers are those of gd to the last bit (RFL's ascent rounds as (1−η/α)λ + η v)."""
-        seen = self.seen.index_select(0, ids)
-        previous = torch.where(seen, self.xi.index_select(0, ids), error)
+        seen = self.seen.gather(-1, ids)
+        previous = torch.where(seen, self.xi.gather(-1, ids), error)
         # At a first visit ξ_0 = ν e_0 + (1 − ν) e_0 is e_0 itself: taken as is, so that step has no P term at all
         # (the sum would round).
         xi = torch.where(seen, previous * self.nu + error * self.one_minus_nu, error)
-        self.xi.index_copy_(0, ids, xi)
-        self.seen.index_fill_(0, ids, True)
+        self.xi.scatter_(-1, ids, xi)
+        self.seen.scatter_(-1, ids, True)
         return error * self.ki_minus_1 + (xi - previous) * self.kp
 
     def state_dict(self) -> dict:
@@ -188,6 +194,7 @@ class _PrimalDual(Method):
     """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first (or nuPI)."""
 
     reduction = "sum"
+    stacks = True
     multipliers: Tensor
 
     def __init__(self, n_samples: int, eps: float = 0.0, alpha: float | None = None,
@@ -210,20 +217,21 @@ class _PrimalDual(Method):
         # Only the batch's entries move; ids are unique within a batch (sampling without replacement),
         # so the indexed write below is unambiguous. Cost: one gather, three pointwise ops, one scatter.
         # No @torch.no_grad(): losses is detached and the multipliers never require grad, so nothing
-        # here is recorded anyway. index_select/index_copy_ skip Python's advanced-indexing parser.
-        lam = self.multipliers.index_select(0, ids)                   # [B]
+        # here is recorded anyway. gather/scatter_ on the last dimension serve one cell's [B] and K cells' [K, B]
+        # alike (Method.stacks), and skip Python's advanced-indexing parser.
+        lam = self.multipliers.gather(-1, ids)                        # [B]
         violation = losses.detach() - self.eps                        # [B]  g_i - eps
         pi = None if self.nupi is None else self.nupi.correction(self._dual_gradient(lam, violation), ids)
         lam = self._ascent(lam, violation)
         if pi is not None:
             lam.addcmul_(pi, self.dual_lr)
         lam.clamp_(0.0, LAMBDA_CAP)                                   # projection onto [0, cap]
-        self.multipliers.index_copy_(0, ids, lam)
+        self.multipliers.scatter_(-1, ids, lam)
         self._batch_multipliers = lam
 
     def satisfied(self, losses: Tensor, ids: Tensor) -> Tensor:
         # After the step's dual update: a zero multiplier puts no weight on the sample.
-        return self.multipliers.index_select(0, ids) == 0
+        return self.multipliers.gather(-1, ids) == 0
 
     def state_dict(self) -> dict:
         return super().state_dict() | ({} if self.nupi is None else {"nupi": self.nupi.state_dict()})
@@ -237,8 +245,8 @@ class _PrimalDual(Method):
         # Lagrangian's primal part with lambda_{t+1} detached: sum_{i in B} lambda_i * g_i (Eq. 3).
         lam = self._batch_multipliers
         if lam is None or lam.shape != losses.shape:  # called without a preceding dual step
-            lam = self.multipliers.index_select(0, ids)
-        return torch.dot(lam, losses)
+            lam = self.multipliers.gather(-1, ids)
+        return torch.dot(lam, losses) if losses.dim() == 1 else torch.linalg.vecdot(lam, losses)
 
 
 @register

@@ -13,7 +13,9 @@ than the cells' own, so a cell's numbers equal those of the cell trained alone u
 (tests/test_stacked.py states and holds the tolerances).
 
 Each cell keeps its modules and optimizer: each of its parameters and buffers becomes a view of its row of a grouped
-tensor [K, ...], so its optimizer steps, checkpoint, evaluation and records read and change its own row in place.
+tensor [K, ...], so its optimizer steps, checkpoint, evaluation and records read and change its own row in place. So
+do its epoch losses and, where its method's class ``stacks`` (flctl.methods.Method), its method's multipliers and
+hyper-parameters: the cells of one such class take their dual step and objective as one.
 (The earlier way, ``torch.vmap`` over stacked copies, dispatched 4.5× the ops of one cell for a ResNet: its batching
 rules move dimensions around every layer.)
 """
@@ -21,8 +23,9 @@ rules move dimensions around every layer.)
 from __future__ import annotations
 
 import copy
+import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -35,6 +38,7 @@ from flctl.tasks import Task
 
 if TYPE_CHECKING:
     from flctl.cell import Cell
+    from flctl.methods import Method
     from flctl.step import EpochBatches
 
 # Layers whose work is per channel or per element, and containers whose forward only chains their children: a
@@ -69,9 +73,11 @@ def groupable(model: nn.Module) -> bool:
 
 
 class GroupedLinear(nn.Module):
-    """K linear layers as one: [B, K·in] -> [B, K·out], each cell's slice through its own weight [out, in], as one
-    batched matrix product. (A grouped 1×1 convolution dispatches fewer ops, 6 against 16, but its CPU kernel took
-    5.6× as long on two-moons' layers.)"""
+    """K linear layers as one batched matrix product, each cell's rows through its own weight [out, in]. Input
+    [K, B, in] -> [K, B, out] when every layer of the model is linear or elementwise (an MLP: its activations stay
+    [K, B, ...] from input to output); otherwise [B, K·in] -> [B, K·out], the cells' features side by side as a
+    grouped convolution's channels are. (A grouped 1×1 convolution dispatches fewer ops than the second form, 6
+    against 16, but its CPU kernel took 5.6× as long on two-moons' layers.)"""
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
@@ -80,10 +86,11 @@ class GroupedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         k, out_features, in_features = self.weight.shape
-        xk = x.view(-1, k, in_features).transpose(0, 1)                                   # [K, B, in]
+        by_cell = x.dim() == 3
+        xk = x if by_cell else x.view(-1, k, in_features).transpose(0, 1)                # [K, B, in]
         wt = self.weight.transpose(1, 2)                                                   # [K, in, out]
         y = torch.bmm(xk, wt) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), xk, wt)
-        return y.transpose(0, 1).reshape(-1, k * out_features)                            # [B, K·out]
+        return y if by_cell else y.transpose(0, 1).reshape(-1, k * out_features)          # [B, K·out]
 
 
 class Grouped:
@@ -91,7 +98,9 @@ class Grouped:
     buffers the cells' own modules now view row by row."""
 
     def __init__(self, cells: Sequence[Cell]) -> None:
-        self.cells = list(cells)
+        self.given = list(cells)
+        # ordered by method, so that the cells of a class that stacks are a block of rows (``methods``)
+        self.cells = cells = sorted(cells, key=lambda c: _method_key(c.method))
         models = [c.model for c in cells]
         self.k = k = len(models)
         self.module = copy.deepcopy(models[0])        # the structure; every tensor of it is replaced below
@@ -129,6 +138,19 @@ class Grouped:
             for attr, b in list(m._buffers.items()):
                 if b is not None:
                     m._buffers[attr] = self._alias(_own(mods, attr))
+        # An MLP keeps each cell's rows apart, [K, B, ...], from input to output (GroupedLinear): no layout changes
+        self.by_cell = all(isinstance(m, (GroupedLinear, nn.Sequential, nn.ReLU, nn.Identity))
+                           for m in self.module.modules())
+        self.epoch_losses = side_by_side(cells, "epoch_losses")                           # [K, N]
+        # (method, its rows): a block of cells whose methods step as one (stack_methods), or one cell's own method
+        self.methods: list[tuple[Method, slice | int | None]] = []
+        for key, block in itertools.groupby(range(k), lambda i: _method_key(cells[i].method)):
+            rows = list(block)
+            if key[0]:
+                self.methods.append((stack_methods([cells[i].method for i in rows]),
+                                     None if len(rows) == k else slice(rows[0], rows[-1] + 1)))
+            else:
+                self.methods += [(cells[i].method, i) for i in rows]
 
     def _alias(self, tensors: list[Tensor]) -> Tensor:
         """One grouped tensor of the cells' ``tensors`` (their values now), and each cell's tensor made a view of its
@@ -165,6 +187,8 @@ class Grouped:
         """The K cells' outputs [K, B, ...] for their inputs ``x`` [K, B, C, ...]: the cells' channels side by side
         (images keep channels_last memory when the model has it), one forward, split back by cell."""
         k, b = x.shape[:2]
+        if self.by_cell and x.dim() == 3:
+            return model_output(self.module, x, precision)             # [K, B, out]
         if x.dim() == 5 and x.is_cuda:      # [K, B, C, H, W] -> [B, K·C, H, W] in channels_last memory: one copy
             c, h, w = x.shape[2:]
             grouped = x.permute(1, 3, 4, 0, 2).reshape(b, h, w, k * c).permute(0, 3, 1, 2)
@@ -182,28 +206,14 @@ class GroupBatches:
 
     def __init__(self, batches: Sequence[EpochBatches]) -> None:
         self.batches = list(batches)
-        self.full = self._alias(batches, "full", 1)                                       # [S, K, B]
-        self.last = self._alias(batches, "last", 0)                                       # [K, R]
-        self.full_params = {n: self._alias([b.full_params for b in batches], n, 1) for n in batches[0].full_params}
-        self.last_params = {n: self._alias([b.last_params for b in batches], n, 0) for n in batches[0].last_params}
+        self.full = side_by_side(batches, "full", 1)                                      # [S, K, B]
+        self.last = side_by_side(batches, "last", 0)                                      # [K, R]
+        self.full_params = {n: side_by_side([b.full_params for b in batches], n, 1) for n in batches[0].full_params}
+        self.last_params = {n: side_by_side([b.last_params for b in batches], n, 0) for n in batches[0].last_params}
         self.counter = batches[0].counter
         for b in batches:
             b.counter = self.counter          # each cell's fill zeroes it: one counter for the group
         self.views = [(b.full, b.last, b.counter, *b.full_params.values(), *b.last_params.values()) for b in batches]
-
-    @staticmethod
-    def _alias(owners: Sequence[Any], name: str, dim: int) -> Tensor:
-        """The owners' tensors ``name`` (attributes, or dict entries) stacked along ``dim``, each owner's replaced by
-        a view of its row."""
-        def get(o: Any) -> Tensor:
-            return o[name] if isinstance(o, dict) else getattr(o, name)
-        group = torch.stack([get(o) for o in owners], dim)
-        for k, o in enumerate(owners):
-            if isinstance(o, dict):
-                o[name] = group.select(dim, k)
-            else:
-                setattr(o, name, group.select(dim, k))
-        return group
 
     def holds(self) -> bool:
         """Whether every cell's buffers are still the views of the group's (no fill made new ones)."""
@@ -222,6 +232,65 @@ class GroupBatches:
         return ids, params
 
 
+def side_by_side(owners: Sequence[Any], name: str, dim: int = 0) -> Tensor:
+    """The owners' tensors ``name`` (attributes, or dict entries) stacked along ``dim``, each owner's replaced by a
+    view of its row. 0-dim tensors become [K, 1], to broadcast over a batch [K, B]; each owner keeps a 0-dim view."""
+    def get(o: Any) -> Tensor:
+        return o[name] if isinstance(o, dict) else getattr(o, name)
+    first = get(owners[0])
+    group = torch.stack([get(o) for o in owners], dim)
+    if first.dim() == 0:
+        group = group.unsqueeze(1)
+    for k, o in enumerate(owners):
+        row = group.select(dim, k).view(first.shape)
+        if isinstance(o, dict):
+            o[name] = row
+        else:
+            setattr(o, name, row)
+    return group
+
+
+def _public_tensors(obj: object, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+    """An object's tensors and its parts' (a method's controller), by name, as flctl.step.step_inputs finds them: a
+    ``_name`` is scratch a step makes for itself."""
+    for name, value in vars(obj).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, Tensor):
+            yield prefix + name, value
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            yield from _public_tensors(value, f"{prefix}{name}.")
+
+
+def _method_key(method: Method) -> tuple[bool, str, str]:
+    """Methods with equal keys stack: one class that ``stacks``, with tensors of the same names, shapes and types
+    (e.g. all with nuPI or all without). Methods that do not stack come last."""
+    cls = type(method)
+    if not cls.stacks:
+        return (False, "", "")
+    layout = [(n, tuple(t.shape), str(t.dtype), str(t.device)) for n, t in _public_tensors(method)]
+    return (True, f"{cls.__module__}.{cls.__qualname__}", repr(layout))
+
+
+def stack_methods(methods: Sequence[Method]) -> Method:
+    """One method standing for ``methods`` (K of one class that ``stacks``, ``_method_key`` equal): each tensor of
+    theirs (``_public_tensors``) side by side, [K, ...], and each method's own a view of its row, so that the one's
+    dual_step_ and primal_loss on losses and ids [K, B] move every cell's multipliers as its own would, and each
+    cell still checkpoints its own. Its scratch starts empty."""
+    def stacked(objs: Sequence[Any]) -> Any:
+        one = copy.copy(objs[0])
+        for name, value in vars(objs[0]).items():
+            if name.startswith("_"):
+                if isinstance(value, Tensor):
+                    setattr(one, name, None)
+            elif isinstance(value, Tensor):
+                setattr(one, name, side_by_side(objs, name))
+            elif hasattr(value, "__dict__") and not isinstance(value, type):
+                setattr(one, name, stacked([getattr(o, name) for o in objs]))
+        return one
+    return cast("Method", stacked(methods))
+
+
 def groups(task: Task, cells: Sequence[Cell]) -> bool:
     """Whether cells that train together run as one grouped model (flctl.stack): on CUDA, whenever their model is
     groupable (one launch per op for all instead of one per cell); on the CPU, for ``batched`` tasks only (small
@@ -236,8 +305,8 @@ def group_inputs(group: Grouped, data: Dataset, batches: GroupBatches) -> list[T
     """Every tensor a grouped step reads (``flctl.step.step_inputs`` of each cell, and the grouped model's own)."""
     return [*(t for c, b in zip(group.cells, batches.batches) for t in step_inputs(c, data, b)),
             batches.full, batches.last, *batches.full_params.values(), *batches.last_params.values(),
-            *group.module.parameters(),
-            *group.module.buffers()]
+            *group.module.parameters(), *group.module.buffers(), group.epoch_losses,
+            *(t for method, _ in group.methods for _, t in _public_tensors(method))]
 
 
 def _own(modules: Sequence[nn.Module], attr: str) -> list[Tensor]:
@@ -258,14 +327,18 @@ def grouped_step(task: Task, group: Grouped, data: Dataset, batches: GroupBatche
         x = task.augment.apply(x, params)
     out = group.forward(x.view(k, b, *x.shape[1:]), cells[0].cfg.precision)  # [K, B, out]
     losses = per_sample_loss(task, out.reshape(k * b, *out.shape[2:]), data.train.y.index_select(0, flat))
+    g = losses.view(k, b)
     objectives = []
-    for c, g, i in zip(cells, losses.view(k, b), ids):
-        c.method.dual_step_(g, i)
-        objectives.append(c.method.primal_loss(g, i))
+    for method, rows in group.methods:           # a block's methods as one ([K', B] -> [K']), or one cell's ([B])
+        g_rows, ids_rows = (g, ids) if rows is None else (g[rows], ids[rows])
+        method.dual_step_(g_rows, ids_rows)
+        objectives.append(method.primal_loss(g_rows, ids_rows))
+    for c in cells:
         c.optimizer.zero_grad(set_to_none=True)
     group.zero_grad()
-    torch.stack(objectives).sum().backward()     # cells share no parameter: each row gets its own objective's gradient
+    # cells share no parameter: each row gets its own objective's gradient
+    (objectives[0] if len(objectives) == 1 else torch.stack([o.sum() for o in objectives])).sum().backward()
     group.hand_out_grads()
-    for c, g, i in zip(cells, losses.detach().view(k, b), ids):
+    for c in cells:
         c.optimizer.step()
-        c.epoch_losses.index_copy_(0, i, g)
+    group.epoch_losses.scatter_(1, ids, g.detach())

@@ -132,9 +132,9 @@ class Stepper:
 
     def _group_step(self, active: list[Cell], last: bool) -> None:
         """A grouped step of the active cells (flctl.stack); their group is made anew when one leaves (it keeps its rows)."""
-        if self.group is None or self.group.cells != active:
+        if self.group is None or self.group.given != active:
             self.group = group = Grouped(active)
-            self.group_batches = batches = GroupBatches([self.batches[c.cfg.run_id] for c in active])
+            self.group_batches = batches = GroupBatches([self.batches[c.cfg.run_id] for c in group.cells])
             self.group_steps = {shape: self._engine(
                 active[0], partial(grouped_step, self.task, group, self.data, batches, shape),
                 partial(group_inputs, group, self.data, batches)) for shape in (False, True)}

@@ -152,7 +152,10 @@ def test_a_grouped_cells_tensors_are_views_of_its_row_and_its_checkpoint_its_own
 
     models = [get_task("cifar10").build_model({"width": 4}, None) for _ in range(3)]
     before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
-    group = Grouped([SimpleNamespace(model=m) for m in models])  # type: ignore[misc]  # the model is all it reads
+    from flctl.methods import ERM
+
+    cells = [SimpleNamespace(model=m, method=ERM(6), epoch_losses=torch.zeros(6)) for m in models]
+    group = Grouped(cells)  # type: ignore[arg-type]  # model, method and epoch losses are all it reads
     for m, state in zip(models, before):
         assert all(torch.equal(v, state[k]) for k, v in m.state_dict().items())      # values kept
     with torch.no_grad():
@@ -170,6 +173,44 @@ def test_a_grouped_cells_tensors_are_views_of_its_row_and_its_checkpoint_its_own
         fresh(x[i])
         for (name, a), b in zip(m.named_buffers(), fresh.buffers()):
             assert torch.allclose(a.float(), b.float(), atol=1e-5), name
+
+
+@pytest.mark.parametrize("cls", ["FL", "RFL"])
+@pytest.mark.parametrize("nupi", [False, True])
+def test_stacked_methods_step_each_cells_multipliers_as_its_own(cls: str, nupi: bool) -> None:
+    """K methods of a class that stacks, stepped as one on [K, B]: each cell's multipliers (and nuPI state) move
+    bit for bit as its own method's would alone, stay views of its row (its checkpoint is its own [N]), and the
+    stacked objective is each cell's within float rounding (a batched dot product)."""
+    from flctl import methods
+    from flctl.stack import stack_methods
+
+    n, b = 7, 4
+    hyper = [dict(eps=0.1 * i, dual_lr=0.3 + i / 10, alpha=1.0 + i) for i in range(3)]
+
+    def make(h: dict):
+        extra = {"nupi": methods.NuPI(n, kp=0.5 + h["eps"], ki=1.5, nu=0.25)} if nupi else {}
+        return getattr(methods, cls)(n, eps=h["eps"], dual_lr=h["dual_lr"], alpha=h["alpha"], **extra)
+
+    alone, grouped = [make(h) for h in hyper], [make(h) for h in hyper]
+    stacked = stack_methods(grouped)
+    assert stacked.multipliers.shape == (3, n) and stacked.eps.shape == (3, 1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        ids = torch.stack([torch.randperm(n, generator=gen)[:b] for _ in hyper])            # [K, B]
+        losses = torch.rand(3, b, generator=gen) * 2
+        stacked.dual_step_(losses, ids)
+        objectives = stacked.primal_loss(losses, ids)                                      # [K]
+        for k, m in enumerate(alone):
+            m.dual_step_(losses[k], ids[k])
+            assert torch.allclose(objectives[k], m.primal_loss(losses[k], ids[k]), rtol=1e-6)
+    for m, g in zip(alone, grouped):
+        assert torch.equal(m.multipliers, g.multipliers) and g.multipliers.shape == (n,)
+        assert g.multipliers.data_ptr() != m.multipliers.data_ptr()
+        for key, value in g.state_dict().items():
+            want = m.state_dict()[key]
+            assert (torch.equal(value, want) if isinstance(value, torch.Tensor)
+                    else all(torch.equal(value[i], want[i]) for i in want)), key
+    assert stacked.multipliers.data_ptr() == grouped[0].multipliers.data_ptr()    # the cells' rows, not copies
 
 
 def test_epoch_batches_visit_every_sample_once_with_a_partial_last_batch() -> None:

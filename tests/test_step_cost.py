@@ -42,8 +42,8 @@ def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_
             assert {r["engine"] for r in map(stepper.trained_with, stepper.cells)} == {"grouped"}
     assert syncs == {name: 0 for name in bench.CONFIGS}, "a step or an epoch's set-up waits for the device"
     assert ops["fl"] <= 1.15 * ops["erm"], ops
-    # K = 4 grouped: one launch per op of the shared model (CIFAR-10: 1.37x; interleaved, 4x). Each cell's own
-    # loss split, dual step, objective and optimizer step stay its own (about 22 ops a cell), which is a third of a
-    # two-moons step (a 3-layer MLP of 68 ops alone): 2.34x there.
-    bound = 1.5 if task == "cifar10" else 2.5
-    assert ops["erm_k4"] <= bound * ops["erm"] and ops["fl_k4"] <= bound * ops["fl"], ops
+    # K = 4 grouped: one launch per op of the shared model (CIFAR-10: 1.37x; interleaved, 4x), and one dual step and
+    # objective for the cells of one method (flctl.stack.stack_methods); each cell's optimizer step stays its own
+    # (2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's rows apart from input to output:
+    # 1.46x (it was 2.34x with the cells' features side by side and their methods one by one).
+    assert ops["erm_k4"] <= 1.5 * ops["erm"] and ops["fl_k4"] <= 1.5 * ops["fl"], ops
