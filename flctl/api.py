@@ -160,15 +160,17 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
           options: dict[str, Any] | None = None, name: str | None = None, device: str | None = None,
           data_dir: str | None = None, results_dir: str | Path | None = None, db: str | None = None,
           wait: bool = True, tune: int | None = None, objective: str | None = None, direction: str = "min",
-          parallel: int = 1, launch: dict[str, Any] | None = None, **axes: Any) -> dict[str, Any]:
+          parallel: int = 1, launch: dict[str, Any] | None = None, dry_run: bool = False, **axes: Any) -> Any:
     """Plan a grid of runs and fill what is not done, as ``flctl sweep`` does: the same checks, run ids, database
     rows, launchers (flctl.launch.backends) and workers. ``axes``: run fields, each a value, a list of values or a
     range written as on the command line (``lr="1e-4..1e-2:5"``); or ``spec``, a TOML spec file. ``launch``: the
     launch flags by name (``executor``, ``workers``, ``batch_runs``, ...; flctl.launch.LaunchFlags). With ``wait``
     (the default) it returns once no cell is left to train: ``{"sweep": id, "cells": N, "total": counts by status,
     "errors": ...}`` (flctl.status.ledger); without, once its workers are started. With ``tune``: a TPE search of
-    that many trials (``{"sweep": id, "study": the Optuna study}``). Bad input raises ConfigError before anything is
-    written; a wait its workers leave unfinished raises flctl.launch.wait.SweepStopped."""
+    that many trials (``{"sweep": id, "study": the Optuna study}``). With ``dry_run``: the plan, written nowhere
+    (flctl.launch.plan.SweepPlan: its ``sweep_id``, ``configs``, ``settings``), as ``flctl sweep --dry-run``. Bad input
+    raises ConfigError before anything is written; a wait its workers leave unfinished raises
+    flctl.launch.wait.SweepStopped."""
     import dataclasses
 
     from flctl.launch import plan_sweep
@@ -194,7 +196,9 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
     root = results_root(results_dir)
     url = database_url(db, root)
     planned = plan_sweep(chosen, flags, results_root=root, objective=objective, direction=direction, tune=tune,
-                         parallel=parallel)
+                         parallel=parallel, dry_run=dry_run)
+    if dry_run:
+        return planned
     store = open_store(results_dir, db)
     try:
         filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction)

@@ -15,8 +15,13 @@ from tests.helpers import files_under, in_process
 
 def test_api_sweep_fills_a_grid_and_is_the_cli_sweep(tmp_path: Path) -> None:
     results = tmp_path / "results"
+    plan = api.sweep("two-moons", method="fl", lr=[1e-3, 2e-3], seeds=2, epochs=2, results_dir=results,
+                     launch={"executor": "debug"}, dry_run=True)
+    assert len(plan.configs) == 4 and not files_under(tmp_path)           # a plan, written nowhere
     done = api.sweep("two-moons", method="fl", lr=[1e-3, 2e-3], seeds=2, epochs=2, results_dir=results,
                      launch={"executor": "debug"})
+    assert done["sweep"] == plan.sweep_id and {r.id for r in api.runs(results_dir=results)} == {
+        c.run_id for c in plan.configs}
     assert done["cells"] == 4 and done["total"][Status.COMPLETED] == 4
     assert {r.status for r in api.runs(results_dir=results)} == {Status.COMPLETED}
     # the command line's spelling of the same grid is the same sweep: nothing left to do

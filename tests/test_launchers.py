@@ -22,13 +22,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # A launcher of its own package: each slot's worker runs in a thread of the launching process, one after the other.
 TOY = '''
+import dataclasses
+
 from flctl.launch.backends import Launcher, Slot
+
+
+@dataclasses.dataclass(frozen=True)
+class InlineOptions:
+    label: str = ""
+
+    def check(self):
+        pass
 
 
 class Inline(Launcher):
     """Workers in this process, one after the other (a toy: what a Ray or Kubernetes launcher fills in)."""
 
     name = "inline"
+    Options = InlineOptions
     in_process = True
 
     def slots(self, cells, device, settings):
@@ -202,6 +213,21 @@ def test_a_spec_moved_to_another_launcher_leaves_its_launchers_options_behind() 
         LaunchSettings.resolve({"gpus": 1})
     with pytest.raises(ConfigError, match=r"^--partition is not an option of --executor local$"):
         LaunchSettings.resolve(spec, LaunchFlags(executor="local", partition="gpu"))
+
+
+def test_an_installed_launchers_options_stay_behind_too(installed_toy: Path) -> None:
+    from flctl.launch import LaunchFlags, LaunchSettings
+
+    spec = {"executor": "inline", "label": "hi", "workers": 2}
+    assert LaunchSettings.resolve(spec).options.label == "hi"
+    for other in ("local", "slurm"):
+        moved = LaunchSettings.resolve(spec, LaunchFlags(executor=other))
+        assert (moved.executor, moved.workers) == (other, 2)
+    with pytest.raises(ConfigError, match="unknown"):      # a typo is not an option of any launcher: still refused
+        LaunchSettings.resolve({**spec, "lable": "x"}, LaunchFlags(executor="local"))
+    # a spec of a launcher not installed here: all but the general keys stay behind
+    assert LaunchSettings.resolve({"executor": "ray", "num_cpus": 4, "workers": 3},
+                                  LaunchFlags(executor="local")).workers == 3
 
 
 def test_cells_on_cuda_n_still_train_together_on_the_workers_one_gpu(tmp_path: Path, monkeypatch) -> None:

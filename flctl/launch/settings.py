@@ -22,6 +22,16 @@ from flctl.knobs import (
 from flctl.launch.backends import Launcher, Slot, get_launcher  # Slot: where pickles of older workers look
 
 
+def _options_of(executor: Any) -> set[str] | None:
+    """The [launch] keys launcher ``executor`` reads as its own (its options, and the flags that name them); None
+    where no launcher of that name is installed here."""
+    try:
+        launcher = get_launcher(str(executor))
+    except ConfigError:
+        return None
+    return {f.name for f in fields(launcher.Options)} | set(LaunchFlags.__dataclass_fields__)
+
+
 def omp_threads() -> int | None:
     """OMP_NUM_THREADS when it is a positive integer: a machine's or shell's cap on every process's threads, which
     torch itself obeys and a worker's torch.set_num_threads(cores // W) would silently override (two workers'
@@ -93,8 +103,10 @@ class LaunchSettings:
         own = {f.name for f in fields(launcher.Options)}
         if given.get("executor", launcher.name) != spec_launch.get("executor", launcher.name):
             # the command line moved the spec to another launcher: the spec's options for its own one stay behind
-            spec_launch = {k: v for k, v in spec_launch.items() if k in general or k in own
-                           or k not in LaunchFlags.__dataclass_fields__}
+            # (where that one is not installed here to say which they are: all but the general and the new one's)
+            theirs = _options_of(spec_launch.get("executor", cls.executor))
+            spec_launch = {k: v for k, v in spec_launch.items()
+                           if k in general or k in own or (theirs is not None and k not in theirs)}
         merged = {**spec_launch, **given}
         known = general | own | set(LaunchFlags.__dataclass_fields__)
         if unknown := set(merged) - known:
