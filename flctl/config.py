@@ -406,7 +406,7 @@ def validate(cfg: RunConfig) -> None:
             bad(problem)
     engine, device, prune_after = FIELDS["engine"].flag, FIELDS["device"].flag, FIELDS["prune_after"].flag
     if cfg.engine == "captured" and not cfg.device.startswith("cuda"):
-        bad(f"{engine} captured replays CUDA graphs; it needs {device} cuda, not {cfg.device!r}")
+        bad(f"{engine} captured replays CUDA graphs; it needs {device} cuda (the run's device is {cfg.device!r})")
     if cfg.engine == "captured" and cfg.prune_after > 0:
         bad(f"{engine} captured needs the same batches every epoch; pruning changes them (use {engine} eager)")
     if cfg.prune_after > 0 and "eps" not in used:

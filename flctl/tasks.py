@@ -295,6 +295,8 @@ def get_task(name: str) -> Task:
     known = ", ".join(all_tasks())
     broken = plugins.problems()
     hint = f"; {len(broken)} plugin(s) did not load: {' | '.join(broken)}" if broken else ""
+    if name.endswith(".toml"):
+        hint += f"; a sweep spec is given as --spec {name}"
     raise ConfigError(f"unknown task {name!r}; choose one of: {known} (see `flctl tasks`){hint}")
 
 

@@ -65,6 +65,7 @@ def first_run(root: Path) -> str:
 CASES: list[tuple[list[str], str]] = [
     # tasks, methods, run fields
     (["run", "mnist"], "unknown task 'mnist'"),
+    (["sweep", "sweeps/two-moons.toml"], "a sweep spec is given as --spec sweeps/two-moons.toml"),
     (["run", "two-moons", "-m", "sgd"], "unknown method 'sgd'"),
     (["run", "two-moons", "--eps", "-0.1"], "--eps must be"),
     (["run", "two-moons", "-m", "rfl", "--alpha", "0"], "--alpha must be"),

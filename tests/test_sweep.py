@@ -220,6 +220,20 @@ def test_tune_runs_n_tpe_trials_over_a_log_range(results: Path) -> None:
     bad(["sweep", "diabetes", "--tune", "2", "--objective", "test.loss"], "unknown objective 'test.loss'")
 
 
+def test_a_tune_dry_run_names_the_search_that_runs_and_writes_nothing(results: Path) -> None:
+    import optuna
+
+    args = ["sweep", "diabetes", "-m", "rfl", "--alpha", "1e-3..10", "--lr", "1e-3,1e-2", "--epochs", "1", "--tune",
+            "2", "--objective", "test.max_loss", "--executor", "debug"]
+    plan = runner.invoke(app, [*args, "--dry-run"])
+    assert plan.exit_code == 0 and files_under(results) == [], plan.output
+    assert "TPE search, 2 trials of diabetes for the min of test.max_loss over lr in {0.001, 0.01}; alpha in " \
+           "0.001..10 (log); nothing was written" in " ".join(plan.output.split())
+    assert runner.invoke(app, args).exit_code == 0
+    (name,) = optuna.get_all_study_names(storage=f"sqlite:///{results / 'flctl.db'}")
+    assert f"sweep {name.removeprefix('flctl-')} (dry run)" in plan.output
+
+
 def test_tune_stops_at_its_first_trial_when_the_runs_never_record_the_objective(results: Path) -> None:
     """A regression task records no accuracy: the search stops after one trial with the metrics it does record,
     not after training every trial for a study with no best (it once ended in Optuna's 'Record does not exist')."""

@@ -129,6 +129,10 @@ def _print_plan(programme) -> None:
                 else:
                     total_hours += h
     console.print(table)
-    console.print(f"{total_todo} cell(s) to do, about {format_cost(total_hours, programme.device)}"
-                  + (f" (+ {unknown} cell(s) of tasks with no finished run on {programme.device} to estimate from)"
-                     if unknown else ""))
+    if unknown == total_todo and total_todo:        # nothing to estimate from: no "about 0 s"
+        console.print(f"{total_todo} cell(s) to do; no estimate: their tasks have no finished run on "
+                      f"{programme.device} to estimate from")
+    else:
+        console.print(f"{total_todo} cell(s) to do, about {format_cost(total_hours, programme.device)}"
+                      + (f" (+ {unknown} cell(s) of tasks with no finished run on {programme.device} to estimate "
+                         "from)" if unknown else ""))

@@ -88,6 +88,9 @@ def sweep(
     sid, settings = planned.sweep_id, planned.settings
     for note in planned.spec.notes:
         console.print(safe(note))
+    if dry_run and planned.tune is not None:
+        _tune_line(planned, dry_run=direction)
+        return
     if dry_run:
         _print_plan(sid, planned.spec, planned.configs)
         console.print(f"launch through {safe(settings.launcher.describe())}")
@@ -139,13 +142,23 @@ def _hooks(url: str, planned):
                  wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root), told=told)
 
 
-def _tune_line(planned) -> None:
+def _tune_line(planned, dry_run: str | None = None) -> None:
+    """The --tune search's one line: its sweep, trials and axes; ``dry_run`` (its direction, min or max): what it
+    would search, each axis's range or choices."""
     from flctl.study import search_space
     from flctl.sweep import tune_id
 
     sid = tune_id(dataclasses.replace(planned.spec, tune=planned.tune, objective=planned.objective))
-    console.print(f"sweep [bold]{sid}[/]: TPE search, {planned.tune} trials over "
-                  f"{safe(', '.join(search_space(planned.spec)))}; follow it with `flctl status {sid}`")
+    space = search_space(planned.spec)
+    if not dry_run:
+        console.print(f"sweep [bold]{sid}[/]: TPE search, {planned.tune} trials over "
+                      f"{safe(', '.join(space))}; follow it with `flctl status {sid}`")
+        return
+    axes = [f"{name} in {_fmt(d.low)}..{_fmt(d.high)} (log)" if hasattr(d, "low")
+            else f"{name} in {{{', '.join(map(_fmt, d.choices))}}}" for name, d in space.items()]
+    console.print(f"sweep [bold]{sid}[/] (dry run): TPE search, {planned.tune} trials of {safe(planned.spec.task)} "
+                  f"for the {dry_run} of {safe(planned.objective)} "
+                  f"over {safe('; '.join(axes))}; nothing was written")
 
 
 def _chosen_spec(path: Path | None, task: str | None, fields: dict, *, p_min: str | None, seeds: int | None,
