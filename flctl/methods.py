@@ -47,7 +47,8 @@ class Method:
     # Whether K instances of the class step as one (flctl.stack.stack_methods): its dual_step_, primal_loss and
     # satisfied read losses and ids [..., B] against state [..., N] and hyper-parameters [..., 1] (gather and scatter
     # on the last dimension, reductions over it), so one instance whose tensors are the K cells' side by side, [K, ...],
-    # steps each cell's row as that cell's own would. primal_loss then returns [K].
+    # steps each cell's row as that cell's own would. primal_loss then returns [K]. Each class says so itself (read
+    # from its own __dict__ by stack_methods' callers): a subclass that rewrites the rule is not taken to stack.
     stacks: ClassVar[bool] = False
 
     def __init__(
@@ -194,7 +195,6 @@ class _PrimalDual(Method):
     """Shared by FL and RFL: one multiplier per sample, alternating GDA with the dual step first (or nuPI)."""
 
     reduction = "sum"
-    stacks = True
     multipliers: Tensor
 
     def __init__(self, n_samples: int, eps: float = 0.0, alpha: float | None = None,
@@ -259,6 +259,7 @@ class FL(_PrimalDual):
     """
 
     name = "fl"
+    stacks = True
 
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         # addcmul_ with the 0-dim dual lr rounds as add_(violation, alpha=lr) did with a Python float (one fused
@@ -280,6 +281,7 @@ class RFL(_PrimalDual):
     """
 
     name = "rfl"
+    stacks = True
 
     def __init__(self, n_samples: int, eps: float = 0.0, alpha: float | None = None,
                  dual_lr: float | None = None, device: torch.device | str = "cpu", nupi: NuPI | None = None) -> None:

@@ -266,7 +266,7 @@ def _method_key(method: Method) -> tuple[bool, str, str]:
     """Methods with equal keys stack: one class that ``stacks``, with tensors of the same names, shapes and types
     (e.g. all with nuPI or all without). Methods that do not stack come last."""
     cls = type(method)
-    if not cls.stacks:
+    if not vars(cls).get("stacks", False):              # declared by the class itself, not inherited
         return (False, "", "")
     layout = [(n, tuple(t.shape), str(t.dtype), str(t.device)) for n, t in _public_tensors(method)]
     return (True, f"{cls.__module__}.{cls.__qualname__}", repr(layout))

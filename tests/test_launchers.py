@@ -83,6 +83,15 @@ def test_an_installed_launcher_is_found_and_runs_a_sweep(installed_toy: Path, tm
     assert plan.returncode == 0 and "launch through inline\n" in plan.stdout, plan.stdout + plan.stderr
 
 
+def test_an_installed_launcher_named_like_flctls_own_is_said_to_be_unused(installed_toy: Path, tmp_path: Path) -> None:
+    (installed_toy / "toy_launcher-0.1.dist-info" / "entry_points.txt").write_text(
+        "[flctl.launchers]\nlocal = toy_launcher:Inline\n")
+    importlib.invalidate_caches()
+    res = in_process("sweep", "two-moons", "-m", "fl", "--executor", "local", "--dry-run")
+    assert res.returncode == 0 and "launch through local: worker processes on this machine" in res.stdout
+    assert res.stderr.count("the installed launcher 'local' (toy_launcher:Inline) is not used") == 1, res.stderr
+
+
 def test_an_unknown_launcher_is_refused_naming_the_installed_ones(installed_toy: Path, tmp_path: Path) -> None:
     res = in_process("sweep", "two-moons", "-m", "fl", "--epochs", "2", "--executor", "nosuch",
                      "--results-dir", str(tmp_path / "r"))

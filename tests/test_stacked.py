@@ -213,6 +213,20 @@ def test_stacked_methods_step_each_cells_multipliers_as_its_own(cls: str, nupi: 
     assert stacked.multipliers.data_ptr() == grouped[0].multipliers.data_ptr()    # the cells' rows, not copies
 
 
+def test_a_subclass_of_a_stacking_method_steps_alone_unless_it_says_it_stacks() -> None:
+    from flctl import methods
+    from flctl.stack import _method_key
+
+    class Rewritten(methods.FL):          # its own rule, perhaps for one cell's [B] only
+        pass
+
+    class Declared(methods.FL):
+        stacks = True
+
+    assert _method_key(methods.FL(3, eps=0.1, dual_lr=0.1))[0] and _method_key(Declared(3, eps=0.1, dual_lr=0.1))[0]
+    assert not _method_key(Rewritten(3, eps=0.1, dual_lr=0.1))[0] and not _method_key(methods.CSERM(3))[0]
+
+
 def test_epoch_batches_visit_every_sample_once_with_a_partial_last_batch() -> None:
     batches = EpochBatches(batch_size=4, device=torch.device("cpu"))
     order = epoch_order(10, seed=3, epoch=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,12 +127,21 @@ def get_launcher(name: str) -> type[Launcher]:
     from flctl.plugins import load_object
 
     target = BUILT_IN.get(name) or next((ep.value for ep in _entry_points() if ep.name == name), None)
+    if name in BUILT_IN and name not in _WARNED:
+        for ep in _entry_points():
+            if ep.name == name and ep.value != target:      # said once: flctl's own comes first
+                _WARNED.add(name)
+                print(f"flctl: warning: the installed launcher {name!r} ({ep.value}) is not used: flctl's own "
+                      f"{name!r} comes first; install it under another name", file=sys.stderr, flush=True)
     if target is None:
         raise ConfigError(f"unknown executor {name!r}; choose one of: {', '.join(names())}")
     cls = load_object(target)
     if not (isinstance(cls, type) and issubclass(cls, Launcher) and getattr(cls, "name", None) == name):
         raise ConfigError(f"{target} is not a flctl.launch.backends.Launcher subclass named {name!r}")
     return cls
+
+
+_WARNED: set[str] = set()      # built-in names an installed launcher was said to clash with
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
