@@ -73,11 +73,11 @@ def groupable(model: nn.Module) -> bool:
 
 
 class GroupedLinear(nn.Module):
-    """K linear layers as one batched matrix product, each cell's rows through its own weight [out, in]. Input
-    [K, B, in] -> [K, B, out] when every layer of the model is linear or elementwise (an MLP: its activations stay
-    [K, B, ...] from input to output); otherwise [B, K·in] -> [B, K·out], the cells' features side by side as a
-    grouped convolution's channels are. (A grouped 1×1 convolution dispatches fewer ops than the second form, 6
-    against 16, but its CPU kernel took 5.6× as long on two-moons' layers.)"""
+    """K linear layers as one batched matrix product, each cell's samples through its own weight [out, in]. Input
+    [K, in, B] -> [K, out, B] when every layer of the model is linear or elementwise (an MLP: its activations stay
+    [K, F, B] from input to output, and no layer transposes or copies); otherwise [B, K·in] -> [B, K·out], the
+    cells' features side by side as a grouped convolution's channels are. (A grouped 1×1 convolution dispatches
+    fewer ops than the second form, 6 against 16, but its CPU kernel took 5.6× as long on two-moons' layers.)"""
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
@@ -86,11 +86,13 @@ class GroupedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         k, out_features, in_features = self.weight.shape
-        by_cell = x.dim() == 3
-        xk = x if by_cell else x.view(-1, k, in_features).transpose(0, 1)                # [K, B, in]
+        if x.dim() == 3:        # [K, in, B] -> [K, out, B]: W x, whose weight gradient comes out in W's own layout
+            return torch.bmm(self.weight, x) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(2),
+                                                                                     self.weight, x)
+        xk = x.view(-1, k, in_features).transpose(0, 1)                                  # [K, B, in]
         wt = self.weight.transpose(1, 2)                                                   # [K, in, out]
         y = torch.bmm(xk, wt) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), xk, wt)
-        return y if by_cell else y.transpose(0, 1).reshape(-1, k * out_features)          # [B, K·out]
+        return y.transpose(0, 1).reshape(-1, k * out_features)                            # [B, K·out]
 
 
 class Grouped:
@@ -138,7 +140,7 @@ class Grouped:
             for attr, b in list(m._buffers.items()):
                 if b is not None:
                     m._buffers[attr] = self._alias(_own(mods, attr))
-        # An MLP keeps each cell's rows apart, [K, B, ...], from input to output (GroupedLinear): no layout changes
+        # An MLP keeps each cell's samples apart, [K, F, B], from input to output (GroupedLinear): no layout changes
         self.by_cell = all(isinstance(m, (GroupedLinear, nn.Sequential, nn.ReLU, nn.Identity))
                            for m in self.module.modules())
         self.epoch_losses = side_by_side(cells, "epoch_losses")                           # [K, N]
@@ -187,8 +189,8 @@ class Grouped:
         """The K cells' outputs [K, B, ...] for their inputs ``x`` [K, B, C, ...]: the cells' channels side by side
         (images keep channels_last memory when the model has it), one forward, split back by cell."""
         k, b = x.shape[:2]
-        if self.by_cell and x.dim() == 3:
-            return model_output(self.module, x, precision)             # [K, B, out]
+        if self.by_cell and x.dim() == 3:         # an MLP: [K, F, B] from input to output, so no layer copies
+            return model_output(self.module, x.transpose(1, 2), precision).transpose(1, 2)      # [K, B, out]
         if x.dim() == 5 and x.is_cuda:      # [K, B, C, H, W] -> [B, K·C, H, W] in channels_last memory: one copy
             c, h, w = x.shape[2:]
             grouped = x.permute(1, 3, 4, 0, 2).reshape(b, h, w, k * c).permute(0, 3, 1, 2)
