@@ -74,8 +74,8 @@ def groupable(model: nn.Module) -> bool:
 
 class GroupedLinear(nn.Module):
     """K linear layers as one batched matrix product, each cell's samples through its own weight [out, in]. Input
-    [K, in, B] -> [K, out, B] when every layer of the model is linear or elementwise (an MLP: its activations stay
-    [K, F, B] from input to output, and no layer transposes or copies); otherwise [B, K·in] -> [B, K·out], the
+    [K, in, B] -> [K, out, B] when every layer of the model is linear or elementwise (``by_cell``, an MLP: its
+    activations stay [K, F, B] from input to output, one transpose in and one out); otherwise [B, K·in] -> [B, K·out], the
     cells' features side by side as a grouped convolution's channels are. (A grouped 1×1 convolution dispatches
     fewer ops than the second form, 6 against 16, but its CPU kernel took 5.6× as long on two-moons' layers.)"""
 
@@ -83,10 +83,11 @@ class GroupedLinear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight)                        # [K, out, in]
         self.bias = None if bias is None else nn.Parameter(bias)  # [K, out]
+        self.by_cell = False                                      # [K, in, B] (set by Grouped), else [B, K·in]
 
     def forward(self, x: Tensor) -> Tensor:
         k, out_features, in_features = self.weight.shape
-        if x.dim() == 3:        # [K, in, B] -> [K, out, B]: W x, whose weight gradient comes out in W's own layout
+        if self.by_cell:        # [K, in, B] -> [K, out, B]: W x, whose weight gradient comes out in W's own layout
             return torch.bmm(self.weight, x) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(2),
                                                                                      self.weight, x)
         xk = x.view(-1, k, in_features).transpose(0, 1)                                  # [K, B, in]
@@ -143,6 +144,9 @@ class Grouped:
         # An MLP keeps each cell's samples apart, [K, F, B], from input to output (GroupedLinear): no layout changes
         self.by_cell = all(isinstance(m, (GroupedLinear, nn.Sequential, nn.ReLU, nn.Identity))
                            for m in self.module.modules())
+        for m in self.module.modules():
+            if isinstance(m, GroupedLinear):
+                m.by_cell = self.by_cell
         self.epoch_losses = side_by_side(cells, "epoch_losses")                           # [K, N]
         # (method, its rows): a block of cells whose methods step as one (stack_methods), or one cell's own method
         self.methods: list[tuple[Method, slice | int | None]] = []
@@ -189,7 +193,9 @@ class Grouped:
         """The K cells' outputs [K, B, ...] for their inputs ``x`` [K, B, C, ...]: the cells' channels side by side
         (images keep channels_last memory when the model has it), one forward, split back by cell."""
         k, b = x.shape[:2]
-        if self.by_cell and x.dim() == 3:         # an MLP: [K, F, B] from input to output, so no layer copies
+        if self.by_cell:                          # an MLP: [K, F, B] from input to output, so no layer copies
+            if x.dim() != 3:
+                raise ValueError(f"a grouped MLP takes [K, B, features], not {tuple(x.shape)}")
             return model_output(self.module, x.transpose(1, 2), precision).transpose(1, 2)      # [K, B, out]
         if x.dim() == 5 and x.is_cuda:      # [K, B, C, H, W] -> [B, K·C, H, W] in channels_last memory: one copy
             c, h, w = x.shape[2:]
@@ -266,12 +272,15 @@ def _public_tensors(obj: object, prefix: str = "") -> Iterator[tuple[str, Tensor
 
 def _method_key(method: Method) -> tuple[bool, str, str]:
     """Methods with equal keys stack: one class that ``stacks``, with tensors of the same names, shapes and types
-    (e.g. all with nuPI or all without). Methods that do not stack come last."""
+    (e.g. all with nuPI or all without) and equal plain values (a setting kept as a Python number is the same for
+    every cell of a stacked block). Methods that do not stack sort first, each stepping alone."""
     cls = type(method)
     if not vars(cls).get("stacks", False):              # declared by the class itself, not inherited
         return (False, "", "")
     layout = [(n, tuple(t.shape), str(t.dtype), str(t.device)) for n, t in _public_tensors(method)]
-    return (True, f"{cls.__module__}.{cls.__qualname__}", repr(layout))
+    plain = sorted((n, repr(v)) for n, v in vars(method).items()
+                   if not n.startswith("_") and not isinstance(v, Tensor) and not hasattr(v, "__dict__"))
+    return (True, f"{cls.__module__}.{cls.__qualname__}", repr((layout, plain)))
 
 
 def stack_methods(methods: Sequence[Method]) -> Method:

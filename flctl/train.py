@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from flctl import records
-from flctl.cell import Cell, RunResult, atomic_save, trainable_state
+from flctl.cell import Cell, RunResult, atomic_save, host_copy, trainable_state
 from flctl.config import RunConfig
 from flctl.fs import atomic_path
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
@@ -305,7 +305,8 @@ def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
         if task.extras is not None:
             result.artifacts.update(_save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
         model = RunFolder(r.run_dir).model
-        atomic_save(trainable_state(r.model), model)
+        # host copies: a grouped cell's tensors are views of its group's, and torch.save writes a view's whole storage
+        atomic_save(host_copy(trainable_state(r.model)), model)
         result.artifacts["model"] = str(model)
     result.artifacts["records"] = str(records_of(records_root, r.cfg.run_id))
     r.checkpoint.unlink(missing_ok=True)

@@ -216,7 +216,7 @@ def float64(monkeypatch: pytest.MonkeyPatch):
                 if split.y.is_floating_point():
                     split.y = split.y.double()
             return data
-        return dataclasses.replace(task, batched=True, load=load,
+        return dataclasses.replace(task, batched=True, load=load, extras=None,    # (two-moons' grid is float32)
                                    build_model=lambda *a: task.build_model(*a).double())
 
     monkeypatch.setattr(flctl.train, "get_task", lambda name: in_float64(get_task(name)))

@@ -59,3 +59,12 @@ def test_api_paper_plans_fills_and_bundles_as_flctl_paper(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match=r"^unknown scale 'huge'; choose one of: paper, smoke$"):
         api.paper(scale="huge", results_dir=tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_api_sweep_plans_a_tune_search_under_the_id_it_runs_as(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    args = dict(method="rfl", alpha="1e-3..10", epochs=1, tune=2, objective="test.max_loss", results_dir=results,
+                launch={"executor": "debug"})
+    plan = api.sweep("diabetes", dry_run=True, **args)
+    assert plan.sweep_id.startswith("t") and not files_under(tmp_path)
+    assert api.sweep("diabetes", **args)["sweep"] == plan.sweep_id

@@ -131,6 +131,29 @@ def test_grouped_cells_equal_alone_in_float64_and_one_that_diverges_leaves_the_g
     assert_close_to_alone(tmp_path, cfgs[:3], together[:3], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow    # seven cells together, six again alone: 8 s
+def test_cells_of_one_method_step_as_one_and_equal_alone_in_float64(tmp_path: Path, float64) -> None:
+    """Several cells of each method (a sweep's usual group: seeds, learning rates, ε, α), stacked by method
+    (flctl.stack.stack_methods): FL with nuPI, RFL, ERM and CSERM (which steps alone), and an RFL that diverges and
+    leaves its block. Each equals its cell alone; its model.pt holds its own weights only."""
+    m = dict(epochs=6, eval_every=2)
+    nupi = dict(dual_optimizer="nupi", kp=0.5, ki=0.8, nu=0.3)
+    cfgs = [config("two-moons", "fl", seed=0, lr=0.02, eps=0.4, dual_lr=0.05, **nupi, **m),
+            config("two-moons", "rfl", seed=1, lr=0.03, eps=0.2, alpha=0.5, **m),
+            config("two-moons", "fl", seed=2, lr=0.01, eps=0.3, dual_lr=0.1, **nupi, **m),
+            config("two-moons", "erm", seed=3, lr=0.05, **m),
+            config("two-moons", "rfl", seed=4, lr=0.02, eps=0.1, alpha=2.0, **m),
+            config("two-moons", "cserm", seed=5, lr=0.01, eps=0.3, alpha=2.0, **m),
+            config("two-moons", "rfl", seed=6, lr=1e12, eps=0.1, alpha=2.0, **m)]
+    together = train_together(cfgs, tmp_path / "together", [tmp_path / "t" / c.run_id for c in cfgs])
+    assert [r.status for r in together] == ["completed"] * 6 + ["diverged"]
+    assert {r.trained_with["engine"] for r in together} == {"grouped"}
+    assert_close_to_alone(tmp_path, cfgs[:6], together[:6], rtol=1e-9, atol=1e-12)
+    for c in cfgs[:6]:
+        grouped, alone = (torch.load(tmp_path / d / c.run_id / "model.pt", weights_only=True) for d in ("t", "a"))
+        assert all(v.untyped_storage().nbytes() == alone[k].untyped_storage().nbytes() for k, v in grouped.items())
+
+
 @pytest.mark.slow    # every cell trained again alone: 3 s
 def test_grouped_cells_resuming_from_different_epochs_equal_alone_in_float64(tmp_path: Path, float64) -> None:
     data = str(write_utkface(tmp_path / "faces", n=40))
@@ -225,6 +248,10 @@ def test_a_subclass_of_a_stacking_method_steps_alone_unless_it_says_it_stacks() 
 
     assert _method_key(methods.FL(3, eps=0.1, dual_lr=0.1))[0] and _method_key(Declared(3, eps=0.1, dual_lr=0.1))[0]
     assert not _method_key(Rewritten(3, eps=0.1, dual_lr=0.1))[0] and not _method_key(methods.CSERM(3))[0]
+    a, b = Declared(3, eps=0.1, dual_lr=0.1), Declared(3, eps=0.2, dual_lr=0.3)
+    assert _method_key(a) == _method_key(b)                  # tensors of one layout: their values may differ
+    a.warmup, b.warmup = 0, 5                                # a setting kept as a Python number: one per block
+    assert _method_key(a) != _method_key(b)
 
 
 def test_epoch_batches_visit_every_sample_once_with_a_partial_last_batch() -> None:

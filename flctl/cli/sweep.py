@@ -146,10 +146,8 @@ def _tune_line(planned, dry_run: str | None = None) -> None:
     """The --tune search's one line: its sweep, trials and axes; ``dry_run`` (its direction, min or max): what it
     would search, each axis's range or choices."""
     from flctl.study import search_space
-    from flctl.sweep import tune_id
 
-    sid = tune_id(dataclasses.replace(planned.spec, tune=planned.tune, objective=planned.objective))
-    space = search_space(planned.spec)
+    sid, space = planned.sweep_id, search_space(planned.spec)
     if not dry_run:
         console.print(f"sweep [bold]{sid}[/]: TPE search, {planned.tune} trials over "
                       f"{safe(', '.join(space))}; follow it with `flctl status {sid}`")

@@ -105,7 +105,7 @@ class SweepPlan:
 
     spec: Any                     # flctl.sweep.SweepSpec, its device resolved; a grid's names its study's objective
     configs: list[RunConfig]
-    sweep_id: str                 # the grid's id; a --tune sweep's is flctl.sweep.tune_id of its spec
+    sweep_id: str                 # the grid's id; a --tune search's, flctl.sweep.tune_id of its spec
     settings: LaunchSettings
     objective: str
     tune: int | None              # trials of a TPE search; None: the grid
@@ -121,16 +121,16 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
     executor and the workers' devices are there. The objective and trial count fall back to the spec's.
     ConfigError (TypeError from a malformed [launch] table) before anything is written."""
     from flctl.study import DEFAULT_OBJECTIVE, check_objective, search_space
-    from flctl.sweep import plan, sweep_id
+    from flctl.sweep import plan, sweep_id, tune_id
 
     settings = LaunchSettings.resolve(spec.launch, flags)
     # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
     launcher = settings.launcher
     spec = replace(spec, device=resolve_device(spec.device, here=launcher.runs_here, planning=dry_run))
     configs = plan(spec, check_data=not dry_run, allow_large=allow_large, progress=progress)
-    sid = sweep_id(spec, configs)
     objective = objective or spec.objective or DEFAULT_OBJECTIVE
     tune = tune if tune is not None else spec.tune
+    sid = sweep_id(spec, configs) if tune is None else tune_id(replace(spec, tune=tune, objective=objective))
     check_objective(objective, direction)
     if tune is None:   # the workers mirror finished cells into the sweep's Optuna study with this objective
         spec = replace(spec, objective=objective)

@@ -127,10 +127,10 @@ def get_launcher(name: str) -> type[Launcher]:
     from flctl.plugins import load_object
 
     target = BUILT_IN.get(name) or next((ep.value for ep in _entry_points() if ep.name == name), None)
-    if name in BUILT_IN and name not in _WARNED:
+    if name in BUILT_IN and name not in _CHECKED:       # looked at once: entry points take ms to read
+        _CHECKED.add(name)
         for ep in _entry_points():
-            if ep.name == name and ep.value != target:      # said once: flctl's own comes first
-                _WARNED.add(name)
+            if ep.name == name and ep.value != target:      # flctl's own comes first
                 print(f"flctl: warning: the installed launcher {name!r} ({ep.value}) is not used: flctl's own "
                       f"{name!r} comes first; install it under another name", file=sys.stderr, flush=True)
     if target is None:
@@ -141,7 +141,7 @@ def get_launcher(name: str) -> type[Launcher]:
     return cls
 
 
-_WARNED: set[str] = set()      # built-in names an installed launcher was said to clash with
+_CHECKED: set[str] = set()     # built-in names whose clash with an installed launcher was looked for (and said)
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
