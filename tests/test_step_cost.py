@@ -44,6 +44,6 @@ def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_
     assert ops["fl"] <= 1.15 * ops["erm"], ops
     # K = 4 grouped: one launch per op of the shared model (CIFAR-10: 1.37x; interleaved, 4x), and one dual step and
     # objective for the cells of one method (flctl.stack.stack_methods); each cell's optimizer step stays its own
-    # (2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's rows apart from input to output:
-    # 1.46x (it was 2.34x with the cells' features side by side and their methods one by one).
+    # (2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's samples apart, [K, F, B], from
+    # input to output: 1.39x (it was 2.34x with the cells' features side by side and their methods one by one).
     assert ops["erm_k4"] <= 1.5 * ops["erm"] and ops["fl_k4"] <= 1.5 * ops["fl"], ops
