@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import itertools
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from flctl.data import Dataset, Normalize
 from flctl.losses import model_output, per_sample_loss
-from flctl.step import step_inputs
+from flctl.step import public_tensors, step_inputs
 from flctl.tasks import Task
 
 if TYPE_CHECKING:
@@ -75,9 +75,10 @@ def groupable(model: nn.Module) -> bool:
 class GroupedLinear(nn.Module):
     """K linear layers as one batched matrix product, each cell's samples through its own weight [out, in]. Input
     [K, in, B] -> [K, out, B] when every layer of the model is linear or elementwise (``by_cell``, an MLP: its
-    activations stay [K, F, B] from input to output, one transpose in and one out); otherwise [B, K·in] -> [B, K·out], the
-    cells' features side by side as a grouped convolution's channels are. (A grouped 1×1 convolution dispatches
-    fewer ops than the second form, 6 against 16, but its CPU kernel took 5.6× as long on two-moons' layers.)"""
+    activations stay [K, F, B] from input to output, one transpose in and one out); otherwise [B, K·in] ->
+    [B, K·out], the cells' features side by side as a grouped convolution's channels are. (A grouped 1×1 convolution
+    dispatches fewer ops than the second form, 6 against 16, but its CPU kernel took 5.6× as long on two-moons'
+    layers.)"""
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
@@ -258,18 +259,6 @@ def side_by_side(owners: Sequence[Any], name: str, dim: int = 0) -> Tensor:
     return group
 
 
-def _public_tensors(obj: object, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
-    """An object's tensors and its parts' (a method's controller), by name, as flctl.step.step_inputs finds them: a
-    ``_name`` is scratch a step makes for itself."""
-    for name, value in vars(obj).items():
-        if name.startswith("_"):
-            continue
-        if isinstance(value, Tensor):
-            yield prefix + name, value
-        elif hasattr(value, "__dict__") and not isinstance(value, type):
-            yield from _public_tensors(value, f"{prefix}{name}.")
-
-
 def _method_key(method: Method) -> tuple[bool, str, str]:
     """Methods with equal keys stack: one class that ``stacks``, with tensors of the same names, shapes and types
     (e.g. all with nuPI or all without) and equal plain values (a setting kept as a Python number is the same for
@@ -277,7 +266,7 @@ def _method_key(method: Method) -> tuple[bool, str, str]:
     cls = type(method)
     if not vars(cls).get("stacks", False):              # declared by the class itself, not inherited
         return (False, "", "")
-    layout = [(n, tuple(t.shape), str(t.dtype), str(t.device)) for n, t in _public_tensors(method)]
+    layout = [(n, tuple(t.shape), str(t.dtype), str(t.device)) for n, t in public_tensors(method)]
     plain = sorted((n, repr(v)) for n, v in vars(method).items()
                    if not n.startswith("_") and not isinstance(v, Tensor) and not hasattr(v, "__dict__"))
     return (True, f"{cls.__module__}.{cls.__qualname__}", repr((layout, plain)))
@@ -285,9 +274,9 @@ def _method_key(method: Method) -> tuple[bool, str, str]:
 
 def stack_methods(methods: Sequence[Method]) -> Method:
     """One method standing for ``methods`` (K of one class that ``stacks``, ``_method_key`` equal): each tensor of
-    theirs (``_public_tensors``) side by side, [K, ...], and each method's own a view of its row, so that the one's
-    dual_step_ and primal_loss on losses and ids [K, B] move every cell's multipliers as its own would, and each
-    cell still checkpoints its own. Its scratch starts empty."""
+    theirs (``flctl.step.public_tensors``) side by side, [K, ...], and each method's own a view of its row, so that
+    the one's dual_step_ and primal_loss on losses and ids [K, B] move every cell's multipliers as its own would, and
+    each cell still checkpoints its own. Its scratch starts empty."""
     def stacked(objs: Sequence[Any]) -> Any:
         one = copy.copy(objs[0])
         for name, value in vars(objs[0]).items():
@@ -317,7 +306,7 @@ def group_inputs(group: Grouped, data: Dataset, batches: GroupBatches) -> list[T
     return [*(t for c, b in zip(group.cells, batches.batches) for t in step_inputs(c, data, b)),
             batches.full, batches.last, *batches.full_params.values(), *batches.last_params.values(),
             *group.module.parameters(), *group.module.buffers(), group.epoch_losses,
-            *(t for method, _ in group.methods for _, t in _public_tensors(method))]
+            *(t for method, _ in group.methods for _, t in public_tensors(method))]
 
 
 def _own(modules: Sequence[nn.Module], attr: str) -> list[Tensor]:

@@ -17,7 +17,7 @@ The step is graph-safe, so that on CUDA it can be captured once and replayed (``
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -163,18 +163,20 @@ def step_inputs(cell: Cell, data: Dataset, batches: EpochBatches) -> list[Tensor
     return found
 
 
-def _tensors_of(obj: object) -> list[Tensor]:
-    """The tensors among an object's public attributes and theirs (a method's controller). A ``_name`` is scratch a
-    step makes for itself (FL's multipliers of the batch), not state it reads."""
-    found: list[Tensor] = []
+def public_tensors(obj: object, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+    """The tensors among an object's public attributes and theirs (a method's controller), by name. A ``_name`` is
+    scratch a step makes for itself (FL's multipliers of the batch), not state it reads."""
     for name, value in vars(obj).items():
         if name.startswith("_"):
             continue
         if isinstance(value, Tensor):
-            found.append(value)
+            yield prefix + name, value
         elif hasattr(value, "__dict__") and not isinstance(value, type):
-            found += _tensors_of(value)
-    return found
+            yield from public_tensors(value, f"{prefix}{name}.")
+
+
+def _tensors_of(obj: object) -> list[Tensor]:
+    return [t for _, t in public_tensors(obj)]
 
 
 def layouts(tensors: Sequence[Tensor]) -> list[tuple]:

@@ -40,8 +40,8 @@ def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objec
              launched: Callable[[Launched, str, Any, LaunchSettings], None] | None = None) -> Any:
     """Search ``n_trials`` trials of ``spec``'s axes for the best ``objective`` (``direction`` min or max); each
     trial's cell is launched through ``settings``. Returns the Optuna study, whose best trial has a value;
-    ``told`` hears of each trial as it is told, ``launched`` of each launch (flctl.launch.flow.Hooks). TuneFailed when workers keep dying before they take a trial, or no
-    trial ended with a value."""
+    ``told`` hears of each trial as it is told, ``launched`` of each launch (flctl.launch.flow.Hooks). TuneFailed
+    when workers keep dying before they take a trial, or no trial ended with a value."""
     from flctl.study import params_of, search_space, tune
     from flctl.sweep import resolve_cell, tune_id
 
