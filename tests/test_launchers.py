@@ -77,6 +77,7 @@ def test_an_installed_launcher_is_found_and_runs_a_sweep(installed_toy: Path, tm
                      "--wait", "--results-dir", str(results), env={"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"})
     assert res.returncode == 0, res.stdout + res.stderr
     assert list(results.glob("jobs/*/inline-started.txt"))[0].read_text() == "2"
+    assert "its workers ran in this process (inline)" in res.stdout, res.stdout
     rows = json.loads(in_process("runs", "--json", env={"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"}).stdout)
     assert [r["status"] for r in rows] == ["completed"] * 3
     plan = in_process("sweep", "two-moons", "-m", "fl", "--executor", "inline", "--dry-run")

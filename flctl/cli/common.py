@@ -417,3 +417,5 @@ def said_launched(launched, sid: str, spec, settings, quiet: bool = False) -> No
                       + (" and one in this process" if launched.here else ""))
     elif launched.here:
         console.print("1 worker, in this process")
+    elif settings.launcher.in_process and launched.todo:       # a launcher whose workers ran before it returned
+        console.print(f"its workers ran in this process ({safe(settings.executor)})")
