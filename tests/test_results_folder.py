@@ -18,6 +18,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,6 +238,38 @@ def test_cancel_right_after_sweep_returns_stops_the_sweep(tmp_path: Path, leftov
     assert not sweep_processes(results)
     statuses = [r.status for r in Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True).list_runs()]
     assert sorted(statuses) == ["queued", "queued"], statuses
+
+
+def test_a_job_controller_is_recorded_as_the_program_it_execs_not_as_it_was_before(tmp_path: Path) -> None:
+    # The H100's red `cancel right after sweep`: submitted.json held a controller with "cmdline": [] (read while it
+    # was in execve), so `flctl cancel` found one of its two jobs. Here the window is stretched: the child forked by
+    # this process stays this process's program for 0.3 s before it execs the command a local job controller runs
+    # (the command line of a process in execve reads empty for a moment, of one forked its parent's). What is
+    # recorded must be the command it runs from then on, so that the controller is found afterwards.
+    from types import SimpleNamespace
+
+    from flctl.launch.jobs import live_controllers, private_folder, remember_jobs
+    from flctl.layout import Layout
+
+    root = tmp_path / "results"
+    root.mkdir()
+    folder = private_folder(root, Layout(root).sweep_jobs(SID))
+    cmd = [sys.executable, "-c", "import time; time.sleep(30)", "-m", "submitit.local._local", str(folder)]
+    pid = os.fork()
+    if pid == 0:                                   # the child: exec late, as a slow execve would
+        try:
+            time.sleep(0.3)
+            os.execv(cmd[0], cmd)
+        finally:
+            os._exit(1)
+    try:
+        remember_jobs(Layout(root).submitted(SID), "local", [SimpleNamespace(job_id=str(pid))])
+        [entry] = json.loads(Layout(root).submitted(SID).read_text())
+        assert entry["cmdline"] == cmd
+        assert [p.pid for p in live_controllers(root, SID)] == [pid]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def test_planted_worker_files_do_not_stall_sweep_wait(tmp_path: Path, leftovers) -> None:

@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -242,12 +243,25 @@ def _add_jobs(path: Path, executor: str, jobs: Sequence[Any]) -> None:
     for job in jobs:
         entry: dict[str, Any] = {"executor": executor, "job_id": job.job_id, "host": socket.gethostname()}
         if not get_launcher(executor).queued:      # a local job's id is its controller's pid
-            controller = process(int(job.job_id))
+            controller = _after_exec(int(job.job_id))
             if controller is None:           # already gone: nothing to stop later
                 continue
             entry.update(controller.identity())
         known.append(entry)
     write_text_atomic(path, json.dumps(known))
+
+
+def _after_exec(pid: int, within: float = 10.0) -> Process | None:
+    """The local job controller ``pid`` once it runs the program it was started with (None: it is gone). A child
+    just forked is still its parent's program, and in the middle of execve(2) its /proc/<pid>/cmdline reads empty;
+    a command line read then never matches the process again, so `flctl cancel` would pass it over (an H100's
+    suite recorded ``"cmdline": []``). The start time stays the same through exec; the command line is read once
+    it is neither empty nor this process's own. A job that never execs within ``within`` s is recorded as it is."""
+    own = process(os.getpid())
+    deadline = time.monotonic() + within
+    while (p := process(pid)) is not None and p.cmdline in ((), own and own.cmdline) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return p
 
 
 def _bad_job(entry: Any) -> str | None:
