@@ -662,28 +662,44 @@ def _completed(row: dict) -> bool:
     return bool(row.get("seconds")) and row.get("ledger", {}).get("completed") == row.get("cells")
 
 
-def _programme(sections: dict) -> dict:
+def default_engine(on_cuda: bool) -> str:
+    """The engine ``--engine auto`` (the default) steps a CIFAR-10 or UTKFace cell on, on a GPU or not: what a
+    researcher gets without a flag, and so what the programme's hours are priced with (flctl.step.step_engine)."""
+    from types import SimpleNamespace
+
+    from flctl.step import step_engine
+
+    return step_engine(SimpleNamespace(engine="auto", prune_after=0), get_task("cifar10"),  # type: ignore[arg-type]
+                       torch.device("cuda" if on_cuda else "cpu"))
+
+
+def _programme(sections: dict, on_cuda: bool = True) -> dict:
     """Device-hours of every spec in sweeps/ (and the paper's full CIFAR robustness grid): cells x hours per cell
-    from the measured figures, today's engine (eager, bf16, one cell per GPU) against the best measured one."""
+    from the measured figures. ``default``: the defaults (``--engine auto``, bf16, one cell per process per GPU); a
+    cell's whole run is its first epoch (build, warm-up, capture), the others, and one evaluation per its
+    eval_every. ``best``: the fastest measured engine and precision, times the best measured gain of cells together
+    (share). A task without a measured figure has no hours, and the totals say which specs they leave out."""
     from flctl.sweep import load_spec, plan
 
     cif, utk, moon, share_, dpo_ = (sections.get(k, {}) for k in ("cifar", "utkface", "moons", "share", "dpo"))
-    runs = cif.get("runs", {})
-    s_epoch = {k: v["epoch_s"] for k, v in runs.items() if "epoch_s" in v}
-    stacked = {k: v["images_per_s"] for k, v in share_.get("stacked", {}).items() if v.get("images_per_s")}
-    gain = max(stacked.values()) / stacked["1"] if stacked.get("1") else 1.0
+    runs = {k: v for k, v in cif.get("runs", {}).items() if "epoch_s" in v}
+    engine = default_engine(on_cuda)
+    together = {k: v["images_per_s"] for k, v in share_.get("stacked", {}).items() if v.get("images_per_s")}
+    gain = max(1.0, max(together.values()) / together["1"]) if together.get("1") else 1.0
     hours: dict[str, dict] = {}
 
-    def per_cell(task: str, method: str, epochs: int, model: str | None) -> tuple[float, float] | None:
-        """(today, best) hours of one cell, or None where nothing was measured for the task."""
+    def per_cell(task: str, method: str, epochs: int, eval_every: int, model: str | None
+                 ) -> tuple[float, float] | None:
+        """(default, best) hours of one cell, or None where nothing was measured for the task."""
         m = "erm" if method in ("erm", "cserm") else "fl"
-        if task == "cifar10" and f"eager/auto/{m}" in s_epoch:
-            today = epochs * s_epoch[f"eager/auto/{m}"] / 3600
-            best = epochs * min(v for k, v in s_epoch.items() if k.endswith(f"/{m}")) / 3600 / gain
-            return today, best
-        if task == "utkface" and "epoch_s" in utk.get("methods", {}).get("rfl" if m == "fl" else "erm", {}):
-            today = epochs * utk["methods"]["rfl" if m == "fl" else "erm"]["epoch_s"] / 3600
-            return today, today / gain
+        if task == "cifar10" and f"{engine}/auto/{m}" in runs:
+            whole = {k: whole_run_s(v, epochs, eval_every) / 3600 for k, v in runs.items() if k.endswith(f"/{m}")}
+            return whole[f"{engine}/auto/{m}"], min(whole.values()) / gain
+        utk_m = utk.get("methods", {}).get("rfl" if m == "fl" else "erm", {})
+        if task == "utkface" and "epoch_s" in utk_m:
+            h = whole_run_s(utk_m, epochs, eval_every) / 3600 if "first_epoch_s" in utk_m else \
+                epochs * utk_m["epoch_s"] / 3600
+            return h, h / gain
         if task == "two-moons" and _completed(moon.get("stacked", {})):
             scale = epochs / 250
             best = scale / moon["stacked"]["cells_per_s"] / 3600
@@ -700,19 +716,21 @@ def _programme(sections: dict) -> dict:
 
     specs = sorted((ROOT / "sweeps").glob("*.toml"))
     extra = {"cifar10-robustness-full (paper: 11 primal x 6 dual lrs x 4 methods x 5 seeds)":
-             ("cifar10", [(m, 200, None) for m in ("erm", "fl", "rfl", "cserm") for _ in range(11 * 6 * 5)])}
+             ("cifar10", [(m, 200, PAPER_EVAL_EVERY, None) for m in ("erm", "fl", "rfl", "cserm")
+                          for _ in range(11 * 6 * 5)])}
     for path in specs:
         spec = load_spec(path)
         cfgs = plan(spec, check_data=False, allow_large=True)
-        extra[path.name] = (spec.task, [(c.method, c.epochs, c.opts.get("model")) for c in cfgs])
+        extra[path.name] = (spec.task, [(c.method, c.epochs, c.eval_every, c.opts.get("model")) for c in cfgs])
     for name, (task, cells) in extra.items():
-        per = [per_cell(task, m, e, model) for m, e, model in cells]
+        per = [per_cell(task, m, e, ev, model) for m, e, ev, model in cells]
         if any(p is None for p in per):
-            hours[name] = {"cells": len(cells), "today": None, "best": None, "why": f"no GPU figure for {task}"}
+            hours[name] = {"cells": len(cells), "default": None, "best": None, "why": f"no GPU figure for {task}"}
             continue
-        hours[name] = {"cells": len(cells), "today": sum(p[0] for p in per), "best": sum(p[1] for p in per)}
-    total = {k: sum(h[k] for h in hours.values() if h[k] is not None) for k in ("today", "best")}
-    return {"specs": hours, **total}
+        hours[name] = {"cells": len(cells), "default": sum(p[0] for p in per), "best": sum(p[1] for p in per)}
+    total = {k: sum(h[k] for h in hours.values() if h[k] is not None) for k in ("default", "best")}
+    unpriced = sorted(name for name, h in hours.items() if h["default"] is None)
+    return {"engine": engine, "specs": hours, **total, "left_out": unpriced}
 
 
 def _lease_log(path: Path) -> dict[str, str]:
@@ -817,9 +835,10 @@ def collect(args) -> None:
                 if e in engines:
                     engines[e].setdefault("crashed", []).append(f"{call}/{section}: {how}")
 
-    eager = engines["eager"]
-    fl_erm = (eager["fl_s_per_epoch"] / eager["erm_s_per_epoch"]) if eager["erm_s_per_epoch"] and \
-        eager["fl_s_per_epoch"] else None
+    # FL's step speed against ERM's (ERM's s/epoch over FL's: 1 is as fast), on the engine a run gets by default
+    default = engines[default_engine(on_cuda)]
+    fl_erm = (default["erm_s_per_epoch"] / default["fl_s_per_epoch"]) if default["erm_s_per_epoch"] and \
+        default["fl_s_per_epoch"] else None
     share_ = sections.get("share", {})
     moon = sections.get("moons", {})
     utk = sections.get("utkface", {}).get("methods", {})
@@ -842,7 +861,7 @@ def collect(args) -> None:
                   "failures_by_message": count_errors(((f"{c}::{n}", m) for c, n, m in failed_tests(junit)),
                                                       "example_test") if junit and junit.exists() else None},
         "diagnose": {k: v for k, v in sections["diagnose"].items() if k != "env"} if "diagnose" in sections else None,
-        "cifar10": {**engines, "fl_erm_ratio": fl_erm,
+        "cifar10": {**engines, "default_engine": default_engine(on_cuda), "fl_erm_speed": fl_erm,
                     "fp32": {k: v.get("epoch_s") for k, v in cif.items() if "/fp32/" in k}},
         "stacked": {k: v.get("images_per_s") for k, v in share_.get("stacked", {}).items()},
         "per_gpu": {k: v.get("images_per_s") for k, v in share_.get("per_gpu", {}).items()},
@@ -856,7 +875,7 @@ def collect(args) -> None:
         "dpo": {"pairs_per_s": dpo_.get("pairs_per_s"), "peak_gb": dpo_.get("peak_mem_gb"),
                 "params": dpo_.get("params"), "max_length": dpo_.get("max_length")},
         "profile": {k: v for k, v in sections["profile"].items() if k != "env"} if "profile" in sections else None,
-        "programme_hours": _programme(sections),
+        "programme_hours": _programme(sections, on_cuda),
         # what a lease's end left unmeasured: whole sections, CIFAR configurations, sweeps
         "not_measured": sorted([k for k, v in sections.items() if v.get("not_measured") is True]
                                + [f"{k} (stopped partway)" for k, v in sections.items() if v.get("partial")]
