@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from flctl.data import Dataset, Normalize
+from flctl.grouped_optim import grouped_optimizer
 from flctl.losses import model_output, per_sample_loss
 from flctl.step import public_tensors, step_inputs
 from flctl.tasks import Task
@@ -148,6 +149,8 @@ class Grouped:
         for m in self.module.modules():
             if isinstance(m, GroupedLinear):
                 m.by_cell = self.by_cell
+        # the cells' optimizer steps as one where their optimizers allow (flctl.grouped_optim), else each its own
+        self.optimizer = grouped_optimizer(cells, self.params)
         self.epoch_losses = side_by_side(cells, "epoch_losses")                           # [K, N]
         # (method, its rows): a block of cells whose methods step as one (stack_methods), or one cell's own method
         self.methods: list[tuple[Method, slice | int | None]] = []
@@ -306,7 +309,8 @@ def group_inputs(group: Grouped, data: Dataset, batches: GroupBatches) -> list[T
     return [*(t for c, b in zip(group.cells, batches.batches) for t in step_inputs(c, data, b)),
             batches.full, batches.last, *batches.full_params.values(), *batches.last_params.values(),
             *group.module.parameters(), *group.module.buffers(), group.epoch_losses,
-            *(t for method, _ in group.methods for _, t in public_tensors(method))]
+            *(t for method, _ in group.methods for _, t in public_tensors(method)),
+            *(group.optimizer.tensors() if group.optimizer is not None else [])]
 
 
 def _own(modules: Sequence[nn.Module], attr: str) -> list[Tensor]:
@@ -333,12 +337,15 @@ def grouped_step(task: Task, group: Grouped, data: Dataset, batches: GroupBatche
         g_rows, ids_rows = (g, ids) if rows is None else (g[rows], ids[rows])
         method.dual_step_(g_rows, ids_rows)
         objectives.append(method.primal_loss(g_rows, ids_rows))
-    for c in cells:
-        c.optimizer.zero_grad(set_to_none=True)
     group.zero_grad()
     # cells share no parameter: each row gets its own objective's gradient
     (objectives[0] if len(objectives) == 1 else torch.stack([o.sum() for o in objectives])).sum().backward()
-    group.hand_out_grads()
-    for c in cells:
-        c.optimizer.step()
+    if group.optimizer is not None:          # every cell's optimizer step as one, on the grouped gradients
+        group.optimizer.step()
+    else:
+        for c in cells:
+            c.optimizer.zero_grad(set_to_none=True)
+        group.hand_out_grads()
+        for c in cells:
+            c.optimizer.step()
     group.epoch_losses.scatter_(1, ids, g.detach())

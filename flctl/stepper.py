@@ -104,6 +104,8 @@ class Stepper:
                 step.check()
         if self.group_batches is not None and not self.group_batches.holds():   # a fill made new buffers: group anew
             self.group = None
+        if self.group is not None and self.group.optimizer is not None:   # the epoch's learning rates, as scheduled
+            self.group.optimizer.refresh()
 
     def begin_epoch(self, c: Cell) -> None:
         """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's

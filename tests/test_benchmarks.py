@@ -331,7 +331,7 @@ def test_collect_merges_the_calls_of_a_lease_and_says_what_failed(tmp_path: Path
     assert got["calls"]["third-call"]["bench_args"] == "--engines eager,compiled"
     assert got["two_moons_1000_cells_s"] is None          # 7 of 9 cells failed: the seconds price nothing
     assert got["sweep_failures"] == {"moons/stacked": {"ledger": {"completed": 2, "failed": 7}, "errors": moons_errors}}
-    assert got["programme_hours"]["specs"]["two-moons.toml"]["today"] is None
+    assert got["programme_hours"]["specs"]["two-moons.toml"]["default"] is None
     assert got["utkface_s_per_epoch"] == {"erm": 0.39, "rfl": 0.41}
     assert got["not_measured"] == ["cifar/compiled/auto/fl", "moons/one_per_worker", "profile (stopped partway)"]
     assert got["raw"]["utkface"] == "gpu-2026-11-26-h200/second-call/utkface.json"

@@ -177,8 +177,8 @@ def test_a_grouped_cells_tensors_are_views_of_its_row_and_its_checkpoint_its_own
     before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
     from flctl.methods import ERM
 
-    cells = [SimpleNamespace(model=m, method=ERM(6), epoch_losses=torch.zeros(6)) for m in models]
-    group = Grouped(cells)  # type: ignore[arg-type]  # model, method and epoch losses are all it reads
+    cells = [SimpleNamespace(model=m, method=ERM(6), epoch_losses=torch.zeros(6), optimizer=None) for m in models]
+    group = Grouped(cells)  # type: ignore[arg-type]  # model, method, epoch losses and optimizer are all it reads
     for m, state in zip(models, before):
         assert all(torch.equal(v, state[k]) for k, v in m.state_dict().items())      # values kept
     with torch.no_grad():
@@ -321,3 +321,63 @@ def test_the_compiled_engine_trains_close_to_eager_and_is_its_own_run(tmp_path: 
     b = train(compiled, tmp_path / "records", tmp_path / "b")
     assert b.trained_with["engine"] == "compiled"
     assert b.metrics == pytest.approx(a.metrics, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd-momentum", "sgd"])
+def test_grouped_optimizer_steps_each_row_as_the_cells_own_optimizer(kind: str) -> None:
+    """K cells' optimizers (each its own lr and weight decay, momentum for SGD; one cell resuming with state of its
+    own) stepped as one (flctl.grouped_optim) move each cell's parameters and state as torch's optimizer of that
+    cell moves a copy of them, over 5 steps of the same gradients; each cell's state stays a view of its row."""
+    from flctl.cell import build_optimizer
+    from flctl.grouped_optim import grouped_optimizer
+
+    torch.manual_seed(0)
+    k, shapes = 3, [(4, 3), (4,)]
+    hyper = [dict(lr=0.1, weight_decay=0.0, momentum=0.9), dict(lr=0.03, weight_decay=0.01, momentum=0.5),
+             dict(lr=0.2, weight_decay=0.1, momentum=0.0 if kind == "sgd" else 0.7)]
+    if kind == "sgd":
+        hyper = [{**h, "momentum": 0.0} for h in hyper]
+    optimizer = "adamw" if kind == "adamw" else "sgd"
+    leaves = [torch.randn(k, *s, dtype=torch.float64) for s in shapes]
+    own = [[leaf[i] for leaf in leaves] for i in range(k)]              # views of the rows, as Grouped makes them
+    for params in own:
+        for p in params:
+            p.requires_grad_(True)
+    cfgs = [SimpleNamespace(optimizer=optimizer, **h) for h in hyper]
+    cells = [SimpleNamespace(optimizer=build_optimizer(c, params), schedule_per_step=False)  # type: ignore[arg-type]
+             for c, params in zip(cfgs, own)]
+    # the last cell resumes: two steps of its own before the group forms
+    for _ in range(2):
+        for p in own[2]:
+            p.grad = torch.randn_like(p)
+        cells[2].optimizer.step()
+    copies = [[p.detach().clone().requires_grad_(True) for p in params] for params in own]
+    alone = [build_optimizer(c, params) for c, params in zip(cfgs, copies)]  # type: ignore[arg-type]
+    alone[2].load_state_dict(cells[2].optimizer.state_dict())
+    grouped_leaves = [torch.stack([params[j].detach() for params in own]).requires_grad_(True)
+                      for j in range(len(shapes))]
+    for i, params in enumerate(own):
+        for j, p in enumerate(params):
+            p.data = grouped_leaves[j].data[i]
+    group = grouped_optimizer(cells, [(leaf, [params[j] for params in own])  # type: ignore[arg-type]
+                                      for j, leaf in enumerate(grouped_leaves)])
+    assert group is not None
+    for _ in range(5):
+        grads = [torch.randn_like(leaf) for leaf in grouped_leaves]
+        for leaf, g in zip(grouped_leaves, grads):
+            leaf.grad = g
+        group.step()
+        for i, opt in enumerate(alone):
+            for j, p in enumerate(copies[i]):
+                p.grad = grads[j][i].clone()
+            opt.step()
+    for i in range(k):
+        for j in range(len(shapes)):
+            torch.testing.assert_close(grouped_leaves[j][i], copies[i][j], rtol=1e-15, atol=1e-15)
+            state, expected = cells[i].optimizer.state[own[i][j]], alone[i].state[copies[i][j]]
+            for name, value in expected.items():
+                if value is None:
+                    continue
+                torch.testing.assert_close(state[name].to(value.dtype), value, rtol=1e-15, atol=1e-15)
+                if name != "step":
+                    assert state[name].data_ptr() == group.state[name][j][i].data_ptr()  # a view of its row
