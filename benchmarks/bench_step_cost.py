@@ -71,6 +71,10 @@ SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_
             aten.is_nonzero.default, aten.equal.default, aten.item.default,
             aten.repeat_interleave.Tensor, aten._unique2.default, aten.unique_consecutive.default}
 CONFIGS = {"erm": ("erm", 1), "fl": ("fl", 1), "erm_k4": ("erm", 4), "fl_k4": ("fl", 4)}
+# a sweep's small cells, 64 to a worker (two-moons only: 64 ResNets would measure the CPU's memory, not the host)
+MANY = {"erm_k64": ("erm", 64), "fl_k64": ("fl", 64)}
+# two-moons shrunk until its arithmetic is negligible (4 hidden units, batches of 8): the host's own µs of a step
+TINY = dict(options={"hidden": 4, "n_train": 64, "n_test": 8}, batch_size=8)
 
 
 class Count(TorchDispatchMode):
@@ -98,10 +102,11 @@ class Count(TorchDispatchMode):
         return sum(self.ops.values())
 
 
-def build(task: str, method: str, k: int, folder: Path, data_dir: str | None) -> Stepper:
+def build(task: str, method: str, k: int, folder: Path, data_dir: str | None, tiny: bool = False) -> Stepper:
     """K cells of ``task`` (seeds, learning rates and ε differ) in the loop's own stepper, their first epoch begun,
-    set up as on CUDA where flctl lets a CPU do it: fused optimizers, cells of a groupable model grouped."""
-    extra = dict(options={"width": 4}, batch_size=2) if task == "cifar10" else {}
+    set up as on CUDA where flctl lets a CPU do it: fused optimizers, cells of a groupable model grouped. ``tiny``:
+    two-moons at TINY's size."""
+    extra = dict(options={"width": 4}, batch_size=2) if task == "cifar10" else TINY if tiny else {}
     cfgs = [config(task, method, seed=i, epochs=1000, data_dir=data_dir, **extra,
                    lr=config(task, method).lr * (1 + i / 10), **({"eps": 0.5 + i / 100} if method == "fl" else {}))
             for i in range(k)]
@@ -164,9 +169,22 @@ def epoch_syncs(stepper: Stepper) -> int:
     return count.syncs
 
 
+def timed(steppers: dict[str, Stepper], rounds: int, steps: int) -> dict[str, float]:
+    """Median host µs per step of each stepper, rounds alternating them."""
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    for _ in range(rounds):
+        for name, stepper in steppers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(stepper)
+            times[name].append((time.perf_counter() - start) / steps * 1e6)
+    return {name: round(statistics.median(v), 1) for name, v in times.items()}
+
+
 def measure(task: str, rounds: int, steps: int, data_dir: str | None) -> dict:
+    configs = {**CONFIGS, **(MANY if task == "two-moons" else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        steppers = {name: build(task, method, k, Path(tmp) / name, data_dir) for name, (method, k) in CONFIGS.items()}
+        steppers = {name: build(task, method, k, Path(tmp) / name, data_dir) for name, (method, k) in configs.items()}
         ops, syncs, top = {}, {}, {}
         for name, stepper in steppers.items():
             step(stepper)                               # lazily made state (optimizer moments) exists from here on
@@ -174,21 +192,24 @@ def measure(task: str, rounds: int, steps: int, data_dir: str | None) -> dict:
             step(stepper, count)
             ops[name], top[name] = count.total, dict(count.ops.most_common(8))
             syncs[name] = epoch_syncs(stepper)
-        times: dict[str, list[float]] = {name: [] for name in CONFIGS}
-        for _ in range(rounds):
-            for name, stepper in steppers.items():
-                start = time.perf_counter()
-                for _ in range(steps):
-                    step(stepper)
-                times[name].append((time.perf_counter() - start) / steps * 1e6)
-    host_us = {name: round(statistics.median(v), 1) for name, v in times.items()}
-    return {"ops_per_step": ops, "host_us_per_step": host_us, "syncs_per_epoch": syncs,
-            "ratios": {"fl/erm ops": round(ops["fl"] / ops["erm"], 3),
-                       "erm_k4/erm ops": round(ops["erm_k4"] / ops["erm"], 3),
-                       "fl_k4/fl ops": round(ops["fl_k4"] / ops["fl"], 3),
-                       "fl/erm host": round(host_us["fl"] / host_us["erm"], 3),
-                       "erm_k4/erm host": round(host_us["erm_k4"] / host_us["erm"], 3)},
-            "top_ops": top}
+        host_us = timed({name: steppers[name] for name in CONFIGS}, rounds, steps)
+        del steppers
+        out = {"ops_per_step": ops, "host_us_per_step": host_us, "syncs_per_epoch": syncs,
+               "ratios": {"fl/erm ops": round(ops["fl"] / ops["erm"], 3),
+                          "erm_k4/erm ops": round(ops["erm_k4"] / ops["erm"], 3),
+                          "fl_k4/fl ops": round(ops["fl_k4"] / ops["fl"], 3),
+                          "fl/erm host": round(host_us["fl"] / host_us["erm"], 3),
+                          "erm_k4/erm host": round(host_us["erm_k4"] / host_us["erm"], 3)},
+               "top_ops": top}
+        if task == "two-moons":
+            # 64 cells against one at a size whose arithmetic is negligible: what grouping leaves to the host
+            small = {name: build(task, method, k, Path(tmp) / f"tiny-{name}", data_dir, tiny=True)
+                     for name, (method, k) in {"erm": ("erm", 1), "fl": ("fl", 1), **MANY}.items()}
+            tiny_us = timed(small, rounds, steps)
+            out["host_us_per_step_tiny"] = tiny_us
+            out["ratios"].update({f"{name}/{name[:-4]} {what}": round(values[name] / values[name[:-4]], 3)
+                                  for name in MANY for what, values in (("ops", ops), ("host tiny", tiny_us))})
+    return out
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:

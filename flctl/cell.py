@@ -174,20 +174,22 @@ class Cell:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the remaining epochs depend on, as host copies (``host_copy``: training goes on while a writer
-        thread saves them, and that thread must never touch the device). Call it while the global RNGs are this
-        cell's (``own_rng``), on the stream the cell trains on."""
-        device = self.device
-        return host_copy({
-            "epoch": self.epoch, "history": list(self.result.history),
+        thread saves them, and that thread must never touch the device). Call it on the stream the cell trains on;
+        its RNG streams are the globals, or those it has put aside (``swap_rng_out``) while others use the globals."""
+        rng = self.rng if self.rng is not None else _get_rng(self.device)
+        state = host_copy({
+            "epoch": self.epoch,
             "model": trainable_state(self.model),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "method": self.method.state_dict(), "torch_rng": torch.get_rng_state(),
+            "method": self.method.state_dict(), "torch_rng": rng["torch"],
             "pruner": None if self.pruner is None else self.pruner.state_dict(), "samples_seen": self.samples_seen,
             # a pruned sample's entry is its last visit's loss, which the epoch statistics still read
             "epoch_losses": self.epoch_losses if self.pruner is not None else None,
-            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            "py_rng": random.getstate(), "np_rng": _numpy_rng_state(),
+            "cuda_rng": rng["cuda"], "py_rng": rng["py"], "np_rng": _numpy_rng_state(rng["np"]),
         })
+        # plain numbers, appended to and never changed: a copy of the list, not a walk over every epoch's entry
+        state["history"] = list(self.result.history)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the state ``state_dict`` returned (or a checkpoint file of any flctl release) comes back, the RNG
@@ -355,9 +357,10 @@ class _KeepsError:
         self.f.flush()
 
 
-def _numpy_rng_state() -> tuple:
-    """numpy's global RNG state with its key array as a tensor, which a weights_only load accepts."""
-    name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))
+def _numpy_rng_state(state: tuple) -> tuple:
+    """numpy's RNG ``state`` (np.random.get_state's) with its key array as a tensor, which a weights_only load
+    accepts."""
+    name, keys, pos, has_gauss, cached = state
     return name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached
 
 
