@@ -15,15 +15,24 @@ Three measurements, printed side by side:
    checkpoints, per-epoch numbers: _end_epoch minus its evals), target <= 10 %; and how much longer the whole
    loop takes than the plain script's loop doing the same steps and evals.
 
-    python benchmarks/bench_sweep.py                       # all three, ~5 min on 2 cores
+4. small: a sweep of small cells against one of them: the 100-cell two-moons grid (`-m fl --lr 1e-4..1e-2:10
+   --dual-lr 1e-3..1:10`) through one `flctl sweep --wait` against one `flctl run two-moons --method fl`, each in a
+   fresh results folder, alternated, medians of --repeats; target: the grid within 4x the one cell. With --before REV
+   the same commands of commit REV (a worktree of it, its flctl on PYTHONPATH) are timed in the same rounds. Writes
+   benchmarks/results/sweep-small-<date>-cpu.json.
+
+    python benchmarks/bench_sweep.py                       # grid, process, loop: ~5 min on 2 cores
     python benchmarks/bench_sweep.py process loop --repeats 5
+    python benchmarks/bench_sweep.py small --repeats 3 --before 4402814     # ~8 min on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,6 +105,49 @@ def grid() -> dict:
     return {"sequential_runs_s": round(sequential, 1), "sweep_wait_s": round(swept, 1),
             "speedup": round(sequential / swept, 1), "peak_live_workers": peak["procs"],
             "peak_worker_rss_mb": round(peak["rss"] / 2**20)}
+
+
+SMALL_GRID = ["two-moons", "-m", "fl", "--lr", "1e-4..1e-2:10", "--dual-lr", "1e-3..1:10"]
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def small(repeats: int, before: str | None) -> dict:
+    """One `flctl run` and the 100-cell grid through `flctl sweep --wait`, per tree (this checkout; commit
+    ``before``), alternated round by round so that the machine's drift hits all alike."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"now": ROOT}
+        if before:
+            trees["before"] = Path(tmp) / "before"
+            _git("worktree", "add", "--detach", str(trees["before"]), before)
+        try:
+            times: dict[str, dict[str, list[float]]] = {t: {"run_s": [], "sweep_s": []} for t in trees}
+            for r in range(repeats):
+                for name, tree in trees.items():
+                    env = {**os.environ, "PYTHONPATH": str(tree)}
+                    env.pop("FLCTL_DB", None)
+                    for what, args in (("run_s", ["run", "two-moons", "--method", "fl"]),
+                                       ("sweep_s", ["sweep", *SMALL_GRID, "--wait"])):
+                        results = Path(tmp) / f"{name}-{what}-{r}"
+                        start = time.perf_counter()
+                        subprocess.run([*FLCTL, *args, "--results-dir", str(results)], check=True, cwd=tree,
+                                       env=env, capture_output=True)
+                        times[name][what].append(round(time.perf_counter() - start, 2))
+                        shutil.rmtree(results)
+                    print(f"round {r + 1}: {name}: run {times[name]['run_s'][-1]} s, sweep of 100 "
+                          f"{times[name]['sweep_s'][-1]} s", flush=True)
+        finally:
+            if before:
+                _git("worktree", "remove", "--force", str(trees["before"]))
+    out: dict = {"grid": "flctl sweep " + " ".join(SMALL_GRID) + " --wait", "cell": "flctl run two-moons --method fl",
+                 "cells": 100, "repeats": repeats}
+    for name, t in times.items():
+        run, sweep = statistics.median(t["run_s"]), statistics.median(t["sweep_s"])
+        out[name] = {"commit": _git("describe", "--always", "--dirty", "--abbrev=7") if name == "now" else before,
+                     "run_s": run, "sweep_s": sweep, "ratio": round(sweep / run, 2), "raw": t}
+    return out
 
 
 def process(repeats: int) -> dict:
@@ -183,13 +235,15 @@ def loop(repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="*", help="grid, process, loop (default: all three)")
+    ap.add_argument("sections", nargs="*", help="grid, process, loop (default: all three), small")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--before", metavar="REV", help="small: also time commit REV's flctl, in the same rounds")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="small: where it writes")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.sections = args.sections or ["grid", "process", "loop"]
-    if not set(args.sections) <= {"grid", "process", "loop"}:
-        ap.error(f"unknown section(s) {args.sections}; choose from grid, process, loop")
+    if not set(args.sections) <= {"grid", "process", "loop", "small"}:
+        ap.error(f"unknown section(s) {args.sections}; choose from grid, process, loop, small")
     sys.path.insert(0, str(ROOT))
     out: dict = {"cores": len(os.sched_getaffinity(0))}
     if "grid" in args.sections:
@@ -210,6 +264,16 @@ def main() -> None:
               f"the whole loop "
               f"{lp['flctl_loop_s']} s vs the same training in plain torch {lp['plain_loop_s']} s: "
               f"{100 * lp['vs_plain']:.1f} % more (medians of {args.repeats})")
+    if "small" in args.sections:
+        out["small"] = sm = small(args.repeats, args.before)
+        for name in ("before", "now"):
+            if name in sm:
+                print(f"{name} ({sm[name]['commit']}): 100-cell grid {sm[name]['sweep_s']} s vs one cell "
+                      f"{sm[name]['run_s']} s: {sm[name]['ratio']}x (target <= 4x; medians of {args.repeats})")
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"sweep-small-{datetime.date.today().isoformat()}-cpu.json"
+        path.write_text(json.dumps({"cores": out["cores"], **sm}, indent=1) + "\n")
+        print(f"wrote {path}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -156,13 +156,14 @@ def train_together(
                     for c in active:
                         if c.schedule_per_step:
                             c.scheduler.step()
+                numbers = _epoch_numbers(active)            # one host read for the group's epoch numbers
                 for c in active:
                     with stepper.own(c):
                         c.samples_seen += len(stepper.orders[c.cfg.run_id])
                         if not c.schedule_per_step:
                             c.scheduler.step()
                         _end_epoch(c, task, data, stepper.orders[c.cfg.run_id], records_root, writer, on_epoch,
-                                   checkpoint_every, stop, fence)
+                                   checkpoint_every, stop, fence, numbers[c.cfg.run_id])
                 left = [c for c in active if not c.training]
                 active = [c for c in active if c.training]
                 if left and active and on_done is not None:
@@ -229,19 +230,30 @@ def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]
     return {"extras": str(path)}
 
 
+def _epoch_numbers(cells: list[Cell]) -> dict[str, list[float]]:
+    """Each cell's epoch mean and max loss (and max multiplier), read from the device at once: one host sync per
+    epoch for a group of cells, not one per cell (a GPU waits at each). The max propagates NaN and inf, so it is the
+    finiteness check too (an isfinite pass and three reads cost more than the two-moons step itself)."""
+    parts = []
+    for c in cells:
+        lam = c.method.multipliers
+        parts.append([c.epoch_losses.mean(), c.epoch_losses.amax()] + ([] if lam is None else [lam.amax()]))
+    flat = iter(torch.stack([t for p in parts for t in p]).tolist())
+    return {c.cfg.run_id: [next(flat) for _ in p] for c, p in zip(cells, parts)}
+
+
 def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Path, writer: Writer,
                on_epoch: Callable[[EpochStats], None] | None, checkpoint_every: float,
-               stop: Callable[[], bool] | None, fence: Callable[[str], bool] | None = None) -> None:
-    """After one run's epoch: divergence check, eval and records, checkpoint, report."""
+               stop: Callable[[], bool] | None, fence: Callable[[str], bool] | None,
+               numbers: list[float]) -> None:
+    """After one run's epoch (``numbers``: its mean and max loss and max multiplier, ``_epoch_numbers``):
+    divergence check, eval and records, checkpoint, report."""
     cfg, result, epoch = r.cfg, r.result, r.epoch
     steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
     r.epoch += 1
-    # ---- one host sync for the epoch's numbers; stop on a non-finite loss instead of crashing. The max
-    # propagates NaN and inf, so it is the finiteness check too (an isfinite pass and three reads cost more
-    # than the two-moons step itself). ----
+    # ---- stop on a non-finite loss instead of crashing ----
     lam = r.method.multipliers
-    numbers = [r.epoch_losses.mean(), r.epoch_losses.amax()] + ([] if lam is None else [lam.amax()])
-    avg_loss, max_loss, *max_lam = torch.stack(numbers).tolist()
+    avg_loss, max_loss, *max_lam = numbers
     if not math.isfinite(max_loss):
         first_bad_position = int((~torch.isfinite(r.epoch_losses[order])).nonzero()[0, 0])
         result.status = Status.DIVERGED
@@ -250,7 +262,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
         result.epochs_done = epoch + 1
         return
 
-    stats = {"epoch": epoch + 1, "train_avg_loss": avg_loss, "train_max_loss": max_loss,
+    stats: dict[str, Any] = {"epoch": epoch + 1, "train_avg_loss": avg_loss, "train_max_loss": max_loss,
              "max_multiplier": max_lam[0] if max_lam else None}
     # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
     metrics = None

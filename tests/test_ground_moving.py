@@ -78,7 +78,8 @@ def test_a_wait_on_a_sweep_that_flctl_cancel_stopped_ends_with_one_line_and_130(
     results = tmp_path / "results"
     args = ["--results-dir", str(results)]
     started = subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
-                              "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local", *args],
+                              "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
+                              "--batch-runs", "1", *args],    # a cell a worker: two train, one waits
                              capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     watcher = subprocess.Popen([*FLCTL, "status", "--watch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

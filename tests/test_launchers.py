@@ -189,7 +189,8 @@ def test_the_launchers_doc_section_shows_a_launcher_that_loads() -> None:
 def test_the_dry_runs_cost_counts_the_cells_together_the_launch_gives_its_workers(tmp_path: Path, monkeypatch,
                                                                                 batch_runs) -> None:
     """The cost estimate divides by the cells that train at once on a device: the launch's own choice (automatic on a
-    GPU for a batched task: an even share per worker, at most 8), not --batch-runs alone (1 when not given)."""
+    GPU for a batched task: a worker's share in groups of about equal size, at most 8), not --batch-runs alone (1
+    when not given)."""
     import flctl.launch.backends.local as local
     import flctl.launch.plan as plan_module
     from flctl.db import Store
@@ -209,7 +210,7 @@ def test_the_dry_runs_cost_counts_the_cells_together_the_launch_gives_its_worker
     store.close()
     [(recipe, slots)] = recipes
     assert len(configs) == 40 and len(slots) == 4                          # 2 GPUs x 2 workers each
-    assert recipe.batch_runs == (batch_runs or 8)
+    assert recipe.batch_runs == (batch_runs or 5)                          # 10 cells a worker: 2 groups of 5
     assert estimated == recipe.batch_runs * 2                               # x --per-gpu workers on one GPU
 
 

@@ -157,8 +157,10 @@ def test_killed_worker_cell_is_finished_by_the_survivor_with_identical_records(t
 def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path) -> None:
     # 1000 epochs: a cell is still at about epoch 400 when cancel's signal lands (about 8 ms an epoch here)
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "1000", "--eval-every", "50")
+    # one cell at a time (--batch-runs 1): a resumed cell's records equal its `flctl run` bit for bit (grouped cells
+    # equal it up to float rounding: tests/test_stacked.py)
     args = ("sweep", *cell, "--seed", "0,1,2", "--workers", "2", "--threads", "1", "--executor", "local",
-            "--checkpoint-every", "0.2")
+            "--checkpoint-every", "0.2", "--batch-runs", "1")
     results = tmp_path / "sweep"
     assert flctl(results, *args).returncode == 0
     store = Store.open(f"sqlite:///{results / 'flctl.db'}")

@@ -58,8 +58,9 @@ class LaunchFlags:
     threads: int | None = _flag("torch threads per local worker [OMP_NUM_THREADS if set, else cores // workers].")
     per_gpu: int | None = _flag("Workers sharing one GPU [1].")
     batch_runs: int | None = _flag("Cells a worker trains together in one process, each equal to the cell alone "
-                                   "(one grouped model on CUDA and for small models; others: step by step) [auto: on a GPU for small models an even share, at most "
-                                   f"{AUTO_BATCH_RUNS}; else 1].")
+                                   "(one grouped model on CUDA and for small models; others: step by step) [auto: for "
+                                   "small models an even share, at most "
+                                   f"{AUTO_BATCH_RUNS['cuda']} on a GPU, {AUTO_BATCH_RUNS['cpu']} on a CPU; else 1].")
     checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
                                            f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")
     max_attempts: int | None = _flag(f"Give up on a cell after this many tries [{DEFAULT_MAX_ATTEMPTS}].")
@@ -147,13 +148,16 @@ def cells_together(settings: LaunchSettings, task: str, cells: int, workers: int
 
 
 def batch_runs_for(task: str, cells: int, workers: int, device: str) -> int:
-    """Cells a worker trains together when --batch-runs is not given: on a GPU, for a ``batched`` task, an even
-    share of the cells per worker, at most AUTO_BATCH_RUNS; otherwise 1. On the CPU a small model's step is
-    compute-bound and stacking saves only Python overhead: 25 two-moons cells took 18.4 s with 8 per worker vs
-    16.6 s alone (benchmarks/bench_sweep.py), so the CPU default does not stack. ResNet cells (cifar10, utkface)
-    stack only when asked (--batch-runs K): how many pay on a GPU has not been measured yet."""
+    """Cells a worker trains together when --batch-runs is not given: for a ``batched`` task (a small model), its
+    share of the cells, split into groups of about equal size of at most AUTO_BATCH_RUNS (so 50 cells a worker on a
+    CPU are groups of 13, not 16, 16, 16 and 2); otherwise 1. On a CPU, grouped cells trained 2.2x faster than alone
+    at K = 16 and 2.0x at 64 for two-moons, 1.07x and 0.75x for digits (benchmarks/bench_stacking.py, 2 cores,
+    2026-11-27): 16 is where both still gain. On a GPU 8, as the first leases ran it; 64 to 256 wait for one's
+    measure (benchmarks/bench_gpu.py moons). ResNet cells (cifar10, utkface) stack only when asked (--batch-runs K):
+    4 grouped trained no faster than 1 on an H100."""
     from flctl.tasks import get_task
 
-    if not (device.startswith("cuda") and get_task(task).batched):
+    if not get_task(task).batched:
         return 1
-    return max(1, min(AUTO_BATCH_RUNS, math.ceil(cells / workers)))
+    share = max(1, math.ceil(cells / workers))
+    return math.ceil(share / math.ceil(share / AUTO_BATCH_RUNS["cuda" if device.startswith("cuda") else "cpu"]))
