@@ -202,6 +202,8 @@ def suite(args) -> dict:
     except ImportError:
         pass
     cmd += args.pytest_args
+    if args.small:           # a check of this section on a CPU: one quick test file, in this process's pytest
+        cmd = [c for c in cmd if c not in ("-n", str(args.workers))] + ["-n", "0", "tests/test_methods.py"]
     rc, seconds = run_logged(cmd, args.out / "pytest.log", min(args.timeout, left(args)))
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     failures = []
@@ -465,35 +467,51 @@ def _steady_one(cfg, work: str, seconds: float, images_per_epoch: int) -> dict:
     return steady([cfg], Path(work), seconds, images_per_epoch)
 
 
+# Ways K FL CIFAR-10 cells train together on one GPU (share), each behind the one setting that picks it:
+# grouped: one process, one grouped model (--batch-runs K; engine auto, so captured); compiled-captured: one process,
+# each cell's compiled step captured as a CUDA graph, replayed in turn (--engine compiled-captured); processes: K
+# processes of one cell (--per-gpu K), through NVIDIA MPS where the machine runs its daemon (``mps`` says).
+TOGETHER = {"grouped": {}, "compiled-captured": {"engine": "compiled-captured"}, "processes": {}}
+# (way, K) in the order a lease cut short still answers most: K = 4 of each first, then 8, then 2
+TOGETHER_PLAN = [("grouped", 1), ("grouped", 4), ("processes", 4), ("compiled-captured", 1),
+                 ("compiled-captured", 4), ("grouped", 8), ("processes", 8), ("compiled-captured", 8),
+                 ("grouped", 2), ("processes", 2), ("compiled-captured", 2)]
+
+
 def share(args) -> dict:
-    """Steady-state images/s of FL CIFAR-10 cells on one GPU, at least 20 s of training per configuration: K cells
-    grouped in one process (K = 1, 2, 4, 8) against K processes of one cell each (K = 2, 4, 8). Process start-up,
-    data, warm-up and capture are outside the timed window (``steady``)."""
+    """Steady-state images/s of K FL CIFAR-10 cells on one GPU, K = 1, 2, 4, 8, each way of TOGETHER, over a window
+    of steady training per configuration; process start-up, data, warm-up, capture and compilation are outside it
+    (``steady``). Written under ``together``: {way: {K: row}}."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    data = cifar_data(args)
-    per_batch, seconds = cifar_per_batch(args), 2.0 if args.small else 20.0
-    out: dict = {"seconds_each": seconds, "images_train": 5 * per_batch, "stacked": {}, "per_gpu": {}}
+    from flctl.launch.backends.local import mps_daemon
 
-    def cfgs(k: int) -> list:
+    data = cifar_data(args)
+    per_batch, seconds = cifar_per_batch(args), 2.0 if args.small else 8.0
+    out: dict = {"seconds_each": seconds, "images_train": 5 * per_batch, "mps": mps_daemon(),
+                 "together": {way: {} for way in TOGETHER}}
+    ways = [(w, k) for w, k in TOGETHER_PLAN if cuda(args.device) or w != "compiled-captured"]   # graphs: CUDA only
+    if args.small:                # a check of the section: each way once, with two cells
+        ways = [(w, k) for w, k in ways if k in (1, 2)]
+
+    def cfgs(way: str, k: int) -> list:
         over = {"options": {"width": 8}} if args.small else {}
         return [config("cifar10", "fl", args.device, seed=i, epochs=100_000, eval_every=100_000, data_dir=str(data),
-                       **over) for i in range(k)]
-    # 4 before 2 and 8, so that a lease cut short still has the comparison that picks a default
-    for way, k in (("stacked", 1), ("stacked", 4), ("per_gpu", 4), ("stacked", 2), ("stacked", 8), ("per_gpu", 2),
-                   ("per_gpu", 8)):
+                       **TOGETHER[way], **over) for i in range(k)]
+    for way, k in ways:
         if left(args) < args.min_left_s + seconds:
-            out[way][str(k)] = {"not_measured": True}
+            out["together"][way][str(k)] = {"not_measured": True, "images_per_s": None}
             continue
         work = args.work / "share" / f"{way}-{k}"
         shutil.rmtree(work, ignore_errors=True)
+        torch._dynamo.reset()
         try:
-            if way == "stacked":
-                row = steady(cfgs(k), work, seconds, 5 * per_batch)
+            if way != "processes":
+                row = steady(cfgs(way, k), work, seconds, 5 * per_batch)
             else:
                 with ProcessPoolExecutor(k, mp_context=get_context("spawn")) as pool:
-                    rows = list(pool.map(_steady_one, cfgs(k), [str(work / str(i)) for i in range(k)],
+                    rows = list(pool.map(_steady_one, cfgs(way, k), [str(work / str(i)) for i in range(k)],
                                          [seconds] * k, [5 * per_batch] * k))
                 starts, ends = [r["window"][0] for r in rows], [r["window"][1] for r in rows]
                 overlap = max(0.0, min(ends) - max(starts)) / max(r["seconds"] for r in rows)
@@ -502,27 +520,37 @@ def share(args) -> dict:
         except Exception as exc:            # one configuration's failure costs only its own figure
             row = {"error": f"{type(exc).__name__}: {exc}"}
         row["images_per_s"] = row.get("images_per_s")
-        out[way][str(k)] = row
+        out["together"][way][str(k)] = row
         print(f"share {way} K={k}: {row.get('images_per_s')} images/s", flush=True)
         args.partial(out)
-    out["per_gpu"]["1"] = out["stacked"]["1"]
+    out["together"]["processes"]["1"] = out["together"]["grouped"].get("1", {"images_per_s": None})
     return out
 
 
+# Ways the 1,000-cell two-moons grid runs on one GPU (moons), fewest processes first: one worker with groups of 250
+# cells, 4 workers of one group each, 8 workers of 125; then the 8 workers of 8 cells the first leases ran.
+MOONS_WAYS = {"one_process": ["--per-gpu", "1", "--batch-runs", "250"],
+              "per_gpu_4": ["--per-gpu", "4", "--batch-runs", "250"],
+              "per_gpu_8": ["--per-gpu", "8", "--batch-runs", "125"],
+              "per_gpu_8_k8": ["--per-gpu", "8", "--batch-runs", "8"]}
+
+
 def moons(args) -> dict:
-    """lr x dual lr x seeds = 10 x 10 x 10 FL cells of two-moons (paper schedule, 250 epochs) through flctl sweep.
-    Stacked: 8 workers, each training its cells 8 at a time (one grouped model); not stacked: 8 workers, one cell
-    each, on the first 100 cells (one seed) where the whole grid would outlast the lease. cells/s from the ledger."""
+    """lr x dual lr x seeds = 10 x 10 x 10 FL cells of two-moons (paper schedule, 250 epochs) through flctl sweep
+    --wait, the whole grid each way of MOONS_WAYS while the budget lasts; cells/s from the ledger. ``--small``: 27
+    cells of 20 epochs, one worker's groups on a CPU (its --per-gpu has no meaning there)."""
     n = 3 if args.small else 10
-    grid = ["two-moons", "-m", "fl", "--lr", f"1e-4..1e-2:{n}", "--dual-lr", f"1e-3..1:{n}"]
+    grid = ["two-moons", "-m", "fl", "--lr", f"1e-4..1e-2:{n}", "--dual-lr", f"1e-3..1:{n}", "--seeds", str(n)]
     over = ["--epochs", "20"] if args.small else []
-    share = ["--per-gpu", "8"] if cuda(args.device) else []
     out = {}
-    for name, s, launch in (("stacked", n, share), ("one_per_worker", 1, share + ["--batch-runs", "1"])):
-        row = flctl_sweep(args, f"moons-{name}", grid + ["--seeds", str(s)] + over, launch, args.timeout)
-        row["cells"] = n * n * s
+    for name, launch in list(MOONS_WAYS.items())[:2 if args.small else None]:
+        if not cuda(args.device):
+            launch = ["--workers", "1", "--batch-runs", launch[-1] if args.small else "16"]
+        row = flctl_sweep(args, f"moons-{name}", grid + over, launch, args.timeout)
+        row["cells"] = n ** 3
         row["cells_per_s"] = row["ledger"].get("completed", 0) / row["seconds"] if row["seconds"] else None
         out[name] = row
+        args.partial(out)
     return out
 
 
@@ -684,8 +712,9 @@ def _programme(sections: dict, on_cuda: bool = True) -> dict:
     cif, utk, moon, share_, dpo_ = (sections.get(k, {}) for k in ("cifar", "utkface", "moons", "share", "dpo"))
     runs = {k: v for k, v in cif.get("runs", {}).items() if "epoch_s" in v}
     engine = default_engine(on_cuda)
-    together = {k: v["images_per_s"] for k, v in share_.get("stacked", {}).items() if v.get("images_per_s")}
-    gain = max(1.0, max(together.values()) / together["1"]) if together.get("1") else 1.0
+    rates = [v["images_per_s"] for way in _together(share_).values() for v in way.values() if v.get("images_per_s")]
+    one = _together(share_).get("grouped", {}).get("1", {}).get("images_per_s")
+    gain = max(1.0, max(rates) / one) if one and rates else 1.0
     hours: dict[str, dict] = {}
 
     def per_cell(task: str, method: str, epochs: int, eval_every: int, model: str | None
@@ -700,12 +729,10 @@ def _programme(sections: dict, on_cuda: bool = True) -> dict:
             h = whole_run_s(utk_m, epochs, eval_every) / 3600 if "first_epoch_s" in utk_m else \
                 epochs * utk_m["epoch_s"] / 3600
             return h, h / gain
-        if task == "two-moons" and _completed(moon.get("stacked", {})):
-            scale = epochs / 250
-            best = scale / moon["stacked"]["cells_per_s"] / 3600
-            alone_row = moon.get("one_per_worker", {})
-            alone = alone_row["cells_per_s"] if _completed(alone_row) else None
-            return (scale / alone / 3600 if alone else best), best
+        done = {name: row["cells_per_s"] for name, row in moon.items() if isinstance(row, dict) and _completed(row)}
+        if task == "two-moons" and done:
+            default = done.get("per_gpu_8_k8", done.get("stacked", max(done.values())))  # what the defaults ran
+            return epochs / 250 / default / 3600, epochs / 250 / max(done.values()) / 3600
         if task == "orca-dpo" and dpo_.get("pairs_per_s"):
             # compute per pair grows with the parameters: the measured ~1B model scaled to the named one
             size = 8.0e9 if "8B" in (model or "") else 3.0e9 if "3b" in (model or "").lower() else 8.0e9
@@ -731,6 +758,14 @@ def _programme(sections: dict, on_cuda: bool = True) -> dict:
     total = {k: sum(h[k] for h in hours.values() if h[k] is not None) for k in ("default", "best")}
     unpriced = sorted(name for name, h in hours.items() if h["default"] is None)
     return {"engine": engine, "specs": hours, **total, "left_out": unpriced}
+
+
+def _together(share_: dict) -> dict[str, dict[str, dict]]:
+    """A share section's figures as {way: {K: row}}: ``together`` (this script), or a lease's from before it
+    (``stacked``: one grouped model; ``per_gpu``: K processes)."""
+    if "together" in share_:
+        return share_["together"]
+    return {"grouped": share_.get("stacked", {}), "processes": share_.get("per_gpu", {})}
 
 
 def _lease_log(path: Path) -> dict[str, str]:
@@ -759,7 +794,8 @@ def _lease_settings(path: Path) -> dict[str, str]:
 
 
 def default_engines(on_cuda: bool) -> str:
-    return "eager,captured,compiled" if on_cuda else "eager,compiled"     # captured replays CUDA graphs
+    """On a GPU the default engine (captured) and its compiled form; eager was measured (3.1x slower on an H100)."""
+    return "captured,compiled-captured" if on_cuda else "eager,compiled"     # captured replays CUDA graphs
 
 
 def collect(args) -> None:
@@ -845,8 +881,10 @@ def collect(args) -> None:
     dpo_ = sections.get("dpo", {})
     suite_ = sections.get("suite", {})
     junit = calls[source["suite"]] / "junit.xml" if "suite" in source else None
-    sweeps = [(f"share/{way}/{k}", row) for way in ("stacked", "per_gpu") for k, row in share_.get(way, {}).items()] \
-        + [(f"moons/{k}", moon[k]) for k in ("stacked", "one_per_worker") if k in moon]
+    together = _together(share_)
+    sweeps = [(f"share/{way}/{k}", row) for way, rows in together.items() for k, row in rows.items()] \
+        + [(f"moons/{k}", row) for k, row in moon.items() if isinstance(row, dict) and "ledger" in row]
+    moons_done = {k: row["seconds"] for k, row in moon.items() if isinstance(row, dict) and _completed(row)}
     if args.commit:
         commit = {**given_commit(args.commit), "commit_from": "collect --commit"}
         in_files = sorted({e.get("commit") or "none" for e in envs})
@@ -863,11 +901,14 @@ def collect(args) -> None:
         "diagnose": {k: v for k, v in sections["diagnose"].items() if k != "env"} if "diagnose" in sections else None,
         "cifar10": {**engines, "default_engine": default_engine(on_cuda), "fl_erm_speed": fl_erm,
                     "fp32": {k: v.get("epoch_s") for k, v in cif.items() if "/fp32/" in k}},
-        "stacked": {k: v.get("images_per_s") for k, v in share_.get("stacked", {}).items()},
-        "per_gpu": {k: v.get("images_per_s") for k, v in share_.get("per_gpu", {}).items()},
+        # images/s of K CIFAR-10 cells on one GPU, by way of training them together (share)
+        "together": {way: {k: v.get("images_per_s") for k, v in rows.items()} for way, rows in together.items()},
+        "mps": share_.get("mps"),
         # the whole grid's seconds only where every cell completed (cells/s below: completed cells per second)
-        "two_moons_1000_cells_s": moon["stacked"]["seconds"] if _completed(moon.get("stacked", {})) else None,
-        "two_moons_cells_per_s": {k: moon[k].get("cells_per_s") for k in ("stacked", "one_per_worker") if k in moon},
+        "two_moons_1000_cells_s": min(moons_done.values()) if moons_done else None,
+        "two_moons_fastest_way": min(moons_done, key=lambda k: moons_done[k]) if moons_done else None,
+        "two_moons_cells_per_s": {k: row.get("cells_per_s") for k, row in moon.items()
+                                  if isinstance(row, dict) and "ledger" in row},
         # sweeps with failed cells: the ledger, and the cells' errors counted by error (None: not brought back)
         "sweep_failures": {name: {"ledger": row.get("ledger"), "errors": row.get("errors")} for name, row in sweeps
                            if row.get("ledger", {}).get("failed")},
@@ -908,7 +949,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--small", action="store_true", help="tiny sizes: checks this script, measures nothing")
     ap.add_argument("--engines", help=f"default: {default_engines(True)} on CUDA; {default_engines(False)} "
                     "elsewhere (captured replays CUDA graphs)")
-    ap.add_argument("--precisions", default="auto,fp32")
+    ap.add_argument("--precisions", default="auto", help="auto (bf16 autocast on CUDA, the default), fp32")
     ap.add_argument("--epochs", type=int, default=4, help="epochs timed per configuration (the first is warm-up)")
     ap.add_argument("--timeout", type=float, default=240, help="seconds allowed to one subprocess")
     ap.add_argument("--budget-s", type=float, help="seconds for all the sections (a lease's device time): a "

@@ -30,9 +30,13 @@ PRECISIONS = ("auto", "fp32")
 DUAL_OPTIMIZERS = ("gd", "nupi")
 # How a cell's step runs (flctl.train): eager; captured, replayed as CUDA graphs (the eager step's kernels, so the
 # same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it);
-# auto, captured where that equals eager on CUDA, else eager (flctl.step.step_engine).
-ENGINES = ("auto", "eager", "captured", "compiled")
+# compiled-captured, the compiled step captured as CUDA graphs (inductor's fused kernels inside the graph: compiled's
+# kernels, part of the identity as compiled is); auto, captured where that equals eager on CUDA, else eager
+# (flctl.step.step_engine).
+ENGINES = ("auto", "eager", "captured", "compiled", "compiled-captured")
 SAME_NUMBERS_ENGINES = ("auto", "eager", "captured")
+CAPTURED_ENGINES = ("captured", "compiled-captured")        # replayed as CUDA graphs: CUDA only, the same batches
+COMPILED_ENGINES = ("compiled", "compiled-captured")        # through torch.compile
 # Where a field's command-line option is listed in `flctl run --help`.
 PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
 # Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
@@ -118,8 +122,8 @@ class RunConfig:
     precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where",
                             choices=PRECISIONS, later=True)
     engine: str = _field("auto", "Step engine: auto (captured on CUDA where it equals eager, else eager), eager, "
-                         "captured (CUDA graphs, CUDA only) or compiled (torch.compile).", "where", choices=ENGINES,
-                         later=True)
+                         "captured (CUDA graphs, CUDA only), compiled (torch.compile) or compiled-captured (the "
+                         "compiled step as CUDA graphs, CUDA only).", "where", choices=ENGINES, later=True)
     eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim", bounds=Bounds(1))
     # The method knobs (flctl.method_info.METHOD_FIELDS): None where the run's method does not read them.
     eps: float | None = _field(None, "Constraint level ε on each sample's loss.", "method", per_cell=True,
@@ -165,6 +169,8 @@ class RunConfig:
                 d.pop(name)
         if d.get("engine") in SAME_NUMBERS_ENGINES:   # how a step runs, not what it computes
             d.pop("engine")
+        elif d.get("engine") == "compiled-captured":   # compiled's kernels, replayed: compiled's numbers
+            d["engine"] = "compiled"
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -405,10 +411,10 @@ def validate(cfg: RunConfig) -> None:
         if (problem := f.choice_problem(getattr(cfg, f.name))) is not None:
             bad(problem)
     engine, device, prune_after = FIELDS["engine"].flag, FIELDS["device"].flag, FIELDS["prune_after"].flag
-    if cfg.engine == "captured" and not cfg.device.startswith("cuda"):
-        bad(f"{engine} captured replays CUDA graphs; it needs {device} cuda (the run's device is {cfg.device!r})")
-    if cfg.engine == "captured" and cfg.prune_after > 0:
-        bad(f"{engine} captured needs the same batches every epoch; pruning changes them (use {engine} eager)")
+    if cfg.engine in CAPTURED_ENGINES and not cfg.device.startswith("cuda"):
+        bad(f"{engine} {cfg.engine} replays CUDA graphs; it needs {device} cuda (the run's device is {cfg.device!r})")
+    if cfg.engine in CAPTURED_ENGINES and cfg.prune_after > 0:
+        bad(f"{engine} {cfg.engine} needs the same batches every epoch; pruning changes them (use {engine} eager)")
     if cfg.prune_after > 0 and "eps" not in used:
         bad(f"{prune_after} prunes samples satisfied at ε; {cfg.method} has no ε (use fl, rfl or cserm)")
     if cfg.dual_optimizer != FIELDS["dual_optimizer"].default and not METHOD_INFO[cfg.method].has_multipliers:

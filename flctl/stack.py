@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
+from flctl.config import COMPILED_ENGINES
 from flctl.data import Dataset, Normalize
 from flctl.grouped_optim import grouped_optimizer
 from flctl.losses import model_output, per_sample_loss
@@ -300,7 +301,7 @@ def groups(task: Task, cells: Sequence[Cell]) -> bool:
     models, where it measured faster; a CPU's arithmetic is not bound by launches). Not for compiled steps (compiled
     per cell) nor micro-batches."""
     c = cells[0]
-    return (c.cfg.engine != "compiled" and c.cfg.micro_batch == 0 and (c.device.type == "cuda" or task.batched)
+    return (c.cfg.engine not in COMPILED_ENGINES and c.cfg.micro_batch == 0 and (c.device.type == "cuda" or task.batched)
             and groupable(c.model))
 
 

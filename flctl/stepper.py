@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from flctl.cell import Cell
+from flctl.config import CAPTURED_ENGINES, COMPILED_ENGINES
 from flctl.data import Dataset, epoch_order
 from flctl.stack import GroupBatches, Grouped, group_inputs, grouped_step, groups
 from flctl.step import (
@@ -49,7 +50,7 @@ class Stepper:
         self.steps: dict[tuple[str, bool], Callable[[], None]] = {}
         self.engine = {c.cfg.run_id: step_engine(c.cfg, task, device) for c in cells}
         for c in cells:
-            objective = compile_objective() if self.engine[c.cfg.run_id] == "compiled" else step_objective
+            objective = compile_objective() if self.engine[c.cfg.run_id] in COMPILED_ENGINES else step_objective
             batches = self.batches[c.cfg.run_id]
             for last in (False, True):
                 self.steps[c.cfg.run_id, last] = self._engine(
@@ -61,7 +62,7 @@ class Stepper:
 
     def _engine(self, c: Cell, step: Callable[[], None], inputs: Callable[[], list[torch.Tensor]]):
         """``step`` as cell ``c``'s engine runs it: as it is, or captured once and replayed."""
-        if self.engine[c.cfg.run_id] != "captured":
+        if self.engine[c.cfg.run_id] not in CAPTURED_ENGINES:
             return step
         assert self.stream is not None      # captured is CUDA only (validated; auto resolves to it on CUDA only)
         return CapturedStep(step, self.stream, inputs, fallback=c.cfg.engine == "auto")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -90,6 +91,39 @@ def test_the_gpu_lease_script_packs_what_it_measured_and_names_what_it_had_no_ti
         assert commit == {"commit": "0000000", "dirty": True, "commit_from": "FLCTL_COMMIT"}
     assert {k: section["cifar"]["env"][k] for k in commit} == commit
     assert "BENCH_ARGS=--small" in machine.replace("\\", "")
+
+
+@pytest.mark.slow    # the lease's whole plan, small, on a CPU: ~90 s
+def test_the_lease_plan_runs_every_section_on_a_cpu_and_collect_reads_it(tmp_path: Path) -> None:
+    """gpu_lease.sh's own plan (its SECTIONS and LEASE_S as a lease runs them), each section at --small's sizes: every
+    section comes back measured, and collect turns the call into the figures the GPU issue asks for (the suite's
+    counts, the ways cells train together, the 1,000-cell grid's seconds, the programme's hours)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SECTIONS", "LEASE_S")}
+    env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+                "RESULTS": str(tmp_path / "call"), "FLCTL_COMMIT": "0000000",
+                "BENCH_ARGS": f"--small --work {tmp_path / 'w'} --engines eager --epochs 3"})  # 1 warm-up, 1 timed, 1 eval
+    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_lease.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(tmp_path / "out" / "gpu-bench.tar.gz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    call = tmp_path / "back" / "call"
+    log = (call / "bench.log").read_text()
+    planned = ["suite", "cifar", "share", "moons", "utkface"]
+    assert re.findall(r"^== (\w+): \d+ s of \d+ s left$", log, re.M) == planned, log
+    for name in planned:
+        section = json.loads((call / f"{name}.json").read_text())
+        assert section["ok"] is True and not section.get("not_measured"), (name, section)
+    results = tmp_path / "results"
+    collected = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "collect", str(call),
+                                "--results", str(results)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert collected.returncode == 0, collected.stderr
+    [summary] = results.glob("gpu-*.json")
+    got = json.loads(summary.read_text())
+    assert got["suite"]["passed"] > 0 and got["suite"]["failed"] == 0
+    assert got["together"]["grouped"]["1"] and got["together"]["grouped"]["2"] and got["together"]["processes"]["2"]
+    assert got["two_moons_1000_cells_s"] is not None and got["two_moons_fastest_way"] in ("one_process", "per_gpu_4")
+    assert got["utkface_s_per_epoch"]["erm"] and got["not_measured"] == []
 
 
 # ------------------------------------------------------------------------------------------------ bench_gpu's parts

@@ -154,3 +154,19 @@ def test_two_stacked_two_moons_cells_on_cuda_equal_each_alone(tmp_path: Path) ->
             if cfg.method == "erm" and column == "multiplier":
                 continue
             np.testing.assert_allclose(x.astype(float), y.astype(float), rtol=1e-4, atol=1e-5, err_msg=cfg.method)
+
+
+def test_the_compiled_captured_engine_replays_what_compiled_computes(tmp_path: Path) -> None:
+    """Candidate (c) of cells at the GPU's pace: the compiled step captured as CUDA graphs. The same kernels as the
+    compiled engine, replayed: records within rtol 1e-5 of compiled's (inductor may pick other kernels for the graph's
+    static addresses; 1e-5 is float32 rounding over two epochs), the same run id."""
+    torch._dynamo.reset()
+    data = str(write_cifar10(tmp_path / "data", per_batch=40))
+    compiled = cells(data, engine="compiled")[0]
+    both = cells(data, engine="compiled-captured")[0]
+    assert both.run_id == compiled.run_id
+    a = train(compiled, tmp_path / "compiled", tmp_path / "a")
+    torch._dynamo.reset()
+    b = train(both, tmp_path / "both", tmp_path / "b")
+    assert (a.trained_with["engine"], b.trained_with["engine"]) == ("compiled", "compiled-captured")
+    assert b.metrics == pytest.approx(a.metrics, rel=1e-5, abs=1e-6)

@@ -263,3 +263,28 @@ def test_cells_on_cuda_n_still_train_together_on_the_workers_one_gpu(tmp_path: P
     Worker(WorkerRecipe(url, str(tmp_path), "s", "local", max_attempts=1, batch_runs=3, sync_study=False))(
         Slot(0, None, cuda="1"))
     assert groups == [["cuda", "cuda", "cuda"]]
+
+
+def test_workers_sharing_a_gpu_are_told_whether_mps_runs(tmp_path: Path, monkeypatch) -> None:
+    """--per-gpu K > 1 on CUDA: the launch says whether the K processes share each GPU through NVIDIA MPS (a daemon's
+    control pipe in CUDA_MPS_PIPE_DIRECTORY) or take turns on it. flctl starts no daemon."""
+    import os
+
+    from flctl.cli.common import gpu_sharing_line
+    from flctl.launch import LaunchFlags, LaunchSettings
+    from flctl.launch.backends.local import mps_daemon
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert mps_daemon() is None
+    two = LaunchSettings.resolve({}, LaunchFlags(per_gpu=2))
+    assert "taking turns on it: no NVIDIA MPS daemon runs here" in (gpu_sharing_line("cuda", two) or "")
+    (tmp_path / "control").write_text("")                  # a file is not the daemon's pipe
+    assert mps_daemon() is None
+    (tmp_path / "control").unlink()
+    os.mkfifo(tmp_path / "control")
+    assert mps_daemon() == str(tmp_path)
+    assert gpu_sharing_line("cuda", two) == f"2 workers share each GPU through NVIDIA MPS (its daemon listens in {tmp_path})"
+    one = LaunchSettings.resolve({}, LaunchFlags())
+    assert gpu_sharing_line("cuda", one) is None and gpu_sharing_line("cpu", two) is None
+    on_slurm = LaunchSettings.resolve({}, LaunchFlags(per_gpu=2, executor="slurm"))
+    assert gpu_sharing_line("cuda", on_slurm) is None      # its jobs run elsewhere: this machine's daemon says nothing

@@ -381,3 +381,18 @@ def test_grouped_optimizer_steps_each_row_as_the_cells_own_optimizer(kind: str) 
                 torch.testing.assert_close(state[name].to(value.dtype), value, rtol=1e-15, atol=1e-15)
                 if name != "step":
                     assert state[name].data_ptr() == group.state[name][j][i].data_ptr()  # a view of its row
+
+
+def test_the_compiled_captured_engine_is_compiled_replayed_and_runs_as_compiled_does() -> None:
+    """--engine compiled-captured (the compiled step captured as CUDA graphs) computes what compiled computes: the same
+    run; it is refused off CUDA as captured is. tests/test_gpu_engine.py holds its records equal to compiled's on a
+    GPU."""
+    from flctl.config import CAPTURED_ENGINES, COMPILED_ENGINES
+    from flctl.errors import ConfigError
+
+    compiled = config("two-moons", "fl", engine="compiled", device="cuda")
+    both = config("two-moons", "fl", engine="compiled-captured", device="cuda")
+    assert both.run_id == compiled.run_id != config("two-moons", "fl", device="cuda").run_id
+    assert "compiled-captured" in CAPTURED_ENGINES and "compiled-captured" in COMPILED_ENGINES
+    with pytest.raises(ConfigError, match="compiled-captured replays CUDA graphs"):
+        config("two-moons", "fl", engine="compiled-captured")

@@ -401,6 +401,17 @@ ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=
 DbOption = Annotated[Optional[str], typer.Option(help=DB_HELP, rich_help_panel=PANELS["where"])]
 
 
+def gpu_sharing_line(device: str, settings) -> str | None:
+    """How the workers of a launch on this machine share a GPU (--per-gpu K > 1 on CUDA): through NVIDIA MPS or by
+    taking turns (flctl.launch.backends.local.gpu_sharing); None otherwise."""
+    launcher = settings.launcher
+    if not device.startswith("cuda") or settings.per_gpu < 2 or not launcher.runs_here or launcher.in_process:
+        return None
+    from flctl.launch.backends.local import gpu_sharing
+
+    return gpu_sharing(settings.per_gpu)
+
+
 def said_launched(launched, sid: str, spec, settings, quiet: bool = False) -> None:
     """What a launch did (flctl.launch.plan.Launched), as `flctl sweep` and `flctl paper` say it; ``quiet`` (each
     --tune trial's launch): only the worker jobs it started."""
@@ -410,6 +421,8 @@ def said_launched(launched, sid: str, spec, settings, quiet: bool = False) -> No
                       "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
                       + f"; {launched.todo} to do"
                       + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+    if not quiet and (sharing := gpu_sharing_line(spec.device, settings)):
+        console.print(sharing)
     if launched.jobs:
         ids = sorted({settings.launcher.job_group(j.job_id) for j in launched.jobs})
         console.print(f"{len(launched.jobs)} worker job(s) through {settings.executor}: "

@@ -19,6 +19,7 @@ from flctl.cli.common import (
     db_url,
     err_console,
     fail,
+    gpu_sharing_line,
     launch_options,
     open_results,
     parse_options,
@@ -94,6 +95,8 @@ def sweep(
     if dry_run:
         _print_plan(sid, planned.spec, planned.configs)
         console.print(f"launch through {safe(settings.launcher.describe())}")
+        if sharing := gpu_sharing_line(planned.spec.device, settings):
+            console.print(sharing)
         console.print(_cost_line(db, results_dir, planned.configs, settings))
         return
 

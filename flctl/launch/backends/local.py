@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,6 +37,26 @@ class Local(SubmititLauncher):
 
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def mps_daemon() -> str | None:
+    """The folder where this machine's NVIDIA MPS control daemon listens (CUDA_MPS_PIPE_DIRECTORY, /tmp/nvidia-mps
+    by default), or None where none runs. Processes sharing a GPU through MPS run their kernels side by side; without
+    it they take turns on it (time-slicing). flctl starts no daemon and changes no GPU setting."""
+    folder = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    try:
+        return str(folder) if stat.S_ISFIFO((folder / "control").stat().st_mode) else None
+    except OSError:
+        return None
+
+
+def gpu_sharing(per_gpu: int) -> str:
+    """How --per-gpu K workers share each GPU here, as a person reads it."""
+    daemon = mps_daemon()
+    if daemon is not None:
+        return f"{per_gpu} workers share each GPU through NVIDIA MPS (its daemon listens in {daemon})"
+    return (f"{per_gpu} workers share each GPU by taking turns on it: no NVIDIA MPS daemon runs here "
+            "(`nvidia-cuda-mps-control -d` starts one; flctl changes no GPU setting)")
 
 
 def cuda_devices() -> list[str]:
