@@ -3,7 +3,7 @@ the records, the model's output, and the per-sample evaluation of a whole split.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,11 +72,20 @@ def model_output(model: torch.nn.Module, x: torch.Tensor, precision: str = "auto
 def evaluate(task: Task, model: torch.nn.Module, split: Split, precision: str = "auto") -> dict[str, np.ndarray]:
     """Per-sample loss and prediction of a whole split in eval mode, ordered by sample id."""
     model.eval()
+    chunk = task.eval_chunk
+    return split_records(task, split, (model_output(model, split.x[start:start + chunk], precision)
+                                       for start in range(0, len(split), chunk)))
+
+
+def split_records(task: Task, split: Split, outputs: Iterable[torch.Tensor]) -> dict[str, np.ndarray]:
+    """A split's per-sample loss, prediction (and confidence, correctness) from the model's ``outputs`` on its
+    samples in order, chunk by chunk: what ``evaluate`` returns, whichever forward made them."""
     kind = LOSS_KINDS[task.kind]
     losses, preds, confidences = [], [], []
-    for start in range(0, len(split), task.eval_chunk):
-        x, y = split.x[start:start + task.eval_chunk], split.y[start:start + task.eval_chunk]
-        out = model_output(model, x, precision)
+    start = 0
+    for out in outputs:
+        y = split.y[start:start + len(out)]
+        start += len(out)
         losses.append(kind.loss(out, y))
         preds.append(kind.prediction(out, y))
         if kind.confidence is not None:

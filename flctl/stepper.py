@@ -15,7 +15,7 @@ import torch
 from flctl.cell import Cell
 from flctl.config import CAPTURED_ENGINES, COMPILED_ENGINES
 from flctl.data import Dataset, epoch_order
-from flctl.stack import GroupBatches, Grouped, group_inputs, grouped_step, groups
+from flctl.stack import GroupBatches, Grouped, evaluate_together, group_inputs, grouped_step, groups
 from flctl.step import (
     CapturedStep,
     EpochBatches,
@@ -59,6 +59,7 @@ class Stepper:
         self.group: Grouped | None = None                  # the grouped model of the cells stepping now, and its steps
         self.group_steps: dict[bool, Callable[[], None]] = {}
         self.group_batches: GroupBatches | None = None
+        self.active: list[Cell] = []                         # the cells of the last step
 
     def _engine(self, c: Cell, step: Callable[[], None], inputs: Callable[[], list[torch.Tensor]]):
         """``step`` as cell ``c``'s engine runs it: as it is, or captured once and replayed."""
@@ -127,10 +128,23 @@ class Stepper:
             generator = torch.Generator(device=c.device).manual_seed(c.cfg.seed * 7919 + c.epoch)
         self.batches[c.cfg.run_id].fill(order, self.task.augment, generator)
 
+    def evaluations(self, cells: list[Cell]) -> dict[str, tuple[dict, dict]]:
+        """The train and test evaluations of ``cells`` (those due this epoch), through one grouped forward when they
+        step as a group now (flctl.stack.evaluate_together); {} otherwise (each cell evaluates alone)."""
+        group = self.group
+        if not cells or group is None or not self.grouping or group.given != self.active:
+            return {}
+        split = {name: evaluate_together(self.task, group, getattr(self.data, name), cells[0].cfg.precision)
+                 for name in ("train", "test")}
+        wanted = {c.cfg.run_id for c in cells}
+        return {c.cfg.run_id: (split["train"][i], split["test"][i]) for i, c in enumerate(group.cells)
+                if c.cfg.run_id in wanted}
+
     def shapes(self, active: list[Cell]) -> list[bool]:   # cells together share batch size and training set
         return self.batches[active[0].cfg.run_id].shapes
 
     def step(self, active: list[Cell], last: bool) -> None:
+        self.active = active
         if self.grouping and len(active) > 1:
             self._group_step(active, last)
             return

@@ -157,13 +157,14 @@ def train_together(
                         if c.schedule_per_step:
                             c.scheduler.step()
                 numbers = _epoch_numbers(active)            # one host read for the group's epoch numbers
+                evals = stepper.evaluations([c for c in active if _evaluates(c, numbers[c.cfg.run_id])])
                 for c in active:
                     with stepper.own(c):
                         c.samples_seen += len(stepper.orders[c.cfg.run_id])
                         if not c.schedule_per_step:
                             c.scheduler.step()
                         _end_epoch(c, task, data, stepper.orders[c.cfg.run_id], records_root, writer, on_epoch,
-                                   checkpoint_every, stop, fence, numbers[c.cfg.run_id])
+                                   checkpoint_every, stop, fence, numbers[c.cfg.run_id], evals.get(c.cfg.run_id))
                 left = [c for c in active if not c.training]
                 active = [c for c in active if c.training]
                 if left and active and on_done is not None:
@@ -242,12 +243,23 @@ def _epoch_numbers(cells: list[Cell]) -> dict[str, list[float]]:
     return {c.cfg.run_id: [next(flat) for _ in p] for c, p in zip(cells, parts)}
 
 
+def _eval_epoch(cfg: RunConfig, done: int) -> bool:
+    """Whether a run evaluates (and writes records) after ``done`` epochs: every eval_every, and at the last."""
+    return done % cfg.eval_every == 0 or done == cfg.epochs
+
+
+def _evaluates(c: Cell, numbers: list[float]) -> bool:
+    """Whether the epoch ending now is one of ``c``'s eval epochs and its loss finite (``_end_epoch`` evaluates)."""
+    return math.isfinite(numbers[1]) and _eval_epoch(c.cfg, c.epoch + 1)
+
+
 def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Path, writer: Writer,
                on_epoch: Callable[[EpochStats], None] | None, checkpoint_every: float,
                stop: Callable[[], bool] | None, fence: Callable[[str], bool] | None,
-               numbers: list[float]) -> None:
-    """After one run's epoch (``numbers``: its mean and max loss and max multiplier, ``_epoch_numbers``):
-    divergence check, eval and records, checkpoint, report."""
+               numbers: list[float], evals: tuple[dict, dict] | None = None) -> None:
+    """After one run's epoch (``numbers``: its mean and max loss and max multiplier, ``_epoch_numbers``; ``evals``:
+    its train and test evaluations where its group made them, ``Stepper.evaluations``): divergence check, eval and
+    records, checkpoint, report."""
     cfg, result, epoch = r.cfg, r.result, r.epoch
     steps_per_epoch = math.ceil(len(data.train) / cfg.batch_size)
     r.epoch += 1
@@ -266,13 +278,14 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
              "max_multiplier": max_lam[0] if max_lam else None}
     # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
     metrics = None
-    if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+    if _eval_epoch(cfg, epoch + 1):
         if not _held(r, fence):
             return
-        train_eval = evaluate(task, r.model, data.train, cfg.precision)
+        train_eval, test_eval = evals or (evaluate(task, r.model, data.train, cfg.precision),
+                                          evaluate(task, r.model, data.test, cfg.precision))
         pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy().copy()   # this epoch's set
         metrics = _summarize_and_record(
-            cfg, task, records_root, epoch + 1, train_eval, evaluate(task, r.model, data.test, cfg.precision),
+            cfg, task, records_root, epoch + 1, train_eval, test_eval,
             None if lam is None else lam.cpu().numpy().copy(), writer,   # a copy: lam moves on while it is written
             pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"))
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
@@ -287,11 +300,12 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     result.history.append(stats)
     result.epochs_done = epoch + 1
 
-    # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch needs
-    # none (the run finishes). A resume redoes the epochs since the checkpoint, identically. ----
+    # ---- checkpoint after the records, by time and when asked to stop; the last epoch needs none (the run
+    # finishes). A resume redoes the epochs since the checkpoint, identically, records included. (Eval epochs no
+    # longer force one: 50 grouped two-moons cells a worker spent a tenth of their time on checkpoints no resume
+    # needed, in runs of seconds.) ----
     stopping = stop is not None and stop()
-    if epoch + 1 < cfg.epochs and (stopping or metrics is not None
-                                   or time.monotonic() - r.last_save >= checkpoint_every):
+    if epoch + 1 < cfg.epochs and (stopping or time.monotonic() - r.last_save >= checkpoint_every):
         if not _held(r, fence):
             return
         writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)     # host copies, after the epoch's steps
