@@ -300,12 +300,11 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     result.history.append(stats)
     result.epochs_done = epoch + 1
 
-    # ---- checkpoint after the records, by time and when asked to stop; the last epoch needs none (the run
-    # finishes). A resume redoes the epochs since the checkpoint, identically, records included. (Eval epochs no
-    # longer force one: 50 grouped two-moons cells a worker spent a tenth of their time on checkpoints no resume
-    # needed, in runs of seconds.) ----
+    # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch needs
+    # none (the run finishes). A resume redoes the epochs since the checkpoint, identically. ----
     stopping = stop is not None and stop()
-    if epoch + 1 < cfg.epochs and (stopping or time.monotonic() - r.last_save >= checkpoint_every):
+    if epoch + 1 < cfg.epochs and (stopping or metrics is not None
+                                   or time.monotonic() - r.last_save >= checkpoint_every):
         if not _held(r, fence):
             return
         writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)     # host copies, after the epoch's steps

@@ -32,7 +32,8 @@ def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_
                                                                                      tmp_path: Path) -> None:
     data = str(write_cifar10(tmp_path / "data", per_batch=4)) if task == "cifar10" else None
     ops, syncs = {}, {}
-    for name, (method, k) in bench.CONFIGS.items():
+    configs = {**bench.CONFIGS, **(bench.MANY if task == "two-moons" else {})}     # a sweep's 64 small cells too
+    for name, (method, k) in configs.items():
         stepper = bench.build(task, method, k, tmp_path / name, data)
         bench.step(stepper)                      # optimizer moments exist from here on
         count = bench.Count(bench.host_scalars(stepper))
@@ -40,10 +41,14 @@ def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_
         ops[name], syncs[name] = count.total, bench.epoch_syncs(stepper)
         if k > 1:
             assert {r["engine"] for r in map(stepper.trained_with, stepper.cells)} == {"grouped"}
-    assert syncs == {name: 0 for name in bench.CONFIGS}, "a step or an epoch's set-up waits for the device"
+    assert syncs == {name: 0 for name in configs}, "a step or an epoch's set-up waits for the device"
     assert ops["fl"] <= 1.15 * ops["erm"], ops
-    # K = 4 grouped: one launch per op of the shared model (CIFAR-10: 1.37x; interleaved, 4x), and one dual step and
-    # objective for the cells of one method (flctl.stack.stack_methods); each cell's optimizer step stays its own
-    # (2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's samples apart, [K, F, B], from
-    # input to output: 1.39x (it was 2.34x with the cells' features side by side and their methods one by one).
-    assert ops["erm_k4"] <= 1.5 * ops["erm"] and ops["fl_k4"] <= 1.5 * ops["fl"], ops
+    # K grouped: one launch per op of the shared model (CIFAR-10 K = 4: 1.26x; interleaved, 4x), one dual step and
+    # objective for the cells of one method (flctl.stack.stack_methods), one optimizer step for all
+    # (flctl.grouped_optim; it was 2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's samples
+    # apart, [K, F, B], from input to output: 1.22x at K = 4 and at K = 64 alike (2.34x at K = 4 with the cells'
+    # features side by side and their methods and optimizers one by one).
+    for many in [name for name in configs if name.endswith(("_k4", "_k64"))]:
+        assert ops[many] <= 1.5 * ops[many.partition("_")[0]], ops
+    if task == "two-moons":
+        assert ops["fl_k64"] == ops["fl_k4"] and ops["erm_k64"] == ops["erm_k4"], ops      # the ops do not grow with K

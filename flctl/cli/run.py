@@ -57,7 +57,7 @@ def run(
     rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
                                         rich_help_panel=PANELS["where"])] = False,
     checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
-                                                    "(and on SIGINT/SIGTERM; 0: every epoch).",
+                                                    "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
                                                     rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
     *,
     fields: dict,

@@ -61,7 +61,7 @@ class LaunchFlags:
                                    "(one grouped model on CUDA and for small models; others: step by step) [auto: for "
                                    "small models an even share, at most "
                                    f"{AUTO_BATCH_RUNS['cuda']} on a GPU, {AUTO_BATCH_RUNS['cpu']} on a CPU; else 1].")
-    checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (and when it is stopped) "
+    checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
                                            f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")
     max_attempts: int | None = _flag(f"Give up on a cell after this many tries [{DEFAULT_MAX_ATTEMPTS}].")
     partition: str | None = _flag("Slurm partition (sbatch --partition).", "slurm")
