@@ -31,12 +31,14 @@ DUAL_OPTIMIZERS = ("gd", "nupi")
 # How a cell's step runs (flctl.train): eager; captured, replayed as CUDA graphs (the eager step's kernels, so the
 # same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it);
 # compiled-captured, the compiled step captured as CUDA graphs (inductor's fused kernels inside the graph: compiled's
-# kernels, part of the identity as compiled is); auto, captured where that equals eager on CUDA, else eager
-# (flctl.step.step_engine).
-ENGINES = ("auto", "eager", "captured", "compiled", "compiled-captured")
-SAME_NUMBERS_ENGINES = ("auto", "eager", "captured")
-CAPTURED_ENGINES = ("captured", "compiled-captured")        # replayed as CUDA graphs: CUDA only, the same batches
+# kernels, part of the identity as compiled is); captured-streams, captured, each cell of a worker's group replaying
+# its graphs on a CUDA stream of its own, side by side (the same kernels: captured's numbers); auto, captured where
+# that equals eager on CUDA, else eager (flctl.step.step_engine).
+ENGINES = ("auto", "eager", "captured", "compiled", "compiled-captured", "captured-streams")
+SAME_NUMBERS_ENGINES = ("auto", "eager", "captured", "captured-streams")
+CAPTURED_ENGINES = ("captured", "compiled-captured", "captured-streams")   # CUDA graphs: CUDA only, the same batches
 COMPILED_ENGINES = ("compiled", "compiled-captured")        # through torch.compile
+ALONE_ENGINES = (*COMPILED_ENGINES, "captured-streams")    # whose cells never run as one grouped model
 # Where a field's command-line option is listed in `flctl run --help`.
 PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
 # Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
@@ -122,8 +124,9 @@ class RunConfig:
     precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where",
                             choices=PRECISIONS, later=True)
     engine: str = _field("auto", "Step engine: auto (captured on CUDA where it equals eager, else eager), eager, "
-                         "captured (CUDA graphs, CUDA only), compiled (torch.compile) or compiled-captured (the "
-                         "compiled step as CUDA graphs, CUDA only).", "where", choices=ENGINES, later=True)
+                         "captured (CUDA graphs, CUDA only), compiled (torch.compile), compiled-captured (the "
+                         "compiled step as CUDA graphs, CUDA only) or captured-streams (captured, each cell of a "
+                         "worker's group on a CUDA stream of its own).", "where", choices=ENGINES, later=True)
     eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim", bounds=Bounds(1))
     # The method knobs (flctl.method_info.METHOD_FIELDS): None where the run's method does not read them.
     eps: float | None = _field(None, "Constraint level ε on each sample's loss.", "method", per_cell=True,
@@ -413,6 +416,9 @@ def validate(cfg: RunConfig) -> None:
     engine, device, prune_after = FIELDS["engine"].flag, FIELDS["device"].flag, FIELDS["prune_after"].flag
     if cfg.engine in CAPTURED_ENGINES and not cfg.device.startswith("cuda"):
         bad(f"{engine} {cfg.engine} replays CUDA graphs; it needs {device} cuda (the run's device is {cfg.device!r})")
+    if cfg.engine == "captured-streams" and cfg.warmup_steps > 0:
+        bad(f"{engine} captured-streams steps each cell on a stream of its own through an epoch; a warm-up moves the "
+            f"learning rate every step (use {engine} captured)")
     if cfg.engine in CAPTURED_ENGINES and cfg.prune_after > 0:
         bad(f"{engine} {cfg.engine} needs the same batches every epoch; pruning changes them (use {engine} eager)")
     if cfg.prune_after > 0 and "eps" not in used:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from flctl.config import COMPILED_ENGINES
+from flctl.config import ALONE_ENGINES
 from flctl.data import Dataset, Normalize, Split
 from flctl.grouped_optim import grouped_optimizer
 from flctl.losses import model_output, per_sample_loss, split_records
@@ -302,7 +302,7 @@ def groups(task: Task, cells: Sequence[Cell]) -> bool:
     models, where it measured faster; a CPU's arithmetic is not bound by launches). Not for compiled steps (compiled
     per cell) nor micro-batches."""
     c = cells[0]
-    return (c.cfg.engine not in COMPILED_ENGINES and c.cfg.micro_batch == 0 and (c.device.type == "cuda" or task.batched)
+    return (c.cfg.engine not in ALONE_ENGINES and c.cfg.micro_batch == 0 and (c.device.type == "cuda" or task.batched)
             and groupable(c.model))
 
 

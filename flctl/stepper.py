@@ -34,6 +34,11 @@ def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
+def cell_stream(device: torch.device) -> torch.cuda.Stream:
+    """A CUDA stream of a cell's own (engine captured-streams), beside its group's."""
+    return torch.cuda.Stream(device)
+
+
 class Stepper:
     """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
     one grouped step for all (flctl.stack); the RNG streams each cell's work runs under, and the group's one CUDA
@@ -49,6 +54,9 @@ class Stepper:
         self.device, self.stream = device, worker_stream(device)
         self.steps: dict[tuple[str, bool], Callable[[], None]] = {}
         self.engine = {c.cfg.run_id: step_engine(c.cfg, task, device) for c in cells}
+        # captured-streams: each cell's steps on a stream of its own, between the epoch's two joins (docs/design.md)
+        self.cell_streams = {c.cfg.run_id: cell_stream(device) for c in cells
+                             if self.engine[c.cfg.run_id] == "captured-streams"}
         for c in cells:
             objective = compile_objective() if self.engine[c.cfg.run_id] in COMPILED_ENGINES else step_objective
             batches = self.batches[c.cfg.run_id]
@@ -66,7 +74,8 @@ class Stepper:
         if self.engine[c.cfg.run_id] not in CAPTURED_ENGINES:
             return step
         assert self.stream is not None      # captured is CUDA only (validated; auto resolves to it on CUDA only)
-        return CapturedStep(step, self.stream, inputs, fallback=c.cfg.engine == "auto")
+        return CapturedStep(step, self.cell_streams.get(c.cfg.run_id, self.stream), inputs,
+                            fallback=c.cfg.engine == "auto")
 
     def trained_with(self, c: Cell) -> dict[str, Any]:
         name = torch.cuda.get_device_name(c.device) if c.device.type == "cuda" else "cpu"
@@ -113,6 +122,7 @@ class Stepper:
             self.group = None
         if self.group is not None and self.group.optimizer is not None:   # the epoch's learning rates, as scheduled
             self.group.optimizer.refresh()
+        self._join_in(active)
 
     def begin_epoch(self, c: Cell) -> None:
         """The epoch's order (seeded by seed and epoch; pruned samples left out) and augmentation, into the cell's
@@ -149,8 +159,31 @@ class Stepper:
             self._group_step(active, last)
             return
         for c in active:
-            with self.own(c):
+            with self.own(c), self._on_own_stream(c):
                 self.steps[c.cfg.run_id, last]()
+        self._join_out(active)
+
+    def _join_in(self, active: list[Cell]) -> None:
+        """The epoch's join in: each cell's own stream after what the group's stream set up for its epoch."""
+        for c in active:
+            if (own := self.cell_streams.get(c.cfg.run_id)) is not None:
+                own.wait_stream(self.stream)  # type: ignore[arg-type]  # a cell stream is made on CUDA only
+
+    def _join_out(self, active: list[Cell]) -> None:
+        """After a round of steps: what the group's stream does next comes after each cell's step."""
+        for c in active:
+            if (own := self.cell_streams.get(c.cfg.run_id)) is not None:
+                self.stream.wait_stream(own)  # type: ignore[union-attr]  # as is the group's stream then
+
+    @contextlib.contextmanager
+    def _on_own_stream(self, c: Cell) -> Iterator[None]:
+        """Run ``c``'s step on its own stream (captured-streams), else where the group's work runs."""
+        own = self.cell_streams.get(c.cfg.run_id)
+        if own is None:
+            yield
+            return
+        with torch.cuda.stream(own):
+            yield
 
     def _group_step(self, active: list[Cell], last: bool) -> None:
         """A grouped step of the active cells (flctl.stack); their group is made anew when one leaves (it keeps its rows)."""

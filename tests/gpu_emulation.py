@@ -69,7 +69,10 @@ class FakeStream:
     waited: dict[str, int] = field(default_factory=dict)
 
     def wait_stream(self, other: FakeStream) -> None:
-        self.waited[other.name] = max(self.waited.get(other.name, 0), other.clock)
+        """Wait for what ``other`` has queued so far, and with it for all ``other`` itself waited for (a CUDA stream
+        waits for an event recorded on the other: everything ordered before that point comes before)."""
+        for name, at in [*other.waited.items(), (other.name, other.clock)]:
+            self.waited[name] = max(self.waited.get(name, 0), at)
 
     def synchronize(self) -> None:           # the host waits: whatever it queues next comes after
         self.recorder.host_synced[self.name] = self.clock

@@ -94,6 +94,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "two-moons", "--engine", "warp"], "unknown engine 'warp'"),
     (["run", "two-moons", "--engine", "captured"], "--engine captured replays CUDA graphs"),
     (["run", "two-moons", "--engine", "compiled-captured"], "--engine compiled-captured replays CUDA graphs"),
+    (["run", "two-moons", "--engine", "captured-streams"], "--engine captured-streams replays CUDA graphs"),
     (["run", "two-moons", "--dual-optimizer", "nupi", "--kp", "-1"], "--kp must be a finite number >= 0"),
     (["run", "two-moons", "--kp", "-1"], "--kp must be a finite number >= 0"),
     (["run", "two-moons", "--dual-optimizer", "nupi", "--nu", "1"], "--nu must be in [0, 1)"),

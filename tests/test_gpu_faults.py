@@ -181,6 +181,51 @@ def test_stacked_image_cells_use_their_tensors_in_stream_order(tmp_path: Path, m
     assert not races, f"{len(races)} unordered cross-stream uses, first: {races[:5]}"
 
 
+@pytest.mark.parametrize("joins", [True, False])
+def test_cells_on_streams_of_their_own_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch,
+                                                                         joins: bool) -> None:
+    """--engine captured-streams (candidate (b) of cells at the GPU's pace): each cell steps on a stream of its own,
+    between the epoch's joins (docs/design.md, "Streams and threads on CUDA"); its records equal the cell alone's bit
+    for bit (the same kernels, its own tensors). A replay runs the step's ops on the stream it was captured on, so
+    an eager stand-in for CapturedStep on that stream shows what the graphs would read. Without the joins the
+    recorder finds the races."""
+    import flctl.stepper
+
+    ran_on: list[str] = []
+
+    class Eager:            # CapturedStep's stand-in: the step, on the stream it was given, as a replay runs it
+        def __init__(self, step, stream, inputs, fallback=False) -> None:
+            self.step, self.stream = step, stream
+
+        def check(self) -> None:
+            pass
+
+        def __call__(self) -> None:
+            ran_on.append(self.stream.name)
+            with torch.cuda.stream(self.stream):
+                self.step()
+
+    monkeypatch.setattr(flctl.stepper, "CapturedStep", Eager)
+    cfgs = [dataclasses.replace(config("two-moons", m, seed=s, epochs=3, eval_every=1), engine="captured-streams")
+            for s, m in enumerate(("fl", "erm"))]
+    with fake_cuda_streams(monkeypatch) as rec:
+        made = iter(range(1000))
+        monkeypatch.setattr(flctl.stepper, "cell_stream", lambda device: rec.new_stream(f"cell{next(made)}"))
+        if not joins:
+            monkeypatch.setattr(Stepper, "_join_in", lambda self, active: None)
+            monkeypatch.setattr(Stepper, "_join_out", lambda self, active: None)
+        results = train_together(cfgs, tmp_path / "records", [tmp_path / "runs" / c.run_id for c in cfgs])
+    assert {"cell0", "cell1"} <= set(ran_on) and {r.trained_with["engine"] for r in results} == {"captured-streams"}
+    if not joins:
+        assert rec.races, "the recorder missed a cell stream reading what the group's stream wrote"
+        return
+    assert not rec.races, f"{len(rec.races)} unordered cross-stream uses, first: {rec.races[:5]}"
+    for cfg, together in zip(cfgs, results):
+        alone = train(dataclasses.replace(cfg, engine="eager"), tmp_path / "alone", tmp_path / "a" / cfg.run_id)
+        assert together.metrics == alone.metrics
+        assert digest(tmp_path / "records", cfg.run_id) == digest(tmp_path / "alone", cfg.run_id)
+
+
 def test_the_stream_recorder_finds_an_unordered_use(monkeypatch) -> None:
     """The recorder itself: a write on one stream read on another is a race until the reader waits for the writer."""
     with fake_cuda_streams(monkeypatch) as rec:

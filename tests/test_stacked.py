@@ -396,3 +396,8 @@ def test_the_compiled_captured_engine_is_compiled_replayed_and_runs_as_compiled_
     assert "compiled-captured" in CAPTURED_ENGINES and "compiled-captured" in COMPILED_ENGINES
     with pytest.raises(ConfigError, match="compiled-captured replays CUDA graphs"):
         config("two-moons", "fl", engine="compiled-captured")
+    # captured-streams: captured's kernels, each cell on a stream of its own (tests/test_gpu_faults.py): eager's run
+    assert config("two-moons", "fl", engine="captured-streams", device="cuda").run_id == \
+        config("two-moons", "fl", device="cuda").run_id
+    with pytest.raises(ConfigError, match="a warm-up moves the learning rate every step"):
+        config("two-moons", "fl", engine="captured-streams", device="cuda", warmup_steps=10)
