@@ -170,3 +170,16 @@ def test_the_compiled_captured_engine_replays_what_compiled_computes(tmp_path: P
     b = train(both, tmp_path / "both", tmp_path / "b")
     assert (a.trained_with["engine"], b.trained_with["engine"]) == ("compiled", "compiled-captured")
     assert b.metrics == pytest.approx(a.metrics, rel=1e-5, abs=1e-6)
+
+
+def test_cells_on_streams_of_their_own_equal_each_alone(tmp_path: Path) -> None:
+    """Candidate (b): four CIFAR-10 cells, each replaying its captured steps on a CUDA stream of its own
+    (--engine captured-streams), equal each cell trained alone bit for bit (deterministic kernels; its own tensors)."""
+    data = str(write_cifar10(tmp_path / "data", per_batch=40))
+    cfgs = cells(data, engine="captured-streams")
+    together = train_together(cfgs, tmp_path / "together", [tmp_path / "t" / c.run_id for c in cfgs])
+    assert {r.trained_with["engine"] for r in together} == {"captured-streams"}
+    for cfg, result in zip(cfgs, together):
+        alone = train(cfg, tmp_path / "alone", tmp_path / "a" / cfg.run_id)
+        assert result.metrics == alone.metrics, cfg.method
+        assert digest(tmp_path / "together", cfg.run_id) == digest(tmp_path / "alone", cfg.run_id), cfg.method
