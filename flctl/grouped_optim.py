@@ -56,11 +56,9 @@ def _fixed(cell: Cell) -> tuple | None:
         if any(group.get(k) != v for k, v in ADAMW_FIXED.items()) or group.get("maximize"):
             return None
         return ("adamw",)
-    if type(opt) is torch.optim.SGD:
-        if any(group.get(k) != v for k, v in SGD_FIXED.items()) or group.get("maximize"):
-            return None
-        return ("sgd", group["momentum"] != 0)
-    return None
+    if any(group.get(k) != v for k, v in SGD_FIXED.items()) or group.get("maximize"):      # SGD
+        return None
+    return ("sgd", group["momentum"] != 0)
 
 
 class GroupedOptimizer:
@@ -96,8 +94,10 @@ class GroupedOptimizer:
             # and the cells' counts in float64 for the bias corrections
             fused = bool(groups[0].get("fused"))
             count_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 and not fused else torch.float32
-            counts = [[float(c.optimizer.state[p].get("step", 0.0)) for p in ps] for c, ps in zip(cells, own_params)]
-            self.steps = torch.tensor(counts, dtype=count_dtype, device=device)
+            # read in one go: a device tensor per parameter read alone would be a host sync each
+            counts = [torch.as_tensor(c.optimizer.state[p].get("step", 0.0), dtype=count_dtype, device=device)
+                      for c, ps in zip(cells, own_params) for p in ps]
+            self.steps = torch.stack(counts).view(k, -1)
             for i, (c, ps) in enumerate(zip(cells, own_params)):
                 for j, p in enumerate(ps):
                     c.optimizer.state[p]["step"] = self.steps[i, j]
@@ -139,6 +139,10 @@ class GroupedOptimizer:
     def step(self) -> None:
         grads = [g if leaf.dim() == r.dim() else g.unflatten(0, (self.k, -1))
                  for leaf, r in zip(self.leaves, self.rows) if (g := leaf.grad) is not None]
+        # A groupable model (flctl.stack.groupable: linear, convolution, BatchNorm, in sequence or a ResNet) uses every
+        # parameter in every step; one without a gradient would pair the others' gradients with the wrong rows.
+        if len(grads) != len(self.rows):
+            raise RuntimeError(f"{len(self.rows) - len(grads)} grouped parameter(s) got no gradient this step")
         if self.kind == ("adamw",):
             self._adamw(grads)
         else:

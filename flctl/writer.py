@@ -56,7 +56,8 @@ class Writer:
             # state was written on, and a CUDA call while the training thread captures a graph breaks the capture.
             raise ValueError(f"checkpoint of run {run_id}: {len(on_device)} tensors are on {on_device[0].device}, "
                              "not in host memory; copy them with flctl.cell.host_copy first")
-        self._let_go(run_id)
+        for done in [r for r, (future, _) in self._checkpoints.items() if r == run_id or future.done()]:
+            self._let_go(done)        # saved copies are freed now: only saves still running hold memory
         saving = [state]      # the job holds the list, not the state: its last reference stays here
         future = self._pool.submit(self._fenced, run_id, _save_held, saving, path)
         self._checkpoints[run_id] = future, saving

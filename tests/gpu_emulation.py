@@ -132,12 +132,20 @@ class StreamRecorder(TorchDispatchMode):
         s = self.current
         self.streams_used.add(s.name)
         written: list[Tensor] = []
+        if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
+            # torch.tensor(...) made from Python data just now (torch's CPU Adam adds such a 1 to its step counts):
+            # memory of a tensor freed earlier begins a new life here, on this stream. (CUDA's caching allocator
+            # hands a block freed on one stream to another only in order; the recorder sees a reused address.)
+            written += [t for t in tree_leaves(args) if isinstance(t, Tensor)]
+            args_checked: tuple = ()
+        else:
+            args_checked = (args, kwargs)
         schema = func._schema
         for i, arg in enumerate(schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(arg.name)
             if arg.alias_info is not None and arg.alias_info.is_write:
                 written += [t for t in tree_leaves(value) if isinstance(t, Tensor)]
-        for t in tree_leaves((args, kwargs)):
+        for t in tree_leaves(args_checked):
             if isinstance(t, Tensor) and (p := storage_of(t)) is not None and p in self.last_write:
                 writer, at = self.last_write[p]
                 if not self._ordered(s, writer, at):
