@@ -136,7 +136,9 @@ def test_pull_workers_never_exceed_w_and_rerun_submits_nothing(tmp_path: Path) -
 def test_killed_worker_cell_is_finished_by_the_survivor_with_identical_records(tmp_path: Path) -> None:
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "400", "--eval-every", "10")
     results = tmp_path / "sweep"
-    args = ("sweep", *cell, "--seed", "0,1,2", "--workers", "2", "--threads", "1", "--executor", "local")
+    # one cell at a time (--batch-runs 1): the finished cell's records equal its `flctl run` bit for bit
+    args = ("sweep", *cell, "--seed", "0,1,2", "--workers", "2", "--threads", "1", "--executor", "local",
+            "--batch-runs", "1")
     assert flctl(results, *args).returncode == 0
     store = Store.open(f"sqlite:///{results / 'flctl.db'}")
     # Wait until a worker has written a few records of its cell, then kill it with SIGKILL (no cleanup).
