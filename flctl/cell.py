@@ -21,7 +21,7 @@ import torch
 
 from flctl.config import RunConfig
 from flctl.data import Dataset
-from flctl.fs import atomic_path
+from flctl.fs import atomic_path, make_below
 from flctl.layout import RunFolder
 from flctl.methods import Method, NuPI, get_method
 from flctl.pruning import Pruner
@@ -136,7 +136,7 @@ class Cell:
     def build(cls, cfg: RunConfig, task: Task, data: Dataset, run_dir: Path, device: torch.device) -> Cell:
         """Model, primal optimizer + schedule and method (which holds the multipliers) of one run; resumed from its
         checkpoint when there is one. Seeds the global RNGs with the run's seed (its model's initialization)."""
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_below(run_dir, 2)       # runs/<id>, never the results folder above
         n_train = len(data.train)
         eps = 0.0 if cfg.eps is None else cfg.eps     # None: a method that reads no ε
 
@@ -185,10 +185,12 @@ class Cell:
             "pruner": None if self.pruner is None else self.pruner.state_dict(), "samples_seen": self.samples_seen,
             # a pruned sample's entry is its last visit's loss, which the epoch statistics still read
             "epoch_losses": self.epoch_losses if self.pruner is not None else None,
-            "cuda_rng": rng["cuda"], "py_rng": rng["py"], "np_rng": _numpy_rng_state(rng["np"]),
+            "cuda_rng": rng["cuda"], "np_rng": _numpy_rng_state(rng["np"]),
         })
-        # plain numbers, appended to and never changed: a copy of the list, not a walk over every epoch's entry
+        # Plain numbers (PLAIN), not walked: the history is appended to and never changed, so a copy of the list;
+        # Python's RNG state is a tuple of 625 ints, which cost a walk a third of a small cell's checkpoint.
         state["history"] = list(self.result.history)
+        state["py_rng"] = rng["py"]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -248,6 +250,10 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# A checkpoint's entries that hold plain Python numbers only: no tensor to copy or look for in them.
+PLAIN = frozenset({"history", "py_rng"})
 
 
 def host_copy(obj: Any) -> Any:
@@ -330,7 +336,7 @@ def atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` whole or not at all (flctl.fs.atomic_path). Written through a file that keeps the first
     OSError: torch's writer reports a failed write as `[enforce fail at inline_container.cc] unexpected pos`,
     which hides the errno that tells a full disk (one line naming the path, the run resumable) from a bug."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, parents=False) as tmp, open(tmp, "wb") as f:
         out = _KeepsError(f)
         try:
             torch.save(obj, cast(IO[bytes], out))     # torch calls write() and flush() only

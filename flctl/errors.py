@@ -13,6 +13,10 @@ class StoreError(RuntimeError):
     """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
 
 
+class DatabaseDeleted(StoreError):
+    """A sweep's SQLite database is no longer there (Store.open without create): the ground moved."""
+
+
 class OlderSchema(StoreError):
     """A command that only reads met a database from an older flctl (`flctl migrate` upgrades it)."""
 

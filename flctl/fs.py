@@ -48,17 +48,27 @@ def guarded(check: Callable[[], None]) -> Iterator[None]:
         raise RuntimeError("a guarded write did not go through flctl.fs.atomic_path: nothing checked it")
 
 
+def make_below(path: Path, levels: int) -> None:
+    """Make the folder ``path`` and the ``levels - 1`` above it where missing, and never one higher up: training
+    makes its folders below the results folder, so a results folder deleted while runs train stays deleted
+    (FileNotFoundError here) instead of coming back, empty, with a run's files in it."""
+    for folder in reversed([path, *path.parents][:levels]):
+        folder.mkdir(exist_ok=True)
+
+
 @contextlib.contextmanager
-def atomic_path(path: Path | str) -> Iterator[Path]:
+def atomic_path(path: Path | str, parents: bool = True) -> Iterator[Path]:
     """A temporary path next to ``path`` to write to. When the block ends normally the file replaces ``path``
     in one rename, so readers (another worker, a report) never see a partial file; when it raises, the temporary
     file is removed and ``path`` is left as it was. The temporary name is hidden and ends in ``.tmp``, so globs
     for finished files (``epoch=*.parquet``, ``*.json``) and Parquet readers skip it; write through an open file
-    where a library would append its own suffix (numpy's savez). A full disk raises ``DiskFull`` naming ``path``."""
+    where a library would append its own suffix (numpy's savez). A full disk raises ``DiskFull`` naming ``path``.
+    ``parents``: make the folders it lacks; a run's files go into its folders as they are (``make_below``)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         if (check := _BEFORE_REPLACE.get()) is not None:
             check()

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flctl.errors import ConfigError
-from flctl.fs import atomic_path
+from flctl.fs import atomic_path, make_below
 from flctl.layout import records_of
 from flctl.status import Status
 
@@ -77,7 +77,7 @@ def split_table(
     return pa.table(
         {
             "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([run_id])),
-            "split": pa.array([split] * n, pa.string()),
+            "split": pa.repeat(pa.scalar(split, pa.string()), n),   # (a list of n strings took 90 % of this)
             "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
             "sample_id": pa.array(np.arange(n, dtype=np.int64)),
             "loss": pa.array(np.asarray(loss, dtype=np.float64)),
@@ -103,19 +103,19 @@ def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table])
     whose folder already holds files of earlier epochs but no checksums (it began before flctl kept them, and
     resumed) gets none: one unlisted file would fail the check, so it stays unverified as a whole."""
     folder = records_of(root, run_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_below(folder, 2)              # records/run_id=<id>, never the results folder above
     final = folder / f"epoch={epoch:05d}.parquet"
     sink = pa.BufferOutputStream()
     pq.write_table(pa.concat_tables(tables), sink)
     data = sink.getvalue()
     listed = _checksums_to_extend(folder, epoch)
-    with atomic_path(final) as tmp:
+    with atomic_path(final, parents=False) as tmp:
         with open(tmp, "wb") as f:
             f.write(memoryview(data))
     if listed is not None:
         listed[final.name] = {"sha256": hashlib.sha256(memoryview(data)).hexdigest(), "bytes": data.size}
         body = {"format": CHECKSUMS_FORMAT, "algorithm": "sha256", "files": dict(sorted(listed.items()))}
-        with atomic_path(folder / CHECKSUMS) as tmp:
+        with atomic_path(folder / CHECKSUMS, parents=False) as tmp:
             tmp.write_text(json.dumps(body, indent=1) + "\n")
     return final
 

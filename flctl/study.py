@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, RunConfig
-from flctl.db import SCHEMA_LOCK, normalize_url
+from flctl.db import SCHEMA_LOCK, existing_url
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.status import REPORTABLE, TERMINAL, TO_DO, Status
@@ -98,7 +98,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
     space = varying(configs) or {"seed": [configs[0].seed]}
     # Its own engine, disposed at the end: a worker of the debug executor syncs inside a process that lives on (the
     # Python API, `flctl sweep --executor debug`), and a connection left open there keeps SQLite's -wal file.
-    storage = optuna.storages.RDBStorage(normalize_url(url))
+    storage = optuna.storages.RDBStorage(existing_url(url))
     try:
         study = optuna.create_study(storage=storage, study_name=f"flctl-{sweep_id}", load_if_exists=True,
                                     direction=_direction(direction),
@@ -160,7 +160,7 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists = search_space(spec)
     with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
-        study = optuna.create_study(storage=normalize_url(url), study_name=f"flctl-{sweep_id}",
+        study = optuna.create_study(storage=existing_url(url), study_name=f"flctl-{sweep_id}",
                                     load_if_exists=True, direction=_direction(direction),
                                     sampler=optuna.samplers.TPESampler(**TPE_SETTINGS))
     study.set_user_attr("objective", objective)

@@ -35,7 +35,7 @@ import torch
 from flctl import records
 from flctl.cell import Cell, RunResult, atomic_save, host_copy, trainable_state
 from flctl.config import RunConfig
-from flctl.fs import atomic_path
+from flctl.fs import atomic_path, make_below
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
@@ -77,7 +77,11 @@ def train(
     (0: every epoch; by time, so that a short epoch does not pay for a write of the whole state), after every eval
     epoch (so a resume never redoes recorded work twice over), and when
     ``stop()`` turns true: the run then ends at that epoch boundary with status "stopped", ready to resume.
+    The folders above ``run_dir`` and ``records_root`` are made here where missing (``train_together``, a worker's,
+    makes none above a results folder, which may have been deleted meanwhile).
     """
+    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
+    Path(records_root).parent.mkdir(parents=True, exist_ok=True)
     return train_together([cfg], records_root, [run_dir], on_epoch, checkpoint_every=checkpoint_every,
                           stop=stop)[0]
 
@@ -226,7 +230,7 @@ def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]
     if not extras:
         return {}
     path = RunFolder(run_dir).extras
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, parents=False) as tmp, open(tmp, "wb") as f:
         np.savez(f, **extras)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle
     return {"extras": str(path)}
 
@@ -347,7 +351,7 @@ def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: P
     sol: Solution = task.solve(cfg, data)
     if fence is not None and not fence(cfg.run_id):
         return RunResult(cfg.run_id, Status.LOST, 0, {}, [])
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_below(run_dir, 2)
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, Status.COMPLETED, 1, metrics, [{"epoch": 1, "metrics": metrics}])
     result.artifacts.update(_save_extras(run_dir, sol.extras))

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from flctl.cell import atomic_save, device_tensors
+from flctl.cell import PLAIN, atomic_save, device_tensors
 from flctl.errors import ClaimLost
 from flctl.fs import guarded
 
@@ -51,7 +51,7 @@ class Writer:
 
     def checkpoint(self, run_id: str, state: dict[str, Any], path: Path) -> None:
         """Save ``state`` (host tensors only: Cell.state_dict) at ``path`` once the writes before it are done."""
-        if on_device := device_tensors({k: v for k, v in state.items() if k != "history"}):   # (plain numbers)
+        if on_device := device_tensors({k: v for k, v in state.items() if k not in PLAIN}):
             # The writer thread must never touch the device: its copy would run on another stream than the one the
             # state was written on, and a CUDA call while the training thread captures a graph breaks the capture.
             raise ValueError(f"checkpoint of run {run_id}: {len(on_device)} tensors are on {on_device[0].device}, "

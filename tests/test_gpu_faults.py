@@ -422,6 +422,7 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
     task_file.write_text(POISONED_TASK)
     api.use_tasks(task_file)
     root = tmp_path / "results"
+    root.mkdir()                    # a worker's results folder is there: training makes none above its runs
     store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
     for works, status in ((True, "failed"), (False, "queued")):
         (tmp_path / "poison").touch()

@@ -3,8 +3,8 @@
 from flctl.db.liveness import HEARTBEAT_S, STALE_AFTER_S, check_stale_after
 from flctl.db.queue import RunQueue
 from flctl.db.schema import RunRecord
-from flctl.db.store import Store, normalize_url
+from flctl.db.store import Store, existing_url, normalize_url, not_the_one
 from flctl.db.upgrade import SCHEMA_LOCK
 
 __all__ = ["HEARTBEAT_S", "SCHEMA_LOCK", "STALE_AFTER_S", "RunQueue", "RunRecord", "Store", "check_stale_after",
-           "normalize_url"]
+           "existing_url", "normalize_url", "not_the_one"]

@@ -68,13 +68,21 @@ class RunQueue:
             return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return self.write(fn)
 
+    def held(self, tokens: dict[str, str]) -> set[str]:
+        """The runs of ``tokens`` (run id -> claim token) whose claims still hold them: ``holds`` for a group of
+        cells in one query."""
+        if not tokens:
+            return set()
+        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
+            rows = conn.execute(select(Run.id, Run.claim_token).where(Run.id.in_(list(tokens)),
+                                                                      Run.status == Status.RUNNING))
+            return {run_id for run_id, token in rows if token == tokens[run_id]}
+
     def holds(self, run_id: str, token: str) -> bool:
         """Whether the claim with ``token`` still holds the run (it is running under that claim). A read that takes
         no write lock: training asks it before its writes, and a preemption handler interrupting it on the same
         thread (submitit's checkpoint, which hands the run back) must not wait for a lock its own thread holds."""
-        with self.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
-            return conn.scalar(select(func.count()).select_from(Run).where(
-                Run.id == run_id, Run.status == Status.RUNNING, Run.claim_token == token)) == 1
+        return run_id in self.held({run_id: token})
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None,

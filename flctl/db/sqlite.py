@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
     from flctl.db.store import Store
 
 
@@ -101,6 +103,34 @@ def _idle_wal_lock(path: Path) -> int | None:
         pass
     os.close(fd)
     return None
+
+
+def never_made_again(url: URL, create: bool = True) -> URL:
+    """``url`` (a SQLite file, writable) such that no connection ever creates the file: SQLite makes an empty
+    database wherever none is, so a connection opened after the file was deleted (a worker's heartbeat, its fence,
+    a pool's new connection) would put an empty one in its place, and the deletion would read as a replacement
+    (flctl.db.store.moved). The file is made here, once, as the store opens, as SQLite would have made it then;
+    not even then without ``create`` (a worker joining a sweep: its database exists, or it was deleted)."""
+    from urllib.parse import quote
+
+    if not url.database or url.database == ":memory:" or url.query.get("uri"):
+        return url
+    path = Path(url.database).resolve()
+    if not path.exists():
+        if not create:
+            raise FileNotFoundError(f"the database {path} was deleted")
+        sqlite3.connect(path).close()
+    return url.set(database=f"file:{quote(str(path))}", query={**url.query, "mode": "rw", "uri": "true"})
+
+
+def file_of(url: URL) -> str | None:
+    """The file path of a SQLite ``url`` (one ``never_made_again`` wrote as a ``file:`` URI too); None for memory."""
+    from urllib.parse import unquote
+
+    database = url.database
+    if database and url.query.get("uri") and database.startswith("file:"):
+        database = unquote(database.removeprefix("file:"))
+    return None if not database or database == ":memory:" else database
 
 
 def _readonly_sqlite(path: Path, immutable: bool = False) -> Callable[[], sqlite3.Connection]:

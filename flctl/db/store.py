@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, func, select, update
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -32,10 +32,12 @@ from flctl.db.sqlite import (
     _sqlite_begin_readonly,
     _sqlite_pragmas,
     _sqlite_pragmas_readonly,
+    file_of,
+    never_made_again,
     use_wal,
 )
 from flctl.db.upgrade import check_schema
-from flctl.errors import ConfigError, StoreError
+from flctl.errors import ConfigError, DatabaseDeleted, StoreError
 from flctl.status import Status
 from flctl.text import redact, shown
 
@@ -52,6 +54,26 @@ def normalize_url(url: str) -> str:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
+
+
+def existing_url(url: str) -> str:
+    """``url`` for a library that opens flctl's database with an engine of its own (Optuna): normalized, and for a
+    SQLite file such that it never makes the file (flctl.db.sqlite.never_made_again), which must exist already: an
+    Optuna sync after the database was deleted would otherwise leave an empty one in its place."""
+    url = normalize_url(url)
+    parsed = make_url(url)
+    return _writable_sqlite(parsed, create=False) if parsed.get_backend_name() == "sqlite" else url
+
+
+def _writable_sqlite(parsed: URL, create: bool) -> str:
+    """The URL a writable SQLite store connects with (flctl.db.sqlite.never_made_again), as a string."""
+    try:
+        return never_made_again(parsed, create).render_as_string(hide_password=False)
+    except FileNotFoundError as exc:
+        raise DatabaseDeleted(str(exc)) from None
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open database {parsed.render_as_string()}: {exc} "
+                         "(check --db / FLCTL_DB and that its folder exists)") from None
 
 
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
@@ -92,6 +114,15 @@ def moved(store: Store) -> str | None:
     return None if (st.st_dev, st.st_ino) == identity else f"the database {path} was replaced by another file"
 
 
+def not_the_one(store: Store, inode: int | None) -> str | None:
+    """Why ``store`` (just opened) is not the SQLite file whose inode was ``inode`` when the sweep launched: a
+    worker that starts after its database was replaced must not claim cells in the replacement. The inode alone: a
+    shared file system gives another device number on each node."""
+    if inode is None or store.file is None or store.file[1][1] == inode:
+        return None
+    return f"the database {store.file[0]} was replaced by another file"
+
+
 class Store:
     """A handle on the run database. ``Store.open(url)`` checks it is reachable and of our schema."""
 
@@ -102,12 +133,13 @@ class Store:
         self.file: tuple[Path, tuple[int, int]] | None = None      # a SQLite file: its path, (device, inode)
 
     @classmethod
-    def open(cls, url: str, *, readonly: bool = False) -> Store:
+    def open(cls, url: str, *, readonly: bool = False, create: bool = True) -> Store:
         """Open (creating or upgrading as needed) the run database at ``url``. ``readonly``: for commands that
         only read (reports, listings): nothing is created, upgraded or written, and no file is added beside the
         database; SQLite opens the file read-only (see _readonly_sqlite; immutable when its folder cannot take the
         lock files), PostgreSQL in read-only transactions. A SQLite file is put in WAL mode only once its schema
-        is known to be flctl's (or it is new): a foreign database is left as it was."""
+        is known to be flctl's (or it is new): a foreign database is left as it was. Without ``create``, a SQLite
+        file that is not there is StoreError (a sweep's worker: the database it was started for was deleted)."""
         _check_environment()
         url = normalize_url(url)
         try:
@@ -121,6 +153,8 @@ class Store:
         if readonly and sqlite and parsed.database:
             path = Path(parsed.database).resolve()
             attempts = [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
+        elif sqlite:
+            attempts = [_writable_sqlite(parsed, create)]
         store = None
         for target in attempts[:-1]:
             try:
@@ -243,11 +277,11 @@ class Store:
             return
         import fcntl
 
-        path = Path(url.database or "")
-        if not url.database or url.database == ":memory:":
+        if (database := file_of(url)) is None:
             with _MEMORY_LOCK:
                 yield
             return
+        path = Path(database)
         with open(path.with_name(f"{path.name}.{name}.lock"), "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield

@@ -30,8 +30,16 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
 from flctl.config import RunConfig
-from flctl.db import STALE_AFTER_S, RunQueue, Store
-from flctl.errors import DEVICE_LOST_EXIT, ConfigError, DeviceLost, DiskFull, GroundMoved, is_fatal_device_error
+from flctl.db import STALE_AFTER_S, RunQueue, Store, not_the_one
+from flctl.errors import (
+    DEVICE_LOST_EXIT,
+    ConfigError,
+    DatabaseDeleted,
+    DeviceLost,
+    DiskFull,
+    GroundMoved,
+    is_fatal_device_error,
+)
 from flctl.launch.backends import Launcher, Slot, get_launcher
 from flctl.launch.jobs import registered
 from flctl.launch.settings import LaunchSettings
@@ -75,6 +83,7 @@ class WorkerRecipe:
     sync_study: bool = True
     plugins: tuple[str, ...] = field(default_factory=lambda: tuple(flctl.plugins.paths()))
     losses_in_a_row: int = 0                    # workers before this one that lost their device with no cell done
+    db_inode: int | None = None                 # the SQLite file's, at launch (flctl.db.store.not_the_one)
 
     @property
     def launcher(self) -> Launcher:
@@ -109,7 +118,18 @@ class Worker(submitit.helpers.Checkpointable):
 
     def _work(self) -> dict[str, str]:
         r = self.recipe
-        store = Store.open(r.db_url)
+        try:
+            # not create: a worker that starts after its sweep's database was deleted must not make an empty one
+            store = Store.open(r.db_url, create=False)
+        except DatabaseDeleted as exc:
+            print(f"flctl worker: {exc}; this worker stops and writes no more", file=sys.stderr)
+            self.ground_moved = str(exc)
+            return {}
+        if (replaced := not_the_one(store, r.db_inode)) is not None:
+            store.close()
+            print(f"flctl worker: {replaced}; this worker stops and writes no more", file=sys.stderr)
+            self.ground_moved = replaced
+            return {}
         layout = Layout(Path(r.results_root))
         job_id, git_sha = _job_id(), git_revision()
         outcome: dict[str, str] = {}
@@ -235,7 +255,7 @@ class Worker(submitit.helpers.Checkpointable):
             raise DeviceLost(message)
 
     def _cells_left(self) -> bool:
-        store = Store.open(self.recipe.db_url)
+        store = Store.open(self.recipe.db_url, create=False)
         try:
             return RunQueue(store).has_to_do(self.recipe.sweep_id, max_attempts=self.recipe.max_attempts)
         finally:
@@ -255,7 +275,7 @@ class Worker(submitit.helpers.Checkpointable):
         # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
         # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
         if self.current:
-            store = Store.open(self.recipe.db_url)
+            store = Store.open(self.recipe.db_url, create=False)
             try:
                 for run_id, token in self.current.items():
                     RunQueue(store).requeue(run_id, token, "preempted or timed out; job requeued")
