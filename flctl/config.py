@@ -293,6 +293,8 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     task_name, task_options, option_ranges = task.name, task.options, task.option_ranges
     supported_methods = task.supported_methods
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if method not in METHOD_INFO and method.lower() in METHOD_INFO:    # FL, as the paper writes it, is fl
+        method = method.lower()
     if method not in METHOD_INFO:
         raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHOD_INFO)}")
     if method not in supported_methods:

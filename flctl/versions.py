@@ -72,18 +72,49 @@ def _minor(version: str, major: int) -> int | None:
     return int(m.group(2)) if m and int(m.group(1)) == major else None
 
 
+def _built(distribution: str) -> str | None:
+    """The version ``distribution`` (torch, torchvision) was built as, with its local label (2.13.0+cpu, 0.28.0+cu128):
+    its ``version.py``'s ``__version__``, read as text (no import). The metadata's version lacks the label where the
+    wheel came from PyPI, whose Linux wheels are CUDA builds: a torchvision from PyPI beside a CPU torch reads 0.28.0
+    there and 0.28.0+cu128 here. Falls back to the metadata's version."""
+    version = _version(distribution)
+    if version is None:
+        return None
+    try:
+        text = Path(str(importlib.metadata.distribution(distribution).locate_file(f"{distribution}/version.py")))
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text.read_text(), re.MULTILINE)
+    except (OSError, importlib.metadata.PackageNotFoundError):
+        return version
+    return found.group(1) if found and found.group(1).partition("+")[0] == version.partition("+")[0] else version
+
+
 def torch_pair_problem() -> str | None:
-    """A line saying that the installed torchvision was built for another torch than the installed one, naming both
-    versions and the pip command that installs the torchvision built for this torch; None when they belong together,
-    when either is not installed or when a version is outside torchvision's table. Reads the distributions' metadata
-    (milliseconds): imports neither, so a command that never uses torch pays nothing more."""
-    torch, vision = _version("torch"), _version("torchvision")
+    """A line saying that the installed torchvision was built for another torch than the installed one (another
+    minor version, or another build: CPU against CUDA, one CUDA against another), naming both and the pip command
+    that installs the torchvision built for this torch; None when they belong together, when either is not
+    installed, when a version is outside torchvision's table or a build is not named. Reads files (milliseconds):
+    imports neither, so a command that never uses torch pays nothing more."""
+    torch, vision = _built("torch"), _built("torchvision")
     if torch is None or vision is None:
         return None
     t, v = _minor(torch, 2), _minor(vision, 0)
-    if t is None or v is None or v < TORCHVISION_OFFSET or v - TORCHVISION_OFFSET == t:
+    if t is None or v is None or v < TORCHVISION_OFFSET:
         return None
-    label = torch.partition("+")[2]
+    label, vision_label = torch.partition("+")[2], vision.partition("+")[2]
+    other_build = bool(label and vision_label) and label != vision_label
+    if v - TORCHVISION_OFFSET == t and not other_build:
+        return None
     index = f" --index-url https://download.pytorch.org/whl/{label}" if _INDEX_LABEL.fullmatch(label) else ""
-    return (f"torchvision {vision} is built for torch 2.{v - TORCHVISION_OFFSET}, not for the installed torch {torch}; "
-            f"install the torchvision built for it: pip install 'torchvision==0.{t + TORCHVISION_OFFSET}.*'{index}")
+    built_for = f"a {_build_name(vision_label)} torch" if v - TORCHVISION_OFFSET == t else \
+        f"torch 2.{v - TORCHVISION_OFFSET}"
+    again = " --force-reinstall --no-deps" if v - TORCHVISION_OFFSET == t else ""   # the same number, another build
+    return (f"torchvision {vision} is built for {built_for}, not for the installed torch {torch}; "
+            f"install the torchvision built for it: pip install{again} 'torchvision==0.{t + TORCHVISION_OFFSET}.*'"
+            f"{index}")
+
+
+def _build_name(label: str) -> str:
+    """cpu -> CPU, cu128 -> CUDA 12.8, rocm6.4 -> ROCm 6.4."""
+    if label.startswith("cu") and label[2:].isdigit():
+        return f"CUDA {label[2:-1]}.{label[-1]}"
+    return {"cpu": "CPU", "xpu": "XPU"}.get(label) or label.replace("rocm", "ROCm ")

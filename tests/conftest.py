@@ -30,6 +30,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A torchvision built for another torch (another version or build) breaks a hundred tests, most with one line
+    that says nothing (`EOFError`, as the forkserver dies loading torchvision): stop at once with flctl's own line,
+    the one `flctl` itself starts with."""
+    from flctl.versions import torch_pair_problem
+
+    if (problem := torch_pair_problem()) is not None:
+        pytest.exit(f"error: {problem}", returncode=2)
+
+
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
     """A fresh results directory; its SQLite database is results/flctl.db."""

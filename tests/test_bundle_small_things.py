@@ -13,7 +13,9 @@ import csv
 import html
 import io
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,7 +28,8 @@ from flctl.paper.programme import ITEMS, published, scaled
 from flctl.sweep import load_spec, plan
 
 runner = CliRunner()
-SPECS = Path(__file__).resolve().parents[1] / "sweeps"
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "sweeps"
 WIDE = ("table:5", "table:6", "table:7")
 
 
@@ -229,7 +232,7 @@ def _installed(monkeypatch: pytest.MonkeyPatch, **versions: str | None) -> None:
     import flctl.versions
 
     names = {"torch": versions.get("torch"), "torchvision": versions.get("torchvision")}
-    monkeypatch.setattr(flctl.versions, "_version", lambda name: names[name] if name in names else "1.0")
+    monkeypatch.setattr(flctl.versions, "_built", lambda name: names[name] if name in names else "1.0")
 
 
 @pytest.mark.notorch
@@ -237,6 +240,11 @@ def _installed(monkeypatch: pytest.MonkeyPatch, **versions: str | None) -> None:
     ("2.14.1", "0.28.0", "pip install 'torchvision==0.29.*'"),
     ("2.13.0+cpu", "0.29.1+cpu", "pip install 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu"),
     ("2.4.0+cu121", "0.20.0", "pip install 'torchvision==0.19.*' --index-url https://download.pytorch.org/whl/cu121"),
+    # the same numbers, another build: a CUDA torchvision from PyPI beside a CPU torch (a new user's install)
+    ("2.13.0+cpu", "0.28.0+cu128",
+     "pip install --force-reinstall --no-deps 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu"),
+    ("2.14.1+cu126", "0.29.1+cu130",
+     "pip install --force-reinstall --no-deps 'torchvision==0.29.*' --index-url https://download.pytorch.org/whl/cu126"),
 ])
 def test_a_torchvision_built_for_another_torch_is_named_with_its_fix(monkeypatch: pytest.MonkeyPatch, torch: str,
                                                                       vision: str, fix: str) -> None:
@@ -257,6 +265,43 @@ def test_a_pair_that_belongs_together_or_is_not_installed_passes(monkeypatch: py
 
     _installed(monkeypatch, torch=torch, torchvision=vision)
     assert torch_pair_problem() is None
+
+
+def _site(folder: Path, wheels: dict[str, tuple[str, str]]) -> Path:
+    """A site-packages folder holding each distribution as pip installs it: its dist-info (METADATA's version, as a
+    PyPI wheel's reads, without the build label) and its package's version.py (``__version__`` with the label)."""
+    for name, (metadata, built) in wheels.items():
+        info = folder / f"{name}-{metadata}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {metadata}\n")
+        (info / "RECORD").write_text("")
+        (folder / name).mkdir()
+        (folder / name / "version.py").write_text(f"__version__ = '{built}'\ngit_version = 'abc'\n")
+    return folder
+
+
+@pytest.mark.notorch
+def test_a_cpu_torch_beside_a_pypi_cuda_torchvision_of_the_same_numbers_is_caught(tmp_path: Path) -> None:
+    """A new user's pair: torch 2.13.0+cpu from PyTorch's index, torchvision 0.28.0 from PyPI (a CUDA build whose
+    metadata has no label). The versions belong together; the builds do not. Run in a fresh interpreter whose
+    sys.path starts with a site folder in pip's layout, so the real metadata readers find these two."""
+    site = _site(tmp_path / "site", {"torch": ("2.13.0+cpu", "2.13.0+cpu"), "torchvision": ("0.28.0", "0.28.0+cu128")})
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from flctl.versions import torch_pair_problem; "
+            "print(torch_pair_problem())")
+    out = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        "torchvision 0.28.0+cu128 is built for a CUDA 12.8 torch, not for the installed torch 2.13.0+cpu; install the "
+        "torchvision built for it: pip install --force-reinstall --no-deps 'torchvision==0.28.*' "
+        "--index-url https://download.pytorch.org/whl/cpu"), out.stdout
+    # the suite's start-up stops on the same line, before collecting anything
+    suite = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
+                            "tests/test_config.py"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    assert suite.returncode == 2, suite.stdout + suite.stderr
+    assert "error: torchvision 0.28.0+cu128 is built for a CUDA 12.8 torch" in suite.stdout + suite.stderr
+    assert "passed" not in suite.stdout
 
 
 @pytest.mark.notorch

@@ -403,7 +403,8 @@ def test_a_registered_table_is_a_choice_of_report_and_renders(finished: Path, to
     res = runner.invoke(app, ["report", "--table", "toy", "--sweep", "small", "--format", "markdown"])
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
-    assert lines[0] == "**Toy table**" and lines[2] == "| ε | Method | train.max_loss | test.max_loss |"
+    assert lines[0] == "**Toy table (sweep small)**"      # titled with what it is of
+    assert lines[2] == "| ε | Method | train.max_loss | test.max_loss |"
     assert [line.split(" | ")[1] for line in lines[4:7]] == ["ERM", "FL", "RFL"]
     res = runner.invoke(app, ["report", "--table", "nope", "--sweep", "small"])
     assert res.exit_code == 2 and "choose one of: main, ablation, llm, runs, groups, toy" in res.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
@@ -35,7 +36,7 @@ class _OneLineErrors(TyperGroup):
             if _is(exc, "UsageError"):
                 ctx = getattr(exc, "ctx", None)
                 see = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-                print_error(exc.format_message().rstrip(".") + see)  # type: ignore[attr-defined]
+                print_error(exc.format_message().rstrip(".") + _choices(self, args, exc) + see)  # type: ignore[attr-defined]
                 sys.exit(2)
             if _is(exc, "ClickException"):
                 exc.show()  # type: ignore[attr-defined]
@@ -52,6 +53,24 @@ class _OneLineErrors(TyperGroup):
         if _signalled:          # typer turns the KeyboardInterrupt of _interrupt into exit 130 (older typer: Abort)
             _interrupted()
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _choices(group: TyperGroup, args: list[str] | None, exc: BaseException) -> str:
+    """For an option given without its value (`flctl report --table`): the values it takes, from its completion
+    (tables, plots, methods, formats, tasks); "" for an option whose values cannot be listed."""
+    name = getattr(exc, "option_name", None)
+    words = list(sys.argv[1:] if args is None else args)
+    cmd = next((group.commands[w] for w in words if w in group.commands), None)
+    if cmd is None or name is None or "requires an argument" not in str(exc):
+        return ""
+    for param in cmd.params:
+        if name in param.opts:
+            try:
+                values = [str(item.value) for item in param.shell_complete(cmd.context_class(cmd), "")]
+            except Exception:      # a completion that reads a database it cannot: no list, the error stands
+                return ""
+            return f"; give one of: {', '.join(values)}" if values else ""
+    return ""
 
 
 def _interrupted() -> None:
@@ -83,6 +102,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",   # not "rich": a help text's "[default: 60]" must print, not be read as markup
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from flctl.versions import git_revision, library_versions
+
+        commit = git_revision()
+        print(f"flctl {library_versions()['flctl']}" + (f" (commit {commit[:12]})" if commit else ""))
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="Print flctl's version and exit.")] = False) -> None:
+    pass
+
+
 app.command(rich_help_panel="Train")(run.run)
 app.command(rich_help_panel="Train")(sweep.sweep)
 app.command(rich_help_panel="Train")(ledger.cancel)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -121,11 +123,13 @@ def report(
                 built = groups_table(runs, records_root, by, cols, spec)
             else:
                 built = tables.build(spec, runs, cols, tables.record_values(runs, records_root, cols or []))
-            _emit_table(built, fmt, out, digits)
+            _emit_table(dataclasses.replace(built, title=f"{built.title} ({_of(runs, sweep)})"), fmt, out, digits)
         elif plot is not None:
             from flctl.report.plots import plot as make_plot
 
-            paths = make_plot(plot, runs, records_root, out or layout.plot(plot), split=split, k=k)
+            # named for what it shows: a plot of another task or sweep is another file, not this one overwritten
+            stem = layout.plot(f"{plot}-{re.sub(r'[^A-Za-z0-9._-]+', '_', _of(runs, sweep).replace('sweep ', ''))}")
+            paths = make_plot(plot, runs, records_root, out or stem, split=split, k=k)
             console.print("wrote " + ", ".join(safe(p) for p in paths))
         else:
             assert samples is not None      # exactly one of table, plot, samples was checked above
@@ -133,6 +137,11 @@ def report(
                      split=split, min_seeds=min_seeds, eps=eps, methods=methods, top=top)
     except ConfigError as exc:
         fail(str(exc))
+
+
+def _of(runs, sweep: str | None) -> str:
+    """What a report is of, for its title and a figure's file name: the sweep asked for, else its runs' tasks."""
+    return f"sweep {sweep}" if sweep is not None else "-".join(sorted({r.task for r in runs})) or "no runs"
 
 
 def _latest_lr_sweep(store, task: str | None) -> str:

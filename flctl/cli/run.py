@@ -59,6 +59,9 @@ def run(
     checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
                                                     "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
                                                     rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the run's id, its configuration and whether it "
+                                          "was trained; train and write nothing.",
+                                          rich_help_panel=PANELS["where"])] = False,
     *,
     fields: dict,
 ) -> None:
@@ -78,6 +81,9 @@ def run(
     cfg = resolve_config(task, method, overrides, p_min)
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
+    if dry_run:
+        _dry_run(cfg, url)
+        return
     store, root = open_results(url, root)
 
     from flctl.errors import ClaimLost, DiskFull, GroundMoved
@@ -225,3 +231,32 @@ def _metric_order(name: str) -> tuple[int, str]:
 
 def _fmt(v) -> str:
     return "" if v is None else f"{v:.4g}"
+
+
+def _dry_run(cfg, url: str) -> None:
+    """What `flctl run` would train, and where it stands: its id, every field of its configuration, and its row in the
+    database when there is one (read only; a database that is not there is not made)."""
+    from rich.table import Table
+
+    from flctl.db import Store
+    from flctl.errors import StoreError
+
+    console.print(f"run [bold]{cfg.run_id}[/]: {safe(cfg.task)} · {safe(cfg.method)}")
+    table = Table("field", "value", show_header=False)
+    for key, value in sorted(cfg.to_dict().items()):
+        table.add_row(safe(key), safe(value))
+    console.print(table)
+    try:
+        store = Store.open(url, readonly=True)
+    except StoreError:
+        found = None
+    else:
+        try:
+            found = store.get_run(cfg.run_id)
+        finally:
+            store.close()
+    if found is None:
+        console.print("not trained yet; nothing was written")
+    else:
+        console.print(f"{safe(found.status)} in the database ({found.epochs_done} epoch(s) done): `flctl show "
+                      f"{cfg.run_id}`; nothing was written")

@@ -1,0 +1,81 @@
+"""A new user's first hour: the conventions a first session reaches for (--version, `run --dry-run`, FL as the
+paper writes it, an option's values when it is given none) and reports that say what they are of."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flctl import api
+from flctl.cli import app
+from flctl.report.table_specs import TABLE_SPECS
+
+runner = CliRunner()
+
+
+def _errors(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.notorch
+def test_version_is_one_line_and_exits_0() -> None:
+    import importlib.metadata
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0, res.output
+    assert re.fullmatch(rf"flctl {re.escape(importlib.metadata.version('flctl'))}( \(commit [0-9a-f]{{12}}\))?\n",
+                        res.stdout), res.stdout
+
+
+def test_run_dry_run_shows_the_run_and_writes_nothing(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    res = runner.invoke(app, ["run", "two-moons", "--method", "FL", "--eps", "0.1", "--dry-run",
+                              "--results-dir", str(results)])
+    assert res.exit_code == 0, res.output
+    cfg = api.config("two-moons", "fl", eps=0.1)
+    assert res.stdout.splitlines()[0] == f"run {cfg.run_id}: two-moons · fl"
+    assert "not trained yet; nothing was written" in res.stdout
+    assert not tmp_path.joinpath("results").exists()
+    # once trained, the dry run says where it stands, and still writes nothing
+    assert runner.invoke(app, ["run", "two-moons", "--eps", "0.1", "--epochs", "2", "--results-dir",
+                               str(results)]).exit_code == 0
+    before = sorted(p.relative_to(results) for p in results.rglob("*"))
+    res = runner.invoke(app, ["run", "two-moons", "--eps", "0.1", "--epochs", "2", "--dry-run", "--results-dir",
+                              str(results)])
+    assert res.exit_code == 0, res.output
+    assert "completed in the database (2 epoch(s) done)" in res.stdout
+    assert sorted(p.relative_to(results) for p in results.rglob("*")) == before
+
+
+@pytest.mark.notorch
+@pytest.mark.parametrize("written", ["FL", "Rfl", "ERM"])
+def test_a_method_is_its_name_whatever_its_case(written: str) -> None:
+    assert api.config("two-moons", written).method == written.lower()
+    assert api.config("two-moons", written).run_id == api.config("two-moons", written.lower()).run_id
+
+
+@pytest.mark.notorch
+@pytest.mark.parametrize(("args", "values"), [(["report", "--table"], list(TABLE_SPECS)),
+                                              (["report", "--format"], ["rich", "markdown", "latex", "csv"]),
+                                              (["sweep", "two-moons", "-m"], ["erm", "fl", "rfl", "cserm"])])
+def test_an_option_given_no_value_lists_its_values(args: list[str], values: list[str]) -> None:
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    [line] = _errors(res.output)
+    assert line.startswith(f"error: Option '{args[-1]}' requires an argument; give one of: {', '.join(values)}"), line
+
+
+def test_a_report_says_what_it_is_of_and_its_figure_is_named_for_it(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for method in ("erm", "fl"):
+        assert runner.invoke(app, ["run", "two-moons", "-m", method, "--epochs", "2", "--eval-every", "1",
+                                   "--results-dir", str(results)]).exit_code == 0
+    res = runner.invoke(app, ["report", "--table", "main", "--format", "markdown", "--results-dir", str(results)])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[0].endswith("(two-moons)**"), res.stdout
+    res = runner.invoke(app, ["report", "--plot", "cdf", "--results-dir", str(results)])
+    assert res.exit_code == 0, res.output
+    assert (results / "reports" / "cdf-two-moons.png").is_file() and not (results / "reports" / "cdf.png").exists()
