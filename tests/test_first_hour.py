@@ -79,3 +79,47 @@ def test_a_report_says_what_it_is_of_and_its_figure_is_named_for_it(tmp_path: Pa
     res = runner.invoke(app, ["report", "--plot", "cdf", "--results-dir", str(results)])
     assert res.exit_code == 0, res.output
     assert (results / "reports" / "cdf-two-moons.png").is_file() and not (results / "reports" / "cdf.png").exists()
+
+
+def test_unique_prefix_is_at_least_8_and_as_long_as_a_shared_prefix_needs() -> None:
+    from flctl.cli.runs import unique_prefix
+
+    every = ["0123456789abcdef", "0123456789abffff", "fedcba9876543210"]
+    assert unique_prefix(["fedcba9876543210"], every) == 8
+    assert unique_prefix(["0123456789abcdef"], every) == 13    # shares 12 digits with another run
+    assert unique_prefix([], every) == 8
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_runs_in_a_narrow_terminal_keeps_ids_whole_and_tells_lookalikes_apart(tmp_path: Path, monkeypatch,
+                                                                              width: int) -> None:
+    """Two polyfit runs that differ only in their degree, and a two-moons run: at 80 to 120 columns each id reads
+    whole enough for `flctl show`, and the two polyfit rows say how they differ."""
+    from rich.console import Console
+
+    import flctl.cli.runs
+
+    results = tmp_path / "results"
+    for args in (["polyfit", "-o", "degree=2"], ["polyfit", "-o", "degree=3"], ["two-moons", "--epochs", "1"]):
+        runner.invoke(app, ["run", *args, "--results-dir", str(results)])
+    monkeypatch.setattr(flctl.cli.runs, "console", Console(width=width, emoji=False))
+    res = runner.invoke(app, ["runs", "--results-dir", str(results)])
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 3 and all(len(line) <= width for line in res.stdout.splitlines())
+    ids = [row.split("│")[1].strip() for row in rows]
+    assert all(len(i) >= 8 and "…" not in i for i in ids), ids
+    for i in ids:
+        assert runner.invoke(app, ["show", i, "--results-dir", str(results)]).exit_code == 0
+    polyfit = [row for row in rows if "polyfit" in row]
+    assert sorted(re.search(r"degree=\d", row).group(0) for row in polyfit) == ["degree=2", "degree=3"], polyfit
+
+
+def test_tasks_in_a_narrow_terminal_cut_no_default(monkeypatch) -> None:
+    from rich.console import Console
+
+    import flctl.cli.info
+
+    monkeypatch.setattr(flctl.cli.info, "console", Console(width=100, emoji=False))
+    res = runner.invoke(app, ["tasks"])
+    assert res.exit_code == 0 and "…" not in res.stdout and "weight_decay=0." in res.stdout, res.stdout

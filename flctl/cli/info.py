@@ -43,18 +43,20 @@ def tasks(as_json: JSON_OPT = False) -> None:
     from rich.table import Table
 
     table = Table("task", "from", "kind", "description", "defaults", "options (-o KEY=VALUE)")
+    for column in table.columns[3:]:     # a narrow terminal folds a long value; it never cuts one to "weight_decay=0…"
+        column.overflow = "fold"
+
+    def pairs(values: dict) -> str:
+        return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+
     for r in rows:
         if r["clash"]:          # flagged where the eye is: its name, every definition, and the refusal
             table.add_row(f"{escape(r['name'])} [bold red](clash)[/]",
                           escape(" | ".join(r["defined_by"])), r["kind"], f"[red]{escape(r['clash'])}[/red]", "", "")
             continue
         table.add_row(escape(r["name"]), escape(r["source"]["where"]), r["kind"], escape(r["description"]),
-                      ", ".join(f"{k}={v}" for k, v in r["defaults"].items())
-                      + "".join(f"; {m}: " + ", ".join(f"{k}={v}" for k, v in d.items())
-                                for m, d in r["method_defaults"].items()),
-                      ", ".join(f"{k}={v}" for k, v in r["options"].items())
-                      + "".join(f"; on {d}: " + ", ".join(f"{k}={v}" for k, v in o.items())
-                                for d, o in r["device_options"].items()))
+                      pairs(r["defaults"]) + "".join(f"; {m}: {pairs(d)}" for m, d in r["method_defaults"].items()),
+                      pairs(r["options"]) + "".join(f"; on {d}: {pairs(o)}" for d, o in r["device_options"].items()))
     console.print(table)
     _problems(clashes)
 

@@ -48,19 +48,12 @@ def runs(
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
         return
-    from rich.table import Table
+    from flctl.db.store import run_ids
 
-    table = Table("id", "task", "method", "ε", "α", "seed", "status", "epochs", "train avg", "train max",
-                  "test avg", "test acc", "time", "error")
-    for r in rows:
-        m, c = r.metrics, r.config
-        error = error_line(r.error or "") if r.status == Status.FAILED else ""
-        table.add_row(safe(r.id), safe(r.task), safe(r.method), _num(c.get("eps")), _num(c.get("alpha")),
-                      safe(r.seed), safe(r.status), safe(r.epochs_done), _num(m.get("train.avg_loss")),
-                      _num(m.get("train.max_loss")), _num(m.get("test.avg_loss")), _num(m.get("test.accuracy")),
-                      f"{r.duration_s:.1f}s" if r.duration_s else "",
-                      f"[red]{safe(error if len(error) <= 60 else error[:59] + '…')}[/]" if error else "")
-    console.print(table)
+    shown, note = runs_table(rows, run_ids(store), console.width)
+    console.print(shown)
+    if note:
+        console.print(f"[dim]{note}[/]")
     total = len(rows) if not limit or len(rows) < limit else \
         store.count_runs(task=task, method=method, status=status, seed=seed)
     console.print(f"{total} run(s)" if total == len(rows) else
@@ -101,6 +94,83 @@ def show(
     for kind, path in sorted(run.artifacts.items()):
         if kind != "records":            # print_summary named them
             console.print(safe(f"{kind}: {path}"))
+
+
+ID_DIGITS = 8      # the id column's least width: `flctl show` takes any unique prefix of at least 4
+
+
+def unique_prefix(shown: list[str], every: list[str]) -> int:
+    """The shortest prefix length (at least ID_DIGITS) at which each of ``shown`` names one run among ``every``."""
+    for n in range(ID_DIGITS, max(map(len, shown), default=ID_DIGITS) + 1):
+        counts: dict[str, int] = {}
+        for run_id in every:
+            counts[run_id[:n]] = counts.get(run_id[:n], 0) + 1
+        if all(counts.get(run_id[:n], 0) <= 1 for run_id in shown):
+            return n
+    return max(map(len, shown), default=ID_DIGITS)
+
+
+def _differs(rows) -> list[str]:
+    """For each run that looks like another listed one (the same task, method, ε, α and seed), the config fields
+    and task options in which they differ: polyfit at two degrees, a smoke and a full run read apart."""
+    from flctl.config import RunConfig
+
+    def flat(r) -> dict:
+        c = RunConfig.from_json(r.config).to_dict()
+        return {**{k: v for k, v in c.items() if k not in ("options", "device", "data_dir")}, **c["options"]}
+
+    looks = [(r.task, r.method, r.config.get("eps"), r.config.get("alpha"), r.seed) for r in rows]
+    configs = [flat(r) for r in rows]
+    out = []
+    for look, mine in zip(looks, configs):
+        alike = [c for other, c in zip(looks, configs) if other == look]
+        keys = sorted({k for c in alike for k in c if len({repr(d.get(k)) for d in alike}) > 1})
+        out.append(" ".join(f"{k}={_num(mine.get(k))}" for k in keys))
+    return out
+
+
+def runs_table(rows, every_id: list[str], width: int):
+    """`flctl runs`' table, fitted to ``width`` columns: the ids never cut below their unique prefix (they are what
+    `flctl show` takes); the other columns, last first, give way instead, named in the returned note."""
+    from rich.table import Table
+
+    digits = unique_prefix([r.id for r in rows], every_id)
+    cells: dict[str, list[str]] = {
+        "id": [r.id[:digits] for r in rows], "task": [safe(r.task) for r in rows],
+        "method": [safe(r.method) for r in rows], "status": [safe(r.status) for r in rows],
+        "differs": _differs(rows),
+        "ε": [_num(r.config.get("eps")) for r in rows], "α": [_num(r.config.get("alpha")) for r in rows],
+        "seed": [safe(r.seed) for r in rows], "epochs": [safe(r.epochs_done) for r in rows],
+        "test acc": [_num(r.metrics.get("test.accuracy")) for r in rows],
+        "train max": [_num(r.metrics.get("train.max_loss")) for r in rows],
+        "train avg": [_num(r.metrics.get("train.avg_loss")) for r in rows],
+        "test avg": [_num(r.metrics.get("test.avg_loss")) for r in rows],
+        "time": [f"{r.duration_s:.1f}s" if r.duration_s else "" for r in rows],
+        "error": [_short(error_line(r.error or "")) if r.status == Status.FAILED else "" for r in rows],
+    }
+    cells = {k: v for k, v in cells.items() if k in ("id", "task", "method", "status") or any(v)}
+    used, kept, left = 1, [], []                 # 1: the table's left border
+    for name, values in cells.items():
+        need = max(len(name), *map(len, values)) + 3    # rich's padding and the border
+        if used + need <= width or name in ("id", "task", "method", "status"):
+            used += need
+            kept.append(name)
+        else:
+            left.append(name)
+    table = Table(*kept)
+    for column in table.columns:
+        column.no_wrap = True
+        if column.header == "id":
+            column.min_width = digits
+    for i in range(len(rows)):
+        table.add_row(*(f"[red]{cells[k][i]}[/]" if k == "error" and cells[k][i] else cells[k][i] for k in kept))
+    note = f"{len(left)} more column(s) do not fit here ({', '.join(left)}): `flctl show ID` or --json has " \
+        "them all" if left else ""
+    return table, note
+
+
+def _short(text: str) -> str:
+    return safe(text if len(text) <= 60 else text[:59] + "…")
 
 
 def _num(v) -> str:

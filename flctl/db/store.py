@@ -114,6 +114,12 @@ def moved(store: Store) -> str | None:
     return None if (st.st_dev, st.st_ino) == identity else f"the database {path} was replaced by another file"
 
 
+def run_ids(store: Store) -> list[str]:
+    """Every run's id (`flctl runs` shows each at its shortest unique prefix)."""
+    with store.session() as s:
+        return list(s.scalars(select(Run.id)).all())
+
+
 def not_the_one(store: Store, inode: int | None) -> str | None:
     """Why ``store`` (just opened) is not the SQLite file whose inode was ``inode`` when the sweep launched: a
     worker that starts after its database was replaced must not claim cells in the replacement. The inode alone: a
