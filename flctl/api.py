@@ -111,6 +111,8 @@ def open_store(results_dir: str | Path | None = None, db: str | None = None, *, 
     url = database_url(db, root)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"results_dir {str(root)!r} is a file, not a folder; give a folder")
+    if create and (why := Layout(root).not_a_folder()) is not None:
+        raise ConfigError(why)
     if not create and db is None and not os.environ.get("FLCTL_DB") and not Layout(root).db.is_file():
         raise ConfigError(f"no runs in {str(root)!r}: it holds no flctl.db; give the results_dir the runs were "
                           "trained in")
@@ -207,10 +209,9 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
     if filled.study is not None:
         return {"sweep": filled.sweep_id, "study": filled.study}
     if filled.stopped is not None:             # a signal stopped this process's worker: its cell went back
-        from flctl.launch.wait import SweepStopped
+        from flctl.launch.wait import SweepStopped, stopped_line
 
-        raise SweepStopped(f"this process's worker of sweep {filled.sweep_id} was stopped; its cell went back to the "
-                           "queue and the other workers go on (`flctl cancel` stops them)", filled.stopped)
+        raise SweepStopped(stopped_line(root, filled.sweep_id), filled.stopped)
     return {"sweep": filled.sweep_id, **(filled.ledger or {})}
 
 

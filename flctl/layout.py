@@ -21,6 +21,7 @@ database here, so the CLI and the training loop derive their paths from the same
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,15 @@ class Layout:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
+
+    def not_a_folder(self) -> str | None:
+        """Why training cannot write here: a folder flctl keeps under the results folder (records, runs, jobs,
+        reports) is a file. Asked before anything trains: found after, it would fail a run that trained for nothing."""
+        for folder in (self.records, self.root / "runs", self.jobs, self.reports):
+            if folder.exists() and not folder.is_dir():
+                return (f"{str(folder)!r} is a file, not a folder: flctl keeps its {folder.name} there; move the "
+                        "file aside")
+        return None
 
     # ---- the database ----
 
@@ -135,9 +145,10 @@ class Layout:
     def reports(self) -> Path:
         return self.root / "reports"
 
-    def plot(self, name: str) -> Path:
-        """A plot's default output stem (.png and .pdf are added to it)."""
-        return self.reports / name
+    def plot(self, name: str, of: str | None = None) -> Path:
+        """A plot's default output stem (.png and .pdf are added to it), named for what it is ``of`` (a task, a
+        sweep): a plot of another sweep is another file, never this one written over."""
+        return self.reports / (name if of is None else f"{name}-{re.sub(r'[^A-Za-z0-9._-]+', '_', of)}")
 
     def samples(self, query: str) -> Path:
         """A per-sample query's default output file."""

@@ -123,3 +123,19 @@ def test_tasks_in_a_narrow_terminal_cut_no_default(monkeypatch) -> None:
     monkeypatch.setattr(flctl.cli.info, "console", Console(width=100, emoji=False))
     res = runner.invoke(app, ["tasks"])
     assert res.exit_code == 0 and "…" not in res.stdout and "weight_decay=0." in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("folder", ["records", "runs"])
+def test_a_results_subfolder_replaced_by_a_file_is_refused_before_training(tmp_path: Path, folder: str) -> None:
+    results = tmp_path / "results"
+    assert runner.invoke(app, ["run", "two-moons", "--epochs", "1", "--results-dir", str(results)]).exit_code == 0
+    import shutil
+
+    shutil.rmtree(results / folder)
+    (results / folder).write_text("not a folder")
+    before = {p: p.stat().st_mtime_ns for p in results.rglob("*")}
+    res = runner.invoke(app, ["run", "two-moons", "--epochs", "2", "--results-dir", str(results)])
+    assert res.exit_code == 2
+    assert _errors(res.output) == [f"error: {str(results / folder)!r} is a file, not a folder: flctl keeps its "
+                                   f"{folder} there; move the file aside"]
+    assert {p: p.stat().st_mtime_ns for p in results.rglob("*")} == before      # nothing written, no run recorded

@@ -102,6 +102,31 @@ def test_a_wait_on_a_sweep_that_flctl_cancel_stopped_ends_with_one_line_and_130(
          "sweep` with the same axes resumes it"], out
 
 
+def test_flctl_cancel_under_sweep_wait_is_told_on_stderr_as_what_it_did(tmp_path: Path) -> None:
+    """`flctl cancel` stops every worker of a `sweep --wait`, the command's own too: it exits 130 with one line on
+    stderr that says they all stopped (at 4402814 the line was on stdout and said the other workers went on)."""
+    results = tmp_path / "results"
+    args = ["--results-dir", str(results)]
+    proc = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
+                             "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
+                             "--batch-runs", "1", "--wait", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "COLUMNS": "250"})
+    try:
+        wait_until(lambda: _running(results) == 2, "two cells training", interval=0.1)
+        [sid] = [p.name for p in (results / "jobs").iterdir()]
+        cancelled = subprocess.run([*FLCTL, "cancel", sid, *args], capture_output=True, text=True, timeout=120)
+        assert cancelled.returncode == 0, cancelled.stderr
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "stopped" not in out, out
+    assert [line for line in err.splitlines() if line.startswith("stopped:")] == [
+        f"stopped: sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with "
+        "the same axes resumes it"], err
+
+
 def test_a_full_disk_under_a_two_worker_sweep_ends_in_one_line_and_the_sweep_resumes(tmp_path: Path) -> None:
     """A file size limit stands for the full disk (a ~2 MB checkpoint, 512 KiB allowed: the database and the records
     fit): each worker hands its cell back and stops, and the wait ends with one error line and exit 1, no cell left

@@ -49,6 +49,7 @@ def test_the_names_are_those_every_release_wrote(tmp_path: Path) -> None:
     assert layout.controllers_log("abcdef123456") == tmp_path / "jobs" / "abcdef123456" / "controllers.log"
     assert layout.reports == tmp_path / "reports"
     assert layout.plot("cdf") == tmp_path / "reports" / "cdf"
+    assert layout.plot("cdf", "sweep a/b") == tmp_path / "reports" / "cdf-sweep_a_b"
     assert layout.samples("diff") == tmp_path / "reports" / "samples-diff.parquet"
 
 
@@ -88,7 +89,8 @@ def test_every_file_a_results_folder_holds_is_one_layout_names(tmp_path: Path) -
     assert result is not None and result.status == "stopped"
     assert len(runs) == 4          # the run, the sweep's two cells, the stopped run
 
-    named: set[Path] = {layout.db, layout.plot("cdf").with_suffix(".png"), layout.plot("cdf").with_suffix(".pdf"),
+    named: set[Path] = {layout.db, layout.plot("cdf", "two-moons").with_suffix(".png"),
+                        layout.plot("cdf", "two-moons").with_suffix(".pdf"),
                         layout.samples("diff"), layout.checkpoint(stopped.run_id)}
     folders: set[Path] = {layout.root, layout.records, layout.root / "runs", layout.reports, layout.jobs,
                           layout.sweep_jobs(sweep["id"]), layout.workers(sweep["id"])}

@@ -18,6 +18,7 @@ from rich.console import Console
 from flctl import api
 from flctl.config import PANELS
 from flctl.errors import ConfigError
+from flctl.layout import Layout
 
 
 def tolerate_narrow_encodings() -> None:
@@ -123,6 +124,8 @@ def ensure_writable(root: Path) -> Path:
     """Create the results directory if needed and prove it is writable (as root, os.access always says yes)."""
     if root.exists() and not root.is_dir():
         fail(f"results directory {str(root)!r} is a file, not a folder; give a folder (--results-dir or FLCTL_RESULTS)")
+    if (why := Layout(root).not_a_folder()) is not None:
+        fail(why)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-test-{uuid.uuid4().hex}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -128,7 +127,7 @@ def report(
             from flctl.report.plots import plot as make_plot
 
             # named for what it shows: a plot of another task or sweep is another file, not this one overwritten
-            stem = layout.plot(f"{plot}-{re.sub(r'[^A-Za-z0-9._-]+', '_', _of(runs, sweep).replace('sweep ', ''))}")
+            stem = layout.plot(plot, sweep if sweep is not None else _of(runs, None))
             paths = make_plot(plot, runs, records_root, out or stem, split=split, k=k)
             console.print("wrote " + ", ".join(safe(p) for p in paths))
         else:

@@ -116,9 +116,10 @@ def sweep(
         console.print(f"study [bold]{safe(filled.study.study_name)}[/]: best {safe(planned.objective)} = "
                       f"{best.value:.4g} with {_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
         return
-    if filled.stopped is not None:
-        console.print(f"[yellow]stopped[/]: its cell went back to the queue; the other workers go on "
-                      f"(`flctl cancel {sid}` stops them)")
+    if filled.stopped is not None:      # a signal: on stderr, as every command's line about how it ended
+        from flctl.launch.wait import stopped_line
+
+        err_console.print(f"[yellow]stopped[/]: {safe(stopped_line(root, sid))}", highlight=False)
         raise typer.Exit(filled.stopped)
     if not wait and filled.launched is not None and filled.launched.jobs and not settings.launcher.in_process:
         console.print(f"follow it with `flctl status {sid} --watch`")

@@ -26,6 +26,20 @@ class SweepStopped(Exception):
         self.exit_code = exit_code
 
 
+def stopped_line(root: Path, sid: str, settle_s: float = 2.0) -> str:
+    """What `flctl sweep --wait` says when a signal stopped its own worker: its cell went back, and whether the
+    sweep's other workers go on (Ctrl-C on this command) or were stopped too (`flctl cancel`, whose signal reaches
+    them at their epoch's end: given ``settle_s`` to go)."""
+    deadline = time.monotonic() + settle_s
+    while (others := live_workers(root, sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if others:
+        return (f"this process's worker of sweep {sid} was stopped; its cell went back to the queue and the other "
+                f"{len(others)} worker(s) go on (`flctl cancel {sid}` stops them)")
+    return (f"sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with the "
+            "same axes resumes it")
+
+
 def no_worker_left(root: Path, sid: str, data: dict) -> bool:
     """Whether the sweep being waited for has cells to do that no worker will take: none running, some queued,
     handed back (`flctl cancel`, a signal, a full disk) or left by workers now gone, and no worker, job controller or
