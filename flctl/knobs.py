@@ -4,6 +4,8 @@ without importing either."""
 
 from __future__ import annotations
 
+import os
+
 from flctl.errors import ConfigError
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -31,3 +33,30 @@ def check_checkpoint_every(value: object) -> None:
 # Without a terminal (a log file, nohup, CI, Slurm), `run`, `sweep --wait`, `status --watch` and `paper` print a
 # timestamped line at least this often (and at each evaluation), so that a log shows a live job.
 LOG_EVERY_S = 30.0
+
+
+# A CPU step of fewer floating-point operations than this (6 x parameters x batch: forward and backward) runs fastest
+# on one thread: its ops are too small to split, and the extra threads spin, the more so on a busy machine
+# (benchmarks/bench_threads.py: a two-moons step is about 16 MFLOP).
+ONE_THREAD_BELOW_FLOP = 1e8
+
+
+def free_cores() -> int:
+    """The cores this process may run on (its affinity) less the machine's load over the last minute; at least 1."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(usable, round(usable - os.getloadavg()[0])))
+
+
+def cpu_threads(params: int, batch: int) -> int:
+    """torch threads for a CPU run whose model has ``params`` trainable parameters and trains on batches of
+    ``batch``: one for a small step, else the free cores."""
+    return 1 if 6 * params * batch < ONE_THREAD_BELOW_FLOP else free_cores()
+
+
+def threads_of_a_run(given: int | None) -> int | str | None:
+    """A single run's torch threads (`flctl run --threads`, flctl.api.run): as given; else OMP_NUM_THREADS rules
+    where set (None: torch obeys it); else "auto" (cpu_threads, once the model is built)."""
+    check_count("--threads", given)
+    if given is not None:
+        return given
+    return None if os.environ.get("OMP_NUM_THREADS", "").strip() else "auto"

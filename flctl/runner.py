@@ -161,7 +161,7 @@ def completed(cfg: RunConfig, store: Store, rerun: bool = False) -> Any:
 
 def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bool = False,
                       on_epoch: Callable | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-                      stop: Callable[[], bool] | None = None) -> tuple[Any, Any]:
+                      stop: Callable[[], bool] | None = None, threads: int | str | None = None) -> tuple[Any, Any]:
     """`flctl run`'s and flctl.api.run's one rule: a completed run is found, not trained (``rerun``: trained again,
     from scratch); a diverged one starts from scratch; any other trains or resumes from its checkpoint. Returns
     (the completed run found, None) or (None, ``execute``'s RunResult: None when a live worker holds the run)."""
@@ -172,13 +172,13 @@ def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bo
     fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
     allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
     return None, execute(cfg, store, layout, on_epoch, allow=allow, checkpoint_every=checkpoint_every, stop=stop,
-                         fresh=fresh)
+                         fresh=fresh, threads=threads)
 
 
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
             allow: Iterable[str] = TRAINABLE, max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-            stop: Callable[[], bool] | None = None, fresh: bool = False):
+            stop: Callable[[], bool] | None = None, fresh: bool = False, threads: int | str | None = None):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
     not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate.
 
@@ -194,12 +194,13 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
         layout.clear(cfg.run_id)
         queue.start_afresh(cfg.run_id, token)
     return train_claimed([cfg], {cfg.run_id: token}, store, layout, on_epoch, checkpoint_every=checkpoint_every,
-                         stop=stop)[0]
+                         stop=stop, threads=threads)[0]
 
 
 def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
                   on_epoch: Callable | None = None, *, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-                  stop: Callable[[], bool] | None = None, max_attempts: int | None = None) -> list:
+                  stop: Callable[[], bool] | None = None, max_attempts: int | None = None,
+                  threads: int | str | None = None) -> list:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
     resumable from its checkpoint) or failed.
@@ -212,7 +213,8 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
 
     A failure is recorded with the epochs done when it struck. It is final, except a fatal device error (the
     process's CUDA context died: flctl.errors.is_fatal_device_error), which another process may not meet: with
-    ``max_attempts`` (a sweep's worker) such a cell is queued again while it has attempts left."""
+    ``max_attempts`` (a sweep's worker) such a cell is queued again while it has attempts left. ``threads``: torch's
+    threads for CPU cells (flctl.train.train_together)."""
     from flctl.train import train_together  # torch is imported here, not at CLI start-up
 
     ids = [c.run_id for c in cfgs]
@@ -264,7 +266,7 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     def train() -> list:
         try:
             return train_together(cfgs, layout.records, [layout.run_dir(i) for i in ids], on_epoch=epoch_done,
-                                  checkpoint_every=checkpoint_every, stop=stop, on_done=record,
+                                  checkpoint_every=checkpoint_every, stop=stop, on_done=record, threads=threads,
                                   fence=_Fence(queue, tokens, ground))
         except BaseException as exc:     # whatever it was, with the ground gone nothing more is written
             if (why := ground()) is not None:

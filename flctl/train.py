@@ -22,9 +22,11 @@ device (docs/design.md, "Streams and threads on CUDA").
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from flctl import records
 from flctl.cell import Cell, RunResult, atomic_save, host_copy, trainable_state
 from flctl.config import RunConfig
 from flctl.fs import atomic_path, make_below
-from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, cpu_threads
 from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
@@ -96,6 +98,7 @@ def train_together(
     stop: Callable[[], bool] | None = None,
     on_done: Callable[[RunResult], None] | None = None,
     fence: Callable[[str], bool] | None = None,
+    threads: int | str | None = None,
 ) -> list[RunResult]:
     """Train several cells of one task side by side, each exactly as ``train`` would train it alone (its own
     seed, model, optimizer, multipliers, RNG streams, records and checkpoint). Cells must share
@@ -104,7 +107,11 @@ def train_together(
     disk (the caller records it then, not when the group ends); the returned list holds every cell's result.
 
     ``fence(run_id)``: whether this process still holds the run's claim (flctl.runner). It is asked before every
-    write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more."""
+    write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more.
+
+    ``threads`` (CPU cells): torch's intra-op threads while they train, a number (--threads) or "auto" (chosen from
+    the step's size and the free cores, flctl.knobs.cpu_threads); None leaves the process's setting (a sweep worker
+    sets its own). Each result's ``trained_with`` says how many, and who chose."""
     records_root = Path(records_root)
     task = get_task(cfgs[0].task)
     if not can_train_together(cfgs):
@@ -141,9 +148,36 @@ def train_together(
         if stale and _held(c, fence):
             for path in stale:
                 path.unlink(missing_ok=True)
-    stepper = Stepper(cells, task, data)
-    done: dict[str, RunResult] = {}        # cells reported to on_done before the group ended
+    with _threads(threads, cells[0], device) as chosen:
+        return _loop(cells, Stepper(cells, task, data), task, data, records_root, on_epoch, checkpoint_every, stop,
+                     on_done, fence, chosen)
 
+
+@contextlib.contextmanager
+def _threads(threads: int | str | None, c: Cell, device: torch.device) -> Iterator[dict[str, Any]]:
+    """torch's threads for CPU cells while they train (``train_together``'s ``threads``), put back after; yields
+    what ``trained_with`` records of them."""
+    before = torch.get_num_threads()
+    if device.type != "cpu":
+        yield {}
+        return
+    if threads is None:
+        yield {"threads": before, "threads_from": "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else
+               "the process"}
+        return
+    n = threads if isinstance(threads, int) else cpu_threads(
+        sum(p.numel() for p in c.model.parameters() if p.requires_grad), c.cfg.batch_size)
+    torch.set_num_threads(n)
+    try:
+        yield {"threads": n, "threads_from": "--threads" if isinstance(threads, int) else "auto"}
+    finally:
+        torch.set_num_threads(before)
+
+
+def _loop(cells: list[Cell], stepper: Stepper, task: Task, data, records_root: Path, on_epoch, checkpoint_every: float,
+          stop, on_done, fence, chosen: dict[str, Any]) -> list[RunResult]:
+    """``train_together``'s epochs, from its built cells to every cell's result."""
+    done: dict[str, RunResult] = {}        # cells reported to on_done before the group ended
     # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
     # interrupted by an exception) waits until they are on disk.
     with stepper.on_stream():
@@ -174,9 +208,10 @@ def train_together(
                 if left and active and on_done is not None:
                     writer.flush()
                     for c in left:
-                        done[c.cfg.run_id] = _end(c, task, data, records_root, stepper.trained_with(c), fence)
+                        done[c.cfg.run_id] = _end(c, task, data, records_root, stepper.trained_with(c) | chosen,
+                                                  fence)
                         on_done(done[c.cfg.run_id])
-        return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c), fence)
+        return [done.get(c.cfg.run_id) or _end(c, task, data, records_root, stepper.trained_with(c) | chosen, fence)
                 for c in cells]
 
 

@@ -139,3 +139,29 @@ def test_a_results_subfolder_replaced_by_a_file_is_refused_before_training(tmp_p
     assert _errors(res.output) == [f"error: {str(results / folder)!r} is a file, not a folder: flctl keeps its "
                                    f"{folder} there; move the file aside"]
     assert {p: p.stat().st_mtime_ns for p in results.rglob("*")} == before      # nothing written, no run recorded
+
+
+def test_a_cpu_run_chooses_its_threads_and_records_the_choice(tmp_path: Path, monkeypatch) -> None:
+    """One thread for a model as small as two-moons' (more only spin, worse on a busy machine); --threads rules;
+    OMP_NUM_THREADS rules where set. trained_with says which, and the process's setting comes back after."""
+    import torch
+
+    from flctl.knobs import ONE_THREAD_BELOW_FLOP, cpu_threads, free_cores
+
+    assert cpu_threads(5_000, 512) == 1
+    assert cpu_threads(int(ONE_THREAD_BELOW_FLOP), 128) == free_cores() >= 1
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    runs = {}
+    for threads in (None, 2):
+        run = api.run("two-moons", "fl", epochs=1, seed=0 if threads is None else 1, threads=threads,
+                      results_dir=tmp_path / "results")
+        runs[threads] = run.trained_with
+        assert torch.get_num_threads() == before
+    assert (runs[None]["threads"], runs[None]["threads_from"]) == (1, "auto")
+    assert (runs[2]["threads"], runs[2]["threads_from"]) == (2, "--threads")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    run = api.run("two-moons", "fl", epochs=1, seed=2, results_dir=tmp_path / "results")
+    assert run.trained_with["threads_from"] == "OMP_NUM_THREADS"
+    res = runner.invoke(app, ["run", "two-moons", "--threads", "0", "--results-dir", str(tmp_path / "results")])
+    assert res.exit_code == 2 and _errors(res.output) == ["error: --threads must be an integer of at least 1, got 0"]

@@ -28,7 +28,7 @@ from flctl.cli.common import (
 )
 from flctl.config import PANELS
 from flctl.errors import ConfigError
-from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every, threads_of_a_run
 from flctl.status import Status
 
 
@@ -59,6 +59,9 @@ def run(
     checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
                                                     "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
                                                     rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads on a CPU [OMP_NUM_THREADS if set, else 1 "
+                                                   "for a small model, the free cores for a large one].",
+                                                   rich_help_panel=PANELS["where"])] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the run's id, its configuration and whether it "
                                           "was trained; train and write nothing.",
                                           rich_help_panel=PANELS["where"])] = False,
@@ -73,6 +76,7 @@ def run(
     """
     try:
         check_checkpoint_every(checkpoint_every)
+        chosen_threads = threads_of_a_run(threads)
     except ConfigError as exc:
         fail(str(exc))
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
@@ -104,7 +108,7 @@ def run(
     with progress as on_epoch, stop_on_signals() as stop:
         try:
             _, result = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
-                                          checkpoint_every=checkpoint_every, stop=stop.is_set)
+                                          checkpoint_every=checkpoint_every, stop=stop.is_set, threads=chosen_threads)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once, resumes from the last checkpoint
             outcome = exc
         except Exception as exc:
