@@ -123,10 +123,8 @@ class RunConfig:
     # "fp32": no autocast. On the CPU both compute the same thing in float32.
     precision: str = _field("auto", "auto (bf16 autocast forward on CUDA) or fp32.", "where",
                             choices=PRECISIONS, later=True)
-    engine: str = _field("auto", "Step engine: auto (captured on CUDA where it equals eager, else eager), eager, "
-                         "captured (CUDA graphs, CUDA only), compiled (torch.compile), compiled-captured (the "
-                         "compiled step as CUDA graphs, CUDA only) or captured-streams (captured, each cell of a "
-                         "worker's group on a CUDA stream of its own).", "where", choices=ENGINES, later=True)
+    engine: str = _field("auto", "Step engine: auto, eager, captured, compiled, compiled-captured or "
+                         "captured-streams (README, Engines).", "where", choices=ENGINES, later=True)
     eval_every: int = _field(1, "Write per-sample records every k epochs.", "optim", bounds=Bounds(1))
     # The method knobs (flctl.method_info.METHOD_FIELDS): None where the run's method does not read them.
     eps: float | None = _field(None, "Constraint level ε on each sample's loss.", "method", per_cell=True,

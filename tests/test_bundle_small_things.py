@@ -81,7 +81,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.notorch
 def test_costs_read_as_a_person_reads_them() -> None:
-    from flctl.sweep import format_cost
+    from flctl.cost import format_cost
 
     assert format_cost(6.22e-05, "cpu") == "0.2 s"          # was "6.22e-05 cpu-hours"
     assert format_cost(0.004 / 3600, "cpu") == "0.004 s"

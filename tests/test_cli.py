@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.sweep import format_cost
+from flctl.cost import format_cost
 from tests.helpers import files_under
 
 runner = CliRunner()
@@ -48,7 +48,8 @@ def test_run_two_moons_fl_records_parquet_and_database(results: Path) -> None:
 
     shown = json.loads(flctl("show", run["id"][:6], "--json").stdout)
     assert shown["id"] == run["id"]
-    assert shown["trained_with"] == {"engine": "eager", "cells_together": 1, "device": "cpu"}
+    assert shown["trained_with"] == {"engine": "eager", "cells_together": 1, "device": "cpu", "threads": 1,
+                                     "threads_from": "OMP_NUM_THREADS"}      # the suite's (tests/conftest.py)
     human = flctl("show", run["id"])
     assert human.exit_code == 0 and "violation_rate" in human.output
 

@@ -3,6 +3,7 @@ paper writes it, an option's values when it is given none) and reports that say 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -165,3 +166,41 @@ def test_a_cpu_run_chooses_its_threads_and_records_the_choice(tmp_path: Path, mo
     assert run.trained_with["threads_from"] == "OMP_NUM_THREADS"
     res = runner.invoke(app, ["run", "two-moons", "--threads", "0", "--results-dir", str(tmp_path / "results")])
     assert res.exit_code == 2 and _errors(res.output) == ["error: --threads must be an integer of at least 1, got 0"]
+
+
+@pytest.mark.notorch
+def test_a_cost_with_no_run_to_fit_comes_from_the_newest_committed_benchmark_of_that_device(tmp_path: Path) -> None:
+    import json
+
+    from flctl.cost import reference_cost
+
+    def write(date: str, kind: str, tasks: dict) -> None:
+        (tmp_path / f"task-costs-{date}-{kind}.json").write_text(json.dumps({"tasks": tasks}))
+
+    write("2026-01-01", "cpu", {"two-moons": {"s_per_cell": 9.0, "s_per_epoch": 9.0}, "digits": {
+        "s_per_cell": 1.0, "s_per_epoch": 0.5}})
+    write("2026-02-01", "cpu", {"two-moons": {"s_per_cell": 4.0, "s_per_epoch": 0.01}})
+    write("2026-03-01", "cuda", {"two-moons": {"s_per_cell": 2.0, "s_per_epoch": 0.001}})
+    moons = [api.config("two-moons", "fl", epochs=100, seed=s) for s in range(3)]
+    cost = reference_cost(moons, 1, tmp_path)
+    assert cost is not None and cost.source == "benchmarks/results/task-costs-2026-02-01-cpu.json"
+    assert cost.hours(moons) == pytest.approx((3 * 4.0 + 300 * 0.01) / 3600)
+    digits = [api.config("digits", "fl", epochs=10)]
+    assert reference_cost(digits, 1, tmp_path).source.endswith("2026-01-01-cpu.json")   # the newest that has it
+    assert reference_cost([api.config("polyfit", "fl")], 1, tmp_path) is None
+    on_gpu = [dataclasses.replace(api.config("two-moons", "fl"), device="cuda:0")]
+    assert reference_cost(on_gpu, 1, tmp_path).source.endswith("cuda.json")
+
+
+def test_the_papers_dry_run_prices_every_cell_it_can_and_names_the_rest(tmp_path: Path) -> None:
+    """No run in the database: the committed CPU benchmark prices the tasks it measured; the line says how many
+    cells that covers, where the figures come from, and which tasks stay unknown."""
+    from flctl.cost import REFERENCE
+
+    res = runner.invoke(app, ["paper", "--dry-run", "--results-dir", str(tmp_path / "results")])
+    assert res.exit_code == 0, res.output
+    [line] = [t for t in res.stdout.splitlines() if "cell(s) to do" in t]
+    assert re.match(r"\d+ cell\(s\) to do; the \d+ priced take about ", line), line
+    assert sorted(REFERENCE.glob("task-costs-*-cpu.json")) and "from benchmarks/results/task-costs-" in line, line
+    assert "unknown: no run or benchmark on cpu of cifar10" in line, line
+    assert not (tmp_path / "results").exists()

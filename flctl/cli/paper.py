@@ -105,15 +105,20 @@ def paper(
 def _print_plan(programme) -> None:
     from rich.table import Table
 
-    from flctl.sweep import format_cost
+    from flctl.cost import format_cost
 
     table = Table("", "specs", "cells", "done", "to do", f"cost on {programme.device}", "note",
                   title=f"the paper's programme at the {programme.scale} scale")
     total_todo, total_hours, unknown = 0, 0.0, 0
+    sources: dict[str, int] = {}            # benchmark file -> cells priced from it
+    unknown_tasks: set[str] = set()
     for p in programme.items:
         to_do = p.to_do
         hours = p.hours(to_do) if to_do else 0.0
-        note = ("no data here: " + p.no_data) if p.no_data else ("no history yet" if to_do and hours is None else "")
+        note = ("no data here: " + p.no_data) if p.no_data else ("unknown: no run or benchmark of its task here"
+                                                                 if to_do and hours is None else
+                                                                 "from " + p.cost.source if p.cost and p.cost.source
+                                                                 else "")
         table.add_row(p.item.ref, safe(", ".join(p.item.all_specs())), str(len(p.cells)), str(len(p.finished)),
                       str(len(to_do)), "—" if hours is None else format_cost(hours, programme.device), safe(note[:90]))
     # Items share cells (Tables 1 and 5 are one sweep): the totals count each cell once.
@@ -126,13 +131,23 @@ def _print_plan(programme) -> None:
                 total_todo += 1
                 if h is None:
                     unknown += 1
+                    unknown_tasks.add(c.task)
                 else:
                     total_hours += h
+                    if p.cost is not None and p.cost.source is not None:
+                        sources[p.cost.source] = sources.get(p.cost.source, 0) + 1
     console.print(table)
+    device = programme.device
     if unknown == total_todo and total_todo:        # nothing to estimate from: no "about 0 s"
-        console.print(f"{total_todo} cell(s) to do; no estimate: their tasks have no finished run on "
-                      f"{programme.device} to estimate from")
-    else:
-        console.print(f"{total_todo} cell(s) to do, about {format_cost(total_hours, programme.device)}"
-                      + (f" (+ {unknown} cell(s) of tasks with no finished run on {programme.device} to estimate "
-                         "from)" if unknown else ""))
+        console.print(f"{total_todo} cell(s) to do; cost unknown: their tasks ({safe(', '.join(sorted(unknown_tasks)))}"
+                      f") have no finished run on {device} here and no committed benchmark on {device}")
+        return
+    priced = total_todo - unknown
+    line = (f"{total_todo} cell(s) to do, about {format_cost(total_hours, device)}" if priced == total_todo else
+            f"{total_todo} cell(s) to do; the {priced} priced take about {format_cost(total_hours, device)}")
+    if sources:
+        line += "; " + ", ".join(f"{n} of them from {safe(s)} (another machine)" for s, n in sources.items())
+    if unknown:
+        line += (f"; {unknown} cell(s) unknown: no run or benchmark on {device} of "
+                 f"{safe(', '.join(sorted(unknown_tasks)))}")
+    console.print(line)

@@ -33,6 +33,7 @@ from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags
 
 AXES_PANEL = "Axes (lists 0,0.51 · log ranges 1e-4..1 or 1e-4..1:9)"
+SWEEP_PANEL = "The sweep"       # what is swept and how it is checked: not axes
 
 
 def _axis(help_text: str = ""):
@@ -44,16 +45,18 @@ def _axis(help_text: str = ""):
 def sweep(
     task: Annotated[Optional[str], typer.Argument(metavar="TASK", help="Task name (or give --spec).",
                                                   autocompletion=complete_task)] = None,
-    spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=AXES_PANEL)] = None,
+    spec: Annotated[Optional[Path], typer.Option(help="A TOML spec under sweeps/.", rich_help_panel=SWEEP_PANEL)] = None,
     p_min: Annotated[Optional[str], _axis("Classification: ε = log(1/p_min), as an axis.")] = None,
     seeds: Annotated[Optional[int], _axis("Seeds 0..N-1.")] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="Task option KEY=V1,V2 (repeatable).",
                                                         rich_help_panel=AXES_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="Models, e.g. tiny,NAME (same as -o model=...).",
                                                  rich_help_panel=AXES_PANEL)] = None,
-    name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=AXES_PANEL)] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", help="Accept a grid of more than 10,000 cells.")] = False,
+    name: Annotated[Optional[str], typer.Option(help="A name to find the sweep by.", rich_help_panel=SWEEP_PANEL)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.",
+                                          rich_help_panel=SWEEP_PANEL)] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Accept a grid of more than 10,000 cells.",
+                                      rich_help_panel=SWEEP_PANEL)] = False,
     wait: Annotated[bool, typer.Option(help="Block and show the live ledger until every cell is done.",
                                        rich_help_panel=LAUNCH_PANEL)] = False,
     tune: Annotated[Optional[int], typer.Option(help="TPE search: N trials over the axes instead of the grid "
@@ -219,9 +222,9 @@ def _print_plan(sid: str, spec, configs) -> None:
 def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
     """The plan's device time from the database's finished runs of the same task and device, read-only; a line for
     console.print (the device and task are user text, made safe)."""
+    from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost
     from flctl.db import Store
     from flctl.errors import StoreError
-    from flctl.sweep import estimate_cost, format_cost, format_seconds
 
     device, task = safe(configs[0].device), safe(configs[0].task)
     url = db_url(db, results_root(results_dir))
@@ -235,11 +238,16 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
                 store.close()
         except StoreError:
             runs = []
-    cost = estimate_cost(runs, configs, settings.cells_per_device(configs[0].task, len(configs), configs[0].device))
+    per_device = settings.cells_per_device(configs[0].task, len(configs), configs[0].device)
+    cost = estimate_cost(runs, configs, per_device) or reference_cost(configs, per_device)
     if cost is None:
-        return (f"cost: no finished {task} runs on {device} in the database yet, so no estimate "
-                "(it is fitted to their seconds per run)")
-    if cost.s_per_cell == 0:     # one epoch count in the history: its start-up is inside the seconds per epoch
+        return (f"cost: unknown: no finished {task} runs on {device} in the database yet (the estimate is fitted to "
+                f"their seconds per run), and no benchmark of {task} on {device} is committed")
+    if cost.source is not None:
+        how = (f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} to start + {cost.epochs:,} "
+               f"epochs x {format_seconds(cost.s_per_epoch, device)} (from {cost.source}, another machine: no "
+               f"finished {task} runs on {device} in the database yet)")
+    elif cost.s_per_cell == 0:     # one epoch count in the history: its start-up is inside the seconds per epoch
         how = (f"{cost.epochs:,} epochs to train x {format_seconds(cost.s_per_epoch, device)} per epoch (median of "
                f"{cost.history} finished {task} runs on {device}, start-up included)")
     else:

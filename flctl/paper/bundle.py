@@ -89,7 +89,7 @@ def _row_label(method: str, eps: float | None, alpha: float | None, model: Any) 
 
 
 def _hours(h: float | None, device: str) -> str:
-    from flctl.sweep import format_cost
+    from flctl.cost import format_cost
 
     if h is None:
         return f"no finished run on {device} to estimate the cost from"

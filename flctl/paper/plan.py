@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from flctl.config import RunConfig
+from flctl.cost import CostEstimate, estimate_cost, reference_cost
 from flctl.errors import ConfigError
 from flctl.paper.programme import Item, Published, published, scaled, spec_paths
 from flctl.status import REPORTABLE
-from flctl.sweep import CostEstimate, SweepSpec, estimate_cost, load_spec, plan, sweep_id
+from flctl.sweep import SweepSpec, load_spec, plan, sweep_id
 
 
 @dataclass
@@ -38,7 +39,7 @@ class ItemPlan:
     item: Item
     cells: dict[str, RunConfig]
     finished: set[str]                       # completed or diverged
-    cost: CostEstimate | None                # of the cells to do; None: no history on this device, or none to do
+    cost: CostEstimate | None                # of the cells to do; None: no history or benchmark, or none to do
     no_data: str | None
     rows: list[Published] = field(default_factory=list)   # the published table's rows (tables only)
 
@@ -118,7 +119,7 @@ def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: s
         finished = {i for i in cells if i in by_id and by_id[i].status in REPORTABLE}
         to_do = [c for i, c in cells.items() if i not in finished]
         per_device = together(specs[item.all_specs()[0]].spec, to_do) if together and to_do else 1
-        cost = estimate_cost(runs, to_do, per_device) if to_do else None
+        cost = (estimate_cost(runs, to_do, per_device) or reference_cost(to_do, per_device)) if to_do else None
         no_data = next((specs[n].no_data for n in item.all_specs() if specs[n].no_data), None)
         plans.append(ItemPlan(item, cells, finished, cost, no_data, rows))
     first = next(iter(specs.values()), None)

@@ -1,0 +1,77 @@
+"""What one cell of each task costs on this machine, for the cost estimates of `flctl sweep --dry-run` and
+`flctl paper --dry-run` where the database has no finished run of a task to fit (flctl.sweep.reference_cost reads
+the newest file this writes).
+
+Each task whose data is here trains through `flctl run TASK` (its paper defaults, a fresh results folder) at two
+epoch counts, alternated, --repeats times; seconds = start-up + epochs x per-epoch is fitted to the medians. A task
+whose data is not here (exit 2) is left out and named. Writes benchmarks/results/task-costs-<date>-<device>.json.
+
+    python benchmarks/bench_task_costs.py --repeats 1      # ~4 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+EPOCHS = (1, 11)      # ten epochs apart: the slope stands above the noise of a start-up
+
+
+def _seconds(task: str, epochs: int, device: str) -> float | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "flctl", "run", task, "--epochs", str(epochs), "--device", device,
+                               "--results-dir", tmp], capture_output=True, text=True, cwd=ROOT)
+        took = time.perf_counter() - start
+    return took if done.returncode == 0 else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tasks", default=None, help="comma-separated (default: every task)")
+    args = parser.parse_args()
+    listed = json.loads(subprocess.run([sys.executable, "-m", "flctl", "tasks", "--json"], capture_output=True,
+                                       text=True, check=True, cwd=ROOT).stdout)
+    tasks = args.tasks.split(",") if args.tasks else [t["name"] for t in listed]
+    found: dict[str, dict] = {}
+    left_out: list[str] = []
+    for task in tasks:
+        times: dict[int, list[float]] = {e: [] for e in EPOCHS}
+        for _ in range(args.repeats):
+            for epochs in EPOCHS:
+                s = _seconds(task, epochs, args.device)
+                if s is None:
+                    break
+                times[epochs].append(s)
+        if not all(times.values()):
+            left_out.append(task)
+            print(f"{task}: left out (it does not run here: its data is missing)", flush=True)
+            continue
+        (e1, t1), (e2, t2) = ((e, statistics.median(v)) for e, v in times.items())
+        per_epoch = max(0.0, (t2 - t1) / (e2 - e1))
+        found[task] = {"s_per_cell": round(max(0.0, t1 - e1 * per_epoch), 3), "s_per_epoch": round(per_epoch, 4),
+                       "seconds": {str(e): [round(x, 2) for x in v] for e, v in times.items()}}
+        print(f"{task}: {found[task]['s_per_cell']} s to start + {found[task]['s_per_epoch']} s an epoch", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    out = {"device": args.device, "cores": len(os.sched_getaffinity(0)), "date": str(datetime.date.today()),
+           "commit": commit.stdout.strip() or None, "repeats": args.repeats, "epochs": list(EPOCHS),
+           "tasks": found, "left_out": left_out}
+    path = RESULTS / f"task-costs-{datetime.date.today()}-{args.device}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
