@@ -19,6 +19,7 @@ pytestmark = pytest.mark.notorch
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "docs" / "design.md"
 README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"   # what the README moved out: runs, files, clusters, layout
 RESULTS_README = ROOT / "results" / "README.md"
 
 
@@ -84,12 +85,12 @@ def test_readme_report_columns_are_the_summary_metrics() -> None:
 
 
 def test_readme_database_bullet_lists_the_summary_metrics() -> None:
-    bullet = between(section(README, "Where things go"), "summary metrics (")
+    bullet = between(section(REFERENCE, "Where things go"), "summary metrics (")
     listed = [m for m in ticked(bullet) if m.split(".")[0] not in ("SPLIT", *SPLITS)]   # not `train.avg_loss`
     assert listed == list(SUMMARY_METRICS)
 
 
-@pytest.mark.parametrize(("doc", "start"), [(README, "per-sample records at each eval epoch: `"),
+@pytest.mark.parametrize(("doc", "start"), [(REFERENCE, "per-sample records at each eval epoch: `"),
                                             (RESULTS_README, "(columns: ")],
                          ids=["README", "results-README"])
 def test_record_column_lists_are_the_schema(doc: Path, start: str) -> None:
@@ -154,7 +155,7 @@ def test_modules_stay_small_and_each_job_has_one_home() -> None:
 def _layout() -> tuple[list[str], list[list[str]]]:
     """README's layout block: the top-level paths (the first word of each unindented line) and flctl/'s groups (the
     names, comma-separated, on the lines indented by two spaces, up to the colon that ends a group)."""
-    block = between(section(README, "Layout"), "```\n", "```")
+    block = between(section(REFERENCE, "Layout"), "```\n", "```")
     top, groups, names = [], [], []
     for line in block.splitlines():
         if re.match(r"\S", line):

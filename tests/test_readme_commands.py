@@ -49,7 +49,7 @@ if not complete(DEBIAN):       # installed by .ci/run; elsewhere its line must r
 def readme_lines() -> list[str]:
     """The `flctl` command of every line of the README's bash blocks, comment stripped (the Quick start's after
     its `&&` install steps)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "README.md").read_text() + (REPO / "docs" / "reference.md").read_text()   # the README's rest
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():
