@@ -204,3 +204,16 @@ def test_the_papers_dry_run_prices_every_cell_it_can_and_names_the_rest(tmp_path
     assert sorted(REFERENCE.glob("task-costs-*-cpu.json")) and "from benchmarks/results/task-costs-" in line, line
     assert "unknown: no run or benchmark on cpu of cifar10" in line, line
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.notorch
+@pytest.mark.parametrize(("args", "said"), [(["--table", "nope"], "unknown table 'nope'; choose one of: main,"),
+                                            (["--plot", "nope"], "unknown plot 'nope'; choose one of: cdf,"),
+                                            (["--samples", "nope"], "unknown query 'nope'; choose one of: violators,")])
+def test_a_report_of_an_unknown_name_says_so_before_it_looks_for_a_database(tmp_path: Path, args: list[str],
+                                                                            said: str) -> None:
+    res = runner.invoke(app, ["report", *args, "--results-dir", str(tmp_path / "results")])
+    assert res.exit_code == 2
+    [line] = _errors(res.output)
+    assert line.startswith(f"error: {said}"), line
+    assert not (tmp_path / "results").exists()

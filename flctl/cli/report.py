@@ -78,7 +78,15 @@ def report(
 
     if sum(x is not None for x in (table, plot, samples)) != 1:
         fail("give exactly one of --table, --plot or --samples")
-    spec = TABLE_SPECS.get(table) if table is not None else None   # an unknown name is refused below, with the list
+    spec = TABLE_SPECS.get(table) if table is not None else None
+    if table is not None and spec is None:
+        try:
+            table_spec(table)              # refuses an unknown name, listing the tables, before any database
+        except ConfigError as exc:
+            fail(str(exc))
+    for kind, name, names in (("plot", plot, PLOTS), ("query", samples, QUERIES)):   # before any database is read
+        if name is not None and name not in names:
+            fail(f"unknown {kind} {name!r}; choose one of: {', '.join(names)}")
     if (spec is not None and spec.by) != (by is not None):
         fail(f"--table {table} needs --by ATTRIBUTE (e.g. race)" if by is None
              else f"--by applies to --table {listed(_by_tables())}")
