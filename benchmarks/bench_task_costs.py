@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tasks", default=None, help="comma-separated (default: every task)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     listed = json.loads(subprocess.run([sys.executable, "-m", "flctl", "tasks", "--json"], capture_output=True,
                                        text=True, check=True, cwd=ROOT).stdout)
@@ -68,7 +69,7 @@ def main() -> None:
     out = {"device": args.device, "cores": len(os.sched_getaffinity(0)), "date": str(datetime.date.today()),
            "commit": commit.stdout.strip() or None, "repeats": args.repeats, "epochs": list(EPOCHS),
            "tasks": found, "left_out": left_out}
-    path = RESULTS / f"task-costs-{datetime.date.today()}-{args.device}.json"
+    path = args.out / f"task-costs-{datetime.date.today()}-{args.device}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 

@@ -30,9 +30,10 @@ def _spin(stop) -> None:
         pass
 
 
-def _run(threads: str | None, folder: Path) -> float:
+def _run(threads: str | None, folder: Path, epochs: int | None) -> float:
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     cmd = [sys.executable, "-m", "flctl", "run", "two-moons", "--method", "fl", "--results-dir", str(folder)]
+    cmd += [] if epochs is None else ["--epochs", str(epochs)]
     start = time.perf_counter()
     subprocess.run(cmd + ([] if threads is None else ["--threads", threads]), check=True, capture_output=True,
                    env=env, cwd=ROOT)
@@ -42,6 +43,8 @@ def _run(threads: str | None, folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None, help="instead of the paper's 250 (a smoke run)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     cores = str(len(os.sched_getaffinity(0)))
     ways = {"auto": None, f"--threads {cores}": cores}
@@ -55,7 +58,7 @@ def main() -> None:
             for round_ in range(args.repeats):
                 for way, threads in ways.items():
                     with tempfile.TemporaryDirectory() as tmp:
-                        times[load][way].append(round(_run(threads, Path(tmp)), 2))
+                        times[load][way].append(round(_run(threads, Path(tmp), args.epochs), 2))
                     print(f"{load} round {round_ + 1}: {way}: {times[load][way][-1]} s", flush=True)
         finally:
             if neighbour is not None:
@@ -68,7 +71,7 @@ def main() -> None:
     for load, m in medians.items():
         print(f"{load}: auto {m['auto']:.2f} s, --threads {cores} {m[f'--threads {cores}']:.2f} s: "
               f"{out['ratio_forced_over_auto'][load]}x (medians of {args.repeats})")
-    path = RESULTS / f"threads-{datetime.date.today()}-cpu.json"
+    path = args.out / f"threads-{datetime.date.today()}-cpu.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 

@@ -79,11 +79,7 @@ def train(
     (0: every epoch; by time, so that a short epoch does not pay for a write of the whole state), after every eval
     epoch (so a resume never redoes recorded work twice over), and when
     ``stop()`` turns true: the run then ends at that epoch boundary with status "stopped", ready to resume.
-    The folders above ``run_dir`` and ``records_root`` are made here where missing (``train_together``, a worker's,
-    makes none above a results folder, which may have been deleted meanwhile).
     """
-    Path(run_dir).parent.mkdir(parents=True, exist_ok=True)
-    Path(records_root).parent.mkdir(parents=True, exist_ok=True)
     return train_together([cfg], records_root, [run_dir], on_epoch, checkpoint_every=checkpoint_every,
                           stop=stop)[0]
 
@@ -107,12 +103,17 @@ def train_together(
     disk (the caller records it then, not when the group ends); the returned list holds every cell's result.
 
     ``fence(run_id)``: whether this process still holds the run's claim (flctl.runner). It is asked before every
-    write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more.
+    write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more. Without a
+    fence the folders above ``records_root`` and ``run_dirs`` are made where missing; with one (a worker, whose results
+    folder may be deleted under it) none above the results folder is (flctl.fs.make_below).
 
     ``threads`` (CPU cells): torch's intra-op threads while they train, a number (--threads) or "auto" (chosen from
     the step's size and the free cores, flctl.knobs.cpu_threads); None leaves the process's setting (a sweep worker
     sets its own). Each result's ``trained_with`` says how many, and who chose."""
     records_root = Path(records_root)
+    if fence is None:    # the caller's folders, made where missing; a fenced worker's may be deleted under it: none
+        for folder in (records_root, *map(Path, run_dirs)):
+            folder.parent.mkdir(parents=True, exist_ok=True)
     task = get_task(cfgs[0].task)
     if not can_train_together(cfgs):
         raise ValueError(f"these {len(cfgs)} cells cannot train together")

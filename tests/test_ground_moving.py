@@ -178,7 +178,9 @@ def test_a_signal_ends_every_waiting_command_with_its_code(tmp_path: Path, signu
         waiting.send_signal(signum)
         out, err = waiting.communicate(timeout=120)
         assert waiting.returncode == code, out + err
-        assert "stopped: its cell went back to the queue" in out and "Traceback" not in err
+        # its one worker was this process's: told on stderr that the sweep's workers stopped, and how it resumes
+        assert "stopped: sweep " in err and "went back to the queue" in err and "stopped" not in out, out + err
+        assert "Traceback" not in err
     finally:
         for p in (waiting, watcher):
             if p is not None and p.poll() is None:

@@ -130,13 +130,13 @@ def _differs(rows) -> list[str]:
 
 
 def runs_table(rows, every_id: list[str], width: int):
-    """`flctl runs`' table, fitted to ``width`` columns: the ids never cut below their unique prefix (they are what
-    `flctl show` takes); the other columns, last first, give way instead, named in the returned note."""
+    """`flctl runs`' table, fitted to ``width`` columns: whole ids where every column fits with them, else each at its
+    unique prefix, never shorter (ids are what `flctl show` takes); the other columns, last first, give way instead,
+    named in the returned note."""
     from rich.table import Table
 
-    digits = unique_prefix([r.id for r in rows], every_id)
     cells: dict[str, list[str]] = {
-        "id": [r.id[:digits] for r in rows], "task": [safe(r.task) for r in rows],
+        "id": [r.id for r in rows], "task": [safe(r.task) for r in rows],
         "method": [safe(r.method) for r in rows], "status": [safe(r.status) for r in rows],
         "differs": _differs(rows),
         "ε": [_num(r.config.get("eps")) for r in rows], "α": [_num(r.config.get("alpha")) for r in rows],
@@ -148,20 +148,30 @@ def runs_table(rows, every_id: list[str], width: int):
         "time": [f"{r.duration_s:.1f}s" if r.duration_s else "" for r in rows],
         "error": [_short(error_line(r.error or "")) if r.status == Status.FAILED else "" for r in rows],
     }
-    cells = {k: v for k, v in cells.items() if k in ("id", "task", "method", "status") or any(v)}
-    used, kept, left = 1, [], []                 # 1: the table's left border
-    for name, values in cells.items():
-        need = max(len(name), *map(len, values)) + 3    # rich's padding and the border
-        if used + need <= width or name in ("id", "task", "method", "status"):
-            used += need
-            kept.append(name)
-        else:
-            left.append(name)
+    always = ("id", "task", "method", "status")
+    cells = {k: v for k, v in cells.items() if k in always or any(v)}
+
+    def fit() -> tuple[list[str], list[str]]:
+        used, kept, left = 1, [], []                 # 1: the table's left border
+        for name, values in cells.items():
+            need = max(len(name), *map(len, values)) + 3    # rich's padding and the border
+            if used + need <= width or name in always:
+                used += need
+                kept.append(name)
+            else:
+                left.append(name)
+        return kept, left
+
+    kept, left = fit()
+    if left:
+        digits = unique_prefix(cells["id"], every_id)
+        cells["id"] = [i[:digits] for i in cells["id"]]
+        kept, left = fit()
     table = Table(*kept)
     for column in table.columns:
         column.no_wrap = True
         if column.header == "id":
-            column.min_width = digits
+            column.min_width = max(map(len, cells["id"]), default=ID_DIGITS)
     for i in range(len(rows)):
         table.add_row(*(f"[red]{cells[k][i]}[/]" if k == "error" and cells[k][i] else cells[k][i] for k in kept))
     note = f"{len(left)} more column(s) do not fit here ({', '.join(left)}): `flctl show ID` or --json has " \
