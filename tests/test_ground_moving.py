@@ -87,15 +87,7 @@ def test_a_wait_on_a_sweep_that_flctl_cancel_stopped_ends_with_one_line_and_130(
     assert started.returncode == 0, started.stderr
     watcher = subprocess.Popen([*FLCTL, "status", "--watch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "COLUMNS": "250"})
-    try:
-        wait_until(lambda: _running(results) == 2, "two cells training", interval=0.1)
-        [sid] = [p.name for p in (results / "jobs").iterdir()]
-        cancelled = subprocess.run([*FLCTL, "cancel", sid, *args], capture_output=True, text=True, timeout=120)
-        assert cancelled.returncode == 0, cancelled.stderr
-        out, err = watcher.communicate(timeout=60)
-    finally:
-        if watcher.poll() is None:
-            watcher.kill()
+    sid, out, err = _cancel_while_two_train(watcher, results)
     assert watcher.returncode == 130, out + err
     assert [line for line in out.splitlines() if line.startswith("stopped:")] == \
         [f"stopped: sweep {sid}'s workers were stopped (`flctl cancel`, a signal); 2 cell(s) handed back, `flctl "
@@ -111,15 +103,7 @@ def test_flctl_cancel_under_sweep_wait_is_told_on_stderr_as_what_it_did(tmp_path
                              "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
                              "--batch-runs", "1", "--wait", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "COLUMNS": "250"})
-    try:
-        wait_until(lambda: _running(results) == 2, "two cells training", interval=0.1)
-        [sid] = [p.name for p in (results / "jobs").iterdir()]
-        cancelled = subprocess.run([*FLCTL, "cancel", sid, *args], capture_output=True, text=True, timeout=120)
-        assert cancelled.returncode == 0, cancelled.stderr
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    sid, out, err = _cancel_while_two_train(proc, results)
     assert proc.returncode == 130, out + err
     assert "stopped" not in out, out
     assert [line for line in err.splitlines() if line.startswith("stopped:")] == [
@@ -185,6 +169,22 @@ def test_a_signal_ends_every_waiting_command_with_its_code(tmp_path: Path, signu
         for p in (waiting, watcher):
             if p is not None and p.poll() is None:
                 p.kill()
+
+
+def _cancel_while_two_train(waiting: subprocess.Popen, results: Path) -> tuple[str, str, str]:
+    """`flctl cancel` the results folder's one sweep once two of its cells train, while ``waiting`` waits on it:
+    (the sweep's id, what ``waiting`` printed on stdout and stderr once it ended)."""
+    try:
+        wait_until(lambda: _running(results) == 2, "two cells training", interval=0.1)
+        [sid] = [p.name for p in (results / "jobs").iterdir()]
+        cancelled = subprocess.run([*FLCTL, "cancel", sid, "--results-dir", str(results)], capture_output=True,
+                                   text=True, timeout=120)
+        assert cancelled.returncode == 0, cancelled.stderr
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    return sid, out, err
 
 
 def _running(results: Path) -> int:
