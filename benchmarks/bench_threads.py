@@ -45,10 +45,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=None, help="instead of the paper's 250 (a smoke run)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--loads", default="quiet,busy", help="quiet, busy or both (a smoke run: quiet only, so it "
+                        "spins no core beside the test suite)")
     args = parser.parse_args()
     cores = str(len(os.sched_getaffinity(0)))
     ways = {"auto": None, f"--threads {cores}": cores}
-    times: dict[str, dict[str, list[float]]] = {load: {w: [] for w in ways} for load in ("quiet", "busy")}
+    times: dict[str, dict[str, list[float]]] = {load: {w: [] for w in ways} for load in args.loads.split(",")}
     for load in times:
         stop = multiprocessing.Event()
         neighbour = multiprocessing.Process(target=_spin, args=(stop,)) if load == "busy" else None

@@ -43,7 +43,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "bench_step_cost.py": ["--rounds", "1", "--steps", "1", "--out", str(tmp)],
         "bench_open_directions.py": ["nupi", "--seeds", "1", "--kp", "1", "--epochs", "20"],
         "plain_two_moons.py": [],
-        "bench_threads.py": ["--repeats", "1", "--epochs", "2", "--out", str(tmp)],
+        "bench_threads.py": ["--repeats", "1", "--epochs", "2", "--loads", "quiet", "--out", str(tmp)],
         "bench_task_costs.py": ["--tasks", "two-moons", "--out", str(tmp)],
     }
 
