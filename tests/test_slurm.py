@@ -297,7 +297,9 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     # A worker that started a few seconds ahead may finish its first cell and take the third before the other has
     # three records, so the third can be handed back with too few records to tell a resume: the test follows the
     # handed-back cell that got furthest (the slower worker's has three records: that is what the wait waits for).
-    epochs, every = 1000, 50
+    # 4000 epochs: grouped cells train 1000 in seconds, and under a loaded suite all three had completed before
+    # `flctl cancel` (a process that imports first) got its signal to them
+    epochs, every = 4000, 50
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", str(epochs), "--eval-every", str(every))
     args = ("sweep", *cell, "--seed", "0,1,2", "--executor", "slurm", "--workers", "2", "--checkpoint-every", "0.5")
     first = flctl(tmp_path, *args)
@@ -319,7 +321,7 @@ def test_cancel_stops_the_array_hands_cells_back_and_rerun_finishes(tmp_path: Pa
     assert not any(r.status == "running" for r in runs), runs
     handed_back = sorted((r for r in runs if r.epochs_done > 0 and r.status == "interrupted"),
                          key=lambda r: -r.epochs_done)
-    assert handed_back and all(r.attempts == 0 for r in handed_back)
+    assert handed_back and all(r.attempts == 0 for r in handed_back), [(r.id, r.status, r.epochs_done, r.error, r.job_id) for r in runs]
     files = record_files(tmp_path, handed_back[0].id)
 
     resumed = flctl(tmp_path, *args)
