@@ -796,6 +796,27 @@ def _lease_settings(path: Path) -> dict[str, str]:
                 if re.match(r"(LEASE_S|SECTIONS|BENCH_ARGS)=", line))
 
 
+def _task_costs(sections: dict, on_cuda: bool) -> dict[str, dict]:
+    """Per-task figures for flctl.cost.reference_cost (the dry run's price of a task with no finished runs on this
+    kind of device): a cell of E epochs takes s_per_cell + E x s_per_epoch seconds, from the tasks timed one cell
+    at a time on the default engine (the first epoch's extra, data loading to capture, is the start-up; one
+    evaluation every PAPER_EVAL_EVERY epochs is spread over the epochs). The two-moons sweeps are left out: they
+    time many cells sharing a device, not one."""
+    def figures(timed: list[dict]) -> dict | None:
+        timed = [t for t in timed if t.get("epoch_s") and t.get("first_epoch_s")]
+        if not timed:
+            return None
+        epoch = statistics.median(t["epoch_s"] + (t.get("eval_s") or 0.0) / PAPER_EVAL_EVERY for t in timed)
+        start = statistics.median(max(0.0, t["first_epoch_s"] - t["epoch_s"]) for t in timed)
+        return {"s_per_cell": round(start, 3), "s_per_epoch": round(epoch, 4), "from": len(timed)}
+
+    engine = default_engine(on_cuda)
+    cif = sections.get("cifar", {}).get("runs", {})
+    found = {"cifar10": figures([v for k, v in cif.items() if k.startswith(f"{engine}/auto/")]),
+             "utkface": figures(list(sections.get("utkface", {}).get("methods", {}).values()))}
+    return {task: f for task, f in found.items() if f}
+
+
 def default_engines(on_cuda: bool) -> str:
     """On a GPU the default engine (captured) and its compiled form; eager was measured (3.1x slower on an H100)."""
     return "captured,compiled-captured" if on_cuda else "eager,compiled"     # captured replays CUDA graphs
@@ -941,6 +962,14 @@ def collect(args) -> None:
                 shutil.copyfile(f, dest / call / f.name)
     dest.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {dest.with_suffix('.json')} and {dest}/")
+    costs = _task_costs(sections, on_cuda)
+    if costs:              # what the dry run prices these tasks with on a device of this kind (flctl.cost)
+        kind = "cuda" if on_cuda else "cpu"
+        path = args.results / f"task-costs-{date}-{kind}.json"
+        path.write_text(json.dumps({"device": kind, "gpu": env["device"], "date": date, **commit,
+                                    "engine": default_engine(on_cuda), "eval_every": PAPER_EVAL_EVERY,
+                                    "tasks": costs, "from": f"{dest.name}.json"}, indent=1) + "\n")
+        print(f"wrote {path}")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -374,3 +374,29 @@ def test_collect_merges_the_calls_of_a_lease_and_says_what_failed(tmp_path: Path
     copied = results / "gpu-2026-11-26-h200"
     assert {(p.parent.name, p.name): p.read_bytes() for p in copied.glob("*/*")} == \
         {(p.parent.name, p.name): p.read_bytes() for p in lease.glob("*/*")}
+
+
+def test_collect_writes_the_cuda_task_costs_the_dry_run_prices_with(tmp_path: Path) -> None:
+    """collect turns the cells it timed one at a time on the default engine into task-costs-<date>-cuda.json: the
+    first epoch's extra is the start-up, one evaluation every 10 epochs is spread over them; flctl.cost then prices
+    a CIFAR-10 cell on cuda from it (the paper's dry run on a machine with no CUDA runs of its own)."""
+    from benchmarks import bench_gpu
+    from flctl import api
+    from flctl.cost import reference_cost
+
+    env = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0", "commit": "abc1234"}
+    cifar = {"env": env, "ok": True, "runs": {
+        "captured/auto/erm": {"epoch_s": 1.2, "first_epoch_s": 9.2, "eval_s": 1.0},
+        "captured/auto/fl": {"epoch_s": 1.4, "first_epoch_s": 9.4, "eval_s": 1.0},
+        "eager/auto/fl": {"epoch_s": 4.0, "first_epoch_s": 30.0, "eval_s": 1.0}}}       # not the default engine
+    (tmp_path / "call").mkdir()
+    (tmp_path / "call" / "cifar.json").write_text(json.dumps(cifar))
+    results = tmp_path / "results"
+    bench_gpu.main(["collect", str(tmp_path / "call"), "--date", "2026-11-26", "--results", str(results)])
+
+    got = json.loads((results / "task-costs-2026-11-26-cuda.json").read_text())
+    assert got["tasks"] == {"cifar10": {"s_per_cell": 8.0, "s_per_epoch": 1.4, "from": 2}}   # medians: 8, 1.3 + 0.1
+    cost = reference_cost([api.config("cifar10", "fl", check_data=False, device="cuda", epochs=200)], 1, results)
+    assert cost is not None and cost.source == "benchmarks/results/task-costs-2026-11-26-cuda.json"
+    assert abs(cost.device_hours - (8.0 + 200 * 1.4) / 3600) < 1e-9
+    assert reference_cost([api.config("cifar10", "fl", check_data=False, epochs=200)], 1, results) is None       # cpu: none here
