@@ -40,7 +40,8 @@ CAPTURED_ENGINES = ("captured", "compiled-captured", "captured-streams")   # CUD
 COMPILED_ENGINES = ("compiled", "compiled-captured")        # through torch.compile
 ALONE_ENGINES = (*COMPILED_ENGINES, "captured-streams")    # whose cells never run as one grouped model
 # Where a field's command-line option is listed in `flctl run --help`.
-PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where"}
+PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where",
+          "launch": "Launch"}
 # Upper bounds that catch typos (--epochs 1e6 meant as 1e2) and values the database cannot hold (a seed is an
 # SQL integer); far above anything the paper runs.
 MAX_EPOCHS = 1_000_000

@@ -10,7 +10,6 @@ from flctl.errors import ConfigError
 
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_CHECKPOINT_EVERY_S = 60.0
-SLURM_DEFAULT_WORKERS = 64
 # Seconds `flctl cancel` gives a worker to checkpoint and hand its cell back before it is killed.
 DEFAULT_CANCEL_TIMEOUT_S = 60.0
 # Most cells of a small model (Task.batched) one worker trains together by default, by device kind

@@ -141,7 +141,7 @@ def test_modules_stay_small_and_each_job_has_one_home() -> None:
     assert holding("claim_token") == {"flctl/db/queue.py", "flctl/db/schema.py",
                                       "flctl/migrations/versions/0003_claim_token.py"}
     assert holding("F_OFD_SETLK", "journal_mode") <= {"flctl/db/sqlite.py", "flctl/db/store.py"}
-    assert holding('"scancel"', '"squeue"', '"sinfo"') == {"flctl/launch/slurm.py"}
+    assert holding('"scancel"', '"squeue"', '"sinfo"') == {"flctl/launch/backends/slurm.py"}
     for path, text in sources.items():
         package = path.split("/")[1]
         if package not in ("db", "launch"):

@@ -42,7 +42,7 @@ class Inline(Launcher):
     Options = InlineOptions
     in_process = True
 
-    def slots(self, cells, device, settings):
+    def slots(self, cells, device, *, workers, threads, per_gpu):
         return [Slot(i) for i in range(min(2, cells))]
 
     def start(self, worker, slots, folder, log, per_gpu=1):

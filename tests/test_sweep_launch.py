@@ -79,15 +79,15 @@ def test_slots_on_cpu_and_on_gpus() -> None:
 
 
 def test_a_slurm_worker_takes_as_many_threads_as_slurm_gave_it(monkeypatch) -> None:
-    from flctl.launch.slurm import allocated_cpus
+    from flctl.launch.backends.slurm import Slurm
 
     for name in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
         monkeypatch.delenv(name, raising=False)
-    assert allocated_cpus() is None                                  # outside Slurm: torch's own default
+    assert Slurm.cpus_here() is None                                  # outside Slurm: torch's own default
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
-    assert allocated_cpus() == 1
+    assert Slurm.cpus_here() == 1
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")                # --cpus-per-task wins over the node's count
-    assert allocated_cpus() == 3
+    assert Slurm.cpus_here() == 3
 
 
 def test_a_worker_in_this_process_puts_torchs_threads_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

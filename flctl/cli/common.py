@@ -243,32 +243,35 @@ def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any
     return decorate
 
 
-LAUNCH_PANEL = "Launch"
-SLURM_PANEL = "Slurm"
+LAUNCH_PANEL = PANELS["launch"]
 
 
 def launch_options(fn: Callable[..., Any]) -> Callable[..., None]:
-    """Give a command one option per launch flag (flctl.launch.settings.LaunchFlags: name, help, panel); the command
-    receives them as ``launch``, a LaunchFlags. `flctl sweep` and `flctl paper` launch sweeps the same way."""
+    """Give a command one option per launch flag (flctl.launch.settings.LaunchFlags: the general flags, then each
+    built-in launcher's options; name, help, panel); the command receives them as ``launch``, a LaunchFlags. A
+    KEY=VALUE table (--sbatch) is a repeatable option. `flctl sweep` and `flctl paper` launch sweeps the same way."""
     import typing
 
     from flctl.launch.settings import LaunchFlags
 
-    panels = {"launch": LAUNCH_PANEL, "slurm": SLURM_PANEL}
     kinds = typing.get_type_hints(LaunchFlags)
     signature = inspect.signature(fn, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "launch"]
-    added = []
+    added, tables = [], []
     for f in dataclasses.fields(LaunchFlags):
-        kind = list[str] if f.name == "sbatch" else next(a for a in typing.get_args(kinds[f.name]) if a is not type(None))
+        kind = next(a for a in typing.get_args(kinds[f.name]) if a is not type(None))
+        if typing.get_origin(kind) is dict:
+            kind = list[str]
+            tables.append(f.name)
         option = typer.Option(f"--{f.name.replace('_', '-')}", help=f.metadata["help"],
-                              rich_help_panel=panels[f.metadata["panel"]])
+                              rich_help_panel=f.metadata["panel"])
         added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                        annotation=Annotated[Optional[kind], option]))
 
     def command(**kwargs: Any) -> None:
         given = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(LaunchFlags)}
-        given["sbatch"] = parse_options(given["sbatch"], "--sbatch") or None
+        for name in tables:
+            given[name] = parse_options(given[name], f"--{name.replace('_', '-')}") or None
         fn(**kwargs, launch=LaunchFlags(**given))
 
     command.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]

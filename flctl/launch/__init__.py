@@ -3,12 +3,13 @@ subprocesses, Slurm job arrays, or an installed one).
 
 A sweep's cells are rows in the database, not arguments of jobs: each worker (flctl.launch.worker) claims the next
 one until none is left. By job: settings (LaunchFlags, LaunchSettings), backends (the launchers, Slot), plan
-(`flctl sweep`'s checks and launch), flow (fill a planned sweep: launch or search, wait, sync), submit (start workers
-through the launcher), worker (the pull loop and its recipe), jobs (results/jobs/<sweep>/ and its trust checks),
-wait (until a sweep settles), slurm (every Slurm command flctl runs itself), tune (a --tune search), cancel.
+(`flctl sweep`'s checks and launch), flow (fill a planned sweep: launch or search, wait, sync), worker (the pull loop, its
+recipe, and submit: start workers through the launcher), jobs (results/jobs/<sweep>/ and its trust checks),
+wait (until a sweep settles), tune (a --tune search), cancel. Each launcher is one file of backends/, its flags,
+job-system commands and what its jobs are given included.
 
 The names below are imported on first use, so that the CLI reads LaunchFlags (no database layer) at start-up.
-`cancel` and `submit` are functions of the modules of those names: import them from there.
+`cancel` is a function of the module of that name, `submit` of worker: import them from there.
 """
 
 from __future__ import annotations

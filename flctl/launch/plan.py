@@ -14,8 +14,7 @@ from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.backends import Slot
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
 from flctl.launch.settings import LaunchFlags, LaunchSettings, cells_together
-from flctl.launch.submit import submit
-from flctl.launch.worker import Worker, WorkerRecipe
+from flctl.launch.worker import Worker, WorkerRecipe, submit
 from flctl.layout import Layout
 from flctl.status import TRAINABLE, Status
 

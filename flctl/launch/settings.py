@@ -7,19 +7,19 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import TYPE_CHECKING, Any
 
+from flctl.config import PANELS
 from flctl.errors import ConfigError
 from flctl.knobs import (
     AUTO_BATCH_RUNS,
     DEFAULT_CHECKPOINT_EVERY_S,
     DEFAULT_MAX_ATTEMPTS,
-    SLURM_DEFAULT_WORKERS,
     check_checkpoint_every,
     check_count,
 )
-from flctl.launch.backends import Launcher, Slot, get_launcher  # Slot: where pickles of older workers look
+from flctl.launch.backends import Launcher, Slot, built_in, get_launcher  # Slot: where older workers' pickles look
 
 
 def _options_of(executor: Any) -> set[str] | None:
@@ -29,7 +29,7 @@ def _options_of(executor: Any) -> set[str] | None:
         launcher = get_launcher(str(executor))
     except ConfigError:
         return None
-    return {f.name for f in fields(launcher.Options)} | set(LaunchFlags.__dataclass_fields__)
+    return {f.name for f in fields(launcher.Options)} | {f.name for f in fields(LaunchFlags)}
 
 
 def omp_threads() -> int | None:
@@ -40,21 +40,21 @@ def omp_threads() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def _flag(help: str, panel: str = "launch") -> Any:
+def _flag(help: str) -> Any:
     """A launch flag of `flctl sweep` and `flctl paper`: None (not given) unless the command line says otherwise;
-    its help text and help panel (launch or slurm) are read by flctl.cli.common.launch_options."""
-    return field(default=None, metadata={"help": help, "panel": panel})
+    its help text is read by flctl.cli.common.launch_options."""
+    return field(default=None, metadata={"help": help, "panel": PANELS["launch"]})
 
 
 @dataclass(frozen=True)
-class LaunchFlags:
-    """What a command line said about launching (None: not given, so the spec's [launch] table or the default
-    holds). One field per option, its help written here once; LaunchSettings.resolve merges it over the spec."""
+class _Flags:
+    """The launch flags of every launcher."""
 
     executor: str | None = _flag("How workers start: debug (in process), local (subprocesses), slurm (a job array) "
                                  "or an installed launcher [default: the spec's, else local].")
-    workers: int | None = _flag("Pull workers [local: cores // threads, or GPUs x per-gpu with --device cuda; slurm: "
-                                f"min(cells, {SLURM_DEFAULT_WORKERS})].")
+    workers: int | None = _flag("Pull workers [" + "; ".join(f"{launcher.name}: {launcher.default_workers}"
+                                                             for launcher in built_in() if launcher.default_workers)
+                                + "].")
     threads: int | None = _flag("torch threads per local worker [OMP_NUM_THREADS if set, else cores // workers].")
     per_gpu: int | None = _flag("Workers sharing one GPU [1].")
     batch_runs: int | None = _flag("Cells a worker trains together in one process, each equal to the cell alone "
@@ -64,18 +64,32 @@ class LaunchFlags:
     checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
                                            f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")
     max_attempts: int | None = _flag(f"Give up on a cell after this many tries [{DEFAULT_MAX_ATTEMPTS}].")
-    partition: str | None = _flag("Slurm partition (sbatch --partition).", "slurm")
-    gpus: int | None = _flag("GPUs per job.", "slurm")
-    cpus: int | None = _flag("CPUs per job.", "slurm")
-    mem_gb: float | None = _flag("Memory per job in GB (sbatch --mem).", "slurm")
-    time_min: int | None = _flag("Time limit per job.", "slurm")
-    account: str | None = _flag("Slurm account to charge (sbatch --account).", "slurm")
-    qos: str | None = _flag("Slurm quality of service (sbatch --qos).", "slurm")
-    array_parallelism: int | None = _flag("Slurm array tasks running at once (sbatch --array=...%N).", "slurm")
-    sbatch: dict[str, str] | None = _flag("Extra sbatch option KEY=VALUE (repeatable).", "slurm")
 
     def given(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def _launcher_flags() -> list[tuple[str, Any, Any]]:
+    """Each field of flctl's own launchers' Options as a flag: None unless given, its help from the field, its panel
+    the launcher's title. A launcher's flags are written once, in its own file."""
+    import typing
+
+    made = []
+    for launcher in built_in():
+        kinds = typing.get_type_hints(launcher.Options)
+        for f in fields(launcher.Options):
+            made.append((f.name, typing.Optional[kinds[f.name]], field(default=None, metadata={  # noqa: UP045
+                "help": f.metadata.get("help", ""), "panel": launcher.title or launcher.name})))
+    return made
+
+
+# What a command line said about launching (None: not given, so the spec's [launch] table or the default holds): the
+# general flags, then the built-in launchers' own; LaunchSettings.resolve merges it over the spec.
+if TYPE_CHECKING:        # to a type checker, the general flags (the launchers' are read by name, from dicts)
+    LaunchFlags = _Flags
+else:
+    LaunchFlags = make_dataclass("LaunchFlags", _launcher_flags(), bases=(_Flags,), frozen=True,
+                                 namespace={"__module__": __name__})
 
 
 @dataclass(frozen=True)
@@ -94,11 +108,11 @@ class LaunchSettings:
         return get_launcher(self.executor)(self.options)
 
     @classmethod
-    def resolve(cls, spec_launch: Mapping[str, Any], flags: LaunchFlags = LaunchFlags()) -> LaunchSettings:
+    def resolve(cls, spec_launch: Mapping[str, Any], flags: Any = None) -> LaunchSettings:
         """The command line wins over the spec's [launch] table, whose keys are the flags' names (LaunchFlags) and
         the launcher's own options; --threads given by neither is OMP_NUM_THREADS when that is set (omp_threads).
         A launcher's option given to another launcher is refused (ConfigError), as are unknown keys."""
-        given = flags.given()
+        given = (flags or LaunchFlags()).given()
         launcher = get_launcher(str(given.get("executor", spec_launch.get("executor", cls.executor))))
         general = {f.name for f in fields(cls)} - {"options"}
         own = {f.name for f in fields(launcher.Options)}
@@ -109,7 +123,7 @@ class LaunchSettings:
             spec_launch = {k: v for k, v in spec_launch.items()
                            if k in general or k in own or (theirs is not None and k not in theirs)}
         merged = {**spec_launch, **given}
-        known = general | own | set(LaunchFlags.__dataclass_fields__)
+        known = general | own | {f.name for f in fields(LaunchFlags)}
         if unknown := set(merged) - known:
             raise ConfigError(f"unknown [launch] key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}")
         if foreign := sorted(set(merged) - general - own):
@@ -138,7 +152,7 @@ class LaunchSettings:
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""
-        return self.launcher.slots(cells, device, self)
+        return self.launcher.slots(cells, device, workers=self.workers, threads=self.threads, per_gpu=self.per_gpu)
 
 
 def cells_together(settings: LaunchSettings, task: str, cells: int, workers: int, device: str) -> int:

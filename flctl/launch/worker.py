@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,10 +41,8 @@ from flctl.errors import (
     is_fatal_device_error,
 )
 from flctl.launch.backends import Launcher, Slot, get_launcher
-from flctl.launch.jobs import registered
+from flctl.launch.jobs import private_folder, registered, remember_jobs
 from flctl.launch.settings import LaunchSettings
-from flctl.launch.slurm import allocated_cpus
-from flctl.launch.submit import submit
 from flctl.layout import Layout
 from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
 from flctl.study import poll_delays, sync_sweep
@@ -105,12 +103,17 @@ class Worker(submitit.helpers.Checkpointable):
         self.ground_moved: str | None = None     # its database or results folder went away: it stopped
         self.disk_full: str | None = None        # the disk filled up: it stopped
 
+    @property
+    def name(self) -> str:
+        """The name its jobs are listed under (squeue, submitit's folders)."""
+        return f"flctl-{self.recipe.sweep_id}"
+
     def __call__(self, slot: Slot) -> dict[str, str]:
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
             os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
         self.slot = slot
         flctl.plugins.add(self.recipe.plugins)
-        with _torch_threads(slot.threads or allocated_cpus()):
+        with _torch_threads(slot.threads or self.recipe.launcher.cpus_here()):
             outcome = self._work()
         if self.device_lost is not None:
             self._end_on_device_loss(slot)
@@ -329,3 +332,18 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def submit(worker: Worker, slots: Sequence[Slot]) -> list[Any]:
+    """Start ``worker`` once per slot through its recipe's launcher, and record the jobs (submitted.json) before
+    returning, so that `flctl cancel` finds them at once. Returns without waiting, except for a launcher whose
+    workers run in this process."""
+    if not slots:
+        return []
+    recipe = worker.recipe
+    launcher, layout, root = recipe.launcher, Layout(Path(recipe.results_root)), Path(recipe.results_root)
+    folder = private_folder(root, layout.sweep_jobs(recipe.sweep_id))
+    jobs = launcher.start(worker, slots, folder, layout.controllers_log(recipe.sweep_id), recipe.per_gpu)
+    if not launcher.in_process:
+        remember_jobs(layout.submitted(recipe.sweep_id), recipe.executor, jobs)
+    return jobs

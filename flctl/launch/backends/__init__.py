@@ -1,6 +1,8 @@
 """Launchers: how a sweep's pull workers (flctl.launch.worker) start, are known alive, and are stopped.
 
-One class per launcher, each with a typed options dataclass (its ``[launch]`` keys and flags), behind ``Launcher``:
+One class per launcher, each with a typed options dataclass (its ``[launch]`` keys; a built-in launcher's are also
+its command-line flags, help and panel included: flctl.launch.settings.LaunchFlags is made from them), behind
+``Launcher``:
 ``debug`` (in this process), ``local`` (subprocesses of this machine), ``slurm`` (job arrays), flctl's own;
 an installed package adds one through the entry-point group ``flctl.launchers`` (docs/extending.md, "A launcher").
 What differs between launchers is said by the launcher, as class facts and methods: nothing outside this package
@@ -16,15 +18,11 @@ import importlib.metadata
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from flctl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from flctl.launch.settings import LaunchSettings
-    from flctl.launch.worker import Worker
 
 GROUP = "flctl.launchers"
 # flctl's own launchers, by name: their modules are imported on first use (the CLI reads the names at start-up).
@@ -39,6 +37,24 @@ class Slot:
     index: int
     threads: int | None = None
     cuda: str | None = None
+
+
+class JobBody(Protocol):
+    """What a launcher starts once per slot: a picklable callable (flctl.launch.worker.Worker) and the name its jobs
+    are listed under (flctl-<sweep id>)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, slot: Slot) -> Any: ...
+
+
+def option(help: str, default: Any = None) -> Any:
+    """A field of a launcher's Options: a ``[launch]`` key and, for flctl's own launchers, the flag ``--NAME`` with
+    this help text in the launcher's help panel (its ``title``). A dict default (KEY=VALUE flags) is given as {}."""
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,7 @@ class Launcher:
 
     name: ClassVar[str]
     title: ClassVar[str] = ""                # its name as a person writes it in a sentence ("Slurm"); "": its name
+    default_workers: ClassVar[str] = ""      # how many workers it starts without --workers, for --workers' help
     Options: ClassVar[type] = NoOptions
     runs_here: ClassVar[bool] = True         # its workers run on this machine: its devices are checked here
     in_process: ClassVar[bool] = False       # its workers run inside the launching command, which returns after them
@@ -77,11 +94,13 @@ class Launcher:
         """What starting its workers needs is here (commands, a cluster that answers, paths it writes into scripts):
         ConfigError before anything is written. ``dry_run``: only what needs no running system."""
 
-    def slots(self, cells: int, device: str, settings: LaunchSettings) -> list[Slot]:
-        """The workers to start for ``cells`` cells still to do on ``device`` (a Slot each)."""
+    def slots(self, cells: int, device: str, *, workers: int | None, threads: int | None, per_gpu: int
+              ) -> list[Slot]:
+        """The workers to start for ``cells`` cells still to do on ``device`` (a Slot each), given what the command
+        asked for: --workers, --threads (None: not given) and --per-gpu."""
         raise NotImplementedError
 
-    def start(self, worker: Worker, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
         """Start ``worker`` once per slot; its jobs, each with a ``job_id`` (an in-process launcher returns after
         they ran). ``folder``: the sweep's private jobs folder; ``log``: where workers' controllers may write;
         ``per_gpu``: workers sharing a GPU (--per-gpu)."""
@@ -98,6 +117,12 @@ class Launcher:
         """The id its scheduler stops a job by (an array task's array)."""
         return job_id
 
+    @staticmethod
+    def cpus_here() -> int | None:
+        """Asked inside one of its jobs: the CPUs the job was given, where the job system says (None: torch's own
+        choice, a thread per core of this machine)."""
+        return None
+
 
 class SubmititLauncher(Launcher):
     """A launcher through one of submitit's executors (``cluster``): a job array of the worker, one task per slot."""
@@ -108,13 +133,18 @@ class SubmititLauncher(Launcher):
         """submitit's parameters for these slots' jobs, and the slots that get a job each."""
         return {}, list(slots)
 
-    def start(self, worker: Worker, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
         import submitit
 
         ex = submitit.AutoExecutor(folder=str(folder), cluster=self.cluster)
         params, slots = self.parameters(slots, per_gpu)
-        ex.update_parameters(**{"name": f"flctl-{worker.recipe.sweep_id}", "timeout_min": 7 * 24 * 60, **params})
+        ex.update_parameters(**{"name": worker.name, "timeout_min": 7 * 24 * 60, **params})
         return ex.map_array(worker, list(slots))
+
+
+def built_in() -> list[type[Launcher]]:
+    """flctl's own launchers, in order (their modules are small: the CLI reads their options for its flags)."""
+    return [get_launcher(name) for name in BUILT_IN]
 
 
 def names() -> list[str]:

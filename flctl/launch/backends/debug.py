@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flctl.launch.backends import Slot, SubmititLauncher
-
-if TYPE_CHECKING:
-    from flctl.launch.settings import LaunchSettings
-    from flctl.launch.worker import Worker
+from flctl.launch.backends import JobBody, Slot, SubmititLauncher
 
 
 class Debug(SubmititLauncher):
@@ -21,10 +17,11 @@ class Debug(SubmititLauncher):
     def describe(self) -> str:
         return "debug: one worker in this process"
 
-    def slots(self, cells: int, device: str, settings: LaunchSettings) -> list[Slot]:
+    def slots(self, cells: int, device: str, *, workers: int | None, threads: int | None, per_gpu: int
+              ) -> list[Slot]:
         return [Slot(0)] if cells else []
 
-    def start(self, worker: Worker, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
         jobs = super().start(worker, slots, folder, log, per_gpu)
         for job in jobs:            # submitit's debug jobs run in this process when their result is asked for
             job.result()

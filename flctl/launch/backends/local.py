@@ -8,29 +8,26 @@ import stat
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flctl.errors import ConfigError
 from flctl.knobs import check_count
-from flctl.launch.backends import Slot, SubmititLauncher
-
-if TYPE_CHECKING:
-    from flctl.launch.settings import LaunchSettings
-    from flctl.launch.worker import Worker
+from flctl.launch.backends import JobBody, Slot, SubmititLauncher
 
 
 class Local(SubmititLauncher):
     name = cluster = "local"
+    default_workers = "cores // threads, or GPUs x per-gpu with --device cuda"
     joins = True
 
     def describe(self) -> str:
         return "local: worker processes on this machine"
 
-    def slots(self, cells: int, device: str, settings: LaunchSettings) -> list[Slot]:
-        return local_slots(cells, device=device, workers=settings.workers, threads=settings.threads,
-                           per_gpu=settings.per_gpu)
+    def slots(self, cells: int, device: str, *, workers: int | None, threads: int | None, per_gpu: int
+              ) -> list[Slot]:
+        return local_slots(cells, device=device, workers=workers, threads=threads, per_gpu=per_gpu)
 
-    def start(self, worker: Worker, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
         with _stdio_to(log):
             return super().start(worker, slots, folder, log, per_gpu)
 
