@@ -22,7 +22,6 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from flctl.config import RunConfig
 from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
-from flctl.db.sqlite import file_of
 from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
@@ -319,6 +318,5 @@ def database_full(store: Store, exc: BaseException) -> DiskFull | None:
     if not any(sign in text for sign in ("database or disk is full", "could not extend file",
                                           "No space left on device")):
         return None
-    url = store.engine.url
-    where = (url.get_backend_name() == "sqlite" and file_of(url)) or "the run database"
-    return DiskFull(errno.ENOSPC, os.strerror(errno.ENOSPC), where)
+    where = store.dialect.file(store.engine.url) or "the run database"
+    return DiskFull(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))

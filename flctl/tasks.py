@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from flctl import plugins
 from flctl.errors import ConfigError
@@ -24,7 +24,20 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from flctl.config import RunConfig
+
+class OfATask(Protocol):
+    """What the functions below read of a run's configuration (flctl.config.RunConfig, a layer beside this one)."""
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def opts(self) -> dict[str, Any]: ...
+
+    @property
+    def data_dir(self) -> str | None: ...
+
+    def together_key(self) -> Hashable: ...
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
 # the policy's log-ratio margin and the targets hold the frozen reference's (see flctl.losses).
@@ -265,7 +278,7 @@ def check_task_data(task: Task, options: Mapping[str, Any], data_dir: str | None
         raise ConfigError(f"--data {data_dir}: no such file or folder")
 
 
-def describe_data(cfg: RunConfig) -> str:
+def describe_data(cfg: OfATask) -> str:
     """What ``cfg``'s data came from, as its run records it: the task's ``data_source``, else the data folder, else
     the task's own code (generated or bundled data: the library versions the run records say which)."""
     task = get_task(cfg.task)
@@ -300,7 +313,7 @@ def get_task(name: str) -> Task:
     raise ConfigError(f"unknown task {name!r}; choose one of: {known} (see `flctl tasks`){hint}")
 
 
-def can_train_together(cfgs: Sequence[RunConfig]) -> bool:
+def can_train_together(cfgs: Sequence[OfATask]) -> bool:
     """Whether these cells may train in one process as one group (flctl.train.train_together), the one rule the
     worker's claim and the trainer both ask: a cell alone always; several when their task trains a model (a solver
     task's cells are solved one by one) and they agree on every field but the per-cell ones

@@ -14,6 +14,8 @@ from flctl.db import RunQueue, Store
 from flctl.db.schema import Run, now
 from tests.helpers import config
 
+ROOT = Path(__file__).resolve().parents[1]
+
 pytestmark = pytest.mark.notorch
 
 
@@ -160,3 +162,22 @@ def test_a_reader_opened_beside_a_writer_in_one_process_leaves_the_writers_lock_
     finally:
         writer.close()
     assert shared_range() == "free"
+
+
+def test_open_existing_makes_no_database_and_is_the_one_check_of_a_file_not_there(tmp_path: Path) -> None:
+    """Store.open_existing: None where the database is a file not made yet (a listing, a report, a dry run before
+    the first run), with nothing written; the database where it is. No command checks a sqlite:/// URL's file
+    itself (the dialect says where a database's file is)."""
+    import re
+
+    url = f"sqlite:///{tmp_path / 'sub' / 'flctl.db'}"
+    assert Store.open_existing(url) is None
+    assert Store.open_existing(url + "?timeout=5") is None                 # a query does not hide the file
+    assert not (tmp_path / "sub").exists()
+    Store.open(f"sqlite:///{tmp_path / 'flctl.db'}").close()
+    store = Store.open_existing(f"sqlite:///{tmp_path / 'flctl.db'}")
+    assert store is not None and store.readonly and store.list_runs() == []
+    store.close()
+    checks = [f"{p.relative_to(ROOT)}" for p in sorted((ROOT / "flctl").rglob("*.py"))
+              if re.search(r"""startswith\(["']sqlite:///""", p.read_text())]
+    assert checks == []

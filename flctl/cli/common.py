@@ -196,23 +196,29 @@ def open_results(url: str, root: Path):
 
 
 def existing_store(db: str | None, root: Path, *, readonly: bool = True):
-    """Open an existing database without creating one; ``readonly`` (listings, reports) writes nothing to it."""
+    """Open an existing database without creating one (exit 2 where its file is not there: opening it would make
+    it); ``readonly`` (listings, reports) writes nothing to it."""
     from flctl.db import Store
     from flctl.errors import StoreError
 
-    url = existing_db_url(db, root)
+    url = db_url(db, root)
     try:
-        return Store.open(url, readonly=readonly)
+        store = Store.open_existing(url, readonly=readonly)
     except StoreError as exc:
         fail(str(exc))
+    if store is None:
+        no_database(url)
+    return store
 
 
-def existing_db_url(db: str | None, root: Path) -> str:
-    """The database's URL; exit 2 if it is a SQLite file that does not exist (opening it would create it)."""
-    url = db_url(db, root)
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
-        fail(f"no run database at {url[len('sqlite:///'):]}; run `flctl run TASK` first or pass --db")
-    return url
+def no_database(url: str) -> NoReturn:
+    """Exit 2: the database at ``url`` is a file not made yet."""
+    from sqlalchemy.engine import make_url
+
+    from flctl.db.store import dialect_of
+
+    parsed = make_url(url)
+    fail(f"no run database at {dialect_of(parsed).file(parsed)}; run `flctl run TASK` first or pass --db")
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:
@@ -343,10 +349,9 @@ def _complete_ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
 
     try:
         root = results_root(ctx.params.get("results_dir"))
-        url = db_url(ctx.params.get("db"), root)
-        if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        store = Store.open_existing(db_url(ctx.params.get("db"), root))
+        if store is None:
             return []
-        store = Store.open(url, readonly=True)
         try:
             if kind == "run":
                 found = [r.id for r in store.list_runs(limit=None)]

@@ -14,10 +14,11 @@ from flctl.cli.common import (
     complete_run,
     complete_task,
     console,
-    existing_db_url,
+    db_url,
     existing_store,
     fail,
     find,
+    no_database,
     results_root,
     safe,
 )
@@ -199,9 +200,12 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
     from flctl.db import Store
     from flctl.errors import OlderSchema, StoreError
 
-    url = existing_db_url(db, results_root(results_dir))
+    url = db_url(db, results_root(results_dir))
     try:
-        Store.open(url, readonly=True).close()
+        store = Store.open_existing(url)
+        if store is None:
+            no_database(url)
+        store.close()
         console.print(f"the database is up to date (schema revision {migrations.head()})")
         return
     except OlderSchema:

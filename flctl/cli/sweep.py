@@ -227,17 +227,15 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
     from flctl.errors import StoreError
 
     device, task = safe(configs[0].device), safe(configs[0].task)
-    url = db_url(db, results_root(results_dir))
     runs = []
-    if not (url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists()):
-        try:
-            store = Store.open(url, readonly=True)
+    try:
+        if (store := Store.open_existing(db_url(db, results_root(results_dir)))) is not None:
             try:
                 runs = store.list_runs(task=configs[0].task)
             finally:
                 store.close()
-        except StoreError:
-            runs = []
+    except StoreError:
+        runs = []
     per_device = settings.cells_per_device(configs[0].task, len(configs), configs[0].device)
     cost = estimate_cost(runs, configs, per_device) or reference_cost(configs, per_device)
     if cost is None:

@@ -1,25 +1,31 @@
-"""SQLite's connection rules for the run database: pragmas, BEGIN IMMEDIATE for writers, and read-only opens that
-create no file (immutable under a shared lock of an idle WAL database)."""
+"""SQLite's rules for the run database (its flctl.db.dialect): pragmas, BEGIN IMMEDIATE for writers, read-only opens
+that create no file (immutable under a shared lock of an idle WAL database), writable connections that never make the
+file again once it is deleted, WAL mode, and a lock file beside the database."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from sqlalchemy.engine import URL
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Engine
 
-    from flctl.db.store import Store
+from flctl.db.dialect import Connect, Dialect
+from flctl.errors import DatabaseDeleted, StoreError
+
+_MEMORY_LOCK = threading.Lock()        # the lock of an in-memory database: this process only
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # busy_timeout makes a locked writer wait instead of failing. The driver's own transaction handling is turned
     # off so that _sqlite_begin decides how to begin. No journal mode here: the file may not be flctl's, and
-    # switching it to WAL rewrites its header (flctl.db.upgrade.use_wal does it once the schema is known to be ours).
+    # switching it to WAL rewrites its header (SQLite.opened does it once the schema is known to be ours).
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=30000")
@@ -171,28 +177,73 @@ def _sqlite_begin(conn) -> None:
     conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
-def use_wal(store: Store) -> None:
-    """Put flctl's SQLite database (known to be ours by now) in WAL mode, where readers run beside one writer.
-    The mode is kept in the file, so it is set once, on the driver's connection, outside any transaction."""
-    if store.readonly or store.engine.dialect.name != "sqlite":
-        return
-    from flctl.db.upgrade import SCHEMA_LOCK
+class SQLite(Dialect):
+    name = "sqlite"
 
-    conn = store.engine.raw_connection()
-    try:
-        if conn.cursor().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-            return                     # the usual case: set by whoever opened the database first
-        # Switching needs the file to itself, and SQLite answers "database is locked" at once (no busy wait)
-        # while another process holds it: e.g. several processes opening a new database together. The schema
-        # lock orders them; a reader still in the file gets a few short retries.
-        with store.exclusive(SCHEMA_LOCK):
-            for attempt in range(50):
-                try:
-                    conn.cursor().execute("PRAGMA journal_mode=WAL")
-                    return
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or attempt == 49:
-                        raise
-                    time.sleep(0.1)
-    finally:
-        conn.close()
+    def targets(self, url: URL, *, readonly: bool, create: bool) -> list[str | Connect]:
+        """Read-only: SQLite's read-only mode, else the file as immutable (a folder that cannot take the lock
+        files). Writable: a URL that never makes the file again (never_made_again)."""
+        if readonly and url.database:
+            path = Path(url.database).resolve()
+            return [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
+        try:
+            return [never_made_again(url, create).render_as_string(hide_password=False)]
+        except FileNotFoundError as exc:
+            raise DatabaseDeleted(str(exc)) from None
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open database {url.render_as_string()}: {exc} "
+                             "(check --db / FLCTL_DB and that its folder exists)") from None
+
+    def engine_args(self, *, readonly: bool) -> dict[str, Any]:
+        return {"connect_args": {"timeout": 30}}
+
+    def set_up(self, engine: Engine, *, readonly: bool) -> None:
+        event.listen(engine, "connect", _sqlite_pragmas_readonly if readonly else _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin_readonly if readonly else _sqlite_begin)
+
+    def opened(self, engine: Engine, *, readonly: bool) -> None:
+        """Put flctl's SQLite database (known to be ours by now) in WAL mode, where readers run beside one writer.
+        The mode is kept in the file, so it is set once, on the driver's connection, outside any transaction."""
+        if readonly:
+            return
+        from flctl.db.upgrade import SCHEMA_LOCK
+
+        conn = engine.raw_connection()
+        try:
+            if conn.cursor().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return                     # the usual case: set by whoever opened the database first
+            # Switching needs the file to itself, and SQLite answers "database is locked" at once (no busy wait)
+            # while another process holds it: e.g. several processes opening a new database together. The schema
+            # lock orders them; a reader still in the file gets a few short retries.
+            with self.exclusive(engine, SCHEMA_LOCK):
+                for attempt in range(50):
+                    try:
+                        conn.cursor().execute("PRAGMA journal_mode=WAL")
+                        return
+                    except sqlite3.OperationalError as exc:
+                        if "locked" not in str(exc) or attempt == 49:
+                            raise
+                        time.sleep(0.1)
+        finally:
+            conn.close()
+
+    @contextmanager
+    def exclusive(self, engine: Engine, name: str) -> Iterator[None]:
+        """The database is one machine's file: an exclusive file lock beside it (an in-memory one: this process)."""
+        import fcntl
+
+        if (database := file_of(engine.url)) is None:
+            with _MEMORY_LOCK:
+                yield
+            return
+        path = Path(database)
+        with open(path.with_name(f"{path.name}.{name}.lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def file(self, url: URL) -> Path | None:
+        database = file_of(url)
+        return None if database is None else Path(database).resolve()
+
+    def for_others(self, url: URL) -> str:
+        return self.targets(url, readonly=False, create=False)[0]         # type: ignore[return-value]

@@ -1,6 +1,7 @@
 """The run database: SQLite under ``results/`` by default, PostgreSQL by URL. ``Store`` opens it (checking, creating
 or upgrading the schema), runs transactions with retries, holds database-wide locks and answers the read queries;
-the fenced claim protocol of workers is flctl.db.queue's.
+what differs between engines is their dialect's (flctl.db.dialect: flctl.db.sqlite, flctl.db.postgres); the fenced
+claim protocol of workers is flctl.db.queue's.
 """
 
 from __future__ import annotations
@@ -9,40 +10,31 @@ import contextlib
 import json
 import random
 import re
-import sqlite3
-import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy import create_engine, func, select, update
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from flctl.db import postgres
+from flctl.db.dialect import Connect, Dialect
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
+from flctl.db.postgres import PostgreSQL
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell, now
-from flctl.db.sqlite import (
-    _readonly_sqlite,
-    _sqlite_begin,
-    _sqlite_begin_readonly,
-    _sqlite_pragmas,
-    _sqlite_pragmas_readonly,
-    file_of,
-    never_made_again,
-    use_wal,
-)
+from flctl.db.sqlite import SQLite
 from flctl.db.upgrade import check_schema
-from flctl.errors import ConfigError, DatabaseDeleted, StoreError
+from flctl.errors import ConfigError, StoreError
 from flctl.status import Status
 from flctl.text import redact, shown
 
 T = TypeVar("T")
-_MEMORY_LOCK = threading.Lock()        # Store.exclusive for an in-memory SQLite database: this process only
+DIALECTS: tuple[Dialect, ...] = (SQLite(), PostgreSQL())
 
 
 class _Unopenable(StoreError):
@@ -50,30 +42,21 @@ class _Unopenable(StoreError):
 
 
 def normalize_url(url: str) -> str:
-    # psycopg 3 is the driver we ship; plain postgresql:// would ask SQLAlchemy for psycopg2.
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
+    """``url`` as flctl connects to it: PostgreSQL's through the driver flctl ships."""
+    return postgres.normalize(url)
+
+
+def dialect_of(url: URL) -> Dialect:
+    """The rules of ``url``'s engine: SQLite's, PostgreSQL's, or the base's for any other."""
+    return next((d for d in DIALECTS if d.name == url.get_backend_name()), Dialect())
 
 
 def existing_url(url: str) -> str:
-    """``url`` for a library that opens flctl's database with an engine of its own (Optuna): normalized, and for a
-    SQLite file such that it never makes the file (flctl.db.sqlite.never_made_again), which must exist already: an
-    Optuna sync after the database was deleted would otherwise leave an empty one in its place."""
-    url = normalize_url(url)
-    parsed = make_url(url)
-    return _writable_sqlite(parsed, create=False) if parsed.get_backend_name() == "sqlite" else url
-
-
-def _writable_sqlite(parsed: URL, create: bool) -> str:
-    """The URL a writable SQLite store connects with (flctl.db.sqlite.never_made_again), as a string."""
-    try:
-        return never_made_again(parsed, create).render_as_string(hide_password=False)
-    except FileNotFoundError as exc:
-        raise DatabaseDeleted(str(exc)) from None
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open database {parsed.render_as_string()}: {exc} "
-                         "(check --db / FLCTL_DB and that its folder exists)") from None
+    """``url`` for a library that opens flctl's database with an engine of its own (Optuna): normalized, and such
+    that it never makes the database (Dialect.for_others), which must exist already: an Optuna sync after a SQLite
+    database was deleted would otherwise leave an empty one in its place."""
+    parsed = make_url(normalize_url(url))
+    return dialect_of(parsed).for_others(parsed)
 
 
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
@@ -84,9 +67,18 @@ def is_id_prefix(text: str) -> bool:
     return ID_PREFIX.fullmatch(text) is not None
 
 
-def _ambiguous(what: str, prefix: str, ids: list[str]) -> str:
-    more = ", ..." if len(ids) > 5 else ""
-    return f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); give more digits"
+def _by_prefix(s: Session, table: Any, prefix: str, what: str) -> Any:
+    """The row of ``table`` (Run, Sweep) whose id starts with the hex ``prefix`` (matched literally), None where none
+    does; ConfigError where several do. Runs and sweeps are looked up by prefix alike."""
+    prefix = prefix.lower()
+    matches = s.scalars(select(table).where(table.id.startswith(prefix, autoescape=True))
+                        .order_by(table.id).limit(6)).all()
+    if len(matches) > 1:
+        ids = [m.id for m in matches]
+        more = ", ..." if len(ids) > 5 else ""
+        raise ConfigError(f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); "
+                          "give more digits")
+    return matches[0] if matches else None
 
 
 def _one_line(exc: BaseException, url: str | None = None) -> str:
@@ -132,20 +124,21 @@ def not_the_one(store: Store, inode: int | None) -> str | None:
 class Store:
     """A handle on the run database. ``Store.open(url)`` checks it is reachable and of our schema."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, dialect: Dialect | None = None) -> None:
         self.engine = engine
+        self.dialect = dialect or dialect_of(engine.url)
         self.readonly = False
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self.file: tuple[Path, tuple[int, int]] | None = None      # a SQLite file: its path, (device, inode)
+        self.file: tuple[Path, tuple[int, int]] | None = None      # a database file: its path, (device, inode)
 
     @classmethod
     def open(cls, url: str, *, readonly: bool = False, create: bool = True) -> Store:
         """Open (creating or upgrading as needed) the run database at ``url``. ``readonly``: for commands that
         only read (reports, listings): nothing is created, upgraded or written, and no file is added beside the
-        database; SQLite opens the file read-only (see _readonly_sqlite; immutable when its folder cannot take the
-        lock files), PostgreSQL in read-only transactions. A SQLite file is put in WAL mode only once its schema
-        is known to be flctl's (or it is new): a foreign database is left as it was. Without ``create``, a SQLite
-        file that is not there is StoreError (a sweep's worker: the database it was started for was deleted)."""
+        database (SQLite reads the file read-only, PostgreSQL in read-only transactions: their dialects). What
+        only flctl's own database may be given (SQLite's WAL mode) waits until its schema is known to be flctl's
+        (or it is new): a foreign database is left as it was. Without ``create``, a database file that is not there
+        is DatabaseDeleted (a sweep's worker: the database it was started for was deleted)."""
         _check_environment()
         url = normalize_url(url)
         try:
@@ -153,58 +146,57 @@ class Store:
         except Exception:
             raise StoreError(f"not a database URL: {redact(url, url)!r} (e.g. sqlite:///results/flctl.db, "
                              "postgresql://user@host/db)") from None
+        dialect = dialect_of(parsed)
         shown_url = parsed.render_as_string(hide_password=True)
-        sqlite = parsed.get_backend_name() == "sqlite"
-        attempts: list[str | Callable[[], sqlite3.Connection]] = [url]
-        if readonly and sqlite and parsed.database:
-            path = Path(parsed.database).resolve()
-            attempts = [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
-        elif sqlite:
-            attempts = [_writable_sqlite(parsed, create)]
+        attempts = dialect.targets(parsed, readonly=readonly, create=create)
         store = None
         for target in attempts[:-1]:
             try:
-                store = cls._open(target, sqlite, shown_url, readonly)
+                store = cls._open(target, dialect, shown_url, readonly)
                 break
-            except _Unopenable:   # a read-only folder cannot take SQLite's lock files: read it as immutable
+            except _Unopenable:   # e.g. a read-only folder cannot take SQLite's lock files: the next way
                 pass
-        store = store or cls._open(attempts[-1], sqlite, shown_url, readonly)
-        if sqlite and parsed.database and parsed.database != ":memory:":
-            path = Path(parsed.database).resolve()
+        store = store or cls._open(attempts[-1], dialect, shown_url, readonly)
+        if (path := dialect.file(parsed)) is not None:
             with contextlib.suppress(OSError):
                 st = path.stat()
                 store.file = (path, (st.st_dev, st.st_ino))
         return store
 
     @classmethod
-    def _open(cls, target: str | Callable[[], sqlite3.Connection], sqlite: bool, shown_url: str,
-              readonly: bool) -> Store:
-        """``target``: a URL, or a function that connects to a SQLite file (a read-only open, see
-        _readonly_sqlite), whose connections are not pooled, so that each session decides afresh how to read."""
+    def open_existing(cls, url: str, *, readonly: bool = True) -> Store | None:
+        """The database at ``url`` (read-only unless told), or None where it is a file not made yet: opening it
+        would make it (a listing, a report or a dry run before the first run)."""
+        try:
+            parsed = make_url(normalize_url(url))
+        except Exception:
+            return cls.open(url, readonly=readonly)           # its one-line error
+        path = dialect_of(parsed).file(parsed)
+        if path is not None and not path.exists():
+            return None
+        return cls.open(url, readonly=readonly, create=False)
+
+    @classmethod
+    def _open(cls, target: str | Connect, dialect: Dialect, shown_url: str, readonly: bool) -> Store:
+        """``target``: a URL, or a function that connects (a read-only SQLite open), whose connections are not
+        pooled, so that each session decides afresh how to read."""
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        url = target if isinstance(target, str) else "sqlite://"
+        url = target if isinstance(target, str) else f"{dialect.name}://"
         if not isinstance(target, str):
             kwargs.update(creator=target, poolclass=NullPool)
-        elif sqlite:
-            kwargs["connect_args"] = {"timeout": 30}
-        elif url.startswith("postgresql"):
-            kwargs["connect_args"] = {"connect_timeout": 10}
-            if readonly:
-                kwargs["connect_args"]["options"] = "-c default_transaction_read_only=on"
+        else:
+            kwargs.update(dialect.engine_args(readonly=readonly))
         try:
             engine = create_engine(url, **kwargs)
         except Exception as exc:  # unknown dialect or driver
             # shown_url hides the URL's password, not a ?password= parameter
-
             raise StoreError(f"cannot use database {redact(shown_url)}: {_one_line(exc, url)}") from None
-        if sqlite:
-            event.listen(engine, "connect", _sqlite_pragmas_readonly if readonly else _sqlite_pragmas)
-            event.listen(engine, "begin", _sqlite_begin_readonly if readonly else _sqlite_begin)
-        store = cls(engine)
+        dialect.set_up(engine, readonly=readonly)
+        store = cls(engine, dialect)
         store.readonly = readonly
         try:
             check_schema(store)
-            use_wal(store)
+            dialect.opened(engine, readonly=readonly)
         except StoreError:
             engine.dispose()
             raise
@@ -212,7 +204,6 @@ class Store:
             engine.dispose()
             error = _Unopenable if readonly and "unable to open database file" in str(exc) else StoreError
             # shown_url hides the URL's password, not a ?password= parameter
-
             raise error(f"cannot open database {redact(shown_url)}: {_one_line(exc, url)} "
                         "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
         return store
@@ -271,25 +262,10 @@ class Store:
 
     @contextmanager
     def exclusive(self, name: str) -> Iterator[None]:
-        """Hold the database-wide lock ``name`` (one holder at a time, across processes and hosts): PostgreSQL's
-        transaction-level advisory lock, released with its transaction however the block ends; SQLite's database
-        is one machine's file, so an exclusive file lock beside it. For what must not run twice at once on one
+        """Hold the database-wide lock ``name`` (one holder at a time, across processes and hosts: the dialect's,
+        PostgreSQL's advisory lock or a lock file beside SQLite's). For what must not run twice at once on one
         database: creating schemas, syncing Optuna studies."""
-        url = self.engine.url
-        if url.get_backend_name() == "postgresql":
-            with self.engine.connect() as conn, conn.begin():
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({zlib.crc32(f'flctl:{name}'.encode())})")
-                yield
-            return
-        import fcntl
-
-        if (database := file_of(url)) is None:
-            with _MEMORY_LOCK:
-                yield
-            return
-        path = Path(database)
-        with open(path.with_name(f"{path.name}.{name}.lock"), "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        with self.dialect.exclusive(self.engine, name):
             yield
 
     # ---- sweeps ----
@@ -318,12 +294,7 @@ class Store:
             sweep = s.get(Sweep, sweep_id_or_name) or s.scalars(
                 select(Sweep).where(Sweep.name == sweep_id_or_name).order_by(Sweep.created_at.desc())).first()
             if sweep is None and is_id_prefix(sweep_id_or_name):
-                prefix = sweep_id_or_name.lower()
-                matches = s.scalars(select(Sweep).where(Sweep.id.startswith(prefix, autoescape=True))
-                                    .order_by(Sweep.id).limit(6)).all()
-                if len(matches) > 1:
-                    raise ConfigError(_ambiguous("sweep", prefix, [m.id for m in matches]))
-                sweep = matches[0] if matches else None
+                sweep = _by_prefix(s, Sweep, sweep_id_or_name, "sweep")
             if sweep is None:
                 return None
             return {"id": sweep.id, "name": sweep.name, "task": sweep.task, "spec": sweep.spec,
@@ -355,15 +326,8 @@ class Store:
         when none matches. ConfigError for anything that is not such a prefix, or one several runs share."""
         if not is_id_prefix(run_id_or_prefix):
             raise ConfigError(f"run id {shown(run_id_or_prefix)}: give 4 to 64 hex digits of it (see `flctl runs`)")
-        prefix = run_id_or_prefix.lower()
         with self.session() as s:
-            run = s.get(Run, prefix)
-            if run is None:
-                matches = s.scalars(select(Run).where(Run.id.startswith(prefix, autoescape=True))
-                                    .order_by(Run.id).limit(6)).all()
-                if len(matches) > 1:
-                    raise ConfigError(_ambiguous("run", prefix, [m.id for m in matches]))
-                run = matches[0] if matches else None
+            run = s.get(Run, run_id_or_prefix.lower()) or _by_prefix(s, Run, run_id_or_prefix, "run")
             return None if run is None else run.record()
 
     def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,

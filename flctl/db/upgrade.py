@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy import delete, insert, inspect, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from flctl.db.schema import SCHEMA_VERSION, Base, Meta
 from flctl.errors import NewerSchema, OlderSchema, StoreError
 
-if TYPE_CHECKING:
-    from flctl.db.store import Store
+
+class Opened(Protocol):
+    """What the schema check needs of a store being opened (flctl.db.store.Store)."""
+
+    engine: Engine
+    readonly: bool
+
+    def exclusive(self, name: str) -> AbstractContextManager[None]: ...
+
+    def session(self) -> AbstractContextManager[Session]: ...
 
 # The database-wide lock (Store.exclusive) under which schemas are created or upgraded, flctl's and Optuna's.
 SCHEMA_LOCK = "schema"
@@ -23,7 +34,7 @@ def newer(found: str, known: str) -> StoreError:
     return StoreError(f"database schema {found} is newer than {known}: upgrade flctl (pip install -U flctl) to open it")
 
 
-def check_schema(store: Store, scripts: Path | None = None, locked: bool = False) -> None:
+def check_schema(store: Opened, scripts: Path | None = None, locked: bool = False) -> None:
     """Create a new database, or upgrade an flctl one in place (flctl.migrations); refuse anything else. Creating
     and upgrading happen under SCHEMA_LOCK (``locked``: held already), so processes that open a new database at
     the same moment do not both create its tables (on PostgreSQL the second would fail on pg_type)."""

@@ -130,9 +130,9 @@ def stored_runs(url: str, tasks: Sequence[str]) -> list[Any]:
     """The runs of ``tasks`` in the database at ``url``, read-only; none where there is no database yet."""
     from flctl.db import Store
 
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    store = Store.open_existing(url)
+    if store is None:
         return []
-    store = Store.open(url, readonly=True)
     try:
         return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t)]
     finally:

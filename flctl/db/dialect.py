@@ -1,0 +1,60 @@
+"""What differs between database engines, behind the one interface ``Store`` asks (flctl.db.store): how a URL is
+connected to, what an engine is set up with, what is done once the schema is known to be flctl's, the database-wide
+lock, and the file a database lives in. SQLite's dialect is flctl.db.sqlite, PostgreSQL's flctl.db.postgres; any
+other engine SQLAlchemy reaches gets this base, whose lock holds within one process only (docs/extending.md, "A
+database backend", says what a new engine must add)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlalchemy.engine import URL, Engine
+
+# A function that makes a DBAPI connection (a creator): its connections are not pooled, each session decides afresh.
+Connect = Callable[[], Any]
+
+_PROCESS_LOCK = threading.Lock()
+
+
+class Dialect:
+    """One database engine's rules. Stateless: one instance serves every store of the engine."""
+
+    name: ClassVar[str] = ""          # SQLAlchemy's backend name ("sqlite", "postgresql"); "": any other
+
+    def targets(self, url: URL, *, readonly: bool, create: bool) -> list[str | Connect]:
+        """What to connect to, in order: a URL, or a function that connects. Each but the last is given up for the
+        next when the database cannot be opened that way (flctl.db.store._Unopenable). ``create``: a database that
+        is not there may be made (a server's database is made by its administrator, whatever this says)."""
+        return [url.render_as_string(hide_password=False)]
+
+    def engine_args(self, *, readonly: bool) -> dict[str, Any]:
+        """Keyword arguments of sqlalchemy.create_engine for a URL target (``readonly``: the store only reads)."""
+        return {}
+
+    def set_up(self, engine: Engine, *, readonly: bool) -> None:
+        """Listeners on a new engine, before its first connection (pragmas, how transactions begin)."""
+
+    def opened(self, engine: Engine, *, readonly: bool) -> None:
+        """Once the schema is known to be flctl's (or was just made): what only flctl's own database may be given."""
+
+    @contextmanager
+    def exclusive(self, engine: Engine, name: str) -> Iterator[None]:
+        """Hold the database-wide lock ``name``: one holder at a time. Here, within this process only: an engine
+        without a dialect of its own has no lock that other processes see."""
+        with _PROCESS_LOCK:
+            yield
+
+    def file(self, url: URL) -> Path | None:
+        """The file the database lives in (None: a server's, or in memory): a file can be deleted or replaced under
+        the store (flctl.db.store.moved), and opening one that is not there would make it."""
+        return None
+
+    def for_others(self, url: URL) -> str:
+        """``url`` for a library that opens flctl's database with an engine of its own (Optuna), such that it never
+        makes a database that is not there."""
+        return url.render_as_string(hide_password=False)
+
