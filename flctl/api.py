@@ -16,7 +16,7 @@ else FLCTL_DB, else results/flctl.db. Bad input raises flctl.errors.ConfigError 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,7 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
                           "sweep (`flctl sweep TASK -m erm,fl`)")
     if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float))):
         raise ConfigError(f"p_min={p_min!r}: give a number in (0, 1], e.g. p_min=0.6")
+    _check_arg("device", fields.get("device"), str, _DEVICE)
     spec = get_task(task)
     _check_fields(spec, fields)
     cfg = resolve(spec, method, dict(fields), p_min)
@@ -109,24 +110,19 @@ def open_store(results_dir: str | Path | None = None, db: str | None = None, *, 
 
     root = results_root(results_dir)
     url = database_url(db, root)
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"results_dir {str(root)!r} is a file, not a folder; give a folder")
-    if create and (why := Layout(root).not_a_folder()) is not None:
-        raise ConfigError(why)
+    _not_a_file(root)
     if not create and db is None and not os.environ.get("FLCTL_DB") and not Layout(root).db.is_file():
         raise ConfigError(f"no runs in {str(root)!r}: it holds no flctl.db; give the results_dir the runs were "
                           "trained in")
-    if create:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"results_dir {str(root)!r} cannot be made ({exc.strerror or exc}); give a folder "
-                              "you can write") from None
+    made = _make_results(root) if create else []
     try:
         return Store.open(url, readonly=not create)
-    except StoreError as exc:
-        if str(exc).startswith("not a database URL"):        # the caller's input: one line that names the fix
-            raise ConfigError(f"db={db!r}: {exc}") from None
+    except Exception as exc:
+        # as `flctl` (cli.common.open_results): a database that cannot be opened (a bad db=, a server that does not
+        # answer) leaves no results folder behind
+        _take_back(made)
+        if isinstance(exc, StoreError) and str(exc).startswith("not a database URL"):   # the caller's input: one
+            raise ConfigError(f"db={db!r}: {exc}") from None                             # line that names the fix
         raise
 
 
@@ -185,9 +181,22 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
 
     if (spec is None) == (task is None):
         raise ConfigError("give either a task with axes or spec=, not both or neither")
+    # each argument's type, before any of them is used: a wrong one is its own one line, not an AttributeError
+    # from deep inside the planning (and a device=0 is refused, not read as no device)
+    _check_arg("task", task, str, "give one task's name, a str (see `flctl tasks`); several tasks are several sweeps")
+    _check_arg("spec", spec, _PATH, "give a sweep spec's TOML file, a str or Path (e.g. spec='sweeps/two-moons.toml')")
+    _check_arg("options", options, Mapping, "give the task options as a dict, e.g. options={'degree': 10}")
+    _check_arg("name", name, str, "give the sweep's name, a str")
+    _check_arg("device", device, str, _DEVICE)
+    _check_arg("data_dir", data_dir, _PATH, "give the datasets' folder, a str or Path")
+    _check_arg("objective", objective, str, "give a metric, a str such as 'test.max_loss'")
+    _check_arg("tune", tune, int, "give the number of trials of the search, an int such as tune=20")
+    _check_arg("parallel", parallel, int, "give the number of trials launched at once, an int such as parallel=2")
+    _check_arg("launch", launch, Mapping, _LAUNCH)
     # launch keys that are not flctl's flags are the launcher's own options: the spec's [launch] table takes them
     extra = {k: v for k, v in (launch or {}).items() if k not in _flag_names()}
     flags = _launch_flags({k: v for k, v in (launch or {}).items() if k in _flag_names()})
+    folder = None if data_dir is None else str(data_dir)
     if spec is not None:
         if axes or seeds is not None:
             raise ConfigError("give either spec= or axes, not both")
@@ -195,8 +204,8 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
         chosen = chosen if device is None else dataclasses.replace(chosen, device=device)
     else:
         assert task is not None
-        chosen = spec_from_values(task, axes, seeds=seeds, options=options or {}, name=name, device=device or "cpu",
-                                  data_dir=data_dir)
+        chosen = spec_from_values(task, axes, seeds=seeds, options=options or {}, name=name,
+                                  device="cpu" if device is None else device, data_dir=folder)
     if extra:
         chosen = dataclasses.replace(chosen, launch={**chosen.launch, **extra})
     root = results_root(results_dir)
@@ -232,18 +241,29 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
     from flctl.paper.flow import fill_paper, plan_paper
     from flctl.sweep import SHIPPED_SPECS
 
+    _check_arg("only", only, str, "give the tables and figures as one str, e.g. only='table:1,figure:6' (or 'table')")
+    _check_arg("specs", specs, _PATH, "give the folder of the paper's specs, a str or Path")
+    _check_arg("device", device, str, _DEVICE)
+    _check_arg("data_dir", data_dir, _PATH, "give the datasets' folder, a str or Path")
+    _check_arg("out", out, _PATH, "give the bundle's folder, a str or Path (default RESULTS/paper)")
+    if dry_run and report_only:
+        raise ConfigError("give dry_run or report_only, not both")
     flags = _launch_flags(launch)
     root = results_root(results_dir)
     url = database_url(db, root)
     plan = plan_paper(url=url, specs=Path(specs) if specs is not None else SHIPPED_SPECS, launch=flags, only=only,
-                      scale=scale, device=device, data_dir=data_dir, check_data=not (dry_run or report_only))
+                      scale=scale, device=device, data_dir=None if data_dir is None else str(data_dir),
+                      check_data=not (dry_run or report_only))
     if dry_run:
         return plan
-    if not report_only:
+    _not_a_file(root)                                # said as itself, not as a bundle folder under a file
+    bundle = Path(out) if out is not None else None
+    plan.bundle_folder(root, bundle)                 # as `flctl paper`: a bundle that cannot be written, before
+    if not report_only:                              # any folder is made
         open_store(results_dir, db).close()          # the results folder and database, made as `flctl paper` does
     else:
-        root.mkdir(parents=True, exist_ok=True)
-    return fill_paper(plan, root=root, out=Path(out) if out is not None else None, wait=wait, report_only=report_only)
+        _make_results(root)                          # reading the database only needs a folder for the bundle
+    return fill_paper(plan, root=root, out=bundle, wait=wait, report_only=report_only)
 
 
 def _flag_names() -> set[str]:
@@ -256,6 +276,7 @@ def _launch_flags(launch: dict[str, Any] | None) -> Any:
     """flctl.launch.LaunchFlags from a dict of them by name (ConfigError naming an unknown one)."""
     from flctl.launch import LaunchFlags
 
+    _check_arg("launch", launch, Mapping, _LAUNCH)
     if unknown := sorted(set(launch or {}) - set(LaunchFlags.__dataclass_fields__)):
         raise ConfigError(f"launch: unknown key(s) {', '.join(unknown)}; valid: "
                           f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
@@ -342,6 +363,55 @@ def _check_fields(task, fields: dict[str, Any]) -> None:
     options = fields.get("options")
     if options is not None and not isinstance(options, dict):
         raise ConfigError(f"options={options!r}: give the task options as a dict, e.g. options={{'degree': 10}}")
+
+
+# what an argument takes, said by every function that has it
+_PATH = (str, os.PathLike)
+_DEVICE = "give a device's name, a str: cpu, cuda, cuda:N or auto"
+_LAUNCH = "give the launch flags as a dict by name, e.g. launch={'executor': 'debug'}"
+
+
+def _check_arg(name: str, value: Any, kind: type | tuple[type, ...], takes: str) -> None:
+    """ConfigError ``name=value: takes`` unless ``value`` is None or a ``kind``. A bool is no int here (True is no
+    number of trials), though Python counts it as one."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if value is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+        raise ConfigError(f"{name}={value!r}: {takes}")
+
+
+def _make_results(root: Path) -> list[Path]:
+    """Make the results folder ``root`` (ConfigError where it cannot be); the folders this made, deepest first, for
+    ``_take_back`` should what follows fail."""
+    from flctl.layout import Layout
+
+    _not_a_file(root)
+    if (why := Layout(root).not_a_folder()) is not None:
+        raise ConfigError(why)
+    absolute = root.absolute()
+    made = [p for p in (absolute, *absolute.parents) if not p.exists()]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _take_back(made)
+        raise ConfigError(f"results_dir {str(root)!r} cannot be made ({exc.strerror or exc}); give a folder "
+                          "you can write") from None
+    return made
+
+
+def _not_a_file(root: Path) -> None:
+    """ConfigError where the results folder ``root`` is a regular file."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"results_dir {str(root)!r} is a file, not a folder; give a folder")
+
+
+def _take_back(made: list[Path]) -> None:
+    """Remove the folders ``_make_results`` made, deepest first, while they are empty: never another's files (a
+    folder another process began to fill meanwhile stays)."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _check_known(store: Store, task: str | None, method: str | None) -> None:

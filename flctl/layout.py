@@ -136,6 +136,11 @@ class Layout:
     def submitted(self, sweep_id: str) -> Path:
         return self.sweep_jobs(sweep_id) / "submitted.json"
 
+    def cancelled(self, sweep_id: str) -> Path:
+        """When `flctl cancel` last stopped the sweep (seconds since the epoch): what a waiting command stopped by
+        its signal reads to say whether the whole sweep was cancelled."""
+        return self.sweep_jobs(sweep_id) / "cancelled"
+
     def controllers_log(self, sweep_id: str) -> Path:
         return self.sweep_jobs(sweep_id) / "controllers.log"
 

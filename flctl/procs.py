@@ -95,3 +95,14 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` of this host started, in seconds since the epoch (None: no such process, no /proc)."""
+    p = process(pid)
+    try:
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return None if p is None else boot + p.start_time / os.sysconf("SC_CLK_TCK")

@@ -3,19 +3,18 @@
 Each eval epoch of a run is one file ``run_id=<id>/epoch=<e>.parquet`` holding both splits. A file is written
 to a temporary name and renamed into place, so readers never see half a file, and a resumed run that redoes
 an epoch replaces that epoch's file instead of appending duplicate rows. Each file's SHA-256 and size go into the
-run's checksums, ``run_id=<id>/_checksums.json`` (also written whole or not at all), once the file is in place.
+run's checksums, ``run_id=<id>/_checksums.json`` (also written whole or not at all; flctl.record_checks), once the
+file is in place.
 
 Every read of record files goes through here, and is checked: a file of another schema (``SCHEMA``: names and
 types) is refused in one line that names it, never cast into numbers; a report first checks each run it reads
-against its checksums (``check_run``). A run written before flctl kept checksums has none: it is unverified, not
-failed, and stays readable.
+against its checksums (``check_run``), and each file it reads against the run (every row's ``run_id``). A run
+written before flctl kept checksums has none: it is unverified, not failed, and stays readable.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,8 @@ import pyarrow.parquet as pq
 from flctl.errors import ConfigError
 from flctl.fs import atomic_path, make_below
 from flctl.layout import records_of
+from flctl.record_checks import CHECKSUMS as CHECKSUMS
+from flctl.record_checks import epoch_of, facts, load_checksums, mismatch, other_runs, write_checksums
 from flctl.status import Status
 
 SCHEMA = pa.schema(
@@ -54,10 +55,6 @@ LATER_COLUMNS = frozenset({"confidence", "pruned"})
 # with the files. flctl reads with SCHEMA (plain strings), which also reads files written before this change.
 FILE_SCHEMA = SCHEMA.set(0, pa.field("run_id", pa.dictionary(pa.int32(), pa.string())))
 
-# A run's checksums, beside its epoch files. The leading underscore keeps it out of the dataset: pyarrow (and so
-# pandas) skip such names when they read the folder, and duckdb and polars read `*.parquet`.
-CHECKSUMS = "_checksums.json"
-CHECKSUMS_FORMAT = 1
 EPOCH_GLOB = "epoch=*.parquet"
 
 
@@ -108,54 +105,27 @@ def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table])
     sink = pa.BufferOutputStream()
     pq.write_table(pa.concat_tables(tables), sink)
     data = sink.getvalue()
-    listed = _checksums_to_extend(folder, epoch)
+    listed = _checksums_to_extend(folder, run_id, epoch)
     with atomic_path(final, parents=False) as tmp:
         with open(tmp, "wb") as f:
             f.write(memoryview(data))
     if listed is not None:
         listed[final.name] = {"sha256": hashlib.sha256(memoryview(data)).hexdigest(), "bytes": data.size}
-        body = {"format": CHECKSUMS_FORMAT, "algorithm": "sha256", "files": dict(sorted(listed.items()))}
-        with atomic_path(folder / CHECKSUMS, parents=False) as tmp:
-            tmp.write_text(json.dumps(body, indent=1) + "\n")
+        write_checksums(folder, run_id, listed)
     return final
 
 
-def _checksums_to_extend(folder: Path, epoch: int) -> dict[str, dict] | None:
+def _checksums_to_extend(folder: Path, run_id: str, epoch: int) -> dict[str, dict] | None:
     """The entries of the run's checksums that stay when ``epoch`` is written (those of earlier epochs); None when
     the run keeps none (files of earlier epochs without checksums)."""
     try:
-        listed = _load_checksums(folder)
+        listed = load_checksums(folder, run_id)
     except ValueError:
-        listed = {}         # damaged: start again; the files it vouched for now fail the check, as they should
+        listed = {}     # damaged, or another run's: start again; the files it vouched for now fail the check
     if listed is None:
         earlier = [p for p in folder.glob(EPOCH_GLOB) if (e := epoch_of(p)) is not None and e < epoch]
         return None if earlier else {}
     return {name: entry for name, entry in listed.items() if (e := epoch_of(Path(name))) is not None and e < epoch}
-
-
-def _load_checksums(folder: Path) -> dict[str, dict] | None:
-    """The run's checksums ({file name: {"sha256", "bytes"}}), None when it has none; ValueError (one phrase) when
-    the file is not checksums of flctl."""
-    path = folder / CHECKSUMS
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot be read ({exc})") from None
-    try:
-        body = json.loads(text)
-    except ValueError:
-        raise ValueError("is not JSON") from None
-    files = body.get("files") if isinstance(body, dict) else None
-    if not isinstance(body, dict) or body.get("format") != CHECKSUMS_FORMAT or body.get("algorithm") != "sha256" \
-            or not isinstance(files, dict):
-        raise ValueError(f"is not checksums of flctl (format {CHECKSUMS_FORMAT}, sha256)")
-    for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("bytes"), int)
-                and epoch_of(Path(name)) is not None and "/" not in name):
-            raise ValueError(f"holds an entry that is not a record file's checksum ({name!r})")
-    return files
 
 
 # ---- the schema of one file ----
@@ -241,14 +211,15 @@ def run_files(root: Path, run_id: str) -> list[Path]:
 
 
 def check_run(root: Path, run_id: str, deep: Collection[str] | None = None) -> RunCheck:
-    """Check a run's records folder: every file its checksums list is present with its size, none is unlisted,
-    and each file named in ``deep`` (file names; None: every file) has the records' schema and its recorded
-    SHA-256. The cheap part (names, sizes) covers every file; the reads cover ``deep``, what a report reads."""
+    """Check a run's records folder: its checksums are the run's, every file they list is present with its size,
+    none is unlisted, and each file named in ``deep`` (file names; None: every file) has the records' schema, its
+    recorded SHA-256 and rows of this run only. The cheap part (names, sizes) covers every file; the reads cover
+    ``deep``, what a report reads."""
     folder = records_of(root, run_id)
     files = run_files(root, run_id)
     check = RunCheck(run_id, folder, checksummed=False, files=files)
     try:
-        listed = _load_checksums(folder)
+        listed = load_checksums(folder, run_id)
     except ValueError as exc:
         check.problems.append(Problem(folder / CHECKSUMS, f"{folder / CHECKSUMS} {exc}"))
         listed = {}
@@ -258,64 +229,29 @@ def check_run(root: Path, run_id: str, deep: Collection[str] | None = None) -> R
         check.problems.append(Problem(folder / name, f"{folder / name} is missing (its checksum is recorded)"))
     for path in files:
         read = deep is None or path.name in deep
-        wrong = _cached_problem(path) if read else None     # "<path> is not a record file of flctl (...)"
+        # "<path> is not a record file of flctl (...)", else "<path> holds rows of run ..."
+        wrong = (_cached_problem(path) or other_runs(path, run_id)) if read else None
         entry = None if listed is None else listed.get(path.name)
         if listed is not None and entry is None:            # not the run's: what it is, when it was read
             check.problems.append(Problem(path, wrong or f"{path} is not among the run's checksums (flctl did not "
                                                          "write it there)", planted=True))
             continue
-        mismatch = None if entry is None else _mismatch(path, entry, read)
-        if wrong is not None or mismatch is not None:
-            text = f"{wrong}, and does not match its checksum ({mismatch})" if wrong and mismatch else \
-                wrong or f"{path} does not match its checksum ({mismatch})"
+        differs = None if entry is None else mismatch(path, entry, read)
+        if wrong is not None or differs is not None:
+            text = f"{wrong}, and does not match its checksum ({differs})" if wrong and differs else \
+                wrong or f"{path} does not match its checksum ({differs})"
             check.problems.append(Problem(path, text))
     return check
 
 
-def _mismatch(path: Path, entry: dict, read: bool) -> str | None:
-    """How ``path`` differs from its recorded checksum ``entry``: its size, else (when ``read``) its SHA-256."""
-    try:
-        size = path.stat().st_size
-    except OSError:
-        return "it is gone"
-    if size != entry["bytes"]:
-        return f"{size:,} bytes, {entry['bytes']:,} recorded: truncated or overwritten"
-    if read and (digest := _cached_digest(path)) != entry["sha256"]:
-        return f"SHA-256 {digest[:12]}…, {entry['sha256'][:12]}… recorded"
-    return None
-
-
-# What this process found of a file as it is (path, size, times, inode): reports check a file and then read it, and
-# a report that shows several figures checks each file once.
-_FOUND: dict[tuple[str, int, int, int, int], dict[str, str | None]] = {}
-
-
-def _facts(path: Path) -> dict[str, str | None]:
-    st = os.stat(path)
-    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-    if key not in _FOUND and len(_FOUND) > 50_000:
-        _FOUND.clear()
-    return _FOUND.setdefault(key, {})
-
-
 def _cached_problem(path: Path) -> str | None:
     try:
-        facts = _facts(path)
+        found = facts(path)
     except OSError:
         return file_problem(path)
-    if "problem" not in facts:
-        facts["problem"] = file_problem(path)
-    return facts["problem"]
-
-
-def _cached_digest(path: Path) -> str:
-    facts = _facts(path)
-    if facts.get("sha256") is None:
-        with open(path, "rb") as f:
-            facts["sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
-    digest = facts["sha256"]
-    assert digest is not None
-    return digest
+    if "problem" not in found:
+        found["problem"] = file_problem(path)
+    return found["problem"]
 
 
 # ---- reading ----
@@ -390,12 +326,6 @@ def table(source: Sequence[str], columns: Sequence[str] | None = None, filter=No
 def read_file(path: Path | str, columns: Sequence[str] | None = None, filter=None) -> pa.Table:
     """One record file (``table`` of one)."""
     return table([str(path)], columns, filter)
-
-
-def epoch_of(path: Path) -> int | None:
-    """The epoch a record file's name says (``epoch=00005.parquet``: 5), None for another name."""
-    _, sep, number = path.stem.partition("=")
-    return int(number) if sep and path.stem.startswith("epoch=") and number.isdigit() else None
 
 
 def _epoch_of(path: Path) -> int:

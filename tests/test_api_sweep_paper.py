@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flctl import api
-from flctl.errors import ConfigError
+from flctl.errors import ConfigError, StoreError
 from flctl.status import Status
 from tests.helpers import files_under, in_process
 
@@ -68,3 +68,51 @@ def test_api_sweep_plans_a_tune_search_under_the_id_it_runs_as(tmp_path: Path) -
     plan = api.sweep("diabetes", dry_run=True, **args)
     assert plan.sweep_id.startswith("t") and not files_under(tmp_path)
     assert api.sweep("diabetes", **args)["sweep"] == plan.sweep_id
+
+
+SWEEP = dict(epochs=1, launch={"executor": "debug"})
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda r, f: api.sweep(5, results_dir=r, **SWEEP), ConfigError, r"^task=5: give one task's name, a str"),
+    (lambda r, f: api.sweep(["two-moons"], results_dir=r, **SWEEP), ConfigError, r"^task=\['two-moons'\]: give one"),
+    (lambda r, f: api.sweep("two-moons", options=[1], results_dir=r, **SWEEP), ConfigError,
+     r"^options=\[1\]: give the task options as a dict"),
+    (lambda r, f: api.sweep("two-moons", epochs=1, launch=["debug"], results_dir=r), ConfigError,
+     r"^launch=\['debug'\]: give the launch flags as a dict by name"),
+    (lambda r, f: api.paper(launch=["executor"], results_dir=r), ConfigError, r"^launch=\['executor'\]: give the"),
+    (lambda r, f: api.sweep(spec=5, results_dir=r), ConfigError, r"^spec=5: give a sweep spec's TOML file"),
+    (lambda r, f: api.sweep("two-moons", lr="1e-4..1e-2", tune="3", objective="test.max_loss", results_dir=r,
+                            **SWEEP), ConfigError, r"^tune='3': give the number of trials"),
+    (lambda r, f: api.sweep("two-moons", tune=True, results_dir=r, **SWEEP), ConfigError, r"^tune=True: give the"),
+    (lambda r, f: api.sweep("two-moons", name=5, results_dir=r, **SWEEP), ConfigError, r"^name=5: give the sweep"),
+    (lambda r, f: api.run("two-moons", "fl", epochs=1, device=0, results_dir=r), ConfigError,
+     r"^device=0: give a device's name, a str"),
+    (lambda r, f: api.sweep("two-moons", device=0, results_dir=r, **SWEEP), ConfigError, r"^device=0: give a device"),
+    (lambda r, f: api.paper(only=1, results_dir=r), ConfigError, r"^only=1: give the tables and figures as one str"),
+    (lambda r, f: api.paper(only=["table:1"], results_dir=r), ConfigError, r"^only=\['table:1'\]: give the tables"),
+    (lambda r, f: api.paper(specs=3, results_dir=r), ConfigError, r"^specs=3: give the folder of the paper's specs"),
+    (lambda r, f: api.paper(out=3, only="figure:1", scale="smoke", results_dir=r), ConfigError,
+     r"^out=3: give the bundle's folder"),
+    (lambda r, f: api.paper(report_only=True, only="figure:1", scale="smoke", results_dir=f), ConfigError,
+     r"^results_dir '.*file' is a file, not a folder; give a folder$"),
+    (lambda r, f: api.paper(report_only=True, only="figure:1", scale="smoke", out=f / "o", results_dir=r),
+     ConfigError, r"^--out '.*o' lies under '.*file', which is a file$"),
+    (lambda r, f: api.sweep("two-moons", db="bogus://x", results_dir=r.parent / "deep" / "results", **SWEEP),
+     StoreError, r"^cannot use database bogus://x"),
+    (lambda r, f: api.open_store(r, "bogus://x"), StoreError, r"^cannot use database bogus://x"),
+], ids=["sweep-int-task", "sweep-list-task", "sweep-list-options", "sweep-list-launch", "paper-list-launch",
+        "sweep-int-spec", "sweep-str-tune", "sweep-bool-tune", "sweep-int-name", "run-int-device",
+        "sweep-int-device", "paper-int-only", "paper-list-only", "paper-int-specs", "paper-int-out",
+        "paper-report-only-results-a-file", "paper-report-only-out-under-a-file", "sweep-bad-db",
+        "open-store-bad-db"])
+def test_api_refuses_arguments_of_the_wrong_kind_writing_nothing(tmp_path: Path, call, error: type,
+                                                                  message: str) -> None:
+    """A wrong argument raises a flctl error naming it (no AttributeError or TypeError from deep inside, no device=0
+    read as cpu) before any results folder or database is made; a database that cannot be opened takes back the
+    folders made for it."""
+    file = tmp_path / "file"
+    file.write_text("")
+    with pytest.raises(error, match=message):
+        call(tmp_path / "results", file)
+    assert [p.name for p in tmp_path.rglob("*")] == ["file"]

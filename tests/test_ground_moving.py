@@ -74,6 +74,39 @@ def test_a_sweep_stops_in_one_line_when_its_ground_moves(tmp_path: Path, how: st
         assert not results.exists(), "the deleted results folder was made again"
 
 
+@pytest.mark.parametrize("how", ["delete the database", "replace the results folder by a file"])
+def test_a_debug_sweep_whose_ground_moves_under_its_worker_here_ends_in_one_line(tmp_path: Path, how: str) -> None:
+    """The debug launcher's worker runs in the command itself: once it stops for the moved ground, the command
+    syncs nothing into what is gone and ends with its one line and exit 1 (a traceback, and submitit's post-mortem
+    debugger waiting at a terminal, before)."""
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
+                             "--eval-every", "50", "--executor", "debug", "--batch-runs", "1",
+                             "--results-dir", str(results)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FLCTL_HEARTBEAT": "0.5", "COLUMNS": "250"})
+    try:
+        wait_until(lambda: list((results / "records").glob("run_id=*/epoch=*.parquet")), "a cell training",
+                   interval=0.1)
+        if how == "delete the database":
+            (results / "flctl.db").unlink()
+        else:
+            os.replace(results, tmp_path / "moved")
+            results.write_text("a file")
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err and "(Pdb)" not in out, out + err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "its workers stop and write no more" in errors[0], err
+    if how == "delete the database":
+        assert not (results / "flctl.db").exists()
+    else:
+        assert results.read_text() == "a file"
+
+
 def test_a_wait_on_a_sweep_that_flctl_cancel_stopped_ends_with_one_line_and_130(tmp_path: Path) -> None:
     """`status --watch` (the wait of `sweep --wait` and `paper`) on a sweep whose workers `flctl cancel` stopped:
     its cells are handed back and no worker is left to take them, so the wait ends at once, with a line and 130

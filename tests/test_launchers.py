@@ -116,6 +116,44 @@ def test_a_launcher_entry_point_that_is_not_a_launcher_is_one_line(tmp_path: Pat
         get_launcher("bad")
 
 
+FAULTS = {      # an installed launcher's fault: the body it is given, and what the one line says of it
+    "constructor raises": ("def __init__(self, options=None):\n        raise RuntimeError('cluster login failed')",
+                           "the launcher's constructor RuntimeError: cluster login failed"),
+    "check raises": ("def check(self, results_root, *, dry_run):\n        raise RuntimeError('no cluster')",
+                     "check() RuntimeError: no cluster"),
+    "slots returns None": ("def slots(self, cells, device, *, workers, threads, per_gpu):\n        return None",
+                           "slots() returned None, not a list of Slot"),
+    "slots returns ints": ("def slots(self, cells, device, *, workers, threads, per_gpu):\n        return [0, 1]",
+                           "slots() returned [0, 1], not a list of Slot"),
+    "slots of an older flctl": ("def slots(self, cells, device, settings):\n        return [Slot(0)]",
+                                "unexpected keyword argument 'workers' (written for another flctl?"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_an_installed_launchers_fault_is_one_line_naming_it_with_nothing_written(tmp_path: Path, monkeypatch,
+                                                                                   fault: str) -> None:
+    body, said = FAULTS[fault]
+    site = tmp_path / "site"
+    (site / "faulty-0.1.dist-info").mkdir(parents=True)
+    (site / "faulty.py").write_text(TOY.replace("class Inline(Launcher):", "class Inline(Launcher):\n    " + body + "\n")
+                                    .replace("    def slots(self, cells, device, *, workers, threads, per_gpu):\n"
+                                             "        return [Slot(i) for i in range(min(2, cells))]\n", ""))
+    (site / "faulty-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: faulty\nVersion: 0.1\n")
+    (site / "faulty-0.1.dist-info" / "entry_points.txt").write_text("[flctl.launchers]\ninline = faulty:Inline\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    results = tmp_path / "r"
+    res = in_process("sweep", "two-moons", "-m", "fl", "--seeds", "2", "--epochs", "2", "--executor", "inline",
+                     "--results-dir", str(results), env={"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"})
+    sys.modules.pop("faulty", None)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert len(errors) == 1 and "the installed launcher 'inline' (faulty.Inline): " in errors[0], res.stderr
+    assert said in errors[0], errors[0]
+    assert not results.exists()
+
+
 def test_no_launcher_name_is_compared_outside_the_backends() -> None:
     """What differs between launchers is the launcher's to say (its class facts and methods): a comparison with a
     launcher's name elsewhere is a branch a new launcher would have to find and edit."""
@@ -288,3 +326,30 @@ def test_workers_sharing_a_gpu_are_told_whether_mps_runs(tmp_path: Path, monkeyp
     assert gpu_sharing_line("cuda", one) is None and gpu_sharing_line("cpu", two) is None
     on_slurm = LaunchSettings.resolve({}, LaunchFlags(per_gpu=2, executor="slurm"))
     assert gpu_sharing_line("cuda", on_slurm) is None      # its jobs run elsewhere: this machine's daemon says nothing
+
+
+def test_cancel_where_the_sweeps_launcher_is_not_installed_says_so_and_stops_nothing(installed_toy: Path,
+                                                                                       tmp_path: Path) -> None:
+    """A sweep launched through an installed launcher, cancelled from an environment without it: its workers can
+    be neither seen nor stopped from here, which `flctl cancel` says (exit 2) instead of "stopped 0 worker(s)"."""
+    import os
+    import socket
+
+    from flctl.layout import Layout
+
+    results = tmp_path / "r"
+    env = {"FLCTL_DB": f"sqlite:///{results / 'flctl.db'}"}
+    res = in_process("sweep", "two-moons", "-m", "fl", "--seeds", "2", "--epochs", "2", "--executor", "inline",
+                     "--wait", "--results-dir", str(results), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    sid = re.search(r"sweep ([0-9a-f]{12})", res.stdout)[1]
+    worker = Layout(results).worker_file(sid, socket.gethostname(), os.getpid())   # one still at work, as it wrote
+    worker.parent.mkdir(parents=True, exist_ok=True)
+    worker.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job_id": None,
+                                  "executor": "inline"}))
+    (installed_toy / "toy_launcher-0.1.dist-info" / "entry_points.txt").write_text("[flctl.launchers]\n")
+    importlib.invalidate_caches()
+    res = in_process("cancel", sid, "--results-dir", str(results), env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "through the launcher inline, which is not installed here" in res.stderr, res.stderr
+    assert worker.exists()

@@ -179,6 +179,31 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+def test_the_bundle_never_replaces_what_is_not_a_bundle(world: dict, tmp_path: Path) -> None:
+    """--out must be new, empty or an earlier bundle: the bundle replaces its folder whole, so the results folder, a
+    folder holding it, a folder of other files, a file and a path under a file are each refused with one line, before
+    anything is written, and every file stays as it was."""
+    root = world["root"]
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "thesis.tex").write_text("chapter 1")
+    (tmp_path / "note.txt").write_text("note")
+    def snapshot() -> dict:
+        return {p: p.read_bytes() for p in files_under(tmp_path) + files_under(root)}
+
+    before = snapshot()
+    for out, message in ((root, "is the results folder"), (root.parent, "a folder holding the results folder"),
+                         (tmp_path / "thesis", "not a paper bundle"), (tmp_path / "note.txt", "is a file"),
+                         (tmp_path / "note.txt" / "b", "which is a file")):
+        res = runner.invoke(app, ["paper", "--scale", "smoke", "--only", "figure:1", "--report-only", "--out", str(out),
+                                  "--results-dir", str(root)], env={"COLUMNS": "250"})
+        assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
+        assert snapshot() == before
+    earlier = shutil.copytree(world["bundle"], tmp_path / "bundle")
+    again = flctl("paper", "--scale", "smoke", "--only", "figure:1", "--report-only", "--out", str(earlier),
+                  "--results-dir", str(root))               # an earlier bundle is replaced, as the default's is
+    assert "wrote" in again and json.loads((earlier / "paper.json").read_text())["items"][0]["ref"] == "figure:1"
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

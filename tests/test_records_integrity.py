@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flctl import records
+from flctl.errors import ConfigError
 from flctl.layout import records_of
 from tests.helpers import in_process
 
@@ -199,7 +200,9 @@ def test_checksums_are_written_with_each_epoch_and_only_for_runs_that_had_them_f
     new, old = "0123456789abcdef", "fedcba9876543210"
     for e in (1, 2, 3):
         records.write_epoch(tmp_path, new, e, [epoch(new, e)])
-    listed = json.loads((records_of(tmp_path, new) / records.CHECKSUMS).read_text())["files"]
+    body = json.loads((records_of(tmp_path, new) / records.CHECKSUMS).read_text())
+    listed = body["files"]
+    assert body["run_id"] == new        # the checksums name their run (a copy in another run's folder says so)
     assert sorted(listed) == ["epoch=00001.parquet", "epoch=00002.parquet", "epoch=00003.parquet"]
     # A run that resumes at epoch 1 removes its later files and writes epoch 2 again: epoch 3 leaves its checksums.
     records.run_files(tmp_path, new)[-1].unlink()
@@ -214,3 +217,96 @@ def test_checksums_are_written_with_each_epoch_and_only_for_runs_that_had_them_f
     records.write_epoch(tmp_path, old, 2, [epoch(old, 2)])
     assert not (folder / records.CHECKSUMS).exists() and records.check_run(tmp_path, old).state == records.UNVERIFIED
     assert records.read(tmp_path, [old]).num_rows == 8
+
+
+def one_error(res, *words: str) -> str:
+    """``res`` is one `error:` line holding ``words``, exit 2."""
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and all(w in lines[0] for w in words), res.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("kept", ["named", "unnamed", "none"])
+def test_another_runs_records_copied_into_a_run_fail_verify_and_reports(world, results: Path, kept: str) -> None:
+    """`cp records/run_id=<A>/* records/run_id=<B>/` (the audit's case): every file, and the checksums, A's and
+    intact. B fails (its rows are A's; its checksums name A), A stays ok, and reports refuse B instead of showing A's
+    numbers as its own. ``kept``: checksums that name their run, checksums from before they did (which still verify
+    while intact), and none at all (a run from before checksums: failed, not unverified)."""
+    erm, fl = records_of(results / "records", world["erm"]), records_of(results / "records", world["fl"])
+    for folder in (erm, fl):
+        sums = folder / records.CHECKSUMS
+        if kept == "none":
+            sums.unlink()
+        elif kept == "unnamed":
+            body = json.loads(sums.read_text())
+            assert body.pop("run_id") == folder.name.split("=", 1)[1]
+            sums.write_text(json.dumps(body))
+    intact = in_process("verify", "--json")
+    assert intact.returncode == 0, intact.stdout + intact.stderr
+    old = kept == "none"
+    assert json.loads(intact.stdout)["summary"] == {"ok": 0 if old else 2, "unverified": 2 if old else 0, "failed": 0,
+                                                    "in progress": 0}
+    for path in erm.iterdir():
+        shutil.copy(path, fl)
+
+    res = in_process("verify", "--json")
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = {r["run"]: r for r in json.loads(res.stdout)["runs"]}
+    assert rows[world["erm"]]["records"] == ("unverified" if old else "ok"), rows[world["erm"]]
+    row = rows[world["fl"]]
+    assert row["records"] == "failed" and "--rerun" in row["fix"], row
+    texts = [p["problem"] for p in row["problems"]]
+    if kept == "named":
+        assert texts[0] == f"{fl / records.CHECKSUMS} names run {world['erm']!r}, not this folder's run " \
+                           f"{world['fl']}: another run's, copied here", texts
+    files = records.run_files(results / "records", world["fl"])
+    for path in files:
+        said = f"{path} holds rows of run {world['erm']!r}, not of run {world['fl']} (another run's records"
+        assert any(t.startswith(said) for t in texts), texts
+    text = in_process("verify")
+    assert text.returncode == 1 and "1 failed" in text.stdout.strip().splitlines()[-1], text.stdout
+    assert "holds rows of run" in text.stdout or "names run" in text.stdout, text.stdout
+
+    first = fl / records.CHECKSUMS if kept == "named" else files[-1]
+    for command in REPORTS:
+        line = refused(in_process(*command), first, world["fl"], results)
+        assert "--rerun" in line, line
+    # The records reader refuses them too.
+    with pytest.raises(ConfigError, match="holds rows of run|names run"):
+        records.read(results / "records", [world["fl"]])
+
+
+def test_verify_of_a_results_folder_that_is_a_file_says_so(tmp_path: Path) -> None:
+    file = tmp_path / "results.txt"
+    file.write_text("not a folder\n")
+    for extra in ((), ("--json",), ("--db", f"sqlite:///{tmp_path / 'flctl.db'}")):
+        line = one_error(in_process("verify", "--results-dir", str(file), *extra), str(file), "is a file, not a folder")
+        assert "flctl.db" not in line.split("is a file", 1)[0] and "no run database" not in line, line
+    assert file.read_text() == "not a folder\n" and sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
+
+
+def test_verify_of_a_records_folder_that_is_a_file_says_so(world, results: Path) -> None:
+    shutil.rmtree(results / "records")
+    (results / "records").write_text("")
+    for args in ((), ("--json",), (world["fl"],)):
+        line = one_error(in_process("verify", *args), str(results / "records"), "is a file, not a folder")
+        assert "is missing" not in line, line
+    assert (results / "records").read_text() == "" and not (results / "reports").exists()
+
+
+@pytest.mark.parametrize("size", [True, False, -1, 1.0, "1234", None], ids=repr)
+def test_a_checksum_entry_whose_bytes_is_not_a_byte_count_fails_its_run(world, results: Path, size) -> None:
+    """``"bytes": true`` is not 1 (bool is an int in Python), nor is a negative, a float or a string a byte count:
+    the checksums are damaged, and the run fails naming them."""
+    sums = records_of(results / "records", world["fl"]) / records.CHECKSUMS
+    body = json.loads(sums.read_text())
+    body["files"][world["final"].name]["bytes"] = size
+    sums.write_text(json.dumps(body))
+    res = in_process("verify", "--json")
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = {r["run"]: r for r in json.loads(res.stdout)["runs"]}
+    assert rows[world["erm"]]["records"] == "ok"
+    problem = rows[world["fl"]]["problems"][0]
+    assert problem["path"] == str(sums), problem
+    assert f"holds an entry that is not a record file's checksum ('{world['final'].name}')" in problem["problem"]

@@ -192,6 +192,7 @@ def cancel(
     """
     from flctl.launch import live_controllers, live_workers, queued_jobs
     from flctl.launch.cancel import cancel as cancel_sweep
+    from flctl.launch.jobs import missing_launchers
 
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
@@ -199,6 +200,9 @@ def cancel(
     reader = existing_store(db, root)      # read-only until there is something to cancel
     found = find(reader.get_sweep, sweep_ref, "sweep")
     sid = found["id"]
+    if missing := missing_launchers(root, sid):
+        fail(f"sweep {safe(sid)}'s workers were started through the launcher {safe(', '.join(missing))}, which is "
+             "not installed here: this flctl can neither see nor stop them; run `flctl cancel` where it is installed")
     running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == Status.RUNNING]
     reader.close()
     queued = bool(queued_jobs(root, sid))

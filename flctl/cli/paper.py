@@ -59,6 +59,7 @@ def paper(
     missing."""
     from flctl.cli.ledger import error_summary, ledger_lines, watch
     from flctl.errors import ConfigError
+    from flctl.launch.wait import SweepStopped
     from flctl.paper.flow import Hooks, fill_paper, plan_paper
 
     root = results_root(results_dir)
@@ -68,6 +69,8 @@ def paper(
             raise ConfigError("give --dry-run or --report-only, not both")
         plan = plan_paper(url=url, specs=specs, launch=launch, only=only, scale=scale, device=device,
                           data_dir=data_dir, check_data=not (dry_run or report_only))
+        if not dry_run:
+            plan.bundle_folder(root, out)
     except ConfigError as exc:
         fail(str(exc))
     if dry_run:
@@ -89,6 +92,8 @@ def paper(
         done = fill_paper(plan, root=root, out=out, wait=wait, report_only=report_only, hooks=hooks)
     except ConfigError as exc:
         fail(str(exc))
+    except SweepStopped as exc:         # its database or results folder moved while a sweep of it trained
+        fail(str(exc), code=exc.exit_code)
     if done.stopped is not None:
         console.print(f"[yellow]stopped[/]: `flctl cancel {done.stopped_in}` stops the other workers; `flctl paper` "
                       "again resumes")

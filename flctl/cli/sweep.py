@@ -82,6 +82,7 @@ def sweep(
     from flctl.launch import plan_sweep
     from flctl.launch.flow import fill_sweep
     from flctl.launch.tune import TuneFailed
+    from flctl.launch.wait import SweepStopped
 
     try:
         chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
@@ -114,6 +115,8 @@ def sweep(
         fail(str(exc))
     except TuneFailed as exc:
         fail(str(exc), code=1)
+    except SweepStopped as exc:         # its database or results folder moved while its worker here trained
+        fail(str(exc), code=exc.exit_code)
     if filled.study is not None:
         best = filled.study.best_trial
         console.print(f"study [bold]{safe(filled.study.study_name)}[/]: best {safe(planned.objective)} = "

@@ -45,15 +45,22 @@ def verify(
 ) -> None:
     """Check runs' per-sample records against their checksums and the records' schema.
 
-    Each file is checked against the checksum recorded when it was written, and against the schema. A run is ok, unverified (trained before flctl recorded checksums: not a failure) or failed,
-    with the file and why (a checksum mismatch, a missing or unlisted file, another schema). Runs still training
-    are not checked. Exit 0 when no run failed, 1 when one did."""
+    Each file is checked against the checksum recorded when it was written, against the schema, and against its
+    run (every row's run id). A run is ok, unverified (trained before flctl recorded checksums: not a failure) or
+    failed, with the file and why (a checksum mismatch, a missing or unlisted file, another schema, another run's
+    rows or checksums). Runs still training are not checked. Exit 0 when no run failed, 1 when one did."""
     from flctl.layout import Layout
     from flctl.records import FAILED
 
     root = results_root(results_dir)
+    if root.exists() and not root.is_dir():
+        fail(f"results folder {str(root)!r} is a file, not a folder; give the folder that holds flctl.db and records/ "
+             "(--results-dir or FLCTL_RESULTS)")
     store = existing_store(db, root)
     records_root = Layout(root).records
+    if records_root.exists() and not records_root.is_dir():
+        fail(f"{str(records_root)!r} is a file, not a folder: flctl keeps the runs' records there, so none can be "
+             "checked; move the file aside")
     runs, orphans = _select(store, ref, records_root)
     rows = _check(runs, orphans, records_root)
     counts = {s: sum(r["records"] == s for r in rows) for s in _states()}
@@ -122,7 +129,8 @@ def _check(runs: list[RunRecord], orphans: list[str], records_root: Path) -> lis
         if not folder.is_dir():
             if isinstance(item, str) or item.status != Status.COMPLETED:
                 return None                         # nothing written, nothing to check
-            row |= {"records": records.FAILED, "problems": [{"path": str(folder), "problem": f"{folder} is missing (a "
+            what = "is a file, not a folder" if folder.exists() else "is missing"
+            row |= {"records": records.FAILED, "problems": [{"path": str(folder), "problem": f"{folder} {what} (a "
                                                        "completed run has records)", "planted": False}],
                     "fix": f"train it again: {retrain_command(item)}"}
             return row

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.db import RunQueue, Store
+from flctl.fs import write_text_atomic
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
@@ -29,6 +30,8 @@ def cancel(store: Store, results_root: Path, sweep_id: str, *,
     now gone are handed back. Only processes that are still those recorded, and that flctl started, get a signal.
     """
     stopped: dict[int, tuple[Process, str | None]] = {}
+    # said before any signal: a `sweep --wait` whose own worker this stops tells the whole sweep was cancelled
+    write_text_atomic(Layout(results_root).cancelled(sweep_id), repr(time.time()))
     controllers = live_controllers(results_root, sweep_id)
     # a scheduler's jobs (Slurm's), by launcher: stopped through the scheduler, by their groups (arrays)
     queued = {launcher: sorted({launcher.job_group(j) for j in ids})

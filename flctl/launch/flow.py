@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.launch.plan import Launched, SweepPlan, launch_sweep
-from flctl.launch.wait import settle
+from flctl.launch.wait import check_ground, settle
 
 
 @dataclasses.dataclass
@@ -40,7 +40,8 @@ class Filled:
 def fill_sweep(planned: SweepPlan, store: Any, url: str, root: Path, *, wait: bool, direction: str = "min",
                hooks: Hooks = Hooks()) -> Filled:
     """Launch ``planned``'s cells not done (with ``wait``, this process is one of the local launcher's workers and
-    returns once the sweep settles), or run its --tune search; then sync the sweep's Optuna study."""
+    returns once the sweep settles), or run its --tune search; then sync the sweep's Optuna study. SweepStopped
+    where its database or results folder moved meanwhile."""
     from flctl.launch.tune import run_tune
     from flctl.study import sync_sweep
 
@@ -54,5 +55,6 @@ def fill_sweep(planned: SweepPlan, store: Any, url: str, root: Path, *, wait: bo
     if launched.here is not None and (stopped := hooks.here(launched.here, sid)) is not None:
         return Filled(sid, launched, stopped=stopped)
     data = hooks.wait(store, sid, root) if wait else None
+    check_ground(store, root, sid)                  # nothing synced into a database or folder that is gone
     sync_sweep(store, url, sid, planned.objective, direction)
     return Filled(sid, launched, data)

@@ -156,7 +156,10 @@ def registered(results_root: Path, sweep_id: str, job_id: str | None, executor: 
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)
+        # the results folder may have gone or become a file meanwhile (the worker has told why it stopped): the
+        # file is then gone with it
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            path.unlink()
 
 
 def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
@@ -208,6 +211,21 @@ def live_controllers(results_root: Path, sweep_id: str) -> list[Process]:
             if controller is not None and still(controller) and _launched_here(controller.cmdline, folder):
                 found.append(controller)
     return found
+
+
+def missing_launchers(results_root: Path, sweep_id: str) -> list[str]:
+    """The launchers the sweep's workers and jobs name (their files under results/jobs/) that are not installed
+    here: a plugin of another environment, whose workers this process can neither see nor stop."""
+    layout = Layout(results_root)
+    named: set[str] = set()
+    files = [*sorted(layout.workers(sweep_id).glob("*.json")), layout.submitted(sweep_id)]
+    for path in files:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(path.read_text())
+            for entry in data if isinstance(data, list) else [data]:
+                if isinstance(entry, dict) and isinstance(entry.get("executor"), str):
+                    named.add(entry["executor"])
+    return sorted(named - set(names()))
 
 
 def has_workers(results_root: Path, sweep_id: str) -> bool:

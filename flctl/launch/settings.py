@@ -19,7 +19,13 @@ from flctl.knobs import (
     check_checkpoint_every,
     check_count,
 )
-from flctl.launch.backends import Launcher, Slot, built_in, get_launcher  # Slot: where older workers' pickles look
+from flctl.launch.backends import (  # Slot: where older workers' pickles look
+    Launcher,
+    Slot,
+    built_in,
+    get_launcher,
+    make_launcher,
+)
 
 
 def _options_of(executor: Any) -> set[str] | None:
@@ -105,7 +111,7 @@ class LaunchSettings:
 
     @property
     def launcher(self) -> Launcher:
-        return get_launcher(self.executor)(self.options)
+        return make_launcher(self.executor, self.options)
 
     @classmethod
     def resolve(cls, spec_launch: Mapping[str, Any], flags: Any = None) -> LaunchSettings:

@@ -26,18 +26,33 @@ class SweepStopped(Exception):
         self.exit_code = exit_code
 
 
-def stopped_line(root: Path, sid: str, settle_s: float = 2.0) -> str:
+def stopped_line(root: Path, sid: str) -> str:
     """What `flctl sweep --wait` says when a signal stopped its own worker: its cell went back, and whether the
-    sweep's other workers go on (Ctrl-C on this command) or were stopped too (`flctl cancel`, whose signal reaches
-    them at their epoch's end: given ``settle_s`` to go)."""
-    deadline = time.monotonic() + settle_s
-    while (others := live_workers(root, sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if others:
-        return (f"this process's worker of sweep {sid} was stopped; its cell went back to the queue and the other "
-                f"{len(others)} worker(s) go on (`flctl cancel {sid}` stops them)")
-    return (f"sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with the "
-            "same axes resumes it")
+    sweep's other workers go on (Ctrl-C on this command) or were stopped too (`flctl cancel` since this command
+    started: it says so in the sweep's jobs folder before its first signal)."""
+    import os
+
+    from flctl.layout import Layout
+    from flctl.procs import started_at
+
+    try:
+        cancelled = float(Layout(root).cancelled(sid).read_text())
+    except (OSError, ValueError):
+        cancelled = None
+    started = started_at(os.getpid())
+    others = [] if cancelled is not None and (started is None or cancelled >= started) else live_workers(root, sid)
+    if not others:
+        return (f"sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with the "
+                "same axes resumes it")
+    return (f"this process's worker of sweep {sid} was stopped; its cell went back to the queue and the other "
+            f"{len(others)} worker(s) go on (`flctl cancel {sid}` stops them)")
+
+
+def check_ground(store: Any, root: Path | None, sid: str) -> None:
+    """SweepStopped (exit 1) where the sweep's database or results folder ``root`` moved while it ran (its workers
+    told it and stopped): what follows would write into a file that is gone, or make one in its place."""
+    if (moved := ground_moved(store, root)) is not None:
+        raise SweepStopped(f"{moved} while sweep {sid} ran: its workers stop and write no more", 1)
 
 
 def no_worker_left(root: Path, sid: str, data: dict) -> bool:
@@ -62,8 +77,7 @@ class Settling:
         self.idle_since: float | None = None
 
     def poll(self) -> dict:
-        if (moved := ground_moved(self.store, self.folder)) is not None:   # a query now would make an empty database
-            raise SweepStopped(f"{moved} while sweep {self.sid} ran: its workers stop and write no more", 1)
+        check_ground(self.store, self.folder, self.sid)     # a query now would make an empty database
         data = ledger(self.store, self.sid)
         if not (self.until_done and not settled(data) and no_worker_left(self.root, self.sid, data)):
             self.idle_since = None

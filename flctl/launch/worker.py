@@ -40,7 +40,7 @@ from flctl.errors import (
     GroundMoved,
     is_fatal_device_error,
 )
-from flctl.launch.backends import Launcher, Slot, get_launcher
+from flctl.launch.backends import Launcher, Slot, make_launcher
 from flctl.launch.jobs import private_folder, registered, remember_jobs
 from flctl.launch.settings import LaunchSettings
 from flctl.layout import Layout
@@ -85,7 +85,7 @@ class WorkerRecipe:
 
     @property
     def launcher(self) -> Launcher:
-        return get_launcher(self.executor)(self.options)
+        return make_launcher(self.executor, self.options)
 
 
 class Worker(submitit.helpers.Checkpointable):

@@ -244,14 +244,38 @@ class _Bundle:
                                 "runs": [r.id for r in runs], "cells_to_do": len(to_do)}
 
 
+def check_out(out: Path, root: Path) -> Path:
+    """``out`` as the bundle's folder, absolute; ConfigError, before anything is written, where writing the bundle
+    would replace what is not an earlier bundle: the bundle replaces its folder whole, so ``out`` must be new, empty
+    or a bundle (its paper.json), and neither the results folder ``root`` nor a folder holding it."""
+    out, root = Path(out).absolute(), Path(root).absolute()
+    folder = out
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if folder != out and not folder.is_dir():
+        raise ConfigError(f"--out {str(out)!r} lies under {str(folder)!r}, which is a file")
+    resolved, results = out.resolve(), root.resolve()
+    if resolved == results or resolved in results.parents:
+        what = "the results folder" if resolved == results else "a folder holding the results folder"
+        raise ConfigError(f"--out {str(out)!r} is {what}: the bundle replaces its folder whole; give a folder of its "
+                          "own (default RESULTS/paper)")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; give a folder for the bundle")
+    if out.is_dir() and any(out.iterdir()) and not (out / "paper.json").is_file():
+        raise ConfigError(f"--out {str(out)!r} holds files that are not a paper bundle (no paper.json): the bundle "
+                          "replaces its folder whole; give a new folder, or an earlier bundle's")
+    return out
+
+
 def write_bundle(programme: Programme, records_root: Path, out: Path, provenance: dict[str, Any],
                  others: dict[str, int] | None = None) -> Path:
-    """Render every item of ``programme`` into the folder ``out`` (replaced whole); returns its index.html."""
+    """Render every item of ``programme`` into the folder ``out`` (replaced whole: new, empty or an earlier bundle,
+    check_out); returns its index.html."""
     import matplotlib
 
     from flctl.report.plots.common import STYLE
 
-    out = Path(out)
+    out = Path(out).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     (tmp / "tables").mkdir(parents=True)

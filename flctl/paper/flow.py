@@ -59,6 +59,14 @@ class PaperPlan:
                               runs=stored_runs(self.url, tasks_of(self.specs, chosen)), together=self.together,
                               check_data=check_data)
 
+    def bundle_folder(self, root: Path, out: Path | None = None) -> Path:
+        """Where the bundle goes: ``out``, else RESULTS/paper (RESULTS/paper-<scale>); ConfigError where that folder
+        holds what the bundle must not replace (flctl.paper.bundle.check_out)."""
+        from flctl.paper.bundle import check_out
+
+        return check_out(out if out is not None else
+                         root / ("paper" if self.scale == "paper" else f"paper-{self.scale}"), root)
+
 
 def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), only: str | None = None,
                scale: str = "paper", device: str | None = None, data_dir: str | None = None,
@@ -95,6 +103,7 @@ def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bo
     from flctl.db import Store
 
     result = PaperRun(plan.programme)
+    plan.bundle_folder(root, out)            # before anything trains: a bundle that could not be written
     if not report_only:
         hooks.plan(plan.programme)
         store = Store.open(plan.url)
@@ -114,7 +123,7 @@ def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bo
         except ConfigError:
             pass
     result.programme = programme
-    out = out if out is not None else root / ("paper" if plan.scale == "paper" else f"paper-{plan.scale}")
+    out = plan.bundle_folder(root, out)
     t0 = time.perf_counter()
     result.bundle = write(programme, plan.specs, items, root, plan.url, out,
                           stored_runs(plan.url, tasks_of(plan.specs, items)), hooks)

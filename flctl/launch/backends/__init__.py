@@ -174,5 +174,57 @@ def get_launcher(name: str) -> type[Launcher]:
 _CHECKED: set[str] = set()     # built-in names whose clash with an installed launcher was looked for (and said)
 
 
+def make_launcher(name: str, options: Any = None) -> Launcher:
+    """Launcher ``name`` with ``options``. An installed one is guarded: a fault of its own code (an exception from
+    it, slots that are not Slots, jobs without a job_id) is one ConfigError naming it and its module, not a
+    traceback from inside flctl, and its slots are checked before anything is written."""
+    cls = get_launcher(name)
+    if cls.__module__.split(".")[0] == "flctl":
+        return cls(options)
+    return _guarded(cls, "the launcher's constructor", lambda: cls(options))      # type: ignore[return-value]
+
+
+# The calls of the Launcher interface that an installed launcher's own code answers.
+_CALLS = ("describe", "check", "slots", "start", "active", "stop", "job_group", "cpus_here")
+
+
+class _Installed:
+    """An installed launcher, each call of the interface guarded (make_launcher); its class facts read through."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self._launcher = launcher
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._launcher, attr)
+        if attr not in _CALLS:
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = _guarded(type(self._launcher), f"{attr}()", lambda: value(*args, **kwargs))
+            if attr == "slots" and not (isinstance(result, list) and all(isinstance(s, Slot) for s in result)):
+                raise _fault(type(self._launcher), "slots()", f"returned {result!r:.80}, not a list of Slot")
+            if attr == "start" and not (isinstance(result, list) and all(
+                    isinstance(getattr(job, "job_id", None), str) for job in result)):
+                raise _fault(type(self._launcher), "start()", f"returned {result!r:.80}, not a list of jobs, each "
+                             "with a job_id (a str)")
+            return result
+        return call
+
+
+def _guarded(cls: type[Launcher], what: str, call: Any) -> Any:
+    try:
+        result = call()
+    except ConfigError:
+        raise
+    except Exception as exc:   # noqa: BLE001 - its own code: told as its fault, in one line
+        hint = " (written for another flctl? docs/extending.md, 'A launcher')" if isinstance(exc, TypeError) else ""
+        raise _fault(cls, what, f"{type(exc).__name__}: {exc}{hint}") from None
+    return _Installed(result) if isinstance(result, Launcher) else result
+
+
+def _fault(cls: type[Launcher], what: str, why: str) -> ConfigError:
+    return ConfigError(f"the installed launcher {cls.name!r} ({cls.__module__}.{cls.__qualname__}): {what} {why}")
+
+
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
     return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: ep.name)
