@@ -20,6 +20,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flctl.api_args import (
+    DEVICE,
+    LAUNCH,
+    PATH,
+    check_arg,
+    check_fields,
+    check_known,
+    in_memory,
+    make_results,
+    not_a_file,
+    take_back,
+)
 from flctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,7 +59,7 @@ def database_url(db: str | None, root: Path) -> str:
         raise ConfigError(f"db={db!r}: give a database URL as a str (sqlite:///results/flctl.db, "
                           "postgresql://user@host/db)")
     url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
-    if _in_memory(url):
+    if in_memory(url):
         raise ConfigError(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this "
                           "command exits; give a file (sqlite:///results/flctl.db) or a server "
                           "(postgresql://user@host/db)")
@@ -94,9 +106,9 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
                           "sweep (`flctl sweep TASK -m erm,fl`)")
     if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float))):
         raise ConfigError(f"p_min={p_min!r}: give a number in (0, 1], e.g. p_min=0.6")
-    _check_arg("device", fields.get("device"), str, _DEVICE)
+    check_arg("device", fields.get("device"), str, DEVICE)
     spec = get_task(task)
-    _check_fields(spec, fields)
+    check_fields(spec, fields)
     cfg = resolve(spec, method, dict(fields), p_min)
     check_task_data(spec, cfg.opts, cfg.data_dir, look=check_data)
     return cfg
@@ -110,17 +122,17 @@ def open_store(results_dir: str | Path | None = None, db: str | None = None, *, 
 
     root = results_root(results_dir)
     url = database_url(db, root)
-    _not_a_file(root)
+    not_a_file(root)
     if not create and db is None and not os.environ.get("FLCTL_DB") and not Layout(root).db.is_file():
         raise ConfigError(f"no runs in {str(root)!r}: it holds no flctl.db; give the results_dir the runs were "
                           "trained in")
-    made = _make_results(root) if create else []
+    made = make_results(root) if create else []
     try:
         return Store.open(url, readonly=not create)
     except Exception as exc:
         # as `flctl` (cli.common.open_results): a database that cannot be opened (a bad db=, a server that does not
         # answer) leaves no results folder behind
-        _take_back(made)
+        take_back(made)
         if isinstance(exc, StoreError) and str(exc).startswith("not a database URL"):   # the caller's input: one
             raise ConfigError(f"db={db!r}: {exc}") from None                             # line that names the fix
         raise
@@ -183,16 +195,16 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
         raise ConfigError("give either a task with axes or spec=, not both or neither")
     # each argument's type, before any of them is used: a wrong one is its own one line, not an AttributeError
     # from deep inside the planning (and a device=0 is refused, not read as no device)
-    _check_arg("task", task, str, "give one task's name, a str (see `flctl tasks`); several tasks are several sweeps")
-    _check_arg("spec", spec, _PATH, "give a sweep spec's TOML file, a str or Path (e.g. spec='sweeps/two-moons.toml')")
-    _check_arg("options", options, Mapping, "give the task options as a dict, e.g. options={'degree': 10}")
-    _check_arg("name", name, str, "give the sweep's name, a str")
-    _check_arg("device", device, str, _DEVICE)
-    _check_arg("data_dir", data_dir, _PATH, "give the datasets' folder, a str or Path")
-    _check_arg("objective", objective, str, "give a metric, a str such as 'test.max_loss'")
-    _check_arg("tune", tune, int, "give the number of trials of the search, an int such as tune=20")
-    _check_arg("parallel", parallel, int, "give the number of trials launched at once, an int such as parallel=2")
-    _check_arg("launch", launch, Mapping, _LAUNCH)
+    check_arg("task", task, str, "give one task's name, a str (see `flctl tasks`); several tasks are several sweeps")
+    check_arg("spec", spec, PATH, "give a sweep spec's TOML file, a str or Path (e.g. spec='sweeps/two-moons.toml')")
+    check_arg("options", options, Mapping, "give the task options as a dict, e.g. options={'degree': 10}")
+    check_arg("name", name, str, "give the sweep's name, a str")
+    check_arg("device", device, str, DEVICE)
+    check_arg("data_dir", data_dir, PATH, "give the datasets' folder, a str or Path")
+    check_arg("objective", objective, str, "give a metric, a str such as 'test.max_loss'")
+    check_arg("tune", tune, int, "give the number of trials of the search, an int such as tune=20")
+    check_arg("parallel", parallel, int, "give the number of trials launched at once, an int such as parallel=2")
+    check_arg("launch", launch, Mapping, LAUNCH)
     # launch keys that are not flctl's flags are the launcher's own options: the spec's [launch] table takes them
     extra = {k: v for k, v in (launch or {}).items() if k not in _flag_names()}
     flags = _launch_flags({k: v for k, v in (launch or {}).items() if k in _flag_names()})
@@ -241,11 +253,11 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
     from flctl.paper.flow import fill_paper, plan_paper
     from flctl.sweep import SHIPPED_SPECS
 
-    _check_arg("only", only, str, "give the tables and figures as one str, e.g. only='table:1,figure:6' (or 'table')")
-    _check_arg("specs", specs, _PATH, "give the folder of the paper's specs, a str or Path")
-    _check_arg("device", device, str, _DEVICE)
-    _check_arg("data_dir", data_dir, _PATH, "give the datasets' folder, a str or Path")
-    _check_arg("out", out, _PATH, "give the bundle's folder, a str or Path (default RESULTS/paper)")
+    check_arg("only", only, str, "give the tables and figures as one str, e.g. only='table:1,figure:6' (or 'table')")
+    check_arg("specs", specs, PATH, "give the folder of the paper's specs, a str or Path")
+    check_arg("device", device, str, DEVICE)
+    check_arg("data_dir", data_dir, PATH, "give the datasets' folder, a str or Path")
+    check_arg("out", out, PATH, "give the bundle's folder, a str or Path (default RESULTS/paper)")
     if dry_run and report_only:
         raise ConfigError("give dry_run or report_only, not both")
     flags = _launch_flags(launch)
@@ -256,13 +268,13 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
                       check_data=not (dry_run or report_only))
     if dry_run:
         return plan
-    _not_a_file(root)                                # said as itself, not as a bundle folder under a file
+    not_a_file(root)                                # said as itself, not as a bundle folder under a file
     bundle = Path(out) if out is not None else None
     plan.bundle_folder(root, bundle)                 # as `flctl paper`: a bundle that cannot be written, before
     if not report_only:                              # any folder is made
         open_store(results_dir, db).close()          # the results folder and database, made as `flctl paper` does
     else:
-        _make_results(root)                          # reading the database only needs a folder for the bundle
+        make_results(root)                          # reading the database only needs a folder for the bundle
     return fill_paper(plan, root=root, out=bundle, wait=wait, report_only=report_only)
 
 
@@ -276,7 +288,7 @@ def _launch_flags(launch: dict[str, Any] | None) -> Any:
     """flctl.launch.LaunchFlags from a dict of them by name (ConfigError naming an unknown one)."""
     from flctl.launch import LaunchFlags
 
-    _check_arg("launch", launch, Mapping, _LAUNCH)
+    check_arg("launch", launch, Mapping, LAUNCH)
     if unknown := sorted(set(launch or {}) - set(LaunchFlags.__dataclass_fields__)):
         raise ConfigError(f"launch: unknown key(s) {', '.join(unknown)}; valid: "
                           f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
@@ -297,8 +309,41 @@ def runs(*, results_dir: str | Path | None = None, db: str | None = None, task: 
     try:
         found = store.list_runs(task=task, method=method, status=status)
         if not found:         # none: a typo of a name no run has, or truly none yet
-            _check_known(store, task, method)
+            check_known(store, task, method)
         return found
+    finally:
+        store.close()
+
+
+def report(*, table: str | None = None, plot: str | None = None, samples: str | None = None, by: str | None = None,
+           sweep: str | None = None, task: str | None = None, columns: Iterable[str] | None = None,
+           split: str | None = None, k: int = 16, min_seeds: int = 1, eps: float | None = None,
+           methods: str | None = None, top: int = 20, digits: int = 2, fmt: str | None = None,
+           out: str | Path | None = None, results_dir: str | Path | None = None, db: str | None = None) -> Any:
+    """A report as `flctl report` makes it (flctl.report.flow), of a sweep, a task or every finished run: exactly one
+    of ``table`` (its ``table``, a flctl.report.tables.Table, and ``text`` rendered in ``fmt``; written to ``out``
+    if given), ``plot`` (PNG and PDF written to ``out``, a path stem, else under RESULTS/reports/) or ``samples`` (its
+    ``frame``, a pyarrow Table, written as Parquet). Returns a flctl.report.flow.Made: also ``files`` written,
+    ``notes`` and ``runs``. ConfigError for bad input, before any database is read; nothing is written to the
+    database."""
+    from flctl.report.flow import Request, make_report
+
+    for name, value in (("table", table), ("plot", plot), ("samples", samples), ("by", by), ("sweep", sweep),
+                        ("task", task), ("split", split), ("methods", methods), ("fmt", fmt)):
+        check_arg(name, value, str, "give a str (see `flctl report --help`)")
+    check_arg("out", out, PATH, "give a file (a plot's: a path stem), a str or Path")
+    if isinstance(columns, str) or (columns is not None and not all(isinstance(c, str) for c in columns)):
+        raise ConfigError(f"columns={columns!r}: give a list of column names, e.g. ['train.avg_loss']")
+    for name, number in (("k", k), ("min_seeds", min_seeds), ("top", top), ("digits", digits)):
+        check_arg(name, number, int, "give an int")
+    check_arg("eps", eps, (int, float), "give a number")
+    request = Request(table=table, plot=plot, samples=samples, by=by, sweep=sweep, task=task,
+                      columns=None if columns is None else tuple(columns), split=split, k=k, min_seeds=min_seeds,
+                      eps=eps, methods=methods, top=top, digits=digits, fmt=fmt,
+                      out=None if out is None else Path(out)).check()
+    store = open_store(results_dir, db, create=False)
+    try:
+        return make_report(store, results_root(results_dir), request)
     finally:
         store.close()
 
@@ -339,101 +384,3 @@ def records(runs: Iterable[RunRecord | str], *, results_dir: str | Path | None =
                 raise ConfigError(f"run {i} has no records of epoch {epoch}; its evaluated epochs: "
                                   f"{', '.join(map(str, have)) or 'none'}")
     return read(folder, ids, split=split, epoch=epoch)
-
-
-def _check_fields(task, fields: dict[str, Any]) -> None:
-    """A field ``config`` does not know: a task option passed as a field, or a typo (with the closest field)."""
-    import dataclasses
-    import difflib
-
-    from flctl.config import RunConfig
-
-    known = {f.name for f in dataclasses.fields(RunConfig)} - {"task", "method"}
-    for name in fields:
-        if name in known:
-            continue
-        if name in task.options:
-            raise ConfigError(f"{name!r} is an option of task {task.name!r}, not a run field: pass "
-                              f"options={{{name!r}: ...}}")
-        if name in ("task", "method"):
-            raise ConfigError(f"{name} is config's own argument: config(task, method, ...), not a field")
-        close = difflib.get_close_matches(name, sorted(known), n=1)
-        raise ConfigError(f"unknown run field {name!r}" + (f"; did you mean {close[0]!r}?" if close else
-                                                           f"; the fields are: {', '.join(sorted(known))}"))
-    options = fields.get("options")
-    if options is not None and not isinstance(options, dict):
-        raise ConfigError(f"options={options!r}: give the task options as a dict, e.g. options={{'degree': 10}}")
-
-
-# what an argument takes, said by every function that has it
-_PATH = (str, os.PathLike)
-_DEVICE = "give a device's name, a str: cpu, cuda, cuda:N or auto"
-_LAUNCH = "give the launch flags as a dict by name, e.g. launch={'executor': 'debug'}"
-
-
-def _check_arg(name: str, value: Any, kind: type | tuple[type, ...], takes: str) -> None:
-    """ConfigError ``name=value: takes`` unless ``value`` is None or a ``kind``. A bool is no int here (True is no
-    number of trials), though Python counts it as one."""
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if value is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
-        raise ConfigError(f"{name}={value!r}: {takes}")
-
-
-def _make_results(root: Path) -> list[Path]:
-    """Make the results folder ``root`` (ConfigError where it cannot be); the folders this made, deepest first, for
-    ``_take_back`` should what follows fail."""
-    from flctl.layout import Layout
-
-    _not_a_file(root)
-    if (why := Layout(root).not_a_folder()) is not None:
-        raise ConfigError(why)
-    absolute = root.absolute()
-    made = [p for p in (absolute, *absolute.parents) if not p.exists()]
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        _take_back(made)
-        raise ConfigError(f"results_dir {str(root)!r} cannot be made ({exc.strerror or exc}); give a folder "
-                          "you can write") from None
-    return made
-
-
-def _not_a_file(root: Path) -> None:
-    """ConfigError where the results folder ``root`` is a regular file."""
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"results_dir {str(root)!r} is a file, not a folder; give a folder")
-
-
-def _take_back(made: list[Path]) -> None:
-    """Remove the folders ``_make_results`` made, deepest first, while they are empty: never another's files (a
-    folder another process began to fill meanwhile stays)."""
-    for folder in made:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
-def _check_known(store: Store, task: str | None, method: str | None) -> None:
-    """``runs`` found nothing: a task or method name that neither flctl nor any recorded run knows is a typo."""
-    from flctl.method_info import METHOD_INFO
-    from flctl.tasks import all_tasks
-
-    if task is not None and task not in all_tasks() and not store.count_runs(task=task):
-        raise ConfigError(f"task={task!r}: no such task; choose one of: {', '.join(all_tasks())}")
-    if method is not None and method not in METHOD_INFO and not store.count_runs(method=method):
-        raise ConfigError(f"method={method!r}: no such method; choose one of: {', '.join(METHOD_INFO)}")
-
-
-def _in_memory(url: str) -> bool:
-    if not url.startswith("sqlite"):
-        return False
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:       # Store.open says what is wrong with it
-        return False
-    return parsed.get_backend_name() == "sqlite" and (
-        not parsed.database or parsed.database == ":memory:" or parsed.query.get("mode") == "memory"
-        or parsed.database.startswith("file::memory:"))

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from flctl.errors import DiskFull
+from flctl.errors import ConfigError, DiskFull
 
 # No room for the bytes: the device or the user's quota is full, or the file outgrew a size limit (the file
 # system's, or the process's RLIMIT_FSIZE: EFBIG). Each one means "free space, then resume", so they are one case.
@@ -84,3 +84,21 @@ def atomic_path(path: Path | str, parents: bool = True) -> Iterator[Path]:
 def write_text_atomic(path: Path | str, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def check_writable(path: Path, flag: str = "--out") -> None:
+    """ConfigError now, before any work, where ``path`` cannot become a file: it is a directory, lies under a file,
+    or its nearest existing folder refuses a file (probed with an empty file that is removed at once)."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a directory; give a file name")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} lies under {str(folder)!r}, which is a file")
+    probe = folder / f".write-test-{uuid.uuid4().hex}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({exc.strerror or exc})") from None

@@ -116,3 +116,31 @@ def test_api_refuses_arguments_of_the_wrong_kind_writing_nothing(tmp_path: Path,
     with pytest.raises(error, match=message):
         call(tmp_path / "results", file)
     assert [p.name for p in tmp_path.rglob("*")] == ["file"]
+
+
+def test_api_report_makes_what_flctl_report_makes(tmp_path: Path) -> None:
+    """api.report: the table flctl report prints (the same text, the table's rows as values), a figure's two files
+    named as the command names them, a per-sample query's frame (the Parquet it wrote); bad input and no database
+    are a ConfigError with nothing written."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "results"
+    for method in ("erm", "fl"):
+        api.run("two-moons", method, epochs=3, results_dir=root)
+    made = api.report(table="main", task="two-moons", fmt="csv", results_dir=root)
+    cli = in_process("report", "--table", "main", "--task", "two-moons", "--format", "csv", "--results-dir", str(root))
+    assert cli.returncode == 0 and made.text == cli.stdout
+    assert made.table.title == "Final performance (two-moons)" and [k[0] for k, _ in made.table.rows] == ["ERM", "FL"]
+    drawn = api.report(plot="cdf", results_dir=root)
+    assert [p.name for p in drawn.files] == ["cdf-two-moons.png", "cdf-two-moons.pdf"] and all(
+        p.is_file() for p in drawn.files)
+    query = api.report(samples="violators", results_dir=root)
+    assert query.frame.equals(pq.read_table(query.files[0]))
+    before = sorted(files_under(tmp_path))
+    with pytest.raises(ConfigError, match="unknown table 'nope'"):
+        api.report(table="nope", results_dir=root)
+    with pytest.raises(ConfigError, match="columns=.*give a list"):
+        api.report(table="main", columns="train.avg_loss", results_dir=root)
+    with pytest.raises(ConfigError, match="holds no flctl.db"):
+        api.report(table="main", results_dir=tmp_path / "none")
+    assert sorted(files_under(tmp_path)) == before

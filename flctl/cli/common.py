@@ -303,24 +303,6 @@ def find(lookup: Callable[[str], T | None], ref: str, what: str) -> T:
     return found
 
 
-def check_output(path: Path, flag: str = "--out") -> None:
-    """Fail now, before any work, when ``path`` cannot become a file: it is a directory, lies under a file, or
-    its nearest existing folder refuses a file (probed with an empty file that is removed at once)."""
-    if path.is_dir():
-        fail(f"{flag} {str(path)!r} is a directory; give a file name")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        fail(f"{flag} {str(path)!r} lies under {str(folder)!r}, which is a file")
-    probe = folder / f".write-test-{uuid.uuid4().hex}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        fail(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({exc.strerror or exc})")
-
-
 def complete_task(incomplete: str) -> list[str]:
     """Shell completion of task names: the modules of flctl_tasks, without importing them (torch stays out)."""
     import pkgutil

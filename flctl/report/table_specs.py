@@ -74,6 +74,11 @@ def table_spec(name: str) -> TableSpec:
     return TABLE_SPECS[name]
 
 
+def by_tables() -> tuple[str, ...]:
+    """The tables that take --by (a row per group of samples)."""
+    return tuple(name for name, spec in TABLE_SPECS.items() if spec.by)
+
+
 # The paper's tables. MAIN is also the order and labels of figures' curves and per-sample queries' groups.
 MAIN = register(TableSpec("main", "Final performance", classification=("accuracy",)))
 register(TableSpec("ablation", "α ablation (FL is RFL with α = ∞)", keys=("eps", "method", "alpha"),

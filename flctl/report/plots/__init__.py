@@ -10,30 +10,24 @@ stays fast; torch is never imported (reports run where no training stack is inst
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flctl.errors import ConfigError
 from flctl.fs import atomic_path
 from flctl.metrics import SPLITS
-from flctl.report import PLOTS
+from flctl.report.plot_specs import PLOT_SPECS, plot_spec
 from flctl.report.plots.common import DPI, STYLE
-from flctl.report.plots.distribution import _cvar_curve, _distribution
-from flctl.report.plots.dynamics import _dynamics
-from flctl.report.plots.heatmap import _heatmap
-from flctl.report.plots.multipliers import _multipliers
-from flctl.report.plots.polyfit import _polyfit
-from flctl.report.plots.reliability import _reliability
-from flctl.report.plots.top import _extras_images, _top_multipliers
+from flctl.report.plots.distribution import _cvar_curve
+from flctl.report.plots.top import _extras_images
 
+PLOTS = tuple(PLOT_SPECS)
 __all__ = ["PLOTS", "figure", "plot", "save", "_cvar_curve", "_extras_images"]
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from flctl.db import RunRecord
-
 
 
 def plot(name: str, runs: list[RunRecord], records_root: Path, out: Path, *, split: str | None = None,
@@ -48,9 +42,8 @@ def plot(name: str, runs: list[RunRecord], records_root: Path, out: Path, *, spl
 
 
 def figure(name: str, runs: list[RunRecord], records_root: Path, *, split: str | None = None, k: int = 16) -> Figure:
-    """The named figure, not yet written (see ``plot``)."""
-    if name not in PLOTS:
-        raise ConfigError(f"unknown plot {name!r}; choose one of: {', '.join(PLOTS)}")
+    """The named figure, not yet written (see ``plot``): drawn by its entry in flctl.report.plot_specs."""
+    spec = plot_spec(name)
     if split not in (None, *SPLITS):
         raise ConfigError(f"split must be train or test, got {split!r}")
     if k < 1:
@@ -61,18 +54,8 @@ def figure(name: str, runs: list[RunRecord], records_root: Path, *, split: str |
     import matplotlib
     matplotlib.use("Agg")   # files only: batch nodes have no display, and Agg needs none
 
-    builders: dict[str, Callable[[], Figure]] = {
-        "cdf": lambda: _distribution(runs, Path(records_root), split, "cdf"),
-        "cvar": lambda: _distribution(runs, Path(records_root), split, "cvar"),
-        "heatmap": lambda: _heatmap(runs),
-        "multipliers": lambda: _multipliers(runs, Path(records_root)),
-        "top-multipliers": lambda: _top_multipliers(runs, Path(records_root), k),
-        "polyfit": lambda: _polyfit(runs),
-        "dynamics": lambda: _dynamics(runs, Path(records_root), split),
-        "reliability": lambda: _reliability(runs, Path(records_root), split),
-    }
     with matplotlib.rc_context(STYLE):
-        return builders[name]()
+        return spec.draw(runs, Path(records_root), split, k)
 
 
 def save(fig: Figure, out: Path) -> list[Path]:
