@@ -10,11 +10,11 @@ import functools
 import hashlib
 import json
 import math
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from flctl.devices import CAPTURED_ENGINES, ENGINES, SAME_NUMBERS_ENGINES, device_problem, resolve_device
 from flctl.errors import ConfigError
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
 
@@ -28,17 +28,6 @@ PRECISIONS = ("auto", "fp32")
 # How FL and RFL move their multipliers: gd, projected gradient ascent (the paper); nupi, a PI controller per
 # sample (Sohrabi et al. 2024), see flctl.methods.NuPI. Its gains are read only by nupi.
 DUAL_OPTIMIZERS = ("gd", "nupi")
-# How a cell's step runs (flctl.train): eager; captured, replayed as CUDA graphs (the eager step's kernels, so the
-# same numbers: not part of the identity); compiled, through torch.compile (other kernels, other rounding: part of it);
-# compiled-captured, the compiled step captured as CUDA graphs (inductor's fused kernels inside the graph: compiled's
-# kernels, part of the identity as compiled is); captured-streams, captured, each cell of a worker's group replaying
-# its graphs on a CUDA stream of its own, side by side (the same kernels: captured's numbers); auto, captured where
-# that equals eager on CUDA, else eager (flctl.step.step_engine).
-ENGINES = ("auto", "eager", "captured", "compiled", "compiled-captured", "captured-streams")
-SAME_NUMBERS_ENGINES = ("auto", "eager", "captured", "captured-streams")
-CAPTURED_ENGINES = ("captured", "compiled-captured", "captured-streams")   # CUDA graphs: CUDA only, the same batches
-COMPILED_ENGINES = ("compiled", "compiled-captured")        # through torch.compile
-ALONE_ENGINES = (*COMPILED_ENGINES, "captured-streams")    # whose cells never run as one grouped model
 # Where a field's command-line option is listed in `flctl run --help`.
 PANELS = {"method": "Method", "optim": "Optimization (defaults: the task's paper values)", "where": "Where",
           "launch": "Launch"}
@@ -348,44 +337,6 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     cfg = RunConfig(task=task_name, method=method, options=tuple(sorted(opts.items())), **values)
     validate(cfg)
     return cfg
-
-
-# Where a run may train: torch's CPU, its CUDA devices, or "auto" (resolved to one of them before a run is recorded,
-# flctl.cli.common.check_device). Others (mps, tpu, xla) are not supported by the training engine.
-DEVICE = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
-
-
-def device_problem(device: object) -> str | None:
-    """What is wrong with a device name (None: nothing), checked without torch."""
-    if isinstance(device, str) and DEVICE.fullmatch(device):
-        return None
-    return f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto"
-
-
-def resolve_device(device: str, *, here: bool = True, planning: bool = False) -> str:
-    """The device a run or sweep trains on, checked at input and resolved (ConfigError otherwise): ``auto`` becomes
-    cuda where CUDA is available, else cpu. torch is imported only for a CUDA device or auto. ``here``: the runs
-    train on this machine, so CUDA must be there (not so for Slurm jobs submitted from a login node, where only the
-    name is checked). ``planning`` (a dry run): nothing trains, so a named CUDA device is checked by name too, and a
-    GPU sweep can be planned on a laptop; auto is still this machine's."""
-    if (problem := device_problem(device)) is not None:
-        raise ConfigError(problem)
-    if device == "cpu":
-        return device
-    if not here or (planning and device != "auto"):
-        if device == "auto":
-            raise ConfigError("--device auto is resolved on this machine, not on the cluster's nodes; give cuda or cpu")
-        return device
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
-    if index >= count:
-        raise ConfigError(f"--device {device}: this machine has {count} visible CUDA device(s) (cuda:0..cuda:{count - 1})")
-    return device
 
 
 def validate(cfg: RunConfig) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from flctl import plugins
 from flctl.plugins import Source
+from flctl.registry import add
 
 # The RunConfig fields a method may read besides the shared ones (the method knobs); a field a method does not read
 # is stored as None, so that e.g. ERM runs that differ only in eps are the same run (same hash) and a sweep does not
@@ -48,10 +49,8 @@ METHOD_SOURCES: dict[str, Source] = {}     # a plugin method's name -> its packa
 
 
 def describe(info: MethodInfo) -> MethodInfo:
-    if info.name in METHOD_INFO and METHOD_INFO[info.name] != info:
-        raise ValueError(f"method {info.name!r} is already described differently")
-    METHOD_INFO[info.name] = info
-    return info
+    """Add ``info`` to the methods flctl knows (flctl.methods registers each torch class against its entry)."""
+    return add(METHOD_INFO, info.name, info, "method")
 
 
 def method_source(name: str) -> Source:

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from flctl.config import ALONE_ENGINES
 from flctl.data import Dataset, Normalize, Split
+from flctl.devices import ALONE_ENGINES
 from flctl.grouped_optim import grouped_optimizer
 from flctl.losses import model_output, per_sample_loss, split_records
 from flctl.step import public_tensors, step_inputs

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from flctl.cell import Cell
-from flctl.config import CAPTURED_ENGINES, COMPILED_ENGINES
 from flctl.data import Dataset, epoch_order
+from flctl.devices import CAPTURED_ENGINES, COMPILED_ENGINES
 from flctl.stack import GroupBatches, Grouped, evaluate_together, group_inputs, grouped_step, groups
 from flctl.step import (
     CapturedStep,

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -21,6 +21,7 @@ from typing import Any, Literal
 from flctl.config import AXIS_FIELDS, RunConfig
 from flctl.db import SCHEMA_LOCK, existing_url
 from flctl.errors import ConfigError
+from flctl.launch.wait import poll_delays
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.status import REPORTABLE, TERMINAL, TO_DO, Status
 
@@ -380,16 +381,6 @@ def _revive_others(others: list, resolve_cell: Callable, fetch: Callable[[list[s
                 continue
     if todo:
         revive(todo)
-
-
-def poll_delays(most: float, first: float = 0.02) -> Iterator[float]:
-    """The sleeps of a loop that waits on other processes: ``first`` and then half as long again each time, up to
-    ``most``. What is waited on is often done within a moment (a --tune trial of a few epochs, the next trial's cell);
-    a flat ``most`` was then most of the wait, and a long wait still costs one look (a query) per ``most``."""
-    delay = min(first, most)
-    while True:
-        yield delay
-        delay = min(most, delay * 1.5)
 
 
 def _wait(configs: list[RunConfig], fetch: Callable[[list[str]], dict[str, dict]],

@@ -100,7 +100,7 @@ def clean_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as on a machine without CUDA, whatever the machine has, for the tests that check `--device cuda`
-    is refused there (on a GPU the command trains instead). flctl asks torch (flctl.config.resolve_device,
+    is refused there (on a GPU the command trains instead). flctl asks torch (flctl.devices.resolve_device,
     flctl.launch.backends.local.cuda_devices); CUDA_VISIBLE_DEVICES cannot hide a GPU from a process that has seen it."""
     import torch
 

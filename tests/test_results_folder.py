@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 from flctl.cli import app
 from flctl.db import Store
 from flctl.launch.cancel import cancel
+from flctl.launch.wait import poll_delays
 from flctl.procs import process
-from flctl.study import poll_delays
 from tests import warm
 from tests.helpers import wait_until
 

@@ -388,7 +388,7 @@ def test_the_compiled_captured_engine_is_compiled_replayed_and_runs_as_compiled_
     """--engine compiled-captured (the compiled step captured as CUDA graphs) computes what compiled computes: the same
     run; it is refused off CUDA as captured is. tests/test_gpu_engine.py holds its records equal to compiled's on a
     GPU."""
-    from flctl.config import CAPTURED_ENGINES, COMPILED_ENGINES
+    from flctl.devices import CAPTURED_ENGINES, COMPILED_ENGINES
     from flctl.errors import ConfigError
 
     compiled = config("two-moons", "fl", engine="compiled", device="cuda")

@@ -147,8 +147,8 @@ def db_url(db: str | None, root: Path) -> str:
 
 
 def check_device(device: str, *, here: bool = True) -> str:
-    """flctl.config.resolve_device, or its one line and exit 2."""
-    from flctl.config import resolve_device
+    """flctl.devices.resolve_device, or its one line and exit 2."""
+    from flctl.devices import resolve_device
 
     try:
         return resolve_device(device, here=here)
@@ -285,6 +285,7 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., None]:
     return command
 
 
+
 T = TypeVar("T")
 
 
@@ -303,17 +304,6 @@ def find(lookup: Callable[[str], T | None], ref: str, what: str) -> T:
     return found
 
 
-def complete_task(incomplete: str) -> list[str]:
-    """Shell completion of task names: the modules of flctl_tasks, without importing them (torch stays out)."""
-    import pkgutil
-
-    import flctl_tasks
-
-    names = sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(flctl_tasks.__path__)
-                   if not m.name.startswith("_"))
-    return [n for n in names if n.startswith(incomplete)]
-
-
 def complete_from(values, *, listed: bool = False) -> Callable[[str], list[str]]:
     """Shell completion of a fixed list of values (methods, plot kinds, tables, formats). ``listed``: the option
     takes a comma-separated list (a sweep axis, `--methods erm,fl`), and the value after the last comma is
@@ -322,38 +312,6 @@ def complete_from(values, *, listed: bool = False) -> Callable[[str], list[str]]
         head, _, last = incomplete.rpartition(",") if listed else ("", "", incomplete)
         return [head + "," + v if head else v for v in values if v.startswith(last)]
     return complete
-
-
-def _complete_ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
-    """Ids (and sweep names) in the database the command would open, read-only; nothing when there is none or it
-    cannot be read: completion never prints an error."""
-    from flctl.db import Store
-
-    try:
-        root = results_root(ctx.params.get("results_dir"))
-        store = Store.open_existing(db_url(ctx.params.get("db"), root))
-        if store is None:
-            return []
-        try:
-            if kind == "run":
-                found = [r.id for r in store.list_runs(limit=None)]
-            else:
-                found = [x for s in store.list_sweeps() for x in (s["id"], s.get("name")) if x]
-        finally:
-            store.close()
-    except Exception:   # noqa: BLE001 - a shell's tab key must never see a traceback
-        return []
-    return sorted({x for x in found if x.startswith(incomplete)})
-
-
-def complete_run(ctx: typer.Context, incomplete: str) -> list[str]:
-    """Shell completion of run ids."""
-    return _complete_ids(ctx, incomplete, "run")
-
-
-def complete_sweep(ctx: typer.Context, incomplete: str) -> list[str]:
-    """Shell completion of sweep ids and names."""
-    return _complete_ids(ctx, incomplete, "sweep")
 
 
 def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, str]:

@@ -16,7 +16,6 @@ from flctl.cli.common import (
     DbOption,
     LogLines,
     ResultsDirOption,
-    complete_sweep,
     console,
     existing_store,
     fail,
@@ -24,6 +23,7 @@ from flctl.cli.common import (
     results_root,
     safe,
 )
+from flctl.cli.completion import complete_sweep
 from flctl.cli.info import JSON_OPT
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
@@ -100,8 +100,7 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path |
     (flctl.launch.wait.SweepStopped) ends the command with its line and exit code."""
     from rich.live import Live
 
-    from flctl.launch.wait import Settling, SweepStopped
-    from flctl.study import poll_delays
+    from flctl.launch.wait import Settling, SweepStopped, poll_delays
 
     settling = Settling(store, sid, results_root(None) if root is None else root, until_done)
     try:

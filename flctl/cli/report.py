@@ -11,8 +11,6 @@ from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
     complete_from,
-    complete_sweep,
-    complete_task,
     console,
     err_console,
     existing_store,
@@ -20,6 +18,7 @@ from flctl.cli.common import (
     results_root,
     safe,
 )
+from flctl.cli.completion import complete_sweep, complete_task
 from flctl.method_info import METHOD_INFO
 from flctl.report import FORMATS, listed
 from flctl.report.plot_specs import PLOT_SPECS, QUERY_SPECS

@@ -15,7 +15,6 @@ from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
     check_device,
-    complete_task,
     config_options,
     console,
     db_url,
@@ -26,6 +25,7 @@ from flctl.cli.common import (
     safe,
     with_model,
 )
+from flctl.cli.completion import complete_task
 from flctl.config import PANELS
 from flctl.errors import ConfigError
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every, threads_of_a_run

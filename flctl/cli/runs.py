@@ -11,8 +11,6 @@ from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
     complete_from,
-    complete_run,
-    complete_task,
     console,
     db_url,
     existing_store,
@@ -22,6 +20,7 @@ from flctl.cli.common import (
     results_root,
     safe,
 )
+from flctl.cli.completion import complete_run, complete_task
 from flctl.cli.info import JSON_OPT
 from flctl.method_info import METHOD_INFO
 from flctl.status import STATUSES, Status, error_line

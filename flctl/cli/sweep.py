@@ -13,7 +13,6 @@ from flctl.cli.common import (
     LAUNCH_PANEL,
     DbOption,
     ResultsDirOption,
-    complete_task,
     config_options,
     console,
     db_url,
@@ -28,6 +27,7 @@ from flctl.cli.common import (
     said_launched,
     with_model,
 )
+from flctl.cli.completion import complete_task
 from flctl.cli.ledger import error_summary, ledger_lines, watch
 from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags

@@ -10,13 +10,13 @@ import typer
 from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
-    complete_run,
     console,
     existing_store,
     fail,
     results_root,
     safe,
 )
+from flctl.cli.completion import complete_run
 from flctl.cli.info import JSON_OPT
 from flctl.errors import ConfigError
 from flctl.status import Status

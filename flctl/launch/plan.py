@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flctl.config import RunConfig, resolve_device
+from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
+from flctl.devices import resolve_device
 from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.backends import Slot
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
@@ -116,7 +117,7 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
                tune: int | None = None, parallel: int = 1,
                progress: Callable[[int, int], None] | None = None) -> SweepPlan:
     """`flctl sweep`'s plan of ``spec`` (a flctl.sweep.SweepSpec) with the launch ``flags`` over its [launch] table,
-    checked in the order a user meets the errors: launch settings, device (flctl.config.resolve_device), grid (with its data unless ``dry_run``; over MAX_CELLS
+    checked in the order a user meets the errors: launch settings, device (flctl.devices.resolve_device), grid (with its data unless ``dry_run``; over MAX_CELLS
     only with ``allow_large``), objective and search space, Slurm script path, and unless ``dry_run`` that the
     executor and the workers' devices are there. The objective and trial count fall back to the spec's.
     ConfigError (TypeError from a malformed [launch] table) before anything is written."""

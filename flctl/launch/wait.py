@@ -4,7 +4,7 @@ no cell is left to train, or until nothing is left that could train one (its dat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,6 @@ class Settling:
 def settle(store: Any, sid: str, root: Path, interval: float = 0.5,
            on_poll: Callable[[dict], None] | None = None) -> dict:
     """Wait until sweep ``sid`` settles; its last ledger. SweepStopped when it cannot."""
-    from flctl.study import poll_delays
 
     settling, delays = Settling(store, sid, root), poll_delays(interval)
     data = settling.poll()
@@ -115,3 +114,13 @@ def settle(store: Any, sid: str, root: Path, interval: float = 0.5,
         time.sleep(next(delays))
         data = settling.poll()
     return data
+
+
+def poll_delays(most: float, first: float = 0.02) -> Iterator[float]:
+    """The sleeps of a loop that waits on other processes: ``first`` and then half as long again each time, up to
+    ``most``. What is waited on is often done within a moment (a --tune trial of a few epochs, the next trial's cell);
+    a flat ``most`` was then most of the wait, and a long wait still costs one look (a query) per ``most``."""
+    delay = min(first, most)
+    while True:
+        yield delay
+        delay = min(most, delay * 1.5)

@@ -43,9 +43,10 @@ from flctl.errors import (
 from flctl.launch.backends import Launcher, Slot, make_launcher
 from flctl.launch.jobs import private_folder, registered, remember_jobs
 from flctl.launch.settings import LaunchSettings
+from flctl.launch.wait import poll_delays
 from flctl.layout import Layout
 from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
-from flctl.study import poll_delays, sync_sweep
+from flctl.study import sync_sweep
 
 _LINGER_POLL_S = 0.2
 # Workers in a row (each the replacement of the last) that may lose their device before one of them finishes a cell.

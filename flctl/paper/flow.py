@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flctl.config import resolve_device
+from flctl.devices import resolve_device
 from flctl.errors import ConfigError
 from flctl.launch import LaunchFlags, LaunchSettings, plan_sweep
 from flctl.launch.flow import Hooks, fill_sweep

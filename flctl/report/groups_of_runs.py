@@ -14,7 +14,8 @@ from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flctl.config import NOT_IDENTITY, SAME_NUMBERS_ENGINES
+from flctl.config import NOT_IDENTITY
+from flctl.devices import SAME_NUMBERS_ENGINES
 from flctl.method_info import method_info
 from flctl.report.table_specs import KEYS, MAIN, TableSpec
 

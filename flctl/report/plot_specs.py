@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
+from flctl.registry import add, find
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -50,32 +51,22 @@ QUERY_SPECS: dict[str, QuerySpec] = {}
 
 def register_plot(spec: PlotSpec) -> PlotSpec:
     """Add ``spec`` to the figures `flctl report --plot` offers; the same name twice must be the same figure."""
-    if spec.name in PLOT_SPECS and PLOT_SPECS[spec.name] != spec:
-        raise ValueError(f"plot {spec.name!r} is already registered differently")
-    PLOT_SPECS[spec.name] = spec
-    return spec
+    return add(PLOT_SPECS, spec.name, spec, "plot")
 
 
 def register_query(spec: QuerySpec) -> QuerySpec:
     """Add ``spec`` to the queries `flctl report --samples` offers."""
-    if spec.name in QUERY_SPECS and QUERY_SPECS[spec.name] != spec:
-        raise ValueError(f"query {spec.name!r} is already registered differently")
-    QUERY_SPECS[spec.name] = spec
-    return spec
+    return add(QUERY_SPECS, spec.name, spec, "query")
 
 
 def plot_spec(name: str) -> PlotSpec:
     """The figure named ``name``; ConfigError listing the figures when there is none."""
-    if name not in PLOT_SPECS:
-        raise ConfigError(f"unknown plot {name!r}; choose one of: {', '.join(PLOT_SPECS)}")
-    return PLOT_SPECS[name]
+    return find(PLOT_SPECS, name, "plot")
 
 
 def query_spec(name: str) -> QuerySpec:
     """The query named ``name``; ConfigError listing the queries when there is none."""
-    if name not in QUERY_SPECS:
-        raise ConfigError(f"unknown query {name!r}; choose one of: {', '.join(QUERY_SPECS)}")
-    return QUERY_SPECS[name]
+    return find(QUERY_SPECS, name, "query")
 
 
 # ---- the paper's figures ----

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from flctl.errors import ConfigError
+from flctl.registry import add, find
 
 # The key columns a table of configurations may show, by the configuration's field they show, with their heading.
 # "model" is the task option `model` (flctl.report.groups_of_runs.ConfigKey.model).
@@ -61,17 +61,12 @@ TABLE_SPECS: dict[str, TableSpec] = {}
 
 def register(spec: TableSpec) -> TableSpec:
     """Add ``spec`` to the tables `flctl report --table` offers; the same spec twice is one table."""
-    if spec.name in TABLE_SPECS and TABLE_SPECS[spec.name] != spec:
-        raise ValueError(f"table {spec.name!r} is already registered differently")
-    TABLE_SPECS[spec.name] = spec
-    return spec
+    return add(TABLE_SPECS, spec.name, spec, "table")
 
 
 def table_spec(name: str) -> TableSpec:
     """The table named ``name``; ConfigError listing the tables when there is none."""
-    if name not in TABLE_SPECS:
-        raise ConfigError(f"unknown table {name!r}; choose one of: {', '.join(TABLE_SPECS)}")
-    return TABLE_SPECS[name]
+    return find(TABLE_SPECS, name, "table")
 
 
 def by_tables() -> tuple[str, ...]:
