@@ -9,7 +9,7 @@ ours, as one folder a reader opens from disk.
     paper.csv         the tables' numbers flat, one line per table, row, column and source (ours or the paper's):
                       `pandas.read_csv` reads it in one call
 
-Our numbers are those of `flctl report` for the same runs (flctl.report.tables.build, flctl.report.plots.figure).
+Our numbers are those of `flctl report` for the same runs (flctl.report.flow.build_table, flctl.report.plots.figure).
 The folder is written beside ``out`` and swapped in whole: a failure leaves the previous bundle as it was.
 """
 
@@ -104,11 +104,12 @@ class _Bundle:
 
     def table(self, plan: ItemPlan) -> tuple[str, dict[str, Any]]:
         from flctl.fs import write_text_atomic
-        from flctl.report.tables import build, latex_beside
+        from flctl.report.flow import build_table
+        from flctl.report.render import latex_beside
 
         item = plan.item
         runs = [self.p.runs[i] for i in sorted(plan.finished)]
-        built: Table | None = build(item.table, runs, list(item.columns)) if runs else None
+        built: Table | None = build_table(item.table, runs, self.records_root, list(item.columns)) if runs else None
         cols = list(item.columns)
         paper = "paper" if item.stands_in is None else f"paper, Table {item.stands_in}"   # another data set's numbers
         head = ("<tr><th rowspan=2>Row</th><th rowspan=2>seeds</th>"

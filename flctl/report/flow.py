@@ -159,19 +159,26 @@ def make_report(store: Any, root: Path, request: Request) -> Made:
     return made
 
 
-def _table(made: Made, request: Request, records_root: Path) -> None:
-    from flctl.fs import write_text_atomic
+def build_table(table: str, runs: list[Any], records_root: Path, columns: list[str] | None = None,
+                by: str | None = None) -> Any:
+    """The table named ``table`` of ``runs`` (a flctl.report.tables.Table), its tail columns (cvar@q, quantile@q)
+    computed from the records: a report's and the paper bundle's tables alike."""
     from flctl.report import tables
-    from flctl.report.render import render
 
-    spec = table_spec(request.table or "")
-    cols = list(request.columns) if request.columns else None
+    spec = table_spec(table)
     if spec.by:
         from flctl.report.groups import groups_table
 
-        built = groups_table(made.runs, records_root, request.by or "", cols, spec)
-    else:
-        built = tables.build(spec, made.runs, cols, tables.record_values(made.runs, records_root, cols or []))
+        return groups_table(runs, records_root, by or "", columns, spec)
+    return tables.build(spec, runs, columns, tables.record_values(runs, records_root, columns or []))
+
+
+def _table(made: Made, request: Request, records_root: Path) -> None:
+    from flctl.fs import write_text_atomic
+    from flctl.report.render import render
+
+    built = build_table(request.table or "", made.runs, records_root,
+                        list(request.columns) if request.columns else None, request.by)
     made.table = dataclasses.replace(built, title=f"{built.title} ({made.of})")
     made.text = render(made.table, request.fmt or "rich", request.digits)
     made.notes = list(built.notes)
