@@ -15,6 +15,7 @@ written before flctl kept checksums has none: it is unverified, not failed, and 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,9 +93,15 @@ def split_table(
     )
 
 
-def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table]) -> Path:
-    """Atomically write one eval epoch's records (all splits) for a run, then its checksum into the run's
-    checksums (atomically too); returns the file path.
+# The file metadata key under which an epoch's file keeps that eval's summary metrics (JSON): what a logger was told
+# live, read back by `flctl export` (epoch_summaries).
+SUMMARY_KEY = b"flctl.summary"
+
+
+def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table],
+                summary: dict[str, float] | None = None) -> Path:
+    """Atomically write one eval epoch's records (all splits) for a run, with its ``summary`` metrics in the file's
+    metadata, then its checksum into the run's checksums (atomically too); returns the file path.
 
     The checksums drop the epochs after this one (a run that redoes an epoch has removed its later files). A run
     whose folder already holds files of earlier epochs but no checksums (it began before flctl kept them, and
@@ -103,7 +110,11 @@ def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table])
     make_below(folder, 2)              # records/run_id=<id>, never the results folder above
     final = folder / f"epoch={epoch:05d}.parquet"
     sink = pa.BufferOutputStream()
-    pq.write_table(pa.concat_tables(tables), sink)
+    table = pa.concat_tables(tables)
+    if summary is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               SUMMARY_KEY: json.dumps(summary, allow_nan=True).encode()})
+    pq.write_table(table, sink)
     data = sink.getvalue()
     listed = _checksums_to_extend(folder, run_id, epoch)
     with atomic_path(final, parents=False) as tmp:
@@ -340,3 +351,18 @@ def final_epoch(root: Path, run_id: str) -> int | None:
 def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
     """A run's record files of epochs after ``epoch`` (what a run that restarts at ``epoch`` will redo)."""
     return [p for p in sorted(records_of(root, run_id).glob(EPOCH_GLOB)) if _epoch_of(p) > epoch]
+
+
+def epoch_summaries(root: Path, run_id: str) -> list[tuple[int, dict[str, float]]]:
+    """(epoch, summary metrics) of each of the run's eval epochs whose file keeps them (write_epoch), by epoch: the
+    numbers a logger was given as the run trained. Files from before flctl kept them are left out."""
+    found = []
+    for path in sorted(records_of(Path(root), run_id).glob("epoch=*.parquet")):
+        try:
+            meta = pq.read_schema(path).metadata or {}
+            epoch = int(path.stem.split("=", 1)[1])
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        if SUMMARY_KEY in meta:
+            found.append((epoch, json.loads(meta[SUMMARY_KEY])))
+    return found

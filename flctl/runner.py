@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
 from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
+from flctl.loggers import Logging
 from flctl.status import DISK_FILLED, TRAINABLE, Status
 from flctl.versions import git_revision, library_versions
 
@@ -160,7 +161,8 @@ def completed(cfg: RunConfig, store: Store, rerun: bool = False) -> Any:
 
 def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bool = False,
                       on_epoch: Callable | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-                      stop: Callable[[], bool] | None = None, threads: int | str | None = None) -> tuple[Any, Any]:
+                      stop: Callable[[], bool] | None = None, threads: int | str | None = None,
+                      log_to: Sequence[str] = ()) -> tuple[Any, Any]:
     """`flctl run`'s and flctl.api.run's one rule: a completed run is found, not trained (``rerun``: trained again,
     from scratch); a diverged one starts from scratch; any other trains or resumes from its checkpoint. Returns
     (the completed run found, None) or (None, ``execute``'s RunResult: None when a live worker holds the run)."""
@@ -171,13 +173,14 @@ def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bo
     fresh = rerun or (previous is not None and previous.status == Status.DIVERGED)
     allow = (*TRAINABLE, Status.DIVERGED, Status.COMPLETED) if rerun else (*TRAINABLE, Status.DIVERGED)
     return None, execute(cfg, store, layout, on_epoch, allow=allow, checkpoint_every=checkpoint_every, stop=stop,
-                         fresh=fresh, threads=threads)
+                         fresh=fresh, threads=threads, log_to=log_to)
 
 
 def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | None = None, *,
             allow: Iterable[str] = TRAINABLE, max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
-            stop: Callable[[], bool] | None = None, fresh: bool = False, threads: int | str | None = None):
+            stop: Callable[[], bool] | None = None, fresh: bool = False, threads: int | str | None = None,
+            log_to: Sequence[str] = ()):
     """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
     not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate.
 
@@ -193,13 +196,13 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
         layout.clear(cfg.run_id)
         queue.start_afresh(cfg.run_id, token)
     return train_claimed([cfg], {cfg.run_id: token}, store, layout, on_epoch, checkpoint_every=checkpoint_every,
-                         stop=stop, threads=threads)[0]
+                         stop=stop, threads=threads, log_to=log_to)[0]
 
 
 def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
                   on_epoch: Callable | None = None, *, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
                   stop: Callable[[], bool] | None = None, max_attempts: int | None = None,
-                  threads: int | str | None = None) -> list:
+                  threads: int | str | None = None, log_to: Sequence[str] = (), sweep_id: str | None = None) -> list:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
     resumable from its checkpoint) or failed.
@@ -213,11 +216,14 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     A failure is recorded with the epochs done when it struck. It is final, except a fatal device error (the
     process's CUDA context died: flctl.errors.is_fatal_device_error), which another process may not meet: with
     ``max_attempts`` (a sweep's worker) such a cell is queued again while it has attempts left. ``threads``: torch's
-    threads for CPU cells (flctl.train.train_together)."""
+    threads for CPU cells (flctl.train.train_together). ``log_to``: the loggers (flctl.loggers) each cell's epochs
+    go to, live, each cell's log closed with its outcome (``sweep_id``: the sweep they are cells of); what they could
+    not log is said on stderr at the end."""
     from flctl.train import train_together  # torch is imported here, not at CLI start-up
 
     ids = [c.run_id for c in cfgs]
     started = time.perf_counter()
+    logging = Logging(log_to, layout.root, sweep_id) if log_to else None
     queue = RunQueue(store)
     for cfg in cfgs:
         queue.record_provenance(cfg.run_id, tokens[cfg.run_id], provenance(cfg))
@@ -229,14 +235,22 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
 
     def epoch_done(stats) -> None:
         beat.epochs_done[stats.run_id] = stats.epoch
+        if logging is not None:
+            logging.epoch(stats)
         if on_epoch is not None:
             on_epoch(stats)
+
+    if logging is not None:
+        for cfg in cfgs:
+            logging.start(cfg)
 
     recorded: set[str] = set()
 
     def record(result) -> None:
         """A cell's outcome into the database, as soon as it is known (its time: from the claim to now)."""
         beat.epochs_done.pop(result.run_id, None)       # no more beats for it
+        if logging is not None:
+            logging.finish(result.run_id, result.status)
         if (why := ground()) is not None:
             raise GroundMoved(why)
         recorded.add(result.run_id)
@@ -305,9 +319,15 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
         raise
     finally:
         beat.stopped.set()
+        if logging is not None and (ended := sys.exc_info()[1]) is not None:    # logs of cells it ended, closed
+            for run_id in ids:
+                logging.finish(run_id, Status.INTERRUPTED if isinstance(ended, (KeyboardInterrupt, SystemExit))
+                               else Status.FAILED)
     for result in results:
         if result.run_id not in recorded:
             record(result)
+    for line in logging.lines() if logging is not None else ():
+        print(f"flctl: {line}", file=sys.stderr)
     return results
 
 

@@ -53,8 +53,7 @@ __all__ = ["EpochStats", "RunResult", "train", "train_together"]
 
 @dataclass(frozen=True)
 class EpochStats:
-    """What the training loop reports after each epoch (for progress bars and heartbeats)."""
-
+    """What the training loop reports after each epoch (progress bars, heartbeats, loggers)."""
     epoch: int                      # epochs completed
     epochs: int
     train_avg_loss: float           # over the epoch's training batches (train mode, with augmentation)
@@ -62,6 +61,7 @@ class EpochStats:
     max_multiplier: float | None
     metrics: dict[str, float] | None = None  # flattened eval summary when this epoch was evaluated
     run_id: str = ""
+    multipliers: Any = None         # an evaluated epoch's per-sample multipliers (numpy, the records' host copy)
 
 
 def train(
@@ -247,10 +247,6 @@ def _summarize_and_record(
         records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
         records.split_table(cfg.run_id, "test", epoch, **test_eval),
     ]
-    if writer is not None:
-        writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables)
-    else:
-        records.write_epoch(records_root, cfg.run_id, epoch, tables)
     summary = {
         "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=cfg.eps,
                                multipliers=multipliers, pruned=pruned, confidence=train_eval.get("confidence"),
@@ -259,7 +255,12 @@ def _summarize_and_record(
         "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=cfg.eps,
                               confidence=test_eval.get("confidence"), groups=labels["test"]),
     }
-    return flatten(summary)
+    flat = flatten(summary)
+    if writer is not None:      # the summary kept in the file: what a logger was told, for `flctl export`
+        writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables, flat)
+    else:
+        records.write_epoch(records_root, cfg.run_id, epoch, tables, flat)
+    return flat
 
 
 def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:
@@ -317,16 +318,16 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     stats: dict[str, Any] = {"epoch": epoch + 1, "train_avg_loss": avg_loss, "train_max_loss": max_loss,
              "max_multiplier": max_lam[0] if max_lam else None}
     # ---- eval every k epochs and at the end: per-sample records in eval mode, ordered by id ----
-    metrics = None
+    metrics, host_lam = None, None       # an eval epoch's summary, and its multipliers on the host
     if _eval_epoch(cfg, epoch + 1):
         if not _held(r, fence):
             return
         train_eval, test_eval = evals or (evaluate(task, r.model, data.train, cfg.precision),
                                           evaluate(task, r.model, data.test, cfg.precision))
         pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy().copy()   # this epoch's set
+        host_lam = None if lam is None else lam.cpu().numpy().copy()    # a copy: lam moves on while it is written
         metrics = _summarize_and_record(
-            cfg, task, records_root, epoch + 1, train_eval, test_eval,
-            None if lam is None else lam.cpu().numpy().copy(), writer,   # a copy: lam moves on while it is written
+            cfg, task, records_root, epoch + 1, train_eval, test_eval, host_lam, writer,
             pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"))
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
             r.pruner.evaluated(train_eval["loss"], cfg.eps)
@@ -354,7 +355,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
             return
     if on_epoch is not None:
         on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
-                            stats["max_multiplier"], metrics, cfg.run_id))
+                            stats["max_multiplier"], metrics, cfg.run_id, host_lam))
 
 
 def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:

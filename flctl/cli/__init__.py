@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from flctl.cli import info, ledger, new_task, paper, report, run, runs, sweep, verify
+from flctl.cli import export, info, ledger, new_task, paper, report, run, runs, sweep, verify
 from flctl.cli.common import print_error, tolerate_narrow_encodings
 from flctl.errors import ConfigError, StoreError
 
@@ -128,6 +128,7 @@ app.command(rich_help_panel="Inspect")(runs.runs)
 app.command(rich_help_panel="Inspect")(runs.show)
 app.command(rich_help_panel="Report")(report.report)
 app.command(rich_help_panel="Report")(paper.paper)
+app.command(rich_help_panel="Report")(export.export)
 app.command(rich_help_panel="Catalogue")(info.tasks)
 app.command(rich_help_panel="Catalogue")(info.methods)
 app.command("new-task", rich_help_panel="Catalogue")(new_task.new_task)

@@ -65,6 +65,9 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the run's id, its configuration and whether it "
                                           "was trained; train and write nothing.",
                                           rich_help_panel=PANELS["where"])] = False,
+    log_to: Annotated[Optional[list[str]], typer.Option("--log-to", help="Log the run, live, to this tracker: "
+                                                        "tensorboard, mlflow, wandb or an installed logger "
+                                                        "(repeatable).", rich_help_panel=PANELS["where"])] = None,
     *,
     fields: dict,
 ) -> None:
@@ -77,6 +80,9 @@ def run(
     try:
         check_checkpoint_every(checkpoint_every)
         chosen_threads = threads_of_a_run(threads)
+        from flctl.loggers import check
+
+        loggers = check(log_to or ())        # each installed, before anything is written
     except ConfigError as exc:
         fail(str(exc))
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
@@ -108,7 +114,8 @@ def run(
     with progress as on_epoch, stop_on_signals() as stop:
         try:
             _, result = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
-                                          checkpoint_every=checkpoint_every, stop=stop.is_set, threads=chosen_threads)
+                                          checkpoint_every=checkpoint_every, stop=stop.is_set, threads=chosen_threads,
+                                          log_to=loggers)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once, resumes from the last checkpoint
             outcome = exc
         except Exception as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -22,6 +22,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_run, complete_task
 from flctl.cli.info import JSON_OPT
+from flctl.errors import ConfigError
 from flctl.method_info import METHOD_INFO
 from flctl.status import STATUSES, Status, error_line
 
@@ -216,3 +217,26 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
     except StoreError as exc:
         fail(str(exc))
     console.print(f"upgraded the database to schema revision {migrations.head()}")
+
+
+def run_or_sweep(store, ref: str) -> tuple[Any, dict | None]:
+    """The run (id or unique prefix) or sweep (id, prefix or name) ``ref`` names: (run, None) or (None, sweep); a
+    one-line exit 2 where it names neither, both, or several."""
+    from flctl.text import shown
+
+    run, refused = None, None
+    try:
+        run = store.get_run(ref)
+    except ConfigError as exc:      # not an id prefix (a sweep's name), or one several runs share
+        refused = exc
+    try:
+        sweep = store.get_sweep(ref)
+    except ConfigError as exc:
+        fail(str(exc))
+    if run is not None and sweep is not None:
+        fail(f"{ref!r} names run {run.id} and sweep {sweep['id']}; give more of the id you mean")
+    if run is not None or sweep is not None:
+        return run, sweep
+    if refused is not None and all(c in "0123456789abcdef" for c in ref.lower()):
+        fail(str(refused))
+    fail(f"no run or sweep {shown(ref)} in the database; list them with `flctl runs` or `flctl sweeps`")

@@ -18,7 +18,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_run
 from flctl.cli.info import JSON_OPT
-from flctl.errors import ConfigError
+from flctl.cli.runs import run_or_sweep
 from flctl.status import Status
 
 if TYPE_CHECKING:
@@ -87,28 +87,11 @@ def _select(store, ref: str | None, records_root: Path) -> tuple[list[RunRecord]
         known = {r.id for r in runs}
         folders = sorted(p.name.split("=", 1)[1] for p in records_root.glob("run_id=*") if p.is_dir())
         return runs, [f for f in folders if f not in known]
-    run: RunRecord | None = None
-    refused: ConfigError | None = None
-    try:
-        run = store.get_run(ref)
-    except ConfigError as exc:      # not an id prefix (a sweep's name), or one several runs share
-        refused = exc
-    try:
-        sweep = store.get_sweep(ref)
-    except ConfigError as exc:
-        fail(str(exc))
-    if run is not None and sweep is not None:
-        fail(f"{ref!r} names run {run.id} and sweep {sweep['id']}; give more of the id you mean")
-    if run is not None:
-        return [run], []
-    if sweep is not None:
-        ids = {r["id"] for r in store.sweep_runs(sweep["id"])}
-        return [r for r in store.list_runs() if r.id in ids], []
-    if refused is not None and all(c in "0123456789abcdef" for c in ref.lower()):
-        fail(str(refused))
-    from flctl.text import shown
-
-    fail(f"no run or sweep {shown(ref)} in the database; list them with `flctl runs` or `flctl sweeps`")
+    run, sweep = run_or_sweep(store, ref)
+    if run is not None or sweep is None:
+        return [run] if run is not None else [], []
+    ids = {r["id"] for r in store.sweep_runs(sweep["id"])}
+    return [r for r in store.list_runs() if r.id in ids], []
 
 
 def _check(runs: list[RunRecord], orphans: list[str], records_root: Path) -> list[dict[str, Any]]:

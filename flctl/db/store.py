@@ -112,6 +112,13 @@ def run_ids(store: Store) -> list[str]:
         return list(s.scalars(select(Run.id)).all())
 
 
+def sweep_of(store: Store, run_id: str) -> str | None:
+    """The latest sweep whose cells hold run ``run_id`` (None: a run of its own, `flctl run`)."""
+    with store.session() as s:
+        return s.scalars(select(Sweep.id).join(SweepCell, SweepCell.sweep_id == Sweep.id)
+                         .where(SweepCell.run_id == run_id).order_by(Sweep.created_at.desc())).first()
+
+
 def not_the_one(store: Store, inode: int | None) -> str | None:
     """Why ``store`` (just opened) is not the SQLite file whose inode was ``inode`` when the sweep launched: a
     worker that starts after its database was replaced must not claim cells in the replacement. The inode alone: a

@@ -70,6 +70,8 @@ class _Flags:
     checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
                                            f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")
     max_attempts: int | None = _flag(f"Give up on a cell after this many tries [{DEFAULT_MAX_ATTEMPTS}].")
+    log_to: list[str] | None = _flag("Log every run, live, to this tracker: tensorboard, mlflow, wandb or an "
+                                     "installed logger (repeatable; flctl export logs finished runs).")
 
     def given(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
@@ -107,6 +109,7 @@ class LaunchSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S
     batch_runs: int | None = None        # None: batch_runs_for() chooses
+    log_to: tuple[str, ...] = ()         # the loggers every run is logged to, live (flctl.loggers)
     options: Any = None                  # the launcher's own (its Options; None: their defaults)
 
     @property
@@ -136,6 +139,11 @@ class LaunchSettings:
             raise ConfigError(f"--{foreign[0].replace('_', '-')} is not an option of --executor {launcher.name}")
         if merged.get("threads") is None:
             merged["threads"] = omp_threads()
+        if merged.get("log_to") is not None:      # found, each with its tool installed, before anything is written
+            from flctl.loggers import check
+
+            chosen = merged["log_to"]
+            merged["log_to"] = check([chosen] if isinstance(chosen, str) else chosen)
         options = launcher.Options(**{k: merged.pop(k) for k in own if k in merged})
         settings = cls(**merged, options=options)
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):
@@ -155,6 +163,13 @@ class LaunchSettings:
         except (ConfigError, ImportError):
             workers = self.workers or 1
         return cells_together(self, task, cells, workers, device) * (self.per_gpu if device.startswith("cuda") else 1)
+
+    def prepare_loggers(self, results_root: Any) -> None:
+        """Each logger's once-per-launch set-up (flctl.loggers.Logger.prepare), in the launching process."""
+        from flctl.loggers import get_logger
+
+        for name in self.log_to:
+            get_logger(name).prepare(results_root)
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""

@@ -83,6 +83,7 @@ class WorkerRecipe:
     plugins: tuple[str, ...] = field(default_factory=lambda: tuple(flctl.plugins.paths()))
     losses_in_a_row: int = 0                    # workers before this one that lost their device with no cell done
     db_inode: int | None = None                 # the SQLite file's, at launch (flctl.db.store.not_the_one)
+    log_to: tuple[str, ...] = ()                # the loggers its cells are logged to (flctl.loggers)
 
     @property
     def launcher(self) -> Launcher:
@@ -163,7 +164,7 @@ class Worker(submitit.helpers.Checkpointable):
                     try:
                         results = train_claimed(cfgs, dict(self.current), store, layout,
                                                 checkpoint_every=r.checkpoint_every, stop=stop.is_set,
-                                                max_attempts=r.max_attempts)
+                                                max_attempts=r.max_attempts, log_to=r.log_to, sweep_id=r.sweep_id)
                     except DiskFull as exc:     # its cells were handed back; the next ones would fail alike
                         self._stop_on_full_disk(exc)
                         break

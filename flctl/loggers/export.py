@@ -1,0 +1,40 @@
+"""`flctl export`: finished runs logged after the fact, from the database and the records, as they were logged live:
+each evaluated epoch's summary metrics as the run's file keeps them (flctl.records.epoch_summaries) and its
+multipliers from the records. A run is keyed by its id in every tool: exporting again replaces, never adds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flctl.loggers import Logging, scalars
+
+
+def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: dict[str, str | None]) -> Logging:
+    """Log ``runs`` (store records, finished) to ``loggers``, their records under ``root``; ``sweep_of``: each run's
+    sweep. Returns the session, whose ``lines()`` say what could not be logged."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from flctl.layout import records_of
+    from flctl.records import epoch_summaries
+
+    sessions: dict[str | None, Logging] = {}
+    for run in runs:
+        session = sessions.setdefault(sweep_of.get(run.id), Logging(loggers, root, sweep_of.get(run.id), replay=True))
+        session.start(run.cfg)
+        kept = epoch_summaries(root / "records", run.id)
+        for epoch, summary in kept:
+            multipliers = None
+            path = records_of(root / "records", run.id) / f"epoch={epoch:05d}.parquet"
+            table = pq.read_table(path, columns=["split", "multiplier"]) if "multiplier" in pq.read_schema(
+                path).names else None
+            if table is not None:
+                lam = table.filter(pc.equal(table["split"], "train"))["multiplier"]
+                multipliers = None if lam.null_count == len(lam) else lam.to_numpy(zero_copy_only=False)
+            session.log(run.id, epoch, scalars(None, None, None, summary, multipliers), multipliers)
+        if not kept and run.metrics:       # trained before the files kept each eval's numbers: its final ones
+            session.log(run.id, run.epochs_done or 0, {k: float(v) for k, v in run.metrics.items() if v is not None})
+        session.finish(run.id, run.status)
+    return Logging(loggers, root, not_logged={k: v for s in sessions.values() for k, v in s.not_logged.items()})

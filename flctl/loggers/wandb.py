@@ -1,0 +1,44 @@
+"""The ``wandb`` logger: a Weights & Biases run per flctl run, its id the run's id, in the project WANDB_PROJECT
+(default "flctl"), grouped by sweep; WANDB_MODE=offline keeps it in RESULTS/wandb/ for `wandb sync`. The
+multipliers go to a histogram."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from flctl.loggers import Logger, RunInfo
+
+
+class WandB(Logger):
+    name = "wandb"
+    needs = "wandb"
+    extra = "wandb"
+
+    def start(self, run: RunInfo) -> None:
+        import wandb
+
+        folder = self.results_root / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+        if run.replay:     # an export replaces an earlier offline log of the run (online, W&B keeps one per step)
+            for earlier in (folder / "wandb").glob(f"offline-run-*-{run.run_id}"):
+                shutil.rmtree(earlier, ignore_errors=True)
+        self.wb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "flctl", id=run.run_id, name=run.run_id,
+                             group=run.sweep_id, job_type=run.method, tags=[run.task, run.method],
+                             config={**run.params, "flctl": run.tags}, dir=str(folder), resume="allow",
+                             reinit="create_new", settings=wandb.Settings(silent=True, console="off"))
+
+    def log(self, epoch: int, scalars: dict[str, float], multipliers: Any = None) -> None:
+        import wandb
+
+        data: dict[str, Any] = dict(scalars)
+        if multipliers is not None and len(multipliers):
+            data["multipliers"] = wandb.Histogram(multipliers)
+        self.wb.log(data, step=epoch)
+
+    def finish(self, status: str) -> None:
+        self.wb.summary["flctl.status"] = status
+        from flctl.status import Status
+
+        self.wb.finish(exit_code=0 if status == Status.COMPLETED else 1)
