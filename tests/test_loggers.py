@@ -1,0 +1,244 @@
+"""Runs logged where researchers look (flctl.loggers), read back with each tool's own reader: TensorBoard's event
+files with its EventAccumulator, MLflow through a real `mlflow server` on loopback and MlflowClient, W&B's offline
+run file with its protobuf records. Live (--log-to) and after the fact (flctl export) give the same numbers; an
+export again adds no duplicates; a logger not installed is one line before anything trains; a logger that fails
+never fails the training."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flctl import api
+from tests.helpers import files_under, in_process, wait_until
+
+pytestmark = pytest.mark.slow
+
+EPOCHS, EVERY = ["--epochs", "6", "--eval-every", "3"], [3, 6]
+
+
+def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """A tag's (step, value) pairs in a TensorBoard run folder, as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def histograms(folder: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"histograms": 0})
+    acc.Reload()
+    return acc.Tags()["histograms"]
+
+
+def test_a_run_logged_live_to_tensorboard_is_what_its_records_say(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "tensorboard", "--results-dir", str(root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = api.runs(results_dir=root)[0]
+    folder = root / "tensorboard" / "runs" / run.id
+    logged = scalars(folder, "train.avg_loss")
+    assert [step for step, _ in logged] == EVERY
+    assert logged[-1][1] == pytest.approx(run.metrics["train.avg_loss"], rel=1e-6)
+    assert [s for s, _ in scalars(folder, "epoch.train_avg_loss")] == list(range(1, 7))   # every epoch's end
+    assert scalars(folder, "train.violation_rate")[-1][1] == pytest.approx(run.metrics["train.violation_rate"])
+    lam = api.records([run], results_dir=root, split="train", epoch=6)["multiplier"].to_numpy()
+    assert scalars(folder, "multipliers.max")[-1][1] == pytest.approx(float(lam.max()), rel=1e-6)
+    assert histograms(folder) == ["multipliers"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path):
+    """A real MLflow tracking server on loopback (its own SQLite store), stopped by its PID."""
+    port = _free_port()
+    store = tmp_path / "mlflow-server"
+    store.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+                             "--default-artifact-root", str(store / "artifacts"), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(up, "the MLflow server to listen", timeout=120, interval=0.3,
+                   explain=lambda: proc.stderr.read() if proc.poll() is not None else "")
+        yield uri
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def test_a_sweep_logged_live_to_mlflow_and_tensorboard_exports_the_same_numbers(tmp_path: Path,
+                                                                                 mlflow_server: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "results"
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "moons"}
+    res = in_process("sweep", "two-moons", "-m", "erm,fl", "--seeds", "2", *EPOCHS, "--log-to", "tensorboard",
+                     "--log-to", "mlflow", "--workers", "2", "--wait", "--results-dir", str(root), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = {r.id: r for r in api.runs(results_dir=root)}
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("moons").experiment_id
+
+    def logged() -> dict[str, dict]:
+        found = {}
+        for m in client.search_runs([experiment]):
+            rid = m.data.tags["flctl.run_id"]
+            assert rid not in found, f"run {rid} logged twice"
+            found[rid] = {"params": m.data.params, "tags": m.data.tags, "status": m.info.status,
+                          "loss": [(h.step, h.value) for h in client.get_metric_history(m.info.run_id,
+                                                                                          "test.avg_loss")]}
+        return found
+
+    live = logged()
+    assert set(live) == set(runs)
+    for rid, row in live.items():
+        assert row["status"] == "FINISHED" and row["params"]["method"] == runs[rid].method
+        assert row["params"]["seed"] == str(runs[rid].seed) and row["tags"]["flctl.task"] == "two-moons"
+        assert "version.torch" in row["tags"] and row["tags"]["flctl.sweep_id"]
+        assert [s for s, _ in row["loss"]] == EVERY
+        assert row["loss"][-1][1] == pytest.approx(runs[rid].metrics["test.avg_loss"], rel=1e-6)
+    sid = next(iter(live.values()))["tags"]["flctl.sweep_id"]
+    tb = {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs}
+    for _ in range(2):                 # after the fact, twice: the same numbers, and no run logged twice
+        res = in_process("export", sid, "--to", "mlflow", "--to", "tensorboard", "--results-dir", str(root), env=env)
+        assert res.returncode == 0 and f"exported {len(runs)} run(s) to mlflow, tensorboard" in res.stdout, res.stderr
+        exported = logged()
+        assert {rid: row["loss"] for rid, row in exported.items()} == {rid: row["loss"] for rid, row in live.items()}
+        assert {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs} == tb
+
+
+def wandb_records(run_dir: Path) -> list:
+    """The records of a W&B offline run file (run-<id>.wandb): W&B's protobuf records in the LevelDB log layout
+    it writes them in (32 KiB blocks; a 7-byte ':W&B' header; each record's 7-byte header: CRC, length, type)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = next(run_dir.glob("run-*.wandb")).read_bytes()
+    assert data[:4] == b":W&B"
+    pos, out, parts = 7, [], b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):                 # a whole record, or the last piece of one
+            out.append(pb.Record.FromString(parts))
+            parts = b""
+    return out
+
+
+def test_a_run_logged_offline_to_wandb_holds_its_metrics_and_config(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "moons", "WANDB_SILENT": "true"}
+    res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "wandb", "--results-dir", str(root),
+                     env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = api.runs(results_dir=root)[0]
+    (folder,) = (root / "wandb" / "wandb").glob(f"offline-run-*-{run.id}")
+    records = wandb_records(folder)
+    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    evaluated = [h for h in history if "train.avg_loss" in h]
+    assert [h["_step"] for h in evaluated] == EVERY
+    assert evaluated[-1]["train.avg_loss"] == pytest.approx(run.metrics["train.avg_loss"], rel=1e-6)
+    assert evaluated[-1]["multipliers/_type"] == "histogram"
+    config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "run"
+              for u in r.run.config.update}
+    assert config["method"] == "fl" and config["flctl"]["flctl.run_id"] == run.id
+    assert next(r for r in records if r.WhichOneof("record_type") == "run").run.project == "moons"
+
+
+FAULTY = '''
+from flctl.loggers import Logger
+
+
+class Flaky(Logger):
+    """Starts, then fails at its second epoch: a server gone mid-run."""
+
+    name = "flaky"
+
+    def start(self, run):
+        self.seen = 0
+
+    def log(self, epoch, scalars, multipliers=None):
+        self.seen += 1
+        if self.seen == 2:
+            raise ConnectionError("server at 127.0.0.1:9 went away")
+
+    def finish(self, status):
+        pass
+
+
+class Missing(Logger):
+    name = "missing"
+    needs = "no_such_tracker_module"
+    extra = "missing"
+'''
+
+
+@pytest.fixture
+def installed_loggers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "toy_loggers-0.1.dist-info").mkdir(parents=True)
+    (site / "toy_loggers.py").write_text(textwrap.dedent(FAULTY))
+    (site / "toy_loggers-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy\nVersion: 0.1\n")
+    (site / "toy_loggers-0.1.dist-info" / "entry_points.txt").write_text(
+        "[flctl.loggers]\nflaky = toy_loggers:Flaky\nmissing = toy_loggers:Missing\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    yield
+    sys.modules.pop("toy_loggers", None)
+
+
+def test_a_logger_that_fails_mid_run_never_fails_the_training(tmp_path: Path, installed_loggers: None) -> None:
+    root = tmp_path / "results"
+    res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "flaky", "--results-dir", str(root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = api.runs(results_dir=root)[0]
+    assert run.status == "completed"
+    assert res.stderr.count("flaky stopped logging run") == 1 and "server at 127.0.0.1:9 went away" in res.stderr
+    assert f"`flctl export {run.id} --to flaky`" in res.stderr and "flaky did not log 1 run(s)" in res.stderr
+    assert len(api.records([run], results_dir=root, split="train")) == 2 * 1000        # two evals, intact
+
+
+@pytest.mark.parametrize("where", ["run", "sweep", "export"])
+def test_a_logger_not_installed_is_one_line_naming_the_pip_command(tmp_path: Path, installed_loggers: None,
+                                                                   where: str) -> None:
+    root = tmp_path / "results"
+    args = {"run": ["run", "two-moons", "--log-to", "missing"],
+            "sweep": ["sweep", "two-moons", "-m", "fl", "--seeds", "2", "--log-to", "missing", "--wait"],
+            "export": ["export", "abcd", "--to", "missing"]}[where]
+    res = in_process(*args, *EPOCHS[:2] if where != "export" else (), "--results-dir", str(root))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip() == ("error: --log-to missing needs no_such_tracker_module, which is not installed "
+                                  "here: pip install 'flctl[missing]'")
+    assert files_under(tmp_path) == sorted(p for p in files_under(tmp_path) if "site" in p.parts)
+    unknown = in_process(*["nosuch" if a == "missing" else a for a in args], *EPOCHS[:2] if where != "export" else (),
+                         "--results-dir", str(root))
+    assert unknown.returncode == 2 and "unknown logger 'nosuch'; choose one of: tensorboard, mlflow, wandb" in \
+        unknown.stderr
