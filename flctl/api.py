@@ -140,25 +140,27 @@ def open_store(results_dir: str | Path | None = None, db: str | None = None, *, 
 
 def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None, db: str | None = None,
         rerun: bool = False, on_epoch: Callable[[Any], None] | None = None, p_min: float | None = None,
-        threads: int | None = None, **fields: Any) -> RunRecord:
+        threads: int | None = None, log_to: Iterable[str] = (), **fields: Any) -> RunRecord:
     """Train one configuration (or resume it, or find it completed) and return its run as recorded.
 
     As ``flctl run``: the same configuration is the same run; ``rerun`` trains a completed one again. A run
     held by a live worker elsewhere raises ConfigError; a training error propagates with the run marked failed.
     ``threads``: torch's threads on a CPU (default: OMP_NUM_THREADS, else chosen from the model's size and the free
-    cores)."""
+    cores). ``log_to``: loggers its epochs go to, live (flctl.loggers: "tensorboard", "mlflow", "wandb")."""
     from flctl.knobs import threads_of_a_run
     from flctl.layout import Layout
+    from flctl.loggers import check
     from flctl.runner import train_unless_done
 
     if on_epoch is not None and not callable(on_epoch):
         raise ConfigError(f"on_epoch={on_epoch!r}: give a function of one argument, called after each epoch")
     cfg = config(task, method, p_min=p_min, **fields)
     chosen = threads_of_a_run(threads)
+    loggers = check([log_to] if isinstance(log_to, str) else log_to)
     store = open_store(results_dir, db)
     try:
         found, result = train_unless_done(cfg, store, Layout(results_root(results_dir)), rerun=rerun,
-                                          on_epoch=on_epoch, threads=chosen)
+                                          on_epoch=on_epoch, threads=chosen, log_to=loggers)
         if found is not None:
             return found
         record = store.get_run(cfg.run_id)

@@ -3,10 +3,9 @@
 ``tensorboard``, ``mlflow`` and ``wandb``, and an installed package adds one through the entry-point group
 ``flctl.loggers`` (docs/extending.md, "A logger of your own"), as launchers are added.
 
-A logger is told what the training loop already brought to the host at each epoch's end (``EpochStats``: the
-epoch's mean and max training loss and largest multiplier; at an evaluated epoch its summary metrics, the violation
-rate among them, and the per-sample multipliers, of which it gets summary statistics and a histogram): it adds no
-host sync to a step. It is given the run's configuration as hyper-parameters, and the run and sweep ids, task,
+A logger is told what the training loop already brought to the host at each evaluation (``EpochStats``: the
+epoch's mean and max training loss and largest multiplier, its summary metrics, the violation rate among them, and
+the per-sample multipliers, of which it gets summary statistics and a histogram): it adds no host sync to a step. It is given the run's configuration as hyper-parameters, and the run and sweep ids, task,
 method and library versions as tags. A logger that fails never fails the training: one warning per run, the records
 intact, and a line at the end naming what was not logged (`flctl export` fills it in later)."""
 
@@ -139,8 +138,8 @@ def scalars(epoch_avg: float | None, epoch_max: float | None, max_multiplier: fl
 
 @dataclass
 class Logging:
-    """The loggers of the runs one process trains: each run's log in each tool, its failures told once per run and
-    kept (``not_logged``) for the line at the end."""
+    """The loggers of the runs one process trains: each run's log in each tool, told at each evaluation; its
+    failures told once per run and kept (``not_logged``) for the line at the end."""
 
     chosen: Sequence[str]
     results_root: Path
@@ -150,29 +149,48 @@ class Logging:
     not_logged: dict[str, list[str]] = field(default_factory=dict)        # logger -> runs it failed
 
     def start(self, cfg: Any) -> None:
-        for name in self.chosen:
-            self._guard(name, cfg.run_id, lambda name=name: self._open(name, cfg))
+        info = run_info(cfg, self.sweep_id, replay=self.replay)
 
-    def _open(self, name: str, cfg: Any) -> None:
+        def call() -> None:
+            for name in self.chosen:
+                self._guard(name, cfg.run_id, lambda name=name: self._open(name, info))
+        self._hand_over(call)
+
+    def _open(self, name: str, info: RunInfo) -> None:
         logger = get_logger(name)(self.results_root)
-        logger.start(run_info(cfg, self.sweep_id, replay=self.replay))
-        self.open[(cfg.run_id, name)] = logger
+        logger.start(info)
+        self.open[(info.run_id, name)] = logger
 
     def epoch(self, stats: Any) -> None:
-        """One epoch's end of a run (flctl.train.EpochStats)."""
+        """One epoch's end of a run (flctl.train.EpochStats): an evaluated one is logged (an epoch between two
+        evaluations has nothing a logger is told of; its numbers, a value a step, would cost a tracking store more
+        than a small model's epoch)."""
+        if stats.metrics is None:
+            return
         self.log(stats.run_id, stats.epoch, scalars(stats.train_avg_loss, stats.train_max_loss, stats.max_multiplier,
                                                     stats.metrics, stats.multipliers), stats.multipliers)
 
     def log(self, run_id: str, epoch: int, numbers: dict[str, float], multipliers: Any = None) -> None:
-        for (rid, name), logger in list(self.open.items()):
-            if rid == run_id:
-                self._guard(name, run_id, lambda logger=logger: logger.log(epoch, numbers, multipliers))
+        def call() -> None:
+            for (rid, name), logger in list(self.open.items()):
+                if rid == run_id:
+                    self._guard(name, run_id, lambda logger=logger: logger.log(epoch, numbers, multipliers))
+        self._hand_over(call)
 
     def finish(self, run_id: str, status: str) -> None:
-        for (rid, name), logger in list(self.open.items()):
-            if rid == run_id:
-                self._guard(name, run_id, lambda logger=logger: logger.finish(status))
-                self.open.pop((rid, name), None)
+        def call() -> None:
+            for (rid, name), logger in list(self.open.items()):
+                if rid == run_id:
+                    self.open.pop((rid, name), None)
+                    self._guard(name, run_id, lambda logger=logger: logger.finish(status))
+        self._hand_over(call)
+
+    def close(self) -> None:
+        """Wait until every call handed over was made (each is made as it is handed over: a thread of their own
+        raced the training thread's imports, a module half-imported in one when the other used it)."""
+
+    def _hand_over(self, call: Any) -> None:
+        call()
 
     def _guard(self, name: str, run_id: str, call: Any) -> None:
         """Run one logger call; a failure closes that run's log in that tool, with one warning."""
@@ -187,7 +205,7 @@ class Logging:
                   file=sys.stderr, flush=True)
 
     def lines(self) -> list[str]:
-        """What was not logged, a line per logger, for the end of the command."""
+        """What was not logged, a line per logger, for the end of the command (after ``close``)."""
         return [f"{name} did not log {len(ids)} run(s) ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}): "
                 f"`flctl export RUN --to {name}` fills them in" for name, ids in self.not_logged.items()]
 

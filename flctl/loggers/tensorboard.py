@@ -23,13 +23,17 @@ class TensorBoard(Logger):
         if run.replay:                   # an export replaces what an earlier log of the run left
             shutil.rmtree(folder, ignore_errors=True)
         self.run, self.last = run, dict[str, float]()
-        self.writer = SummaryWriter(str(folder))
+        # a deep queue: a full one (10 events by default) makes each epoch wait for the writer thread
+        self.writer = SummaryWriter(str(folder), max_queue=10_000, flush_secs=30)
         self.writer.add_text("flctl/config", "```\n" + json.dumps(run.params, indent=1, default=str) + "\n```")
         self.writer.add_text("flctl/tags", "\n".join(f"{k}: {v}  " for k, v in run.tags.items()))
 
     def log(self, epoch: int, scalars: dict[str, float], multipliers: Any = None) -> None:
-        for key, value in scalars.items():
-            self.writer.add_scalar(key, value, epoch)
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        # one event holding the epoch's numbers: as add_scalar writes them, an event each
+        values = [Summary.Value(tag=key, simple_value=value) for key, value in scalars.items()]
+        self.writer._get_file_writer().add_summary(Summary(value=values), epoch)
         if multipliers is not None and len(multipliers):
             self.writer.add_histogram("multipliers", multipliers, epoch)
         self.last |= {k: v for k, v in scalars.items() if not k.startswith("epoch.")}
