@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -242,3 +243,51 @@ def test_a_logger_not_installed_is_one_line_naming_the_pip_command(tmp_path: Pat
                          "--results-dir", str(root))
     assert unknown.returncode == 2 and "unknown logger 'nosuch'; choose one of: tensorboard, mlflow, wandb" in \
         unknown.stderr
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_tensorboard_served_on_loopback_shows_a_sweeps_runs_in_a_browser(tmp_path: Path) -> None:
+    """A two-moons sweep logged live to TensorBoard, `tensorboard --logdir RESULTS/tensorboard` served on loopback
+    (stopped by its PID) and opened in chromium: each run of the sweep is listed, and its scalars are drawn.
+    FLCTL_SCREENSHOT=PATH keeps the screenshot (docs/figures/tensorboard.png was made so)."""
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path / "results"
+    res = in_process("sweep", "two-moons", "-m", "erm,fl", "--seeds", "2", "--epochs", "60", "--eval-every", "6",
+                     "--log-to", "tensorboard", "--wait", "--results-dir", str(root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    ids = [r.id for r in api.runs(results_dir=root)]
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root / "tensorboard"),
+                               "--host", "127.0.0.1", "--port", str(port), "--reload_interval", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    shot = Path(os.environ.get("FLCTL_SCREENSHOT") or tmp_path / "tensorboard.png")
+    try:
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(up, "TensorBoard to listen", timeout=120, interval=0.3)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"http://127.0.0.1:{port}/#timeseries")
+            for run_id in ids:                     # the runs selector lists sweep/run for every run of the sweep
+                page.get_by_text(run_id, exact=False).first.wait_for(timeout=60_000)
+            page.get_by_role("combobox", name="Filter tags (regex)").fill("^(test.avg_loss|train.violation_rate|"
+                                                                "multipliers.mean)$")
+            if page.get_by_text("Settings", exact=True).count():      # its settings pane open: closed
+                page.keyboard.press("Escape")
+            page.locator("canvas, svg.line-chart, .line-chart").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(2000)            # the charts' lines drawn
+            page.screenshot(path=str(shot))
+            listed = page.content()
+            browser.close()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+    assert all(run_id in listed for run_id in ids)
+    assert shot.stat().st_size > 20_000

@@ -62,7 +62,10 @@ def export(
     done = replay(finished, root, loggers, sweep_of)
     for line in done.lines():
         err_console.print(f"[yellow]warning:[/] {safe(line)}", highlight=False)
-    console.print(f"exported {len(finished)} run(s) to {', '.join(loggers)}"
+    failed = {run_id for ids in done.not_logged.values() for run_id in ids}
+    whole = len(finished) - len(failed)
+    console.print(f"exported {whole if failed else len(finished)}{f' of {len(finished)}' if failed else ''} run(s) "
+                  f"to {', '.join(loggers)}"
                   + (f"; {len(runs) - len(finished)} not finished yet left out" if len(runs) > len(finished) else ""))
     if done.not_logged:
         raise typer.Exit(1)
