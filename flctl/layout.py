@@ -144,6 +144,22 @@ class Layout:
     def controllers_log(self, sweep_id: str) -> Path:
         return self.sweep_jobs(sweep_id) / "controllers.log"
 
+    # ---- trackers (flctl.loggers) ----
+
+    def tensorboard(self, sweep_id: str | None, run_id: str) -> Path:
+        """A run's TensorBoard event files: one folder per sweep (`flctl run`'s runs: "runs"), one per run in it."""
+        return self.root / "tensorboard" / (sweep_id or "runs") / run_id
+
+    @property
+    def mlflow_db(self) -> Path:
+        """The MLflow store runs are logged to where MLFLOW_TRACKING_URI names none."""
+        return self.root / "mlflow.db"
+
+    @property
+    def wandb(self) -> Path:
+        """W&B's folder: its offline runs, for `wandb sync`."""
+        return self.root / "wandb"
+
     # ---- reports ----
 
     @property

@@ -353,16 +353,16 @@ def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
     return [p for p in sorted(records_of(root, run_id).glob(EPOCH_GLOB)) if _epoch_of(p) > epoch]
 
 
-def epoch_summaries(root: Path, run_id: str) -> list[tuple[int, dict[str, float]]]:
-    """(epoch, summary metrics) of each of the run's eval epochs whose file keeps them (write_epoch), by epoch: the
-    numbers a logger was given as the run trained. Files from before flctl kept them are left out."""
+def epoch_summaries(root: Path, run_id: str) -> list[tuple[int, dict[str, float], Path]]:
+    """(epoch, summary metrics, its file) of each of the run's eval epochs whose file keeps them (write_epoch), by
+    epoch: the numbers a logger was given as the run trained. Files from before flctl kept them are left out."""
     found = []
-    for path in sorted(records_of(Path(root), run_id).glob("epoch=*.parquet")):
+    for path in sorted(records_of(Path(root), run_id).glob(EPOCH_GLOB)):
         try:
             meta = pq.read_schema(path).metadata or {}
             epoch = int(path.stem.split("=", 1)[1])
         except (OSError, ValueError, pa.ArrowException):
             continue
         if SUMMARY_KEY in meta:
-            found.append((epoch, json.loads(meta[SUMMARY_KEY])))
+            found.append((epoch, json.loads(meta[SUMMARY_KEY]), path))
     return found

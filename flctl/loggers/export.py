@@ -17,17 +17,16 @@ def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: di
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from flctl.layout import records_of
+    from flctl.layout import Layout
     from flctl.records import epoch_summaries
 
     sessions: dict[str | None, Logging] = {}
     for run in runs:
         session = sessions.setdefault(sweep_of.get(run.id), Logging(loggers, root, sweep_of.get(run.id), replay=True))
         session.start(run.cfg)
-        kept = epoch_summaries(root / "records", run.id)
-        for epoch, summary in kept:
+        kept = epoch_summaries(Layout(root).records, run.id)
+        for epoch, summary, path in kept:
             multipliers = None
-            path = records_of(root / "records", run.id) / f"epoch={epoch:05d}.parquet"
             table = pq.read_table(path, columns=["split", "multiplier"]) if "multiplier" in pq.read_schema(
                 path).names else None
             if table is not None:

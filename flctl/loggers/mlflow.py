@@ -24,7 +24,9 @@ def _quiet() -> None:
 
 def tracking_uri(results_root: Any) -> str:
     """Where MLflow logs: MLFLOW_TRACKING_URI, else a SQLite store in the results folder."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.abspath(results_root)}/mlflow.db"
+    from flctl.layout import Layout
+
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Layout(results_root).mlflow_db.absolute()}"
 
 
 class MLflow(Logger):

@@ -19,7 +19,9 @@ class TensorBoard(Logger):
     def start(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        folder = self.results_root / "tensorboard" / (run.sweep_id or "runs") / run.run_id
+        from flctl.layout import Layout
+
+        folder = Layout(self.results_root).tensorboard(run.sweep_id, run.run_id)
         if run.replay:                   # an export replaces what an earlier log of the run left
             shutil.rmtree(folder, ignore_errors=True)
         self.run, self.last = run, dict[str, float]()

@@ -19,7 +19,9 @@ class WandB(Logger):
     def start(self, run: RunInfo) -> None:
         import wandb
 
-        folder = self.results_root / "wandb"
+        from flctl.layout import Layout
+
+        folder = Layout(self.results_root).wandb
         folder.mkdir(parents=True, exist_ok=True)
         if run.replay:     # an export replaces an earlier offline log of the run (online, W&B keeps one per step)
             for earlier in (folder / "wandb").glob(f"offline-run-*-{run.run_id}"):
