@@ -36,7 +36,7 @@ PROGRESS_EVERY = 10_000
 DEFAULT_METHOD = "fl"
 # Keys a spec file may hold besides the axes.
 SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune", "objective", "data_dir",
-             "device", "task_module"}
+             "device", "task_module", "log_to"}
 
 # The specs that come with flctl: the checkout's sweeps/ (flctl is installed editable, `pip install -e`).
 SHIPPED_SPECS = Path(__file__).resolve().parents[1] / "sweeps"
@@ -265,6 +265,10 @@ def load_spec(path: Path) -> SweepSpec:
     fields: dict[str, Any] = {k: data[k] for k in ("name", "description", "device", "data_dir", "launch", "tune",
                                                    "objective") if k in data}
     fields["task_module"] = tuple(modules)
+    if "log_to" in data:          # the loggers (flctl.loggers) may sit at the top as well as in [launch]
+        if "log_to" in data.get("launch", {}) and data["launch"]["log_to"] != data["log_to"]:
+            raise ConfigError(f"spec {str(path)!r}: log_to is given twice, at the top and in [launch]")
+        fields["launch"] = {**data.get("launch", {}), "log_to": data["log_to"]}
     fields.setdefault("name", Path(path).stem)
     try:
         return spec_from_values(data["task"], axes, seeds=data.get("seeds"), options=data.get("options"), **fields)

@@ -291,3 +291,16 @@ def test_tensorboard_served_on_loopback_shows_a_sweeps_runs_in_a_browser(tmp_pat
         server.wait(timeout=30)
     assert all(run_id in listed for run_id in ids)
     assert shot.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize("where", ["top", "launch"])
+def test_a_specs_log_to_logs_its_sweep(tmp_path: Path, where: str) -> None:
+    """`log_to = [...]` at the top of a spec or in its [launch] table, as --log-to."""
+    line = 'log_to = ["tensorboard"]\n'
+    spec = tmp_path / "moons.toml"
+    spec.write_text('task = "two-moons"\nmethod = ["fl"]\nseeds = 2\nepochs = 3\n' + (line if where == "top" else "")
+                    + '[launch]\nexecutor = "debug"\n' + (line if where == "launch" else ""))
+    root = tmp_path / "results"
+    res = in_process("sweep", "--spec", str(spec), "--results-dir", str(root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(p.name for p in root.glob("tensorboard/*/*")) == sorted(r.id for r in api.runs(results_dir=root))
