@@ -27,6 +27,13 @@ pytestmark = pytest.mark.slow
 EPOCHS, EVERY = ["--epochs", "6", "--eval-every", "3"], [3, 6]
 
 
+def needs(*tools: str) -> None:
+    """Skip where a tracker is not installed (its extra: `pip install -e '.[dev]'` installs all three, as CI does;
+    an image built from another requirements list may not)."""
+    for tool in tools:
+        pytest.importorskip(tool)
+
+
 def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
     """A tag's (step, value) pairs in a TensorBoard run folder, as TensorBoard reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -45,6 +52,7 @@ def histograms(folder: Path) -> list[str]:
 
 
 def test_a_run_logged_live_to_tensorboard_is_what_its_records_say(tmp_path: Path) -> None:
+    needs("tensorboard")
     root = tmp_path / "results"
     res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "tensorboard", "--results-dir", str(root))
     assert res.returncode == 0, res.stdout + res.stderr
@@ -69,6 +77,7 @@ def _free_port() -> int:
 @pytest.fixture
 def mlflow_server(tmp_path: Path):
     """A real MLflow tracking server on loopback (its own SQLite store), stopped by its PID."""
+    needs("mlflow", "tensorboard")
     port = _free_port()
     store = tmp_path / "mlflow-server"
     store.mkdir()
@@ -154,6 +163,7 @@ def wandb_records(run_dir: Path) -> list:
 
 
 def test_a_run_logged_offline_to_wandb_holds_its_metrics_and_config(tmp_path: Path) -> None:
+    needs("wandb")
     root = tmp_path / "results"
     env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "moons", "WANDB_SILENT": "true"}
     res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "wandb", "--results-dir", str(root),
@@ -253,6 +263,7 @@ def test_tensorboard_served_on_loopback_shows_a_sweeps_runs_in_a_browser(tmp_pat
     """A two-moons sweep logged live to TensorBoard, `tensorboard --logdir RESULTS/tensorboard` served on loopback
     (stopped by its PID) and opened in chromium: each run of the sweep is listed, and its scalars are drawn.
     FLCTL_SCREENSHOT=PATH keeps the screenshot (docs/figures/tensorboard.png was made so)."""
+    needs("tensorboard", "playwright")
     from playwright.sync_api import sync_playwright
 
     root = tmp_path / "results"
@@ -296,6 +307,7 @@ def test_tensorboard_served_on_loopback_shows_a_sweeps_runs_in_a_browser(tmp_pat
 @pytest.mark.parametrize("where", ["top", "launch"])
 def test_a_specs_log_to_logs_its_sweep(tmp_path: Path, where: str) -> None:
     """`log_to = [...]` at the top of a spec or in its [launch] table, as --log-to."""
+    needs("tensorboard")
     line = 'log_to = ["tensorboard"]\n'
     spec = tmp_path / "moons.toml"
     spec.write_text('task = "two-moons"\nmethod = ["fl"]\nseeds = 2\nepochs = 3\n' + (line if where == "top" else "")
