@@ -323,14 +323,11 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
             for run_id in ids:
                 logging.finish(run_id, Status.INTERRUPTED if isinstance(ended, (KeyboardInterrupt, SystemExit))
                                else Status.FAILED)
-            logging.close()
     for result in results:
         if result.run_id not in recorded:
             record(result)
-    if logging is not None:
-        logging.close()
-        for line in logging.lines():
-            print(f"flctl: {line}", file=sys.stderr)
+    for line in logging.lines() if logging is not None else ():
+        print(f"flctl: {line}", file=sys.stderr)
     return results
 
 

@@ -149,12 +149,11 @@ class Logging:
     not_logged: dict[str, list[str]] = field(default_factory=dict)        # logger -> runs it failed
 
     def start(self, cfg: Any) -> None:
+        # in the training thread: a thread of the loggers' own raced its imports (a module half-imported in one
+        # when the other used it), and made a two-moons run no faster
         info = run_info(cfg, self.sweep_id, replay=self.replay)
-
-        def call() -> None:
-            for name in self.chosen:
-                self._guard(name, cfg.run_id, lambda name=name: self._open(name, info))
-        self._hand_over(call)
+        for name in self.chosen:
+            self._guard(name, cfg.run_id, lambda name=name: self._open(name, info))
 
     def _open(self, name: str, info: RunInfo) -> None:
         logger = get_logger(name)(self.results_root)
@@ -171,26 +170,15 @@ class Logging:
                                                     stats.metrics, stats.multipliers), stats.multipliers)
 
     def log(self, run_id: str, epoch: int, numbers: dict[str, float], multipliers: Any = None) -> None:
-        def call() -> None:
-            for (rid, name), logger in list(self.open.items()):
-                if rid == run_id:
-                    self._guard(name, run_id, lambda logger=logger: logger.log(epoch, numbers, multipliers))
-        self._hand_over(call)
+        for (rid, name), logger in list(self.open.items()):
+            if rid == run_id:
+                self._guard(name, run_id, lambda logger=logger: logger.log(epoch, numbers, multipliers))
 
     def finish(self, run_id: str, status: str) -> None:
-        def call() -> None:
-            for (rid, name), logger in list(self.open.items()):
-                if rid == run_id:
-                    self.open.pop((rid, name), None)
-                    self._guard(name, run_id, lambda logger=logger: logger.finish(status))
-        self._hand_over(call)
-
-    def close(self) -> None:
-        """Wait until every call handed over was made (each is made as it is handed over: a thread of their own
-        raced the training thread's imports, a module half-imported in one when the other used it)."""
-
-    def _hand_over(self, call: Any) -> None:
-        call()
+        for (rid, name), logger in list(self.open.items()):
+            if rid == run_id:
+                self.open.pop((rid, name), None)
+                self._guard(name, run_id, lambda logger=logger: logger.finish(status))
 
     def _guard(self, name: str, run_id: str, call: Any) -> None:
         """Run one logger call; a failure closes that run's log in that tool, with one warning."""
@@ -205,7 +193,7 @@ class Logging:
                   file=sys.stderr, flush=True)
 
     def lines(self) -> list[str]:
-        """What was not logged, a line per logger, for the end of the command (after ``close``)."""
+        """What was not logged, a line per logger, for the end of the command."""
         return [f"{name} did not log {len(ids)} run(s) ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}): "
                 f"`flctl export RUN --to {name}` fills them in" for name, ids in self.not_logged.items()]
 

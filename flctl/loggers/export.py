@@ -36,6 +36,4 @@ def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: di
         if not kept and run.metrics:       # trained before the files kept each eval's numbers: its final ones
             session.log(run.id, run.epochs_done or 0, {k: float(v) for k, v in run.metrics.items() if v is not None})
         session.finish(run.id, run.status)
-    for session in sessions.values():
-        session.close()
     return Logging(loggers, root, not_logged={k: v for s in sessions.values() for k, v in s.not_logged.items()})
