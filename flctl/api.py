@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, Any
 from flctl.api_args import (
     DEVICE,
     LAUNCH,
-    PATH,
     check_arg,
     check_fields,
     check_known,
+    checked,
     in_memory,
     make_results,
     not_a_file,
     take_back,
+    url_problem,
 )
 from flctl.errors import ConfigError
 
@@ -43,29 +44,30 @@ if TYPE_CHECKING:
 DEFAULT_RESULTS = "results"
 
 
+@checked(results_dir="give a folder, as a str or Path (e.g. results_dir='results')")
 def results_root(results_dir: str | Path | None = None) -> Path:
     """The results folder: ``results_dir``, else FLCTL_RESULTS (an empty one is unset), else ./results."""
-    if results_dir is not None and not isinstance(results_dir, (str, os.PathLike)):
-        raise ConfigError(f"results_dir={results_dir!r}: give a folder, as a str or Path (e.g. results_dir='results')")
     return Path(results_dir if results_dir is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS)
 
 
+@checked(db="give a database URL as a str (sqlite:///results/flctl.db, postgresql://user@host/db)")
 def database_url(db: str | None, root: Path) -> str:
     """The database: ``db``, else FLCTL_DB, else the results folder's flctl.db. An in-memory SQLite database is a
     ConfigError: it would lose every row when the process exits, and no worker or report could see it."""
     from flctl.layout import Layout
 
-    if db is not None and not isinstance(db, str):
-        raise ConfigError(f"db={db!r}: give a database URL as a str (sqlite:///results/flctl.db, "
-                          "postgresql://user@host/db)")
     url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
     if in_memory(url):
         raise ConfigError(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this "
                           "command exits; give a file (sqlite:///results/flctl.db) or a server "
                           "(postgresql://user@host/db)")
+    if (why := url_problem(url)) is not None:
+        raise ConfigError(why)
     return url
 
 
+@checked(entries="give each task file, folder or module name as its own str or Path argument: "
+                 "use_tasks('a.py', 'b.py')")
 def use_tasks(*entries: str | Path) -> None:
     """Load plugin tasks from files, folders of them or module names, as FLCTL_TASKS would (flctl.plugins). Each
     is imported here: a path that is not there, a module that cannot be imported or a file without ``TASK`` is a
@@ -91,6 +93,9 @@ def use_tasks(*entries: str | Path) -> None:
     plugins.add(resolved)
 
 
+@checked(task="give one task's name, a str (see `flctl tasks`)",
+         method="give one method's name, a str such as 'fl'; several methods are a sweep (`flctl sweep TASK -m erm,fl`)",
+         p_min="give a number in (0, 1], e.g. p_min=0.6")
 def config(task: str, method: str = "fl", *, p_min: float | None = None, check_data: bool = True,
            **fields: Any) -> RunConfig:
     """The validated RunConfig of ``task`` trained with ``method``: the task's paper defaults, overridden by
@@ -99,13 +104,6 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
     from flctl.config import resolve
     from flctl.tasks import check_task_data, get_task
 
-    if not isinstance(task, str):
-        raise ConfigError(f"task={task!r}: give one task's name, a str (see `flctl tasks`)")
-    if not isinstance(method, str):
-        raise ConfigError(f"method={method!r}: give one method's name, a str such as 'fl'; several methods are a "
-                          "sweep (`flctl sweep TASK -m erm,fl`)")
-    if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float))):
-        raise ConfigError(f"p_min={p_min!r}: give a number in (0, 1], e.g. p_min=0.6")
     check_arg("device", fields.get("device"), str, DEVICE)
     spec = get_task(task)
     check_fields(spec, fields)
@@ -114,6 +112,7 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
     return cfg
 
 
+@checked()
 def open_store(results_dir: str | Path | None = None, db: str | None = None, *, create: bool = True) -> Store:
     """The run database of a results folder (made when ``create``; else read-only, and it must exist)."""
     from flctl.db import Store
@@ -138,22 +137,23 @@ def open_store(results_dir: str | Path | None = None, db: str | None = None, *, 
         raise
 
 
+@checked(task="give one task's name, a str (see `flctl tasks`)",
+         method="give one method's name, a str such as 'fl'; several methods are a sweep (`flctl sweep TASK -m erm,fl`)",
+         p_min="give a number in (0, 1], e.g. p_min=0.6", on_epoch="give a function of one argument, called after each epoch")
 def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None, db: str | None = None,
         rerun: bool = False, on_epoch: Callable[[Any], None] | None = None, p_min: float | None = None,
-        threads: int | None = None, log_to: Iterable[str] = (), **fields: Any) -> RunRecord:
+        threads: int | None = None, log_to: str | Iterable[str] = (), **fields: Any) -> RunRecord:
     """Train one configuration (or resume it, or find it completed) and return its run as recorded.
 
     As ``flctl run``: the same configuration is the same run; ``rerun`` trains a completed one again. A run
     held by a live worker elsewhere raises ConfigError; a training error propagates with the run marked failed.
-    ``threads``: torch's threads on a CPU (default: OMP_NUM_THREADS, else chosen from the model's size and the free
-    cores). ``log_to``: loggers its epochs go to, live (flctl.loggers: "tensorboard", "mlflow", "wandb")."""
+    ``threads``: torch's threads on a CPU (default: OMP_NUM_THREADS, else chosen from the model's size and the cores
+    this process may use). ``log_to``: loggers its epochs go to, live (flctl.loggers: "tensorboard", "mlflow", "wandb")."""
     from flctl.knobs import threads_of_a_run
     from flctl.layout import Layout
     from flctl.loggers import check
     from flctl.runner import train_unless_done
 
-    if on_epoch is not None and not callable(on_epoch):
-        raise ConfigError(f"on_epoch={on_epoch!r}: give a function of one argument, called after each epoch")
     cfg = config(task, method, p_min=p_min, **fields)
     chosen = threads_of_a_run(threads)
     loggers = check([log_to] if isinstance(log_to, str) else log_to)
@@ -172,6 +172,13 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
         store.close()
 
 
+@checked(task="give one task's name, a str (see `flctl tasks`); several tasks are several sweeps",
+         spec="give a sweep spec's TOML file, a str or Path (e.g. spec='sweeps/two-moons.toml')",
+         options="give the task options as a dict, e.g. options={'degree': 10}", name="give the sweep's name, a str",
+         device=DEVICE, data_dir="give the datasets' folder, a str or Path",
+         objective="give a metric, a str such as 'test.max_loss'",
+         tune="give the number of trials of the search, an int such as tune=20",
+         parallel="give the number of trials launched at once, an int such as parallel=2", launch=LAUNCH)
 def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int | None = None,
           options: dict[str, Any] | None = None, name: str | None = None, device: str | None = None,
           data_dir: str | None = None, results_dir: str | Path | None = None, db: str | None = None,
@@ -195,18 +202,6 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
 
     if (spec is None) == (task is None):
         raise ConfigError("give either a task with axes or spec=, not both or neither")
-    # each argument's type, before any of them is used: a wrong one is its own one line, not an AttributeError
-    # from deep inside the planning (and a device=0 is refused, not read as no device)
-    check_arg("task", task, str, "give one task's name, a str (see `flctl tasks`); several tasks are several sweeps")
-    check_arg("spec", spec, PATH, "give a sweep spec's TOML file, a str or Path (e.g. spec='sweeps/two-moons.toml')")
-    check_arg("options", options, Mapping, "give the task options as a dict, e.g. options={'degree': 10}")
-    check_arg("name", name, str, "give the sweep's name, a str")
-    check_arg("device", device, str, DEVICE)
-    check_arg("data_dir", data_dir, PATH, "give the datasets' folder, a str or Path")
-    check_arg("objective", objective, str, "give a metric, a str such as 'test.max_loss'")
-    check_arg("tune", tune, int, "give the number of trials of the search, an int such as tune=20")
-    check_arg("parallel", parallel, int, "give the number of trials launched at once, an int such as parallel=2")
-    check_arg("launch", launch, Mapping, LAUNCH)
     # launch keys that are not flctl's flags are the launcher's own options: the spec's [launch] table takes them
     extra = {k: v for k, v in (launch or {}).items() if k not in _flag_names()}
     flags = _launch_flags({k: v for k, v in (launch or {}).items() if k in _flag_names()})
@@ -242,6 +237,10 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
     return {"sweep": filled.sweep_id, **(filled.ledger or {})}
 
 
+@checked(only="give the tables and figures as one str, e.g. only='table:1,figure:6' (or 'table')",
+         specs="give the folder of the paper's specs, a str or Path", device=DEVICE,
+         data_dir="give the datasets' folder, a str or Path",
+         out="give the bundle's folder, a str or Path (default RESULTS/paper)", launch=LAUNCH)
 def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | None = None,
           device: str | None = None, data_dir: str | None = None, results_dir: str | Path | None = None,
           db: str | None = None, out: str | Path | None = None, report_only: bool = False, dry_run: bool = False,
@@ -255,11 +254,6 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
     from flctl.paper.flow import fill_paper, plan_paper
     from flctl.sweep import SHIPPED_SPECS
 
-    check_arg("only", only, str, "give the tables and figures as one str, e.g. only='table:1,figure:6' (or 'table')")
-    check_arg("specs", specs, PATH, "give the folder of the paper's specs, a str or Path")
-    check_arg("device", device, str, DEVICE)
-    check_arg("data_dir", data_dir, PATH, "give the datasets' folder, a str or Path")
-    check_arg("out", out, PATH, "give the bundle's folder, a str or Path (default RESULTS/paper)")
     if dry_run and report_only:
         raise ConfigError("give dry_run or report_only, not both")
     flags = _launch_flags(launch)
@@ -268,12 +262,12 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
     plan = plan_paper(url=url, specs=Path(specs) if specs is not None else SHIPPED_SPECS, launch=flags, only=only,
                       scale=scale, device=device, data_dir=None if data_dir is None else str(data_dir),
                       check_data=not (dry_run or report_only))
-    if dry_run:
-        return plan
     not_a_file(root)                                # said as itself, not as a bundle folder under a file
     bundle = Path(out) if out is not None else None
     plan.bundle_folder(root, bundle)                 # as `flctl paper`: a bundle that cannot be written, before
-    if not report_only:                              # any folder is made
+    if dry_run:                                      # any folder is made, a dry run included
+        return plan
+    if not report_only:
         open_store(results_dir, db).close()          # the results folder and database, made as `flctl paper` does
     else:
         make_results(root)                          # reading the database only needs a folder for the bundle
@@ -297,14 +291,14 @@ def _launch_flags(launch: dict[str, Any] | None) -> Any:
     return LaunchFlags(**(launch or {}))
 
 
+@checked(task="give one task as a str (or leave it out for all)",
+         method="give one method as a str (or leave it out for all)",
+         status="give one status as a str (or leave it out for all)")
 def runs(*, results_dir: str | Path | None = None, db: str | None = None, task: str | None = None,
          method: str | None = None, status: str | None = None) -> list[RunRecord]:
     """The recorded runs, newest first, optionally of one task, method and status."""
     from flctl.status import STATUSES
 
-    for name, value in (("task", task), ("method", method), ("status", status)):
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(f"{name}={value!r}: give one {name} as a str (or leave it out for all)")
     if status is not None and status not in STATUSES:
         raise ConfigError(f"status={status!r}: choose one of {', '.join(STATUSES)}")
     store = open_store(results_dir, db, create=False)
@@ -317,6 +311,8 @@ def runs(*, results_dir: str | Path | None = None, db: str | None = None, task: 
         store.close()
 
 
+@checked(out="give a file (a plot's: a path stem), a str or Path",
+         columns="give a list of column names, e.g. ['train.avg_loss']")
 def report(*, table: str | None = None, plot: str | None = None, samples: str | None = None, by: str | None = None,
            sweep: str | None = None, task: str | None = None, columns: Iterable[str] | None = None,
            split: str | None = None, k: int = 16, min_seeds: int = 1, eps: float | None = None,
@@ -330,15 +326,6 @@ def report(*, table: str | None = None, plot: str | None = None, samples: str | 
     database."""
     from flctl.report.flow import Request, make_report
 
-    for name, value in (("table", table), ("plot", plot), ("samples", samples), ("by", by), ("sweep", sweep),
-                        ("task", task), ("split", split), ("methods", methods), ("fmt", fmt)):
-        check_arg(name, value, str, "give a str (see `flctl report --help`)")
-    check_arg("out", out, PATH, "give a file (a plot's: a path stem), a str or Path")
-    if isinstance(columns, str) or (columns is not None and not all(isinstance(c, str) for c in columns)):
-        raise ConfigError(f"columns={columns!r}: give a list of column names, e.g. ['train.avg_loss']")
-    for name, number in (("k", k), ("min_seeds", min_seeds), ("top", top), ("digits", digits)):
-        check_arg(name, number, int, "give an int")
-    check_arg("eps", eps, (int, float), "give a number")
     request = Request(table=table, plot=plot, samples=samples, by=by, sweep=sweep, task=task,
                       columns=None if columns is None else tuple(columns), split=split, k=k, min_seeds=min_seeds,
                       eps=eps, methods=methods, top=top, digits=digits, fmt=fmt,
@@ -350,6 +337,7 @@ def report(*, table: str | None = None, plot: str | None = None, samples: str | 
         store.close()
 
 
+@checked(runs="records takes a list of runs or run ids, not a single one: records([run])")
 def records(runs: Iterable[RunRecord | str], *, results_dir: str | Path | None = None, split: str | None = None,
             epoch: int | None = None) -> pa.Table:
     """The per-sample records of ``runs`` (records or run ids): one row per sample, split and evaluated epoch,
@@ -358,9 +346,6 @@ def records(runs: Iterable[RunRecord | str], *, results_dir: str | Path | None =
     from flctl.layout import Layout, records_of
     from flctl.records import read
 
-    if isinstance(runs, (str, RunRecord)) or not isinstance(runs, Iterable):
-        raise ConfigError(f"records takes a list of runs or run ids, not a single {type(runs).__name__}: "
-                          "records([run])")
     given = list(runs)
     if not given:
         raise ConfigError("records: no runs given; pass a list of runs (api.runs(), api.run(...)) or run ids")
@@ -386,3 +371,21 @@ def records(runs: Iterable[RunRecord | str], *, results_dir: str | Path | None =
                 raise ConfigError(f"run {i} has no records of epoch {epoch}; its evaluated epochs: "
                                   f"{', '.join(map(str, have)) or 'none'}")
     return read(folder, ids, split=split, epoch=epoch)
+
+
+@checked(run="give a run's id (or a unique prefix of it) as a str, e.g. api.runs()[0].id",
+         on_epoch="give a function of one argument, called after each epoch")
+def reproduce(run: str, *, results_dir: str | Path | None = None, db: str | None = None,
+              on_epoch: Callable[[Any], None] | None = None) -> Any:
+    """Train the completed ``run`` again in a scratch folder, as ``flctl reproduce`` does, and return the
+    flctl.reproduce.Reproduction: ``identical``, else its ``difference`` (epoch, split, sample id, column, size);
+    ``versions``: the libraries whose versions differ from the run's. The results folder and database are only
+    read."""
+    from flctl.layout import Layout
+    from flctl.reproduce import reproduce as train_again
+
+    store = open_store(results_dir, db, create=False)
+    try:
+        return train_again(store, Layout(results_root(results_dir)).records, run, on_epoch)
+    finally:
+        store.close()

@@ -5,13 +5,16 @@ fails (as `flctl` does: flctl.cli.common.open_results)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flctl.errors import ConfigError
 
 if TYPE_CHECKING:
     from flctl.db import Store
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def check_fields(task, fields: dict[str, Any]) -> None:
@@ -110,3 +113,160 @@ def in_memory(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and (
         not parsed.database or parsed.database == ":memory:" or parsed.query.get("mode") == "memory"
         or parsed.database.startswith("file::memory:"))
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is no database URL flctl can open, said without connecting (a dry run checks it too): not a URL,
+    or an engine SQLAlchemy does not have; None where it is one."""
+    from sqlalchemy.engine import make_url
+
+    from flctl.text import redact
+
+    examples = "(e.g. sqlite:///results/flctl.db, postgresql://user@host/db)"
+    try:
+        parsed = make_url(url)
+    except Exception:       # noqa: BLE001 - any parse failure is the same answer
+        return f"{redact(url, url)!r} is not a database URL {examples}"
+    try:
+        parsed.get_dialect()
+    except Exception:       # noqa: BLE001 - NoSuchModuleError, or a driver's import failing
+        return f"{redact(url, url)!r} is not a database URL flctl can open: SQLAlchemy has no engine " \
+               f"{parsed.drivername!r} {examples}"
+    return None
+
+
+class _Unchecked:
+    """A name an annotation uses that is imported only for type checkers (RunRecord, Store): such an argument is
+    checked by its function, not by ``checked``."""
+
+
+class _Names(dict):
+    def __missing__(self, key: str) -> type:
+        return type(key, (_Unchecked,), {})       # keeps its name for what ConfigError says
+
+
+def annotation(fn: Any, name: str) -> Any:
+    """The annotation of ``fn``'s parameter ``name`` as an object (they are strings under `from __future__ import
+    annotations`); names imported only for type checkers become _Unchecked."""
+    import collections.abc
+    import inspect
+    import typing
+
+    raw = inspect.signature(fn).parameters[name].annotation
+    if not isinstance(raw, str):
+        return raw
+    import builtins
+
+    scope = _Names({**vars(builtins), **vars(typing), **vars(collections.abc), **fn.__globals__})
+    return eval(raw, {}, scope)  # noqa: S307 - flctl's own annotations, not user input
+
+
+def describe(kind: Any) -> str:
+    """What an argument of annotation ``kind`` takes, as a ConfigError says it."""
+    import typing
+
+    members = [k for k in typing.get_args(kind) if k is not type(None)] if _is_union(kind) else [kind]
+    words = {bool: "True or False", int: "an int", float: "a number", str: "a str", Path: "a Path"}
+    said = []
+    for k in members:
+        origin = typing.get_origin(k) or k
+        if k in words:
+            said.append(words[k])
+        elif origin in (dict, Mapping):
+            said.append("a dict")
+        elif origin in (list, tuple, Iterable):
+            import re
+
+            item = describe(typing.get_args(k)[0]) if typing.get_args(k) else "values"
+            said.append("a list of " + re.sub(r"\b(a|an) ", "", item))
+        elif origin is Callable:
+            said.append("a function")
+        else:
+            said.append(getattr(k, "__name__", str(k)))
+    return " or ".join(dict.fromkeys(said))
+
+
+def fits(value: Any, kind: Any) -> bool:
+    """Whether ``value`` is of annotation ``kind``: exactly, with no reading of "no" as true, of 1 as True, of True
+    as 1, or of a str as a list of letters."""
+    import typing
+
+    if kind is Any or kind is inspect_empty() or (isinstance(kind, type) and issubclass(kind, _Unchecked)):
+        return True
+    if _is_union(kind):
+        return any(fits(value, k) for k in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        import math
+
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind is str:
+        return isinstance(value, str)
+    if kind is Path:
+        return isinstance(value, os.PathLike)
+    origin, args = typing.get_origin(kind) or kind, typing.get_args(kind)
+    if origin is Callable:
+        return callable(value)
+    if origin in (dict, Mapping):
+        return isinstance(value, Mapping)
+    if origin in (list, tuple, Iterable):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or isinstance(value, Mapping):
+            return False
+        items = list(value) if isinstance(value, (list, tuple)) else None    # a generator is read once: unchecked
+        return items is None or not args or all(fits(v, args[0]) for v in items)
+    return isinstance(value, origin) if isinstance(origin, type) else True
+
+
+def _is_union(kind: Any) -> bool:
+    import types
+    import typing
+
+    return typing.get_origin(kind) in (typing.Union, types.UnionType)
+
+
+def inspect_empty() -> Any:
+    import inspect
+
+    return inspect.Parameter.empty
+
+
+def checked(**hints: str) -> Callable[[F], F]:
+    """Check every argument of the decorated API function against its annotation before its body runs: a value
+    of another kind is one ConfigError, ``name=value: give KIND``, or ``name=value: HINT`` with the function's
+    hint for that argument (``hints``, what it takes said in words) — the one place where the API reads a bool, an int, a path or a
+    list."""
+    import functools
+    import inspect
+    import typing
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        kinds = {name: annotation(fn, name) for name, p in signature.parameters.items()
+                 if p.kind not in (p.VAR_KEYWORD,)}
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:     # a missing or unknown argument: said as the API says bad input
+                raise ConfigError(f"{fn.__name__}(): {exc}") from None
+            for name, value in bound.arguments.items():
+                kind = kinds.get(name)
+                if kind is None:
+                    continue
+                parameter = signature.parameters[name]
+                values = value if parameter.kind is parameter.VAR_POSITIONAL else (value,)
+                for one in values:
+                    if not fits(one, kind):
+                        raise ConfigError(f"{name}={one!r}: {hints.get(name) or 'give ' + describe(kind)}")
+            return fn(*args, **kwargs)
+
+        return typing.cast(F, call)
+
+    return decorate
+

@@ -5,6 +5,11 @@ as it is, once per file: its SHA-256 and the runs its rows name.
 A run's checksums name the run (``"run_id"``), and every row of a record file names its run (the ``run_id``
 column): a folder holding another run's files, or its checksums (copied in by mistake), fails its check rather
 than lending that run's numbers to this one. Checksums written before they named their run still verify.
+
+A run's folder holds its epoch files and its checksums, nothing else: any other entry (``notes.txt``, ``x.parquet``,
+a folder) is not the run's, and fails its check (``strays``), as it would fail a reader of the folder
+(``pandas.read_parquet(records/run_id=<id>)``). A run whose files were written by a flctl that keeps checksums
+(``kept_checksums``) and that has none lost them: damaged, not "unverified", which is for runs from before them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ from flctl.fs import atomic_path
 CHECKSUMS = "_checksums.json"
 CHECKSUMS_FORMAT = 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# The file metadata key under which an epoch's file keeps that eval's summary metrics (JSON; flctl.records writes
+# it, `flctl export` reads it back). flctl has written it into every record file since it kept checksums (the
+# checksums came first, bec2f17, the summaries a day later, 35da69d): a file that carries it had checksums.
+SUMMARY_KEY = b"flctl.summary"
+# flctl's temporary names (flctl.fs.atomic_path: ``.<name>.<uuid hex>.tmp``): a write in flight, or one a killed
+# process left. Hidden, so every reader of the folder skips them; not strays.
+_IN_FLIGHT = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
 
 
 def epoch_of(path: Path) -> int | None:
@@ -68,6 +80,37 @@ def write_checksums(folder: Path, run_id: str, listed: dict[str, dict]) -> None:
     body = {"format": CHECKSUMS_FORMAT, "algorithm": "sha256", "run_id": run_id, "files": dict(sorted(listed.items()))}
     with atomic_path(folder / CHECKSUMS, parents=False) as tmp:
         tmp.write_text(json.dumps(body, indent=1) + "\n")
+
+
+def kept_checksums(path: Path) -> bool:
+    """Whether record file ``path`` was written by a flctl that keeps checksums (its metadata keeps the summary,
+    SUMMARY_KEY); False for an older file, or one that cannot be read (its schema check says so)."""
+    try:
+        found = facts(path)
+        if found.get("summary") is None:
+            found["summary"] = "yes" if SUMMARY_KEY in (pq.read_schema(path).metadata or {}) else "no"
+    except (pa.ArrowException, OSError):
+        return False
+    return found["summary"] == "yes"
+
+
+def strays(folder: Path, files: list[Path]) -> list[tuple[Path, str]]:
+    """The entries of a run's records ``folder`` that are not the run's (anything but its epoch ``files``, its
+    checksums and writes in flight), each with one line that names it and why it fails the run."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    own = {p.name for p in files} | {CHECKSUMS}
+    found = []
+    for path in entries:
+        if path.name in own or _IN_FLIGHT.fullmatch(path.name):
+            continue
+        what = "a folder" if path.is_dir() else "a file"
+        read = "" if path.name[:1] in "._" else "; readers of the folder (pandas.read_parquet) would read it as records"
+        found.append((path, f"{path} is {what} that is not the run's (flctl writes epoch=NNNNN.parquet files and "
+                            f"{CHECKSUMS} there, nothing else){read}"))
+    return found
 
 
 def mismatch(path: Path, entry: dict, read: bool) -> str | None:

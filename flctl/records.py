@@ -9,7 +9,8 @@ file is in place.
 Every read of record files goes through here, and is checked: a file of another schema (``SCHEMA``: names and
 types) is refused in one line that names it, never cast into numbers; a report first checks each run it reads
 against its checksums (``check_run``), and each file it reads against the run (every row's ``run_id``). A run
-written before flctl kept checksums has none: it is unverified, not failed, and stays readable.
+written before flctl kept checksums has none: it is unverified, not failed, and stays readable; a run whose files
+were written with checksums and has none lost them, and fails.
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ from flctl.errors import ConfigError
 from flctl.fs import atomic_path, make_below
 from flctl.layout import records_of
 from flctl.record_checks import CHECKSUMS as CHECKSUMS
-from flctl.record_checks import epoch_of, facts, load_checksums, mismatch, other_runs, write_checksums
+from flctl.record_checks import SUMMARY_KEY as SUMMARY_KEY
+from flctl.record_checks import (
+    epoch_of,
+    facts,
+    kept_checksums,
+    load_checksums,
+    mismatch,
+    other_runs,
+    strays,
+    write_checksums,
+)
 from flctl.status import Status
 
 SCHEMA = pa.schema(
@@ -93,9 +104,8 @@ def split_table(
     )
 
 
-# The file metadata key under which an epoch's file keeps that eval's summary metrics (JSON): what a logger was told
-# live, read back by `flctl export` (epoch_summaries).
-SUMMARY_KEY = b"flctl.summary"
+# An epoch file keeps that eval's summary metrics in its metadata under SUMMARY_KEY (flctl.record_checks): what a
+# logger was told live, read back by `flctl export` (epoch_summaries).
 
 
 def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table],
@@ -221,20 +231,37 @@ def run_files(root: Path, run_id: str) -> list[Path]:
     return sorted(records_of(root, run_id).glob(EPOCH_GLOB))
 
 
-def check_run(root: Path, run_id: str, deep: Collection[str] | None = None) -> RunCheck:
-    """Check a run's records folder: its checksums are the run's, every file they list is present with its size,
-    none is unlisted, and each file named in ``deep`` (file names; None: every file) has the records' schema, its
-    recorded SHA-256 and rows of this run only. The cheap part (names, sizes) covers every file; the reads cover
-    ``deep``, what a report reads."""
+def check_run(root: Path, run_id: str, deep: Collection[str] | None = None, *, completed: bool = False) -> RunCheck:
+    """Whether a run's records are sound: the one check `flctl verify` and every reader of records make. Its
+    checksums are the run's (and present, where its files were written by a flctl that keeps them), every file they
+    list is present with its size, none is unlisted, the folder holds nothing else, and each file named in ``deep``
+    (file names; None: every file) has the records' schema, its recorded SHA-256 and rows of this run only. The cheap
+    part (names, sizes) covers every file; the reads cover ``deep``, what a reader reads. ``completed``: the run
+    finished, so it has records (a missing folder fails). Check only a run no worker is writing: an epoch file lands
+    before its checksum (write_epoch), so a run in progress may be between the two."""
     folder = records_of(root, run_id)
     files = run_files(root, run_id)
     check = RunCheck(run_id, folder, checksummed=False, files=files)
+    if not folder.is_dir():
+        if completed:
+            what = "is a file, not a folder" if folder.exists() else "is missing"
+            check.problems.append(Problem(folder, f"{folder} {what} (a completed run has records)"))
+        return check
     try:
         listed = load_checksums(folder, run_id)
     except ValueError as exc:
         check.problems.append(Problem(folder / CHECKSUMS, f"{folder / CHECKSUMS} {exc}"))
         listed = {}
     check.checksummed = listed is not None
+    if listed is None and files and kept_checksums(files[0]):
+        # Its first file was written by a flctl that keeps checksums: they were lost (deleted, or the folder copied
+        # without them), not never written. (A run resumed across that release keeps none: its first file is older.)
+        check.checksummed = True
+        check.problems.append(Problem(folder / CHECKSUMS, f"{folder / CHECKSUMS} is missing, though {files[0].name} "
+                                      "was written by a flctl that keeps checksums (deleted, or the folder copied "
+                                      "without it)"))
+    elif completed and not files and listed is None:
+        check.problems.append(Problem(folder, f"{folder} holds no record files (a completed run has records)"))
     present = {p.name for p in files}
     for name in sorted(set(listed or ()) - present):
         check.problems.append(Problem(folder / name, f"{folder / name} is missing (its checksum is recorded)"))
@@ -252,6 +279,7 @@ def check_run(root: Path, run_id: str, deep: Collection[str] | None = None) -> R
             text = f"{wrong}, and does not match its checksum ({differs})" if wrong and differs else \
                 wrong or f"{path} does not match its checksum ({differs})"
             check.problems.append(Problem(path, text))
+    check.problems += [Problem(path, text, planted=True) for path, text in strays(folder, files)]
     return check
 
 
@@ -299,13 +327,13 @@ RETRAIN_BY_ID = "`flctl run` with its options and --rerun (`flctl show {run_id}`
 
 
 def refusal(check: RunCheck, retrain: str) -> str:
-    """One line: the run whose records failed, its first problem and the fix (``retrain``: how to train it again,
-    for damaged or missing records; a planted file is moved out instead)."""
+    """One line: the run whose records failed, its first problem, the fix (``retrain``: how to train it again,
+    for damaged or missing records; a planted file is moved out instead) and `flctl verify RUN`, which says it all."""
     first = check.problems[0]
     more = len(check.problems) - 1
-    return (f"run {check.run_id}: its records fail their check: {first.text}; {fix(check, retrain)}"
-            + (f" ({more} more problem{'s' if more > 1 else ''}: `flctl verify {check.run_id}` lists them)"
-               if more else ""))
+    return (f"run {check.run_id}: its records fail their check: {first.text}; {fix(check, retrain)}; "
+            + (f"{more} more problem{'s' if more > 1 else ''}: `flctl verify {check.run_id}` lists them" if more
+               else f"`flctl verify {check.run_id}` checks it again"))
 
 
 def fix(check: RunCheck, retrain: str) -> str:
@@ -313,7 +341,7 @@ def fix(check: RunCheck, retrain: str) -> str:
     (``retrain``); for a run without checksums, whose files cannot say whether they are its own, either."""
     if check.problems[0].planted:
         return "move it out of the records folder"
-    return retrain if check.checksummed else f"move it out of the records folder if it is not the run's, else {retrain}"
+    return retrain if check.checksummed or not check.files else f"move it out of the records folder if it is not the run's, else {retrain}"
 
 
 def table(source: Sequence[str], columns: Sequence[str] | None = None, filter=None) -> pa.Table:

@@ -108,8 +108,8 @@ def train_together(
     folder may be deleted under it) none above the results folder is (flctl.fs.make_below).
 
     ``threads`` (CPU cells): torch's intra-op threads while they train, a number (--threads) or "auto" (chosen from
-    the step's size and the free cores, flctl.knobs.cpu_threads); None leaves the process's setting (a sweep worker
-    sets its own). Each result's ``trained_with`` says how many, and who chose."""
+    the step's size and the cores this process may use, flctl.knobs.cpu_threads); None leaves the process's setting (a
+    sweep worker sets its own). Each result's ``trained_with`` says how many, and who chose."""
     records_root = Path(records_root)
     if fence is None:    # the caller's folders, made where missing; a fenced worker's may be deleted under it: none
         for folder in (records_root, *map(Path, run_dirs)):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flctl import api
-from flctl.errors import ConfigError, StoreError
+from flctl.errors import ConfigError
 from flctl.status import Status
 from tests.helpers import files_under, in_process
 
@@ -99,8 +99,8 @@ SWEEP = dict(epochs=1, launch={"executor": "debug"})
     (lambda r, f: api.paper(report_only=True, only="figure:1", scale="smoke", out=f / "o", results_dir=r),
      ConfigError, r"^--out '.*o' lies under '.*file', which is a file$"),
     (lambda r, f: api.sweep("two-moons", db="bogus://x", results_dir=r.parent / "deep" / "results", **SWEEP),
-     StoreError, r"^cannot use database bogus://x"),
-    (lambda r, f: api.open_store(r, "bogus://x"), StoreError, r"^cannot use database bogus://x"),
+     ConfigError, r"^'bogus://x' is not a database URL flctl can open: SQLAlchemy has no engine 'bogus'"),
+    (lambda r, f: api.open_store(r, "bogus://x"), ConfigError, r"^'bogus://x' is not a database URL flctl can open"),
 ], ids=["sweep-int-task", "sweep-list-task", "sweep-list-options", "sweep-list-launch", "paper-list-launch",
         "sweep-int-spec", "sweep-str-tune", "sweep-bool-tune", "sweep-int-name", "run-int-device",
         "sweep-int-device", "paper-int-only", "paper-list-only", "paper-int-specs", "paper-int-out",

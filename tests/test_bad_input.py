@@ -80,7 +80,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "two-moons", "--epochs", "2000000"], "--epochs must be at most 1,000,000"),
     (["run", "two-moons", "--batch-size", "0"], "--batch-size must be at least 1"),
     (["run", "two-moons", "--batch-size", "1000000000"], "--batch-size must be at most"),
-    (["run", "two-moons", "--seed", "99999999999"], "--seed must be in 0..2147483647"),
+    (["run", "two-moons", "--seed", "99999999999"], "--seed must be at most 2,147,483,647"),
     (["run", "two-moons", "--optimizer", "lbfgs"], "unknown optimizer"),
     (["run", "two-moons", "--checkpoint-every", "-1"], "--checkpoint-every must be"),
     (["run", "two-moons", "--device", "tpu"], "unknown device 'tpu'"),
@@ -170,7 +170,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "two-moons", "--db", "sqlite:///:memory:"], "in-memory database"),
     (["sweep", "two-moons", "--db", "sqlite://", "--epochs", "1"], "in-memory database"),
     (["runs", "--db", "sqlite://"], "in-memory database"),
-    (["runs", "--db", "postgresql://u:secret@127.0.0.1:abc/x"], "not a database URL: 'postgresql+psycopg://u:***@"),
+    (["runs", "--db", "postgresql://u:secret@127.0.0.1:abc/x"], "'postgresql://u:***@127.0.0.1:abc/x' is not a database URL"),
     # ids: hex prefixes of 4 to 64 digits, matched literally
     (["show", "%"], "give 4 to 64 hex digits"),
     (["show", ""], "give 4 to 64 hex digits"),

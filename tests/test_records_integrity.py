@@ -50,6 +50,14 @@ def world(prepared: Path, results: Path) -> dict[str, str | Path]:
     return {**ids, "final": sorted(records_of(results / "records", ids["fl"]).glob("epoch=*.parquet"))[-1]}
 
 
+def before_checksums(folder: Path) -> None:
+    """Make a run's records ``folder`` as flctl wrote it before checksums: no _checksums.json, and files that keep no
+    summary in their metadata (record_checks.SUMMARY_KEY came after checksums: a file with it had them)."""
+    (folder / records.CHECKSUMS).unlink(missing_ok=True)
+    for path in folder.glob("epoch=*.parquet"):
+        pq.write_table(pq.read_table(path).replace_schema_metadata(None), path)
+
+
 def refused(res, path: Path, run_id: str, results: Path) -> str:
     """``res`` is the one `error:` line of a refusal naming ``path`` and ``run_id``; nothing was written."""
     assert res.returncode == 2, res.stdout + res.stderr
@@ -77,8 +85,7 @@ def test_a_loss_column_of_strings_is_refused_by_every_report(world, results: Pat
     table = table.set_column(table.schema.get_field_index("loss"), "loss", table["loss"].cast(pa.string()))
     pq.write_table(table, final)
     if not checksums:       # as a run from before checksums: its folder holds its epoch files only
-        for extra in set(final.parent.iterdir()) - set(final.parent.glob("epoch=*.parquet")):
-            extra.unlink()
+        before_checksums(final.parent)
     for command in REPORTS:
         line = refused(in_process(*command), final, world["fl"], results)
         assert "column loss holds string, not double" in line, line
@@ -106,11 +113,13 @@ def test_a_damaged_file_fails_verify_and_reports_refuse_its_run_until_it_is_trai
     lines = {command: refused(in_process(*command), final, world["fl"], results)
              for command in (*REPORTS, ("report", "--table", "main", "--columns", "test.cvar@0.9"))}
     assert all("does not match its checksum" in line for line in lines.values()), lines
-    # The fix a report's line names trains the same run again; then it verifies and reports read it. (The table's
-    # tail column is read by run id alone: its line says where the run's options are, `flctl show`.)
+    # The fix a report's line names trains the same run again (the table checks its runs as records of the database
+    # before it reads any file, so its line spells the command too); then it verifies and reports read it. Each
+    # line names `flctl verify RUN`.
     command = lines[REPORTS[0]].split("train it again: `", 1)[1].split("`", 1)[0]
     assert command == "flctl run two-moons --method fl --epochs 3 --eval-every 1 --rerun", lines
-    assert f"`flctl show {world['fl']}` lists them" in lines[("report", "--table", "main", "--columns", "test.cvar@0.9")]
+    assert f"`{command}`" in lines[("report", "--table", "main", "--columns", "test.cvar@0.9")]
+    assert all(f"`flctl verify {world['fl']}`" in line for line in lines.values()), lines
     assert in_process(*shlex.split(command)[1:]).returncode == 0
     assert in_process("verify", world["fl"]).returncode == 0
     assert in_process("report", "--samples", "violators").returncode == 0
@@ -175,7 +184,7 @@ def test_a_run_from_before_checksums_is_unverified_and_still_read(world, results
     no _checksums.json, files of the older schema. Unverified is not a failure: verify exits 0, reports read it."""
     before = {}
     for run_id in (world["erm"], world["fl"]):
-        (records_of(results / "records", run_id) / records.CHECKSUMS).unlink()
+        before_checksums(records_of(results / "records", run_id))
     for path in records.run_files(results / "records", world["fl"]):
         old = pq.read_table(path).drop_columns(["confidence", "pruned"])
         old = old.set_column(0, "run_id", old["run_id"].cast(pa.string()))
@@ -237,7 +246,7 @@ def test_another_runs_records_copied_into_a_run_fail_verify_and_reports(world, r
     for folder in (erm, fl):
         sums = folder / records.CHECKSUMS
         if kept == "none":
-            sums.unlink()
+            before_checksums(folder)
         elif kept == "unnamed":
             body = json.loads(sums.read_text())
             assert body.pop("run_id") == folder.name.split("=", 1)[1]

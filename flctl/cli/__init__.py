@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from flctl.cli import export, info, ledger, new_task, paper, report, run, runs, sweep, verify
+from flctl.cli import export, info, ledger, new_task, paper, report, reproduce, run, runs, sweep, verify
 from flctl.cli.common import print_error, tolerate_narrow_encodings
+from flctl.cli.parsing import Command
 from flctl.errors import ConfigError, StoreError
 
 
@@ -119,21 +120,22 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
     pass
 
 
-app.command(rich_help_panel="Train")(run.run)
-app.command(rich_help_panel="Train")(sweep.sweep)
-app.command(rich_help_panel="Train")(ledger.cancel)
-app.command(rich_help_panel="Inspect")(ledger.status)
-app.command(rich_help_panel="Inspect")(ledger.sweeps)
-app.command(rich_help_panel="Inspect")(runs.runs)
-app.command(rich_help_panel="Inspect")(runs.show)
-app.command(rich_help_panel="Report")(report.report)
-app.command(rich_help_panel="Report")(paper.paper)
-app.command(rich_help_panel="Report")(export.export)
-app.command(rich_help_panel="Catalogue")(info.tasks)
-app.command(rich_help_panel="Catalogue")(info.methods)
-app.command("new-task", rich_help_panel="Catalogue")(new_task.new_task)
-app.command(rich_help_panel="Maintain")(runs.migrate)
-app.command(rich_help_panel="Maintain")(verify.verify)
+app.command(cls=Command, rich_help_panel="Train")(run.run)
+app.command(cls=Command, rich_help_panel="Train")(sweep.sweep)
+app.command(cls=Command, rich_help_panel="Train")(ledger.cancel)
+app.command(cls=Command, rich_help_panel="Inspect")(ledger.status)
+app.command(cls=Command, rich_help_panel="Inspect")(ledger.sweeps)
+app.command(cls=Command, rich_help_panel="Inspect")(runs.runs)
+app.command(cls=Command, rich_help_panel="Inspect")(runs.show)
+app.command(cls=Command, rich_help_panel="Report")(report.report)
+app.command(cls=Command, rich_help_panel="Report")(paper.paper)
+app.command(cls=Command, rich_help_panel="Report")(export.export)
+app.command(cls=Command, rich_help_panel="Catalogue")(info.tasks)
+app.command(cls=Command, rich_help_panel="Catalogue")(info.methods)
+app.command("new-task", cls=Command, rich_help_panel="Catalogue")(new_task.new_task)
+app.command(cls=Command, rich_help_panel="Maintain")(runs.migrate)
+app.command(cls=Command, rich_help_panel="Maintain")(verify.verify)
+app.command(cls=Command, rich_help_panel="Maintain")(reproduce.reproduce)
 
 
 # The signals that interrupted this command (SIGTERM turned into an interruption like Ctrl-C's): every command then

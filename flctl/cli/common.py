@@ -120,12 +120,18 @@ def results_root(path: Path | None) -> Path:
     return api.results_root(path)
 
 
-def ensure_writable(root: Path) -> Path:
-    """Create the results directory if needed and prove it is writable (as root, os.access always says yes)."""
+def check_results(root: Path) -> None:
+    """The checks of a results folder that write nothing (a dry run makes them too): not a file, nor a folder
+    under one."""
     if root.exists() and not root.is_dir():
         fail(f"results directory {str(root)!r} is a file, not a folder; give a folder (--results-dir or FLCTL_RESULTS)")
     if (why := Layout(root).not_a_folder()) is not None:
         fail(why)
+
+
+def ensure_writable(root: Path) -> Path:
+    """Create the results directory if needed and prove it is writable (as root, os.access always says yes)."""
+    check_results(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-test-{uuid.uuid4().hex}"
@@ -139,7 +145,9 @@ def ensure_writable(root: Path) -> Path:
 def db_url(db: str | None, root: Path) -> str:
     """The database a command uses: --db, else FLCTL_DB, else results/flctl.db. An in-memory SQLite database is
     refused here (one line, exit 2): it would train, then lose every row when the command exits, and no worker
-    or report could ever see it."""
+    or report could ever see it. The results folder is checked first (check_results): every command finds its
+    database through here, a dry run included."""
+    check_results(root)
     try:
         return api.database_url(db, root)
     except ConfigError as exc:
@@ -340,14 +348,7 @@ RESULTS_DIR_HELP = f"Results folder: records, runs, jobs, reports, flctl.db [env
 DB_HELP = "Database URL [env FLCTL_DB, else sqlite: flctl.db in the results folder]."
 
 
-def _results_dir(value: str) -> Path:
-    # An empty value (`--results-dir "$UNSET"`) would be the current folder, filled with records and a database.
-    if not value:
-        raise typer.BadParameter("an empty path; give a folder (the default is ./results)")
-    return Path(value)
-
-
-ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP, parser=_results_dir,
+ResultsDirOption = Annotated[Optional[Path], typer.Option("--results-dir", help=RESULTS_DIR_HELP,
                                                           rich_help_panel=PANELS["where"])]
 DbOption = Annotated[Optional[str], typer.Option(help=DB_HELP, rich_help_panel=PANELS["where"])]
 

@@ -10,7 +10,6 @@ from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
     console,
-    err_console,
     existing_store,
     fail,
     results_root,
@@ -33,8 +32,8 @@ def export(
     """Log finished runs to a tracker after the fact, as `--log-to` logs them live.
 
     Each evaluated epoch's metrics as the run's records keep them, and its multipliers. A run is keyed by its id:
-    exporting again replaces what an earlier export or live log of it left, never adds to it. Exit 1 when a run
-    could not be logged."""
+    exporting again replaces what an earlier export or live log of it left, never adds to it. A tracker that fails
+    (or gives no answer within FLCTL_TRACKER_TIMEOUT_S) is tried for no further run: exit 1, with one error line."""
     from flctl.db.store import sweep_of as sweep_of_run
     from flctl.loggers import check
     from flctl.loggers.export import export as replay
@@ -59,13 +58,18 @@ def export(
     finished = [r for r in runs if r.status in REPORTABLE]
     if not finished:
         fail(f"{safe(ref)}: no finished run to export ({len(runs)} not finished yet; see `flctl status`)")
+    from flctl.layout import Layout
+    from flctl.report.data import gate
+
+    gate(Layout(root).records, finished, read="all")     # as verify checks them, before any tracker hears of one
     done = replay(finished, root, loggers, sweep_of)
-    for line in done.lines():
-        err_console.print(f"[yellow]warning:[/] {safe(line)}", highlight=False)
     failed = {run_id for ids in done.not_logged.values() for run_id in ids}
     whole = len(finished) - len(failed)
     console.print(f"exported {whole if failed else len(finished)}{f' of {len(finished)}' if failed else ''} run(s) "
                   f"to {', '.join(loggers)}"
                   + (f"; {len(runs) - len(finished)} not finished yet left out" if len(runs) > len(finished) else ""))
-    if done.not_logged:
-        raise typer.Exit(1)
+    if done.not_logged:      # a tracker's failure, not bad input: exit 1
+        told = "; ".join(f"{name} did not log {len(ids)} of {len(finished)} run(s) ({done.why[name]})"
+                         for name, ids in done.not_logged.items())
+        again = " ".join(f"--to {name}" for name in done.not_logged)
+        fail(f"{told}; the records are intact: `flctl export {ref} {again}` again once it answers", 1)

@@ -69,8 +69,7 @@ def paper(
             raise ConfigError("give --dry-run or --report-only, not both")
         plan = plan_paper(url=url, specs=specs, launch=launch, only=only, scale=scale, device=device,
                           data_dir=data_dir, check_data=not (dry_run or report_only))
-        if not dry_run:
-            plan.bundle_folder(root, out)
+        plan.bundle_folder(root, out)           # what the bundle would replace: refused in a dry run too
     except ConfigError as exc:
         fail(str(exc))
     if dry_run:

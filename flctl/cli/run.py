@@ -60,7 +60,8 @@ def run(
                                                     "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
                                                     rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
     threads: Annotated[Optional[int], typer.Option(help="torch threads on a CPU [OMP_NUM_THREADS if set, else 1 "
-                                                   "for a small model, the free cores for a large one].",
+                                                   "for a small model, the cores this process may use (never the "
+                                                   "load) for a large one].",
                                                    rich_help_panel=PANELS["where"])] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the run's id, its configuration and whether it "
                                           "was trained; train and write nothing.",

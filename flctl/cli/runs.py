@@ -46,11 +46,18 @@ def runs(
         fail(f"--limit must be a number of runs >= 0 (0: all), got {limit}")
     store = existing_store(db, results_root(results_dir))
     rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit or None)
+    if not rows:         # none: a task or method no run has and flctl does not know is a typo, one line
+        from flctl.api_args import check_known
+
+        check_known(store, task, method)
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
         return
     from flctl.db.store import run_ids
 
+    if not rows:
+        console.print("no run matches" if (task, method, status, seed) != (None,) * 4 else "no runs yet")
+        return
     shown, note = runs_table(rows, run_ids(store), console.width)
     console.print(shown)
     if note:
@@ -155,7 +162,7 @@ def runs_table(rows, every_id: list[str], width: int):
     def fit() -> tuple[list[str], list[str]]:
         used, kept, left = 1, [], []                 # 1: the table's left border
         for name, values in cells.items():
-            need = max(len(name), *map(len, values)) + 3    # rich's padding and the border
+            need = max([len(name), *map(len, values)]) + 3    # rich's padding and the border
             if used + need <= width or name in always:
                 used += need
                 kept.append(name)

@@ -164,12 +164,12 @@ class LaunchSettings:
             workers = self.workers or 1
         return cells_together(self, task, cells, workers, device) * (self.per_gpu if device.startswith("cuda") else 1)
 
-    def prepare_loggers(self, results_root: Any) -> None:
-        """Each logger's once-per-launch set-up (flctl.loggers.Logger.prepare), in the launching process."""
-        from flctl.loggers import get_logger
+    def prepare_loggers(self, results_root: Any, sweep_id: str) -> tuple[str, ...]:
+        """Each logger's once-per-launch set-up (flctl.loggers.Logger.prepare), in the launching process, guarded as
+        every tracker call: the loggers the workers log to (one whose set-up failed is a warning, and left out)."""
+        from flctl.loggers import prepare
 
-        for name in self.log_to:
-            get_logger(name).prepare(results_root)
+        return prepare(self.log_to, results_root, sweep_id)
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""

@@ -7,15 +7,22 @@ A logger is told what the training loop already brought to the host at each eval
 epoch's mean and max training loss and largest multiplier, its summary metrics, the violation rate among them, and
 the per-sample multipliers, of which it gets summary statistics and a histogram): it adds no host sync to a step. It is given the run's configuration as hyper-parameters, and the run and sweep ids, task,
 method and library versions as tags. A logger that fails never fails the training: one warning per run, the records
-intact, and a line at the end naming what was not logged (`flctl export` fills it in later)."""
+intact, and a line at the end naming what was not logged (`flctl export` fills it in later).
+
+Every call to a logger, its once-per-launch set-up included, goes through one guard (``guarded``): made in a thread
+of its own and waited for at most FLCTL_TRACKER_TIMEOUT_S (flctl.knobs.tracker_timeout_s), so that a tracker that
+never answers holds a command that long, not the minutes of its own retries; whatever it raises is a failure."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,6 +55,7 @@ class Logger:
     name: ClassVar[str]
     needs: ClassVar[str | None] = None        # the tool's module: checked before anything trains
     extra: ClassVar[str | None] = None        # `pip install 'flctl[EXTRA]'` installs it
+    imports: ClassVar[tuple[str, ...]] = ()   # what its calls import: imported off the clock of the first (guarded)
 
     def __init__(self, results_root: Path) -> None:
         self.results_root = Path(results_root)
@@ -94,12 +102,82 @@ def get_logger(name: str) -> type[Logger]:
 
 
 def check(chosen: Iterable[str]) -> tuple[str, ...]:
-    """The loggers named (each once, in order), each found with its tool installed (ConfigError otherwise): before
-    anything is written or trained."""
+    """The loggers named (each once, in order), each found with its tool installed, and FLCTL_TRACKER_TIMEOUT_S
+    read where any is (ConfigError otherwise): before anything is written or trained."""
+    from flctl.knobs import tracker_timeout_s
+
     chosen = tuple(dict.fromkeys(chosen))
     for name in chosen:
         get_logger(name)
+    if chosen:
+        tracker_timeout_s()
     return chosen
+
+
+def guarded(name: str, call: Callable[[], Any]) -> BaseException | None:
+    """The one guard of every call to logger ``name``: None when ``call()`` returned within FLCTL_TRACKER_TIMEOUT_S,
+    else what it raised, or a TimeoutError. The logger's tool (its ``needs`` and ``imports``) is imported first, in
+    this thread and off the clock (an import of MLflow, W&B or torch's TensorBoard writer takes seconds, and is no
+    answer of a tracker). The call itself runs in a daemon thread that this one waits for, so that calls are still
+    made one at a time (a logging thread running beside training raced its imports); one given up on is left to end
+    there, and never holds the process's exit."""
+    from flctl.knobs import tracker_timeout_s
+
+    try:
+        cls = get_logger(name)
+        for module in (cls.needs, *cls.imports):
+            if module is not None:
+                importlib.import_module(module)
+        seconds = tracker_timeout_s()
+    except Exception as exc:     # noqa: BLE001 - a tool that will not import fails its logger, not the command
+        return exc
+    said: list[BaseException | None] = []
+
+    def made() -> None:
+        try:
+            call()
+            said.append(None)
+        except BaseException as exc:     # noqa: BLE001 - even a tool's KeyboardInterrupt (a prompt's closed stdin)
+            said.append(exc)             # is the tool's: a user's Ctrl-C reaches the waiting thread, not this one
+
+    thread = threading.Thread(target=made, name=f"flctl-{name}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return said[0] if said else TimeoutError(f"no answer within {seconds:g} s (FLCTL_TRACKER_TIMEOUT_S)")
+
+
+def describe(failure: BaseException) -> str:
+    """A failure in a warning: its kind and the first line of its message, after the socket's error it came from
+    where there is one (a tool's own message, a URL and its retries, cuts off the "Connection refused" at its end)."""
+    def first(exc: BaseException, most: int) -> str:
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:most]}"
+
+    root, seen = failure, {id(failure)}
+    while (below := root.__cause__ or root.__context__) is not None and id(below) not in seen:
+        root = below
+        seen.add(id(root))
+    if root is failure or not isinstance(root, OSError):
+        return first(failure, 200)
+    return f"{first(root, 100)}, from {first(failure, 140)}"
+
+
+def warn(text: str) -> None:
+    print(f"flctl: warning: {text}", file=sys.stderr, flush=True)
+
+
+def prepare(chosen: Sequence[str], results_root: Path, sweep_id: str) -> tuple[str, ...]:
+    """Each logger's once-per-launch set-up (Logger.prepare), guarded as every call: the loggers ready. One whose
+    set-up failed is one warning naming the export that fills its runs in later, and the sweep trains without it
+    (each of its runs would otherwise wait out the same tracker)."""
+    ready = []
+    for name in chosen:
+        failure = guarded(name, partial(get_logger(name).prepare, results_root))
+        if failure is None:
+            ready.append(name)
+        else:
+            warn(f"{name} could not be set up ({describe(failure)}); sweep {sweep_id} trains without it, its records "
+                 f"intact: `flctl export {sweep_id} --to {name}` fills it in later")
+    return tuple(ready)
 
 
 def run_info(cfg: Any, sweep_id: str | None = None, *, replay: bool = False) -> RunInfo:
@@ -144,9 +222,12 @@ class Logging:
     chosen: Sequence[str]
     results_root: Path
     sweep_id: str | None = None
-    replay: bool = False                 # `flctl export`: finished runs logged again, replacing earlier logs
+    # `flctl export`: finished runs logged again, replacing earlier logs; a logger that failed one is given up for
+    # the rest (each would wait out the same tracker), and the command says it in one line, not a warning a run
+    replay: bool = False
     open: dict[tuple[str, str], Logger] = field(default_factory=dict)      # (run id, logger) -> its log
     not_logged: dict[str, list[str]] = field(default_factory=dict)        # logger -> runs it failed
+    why: dict[str, str] = field(default_factory=dict)                     # logger -> its first failure (describe)
 
     def start(self, cfg: Any) -> None:
         # in the training thread: a thread of the loggers' own raced its imports (a module half-imported in one
@@ -181,21 +262,25 @@ class Logging:
                 self._guard(name, run_id, lambda logger=logger: logger.finish(status))
 
     def _guard(self, name: str, run_id: str, call: Any) -> None:
-        """Run one logger call; a failure closes that run's log in that tool, with one warning."""
-        try:
-            call()
-        except Exception as exc:     # noqa: BLE001 - a logger never fails the training
-            self.open.pop((run_id, name), None)
-            self.not_logged.setdefault(name, []).append(run_id)
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            print(f"flctl: warning: {name} stopped logging run {run_id} ({type(exc).__name__}: {first}); its "
-                  f"records are intact: `flctl export {run_id} --to {name}` fills it in later",
-                  file=sys.stderr, flush=True)
+        """Run one logger call (``guarded``); a failure closes that run's log in that tool, with one warning."""
+        given_up = self.replay and name in self.why          # an export tries a tracker that failed no more
+        failure = None if given_up else guarded(name, call)
+        if failure is None and not given_up:
+            return
+        self.open.pop((run_id, name), None)
+        if run_id not in self.not_logged.setdefault(name, []):
+            self.not_logged[name].append(run_id)
+        if failure is not None:
+            self.why.setdefault(name, describe(failure))
+            if not self.replay:
+                warn(f"{name} stopped logging run {run_id} ({describe(failure)}); its records are intact: "
+                     f"`flctl export {run_id} --to {name}` fills it in later")
 
     def lines(self) -> list[str]:
         """What was not logged, a line per logger, for the end of the command."""
         return [f"{name} did not log {len(ids)} run(s) ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}): "
-                f"`flctl export RUN --to {name}` fills them in" for name, ids in self.not_logged.items()]
+                f"`flctl export {ids[0] if len(ids) == 1 else self.sweep_id or 'RUN'} --to {name}` fills "
+                f"{'it' if len(ids) == 1 else 'them'} in" for name, ids in self.not_logged.items()]
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:

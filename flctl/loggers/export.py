@@ -13,27 +13,28 @@ from flctl.loggers import Logging, scalars
 
 def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: dict[str, str | None]) -> Logging:
     """Log ``runs`` (store records, finished) to ``loggers``, their records under ``root``; ``sweep_of``: each run's
-    sweep. Returns the session, whose ``lines()`` say what could not be logged."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    sweep. The caller has checked every run as `flctl verify` does (flctl.report.data.gate, each file read whole, as
+    `flctl export` does), so that nothing is logged of a damaged run. Returns the session, whose ``lines()`` say what
+    could not be logged."""
+    import pyarrow.dataset as ds
 
     from flctl.layout import Layout
-    from flctl.records import epoch_summaries
+    from flctl.records import epoch_summaries, read_file
 
+    records_root = Layout(root).records
     sessions: dict[str | None, Logging] = {}
     for run in runs:
         session = sessions.setdefault(sweep_of.get(run.id), Logging(loggers, root, sweep_of.get(run.id), replay=True))
         session.start(run.cfg)
-        kept = epoch_summaries(Layout(root).records, run.id)
+        kept = epoch_summaries(records_root, run.id)
         for epoch, summary, path in kept:
-            multipliers = None
-            table = pq.read_table(path, columns=["split", "multiplier"]) if "multiplier" in pq.read_schema(
-                path).names else None
-            if table is not None:
-                lam = table.filter(pc.equal(table["split"], "train"))["multiplier"]
-                multipliers = None if lam.null_count == len(lam) else lam.to_numpy(zero_copy_only=False)
+            # Through the records' reader (its schema check), the train split's multipliers; None where none.
+            lam = read_file(path, ["multiplier"], filter=ds.field("split") == "train")["multiplier"]
+            multipliers = None if lam.null_count == len(lam) else lam.to_numpy(zero_copy_only=False)
             session.log(run.id, epoch, scalars(None, None, None, summary, multipliers), multipliers)
         if not kept and run.metrics:       # trained before the files kept each eval's numbers: its final ones
             session.log(run.id, run.epochs_done or 0, {k: float(v) for k, v in run.metrics.items() if v is not None})
         session.finish(run.id, run.status)
-    return Logging(loggers, root, not_logged={k: v for s in sessions.values() for k, v in s.not_logged.items()})
+    return Logging(loggers, root, not_logged={k: v for s in sessions.values() for k, v in s.not_logged.items()},
+                   why={k: v for s in sessions.values() for k, v in s.why.items()})
+

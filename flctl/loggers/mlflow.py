@@ -4,6 +4,7 @@ keyed by its id (the tag flctl.run_id): a resumed run goes on in its MLflow run,
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,21 @@ def _quiet() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+_OURS: dict[str, str] = {}     # what _bounded_requests set, which the next FLCTL_TRACKER_TIMEOUT_S may change
+
+
+def _bounded_requests() -> None:
+    """Each HTTP request to the tracking server given FLCTL_TRACKER_TIMEOUT_S and made once: MLflow's own defaults
+    (a 120 s timeout, 7 retries with backoff) held a run silent for minutes before one warning. MLflow reads these
+    at each request; a value the user set stays (the guard of every tracker call bounds it still)."""
+    from flctl.knobs import tracker_timeout_s
+
+    seconds = str(max(1, math.ceil(tracker_timeout_s())))       # MLflow reads a whole number of seconds
+    for key, value in (("MLFLOW_HTTP_REQUEST_TIMEOUT", seconds), ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")):
+        if os.environ.get(key) in (None, _OURS.get(key)):
+            os.environ[key] = _OURS[key] = value
+
+
 def tracking_uri(results_root: Any) -> str:
     """Where MLflow logs: MLFLOW_TRACKING_URI, else a SQLite store in the results folder."""
     from flctl.layout import Layout
@@ -33,6 +49,7 @@ class MLflow(Logger):
     name = "mlflow"
     needs = "mlflow"
     extra = "mlflow"
+    imports = ("mlflow.entities", "mlflow.tracking")
 
     @classmethod
     def prepare(cls, results_root: Any) -> None:
@@ -40,6 +57,7 @@ class MLflow(Logger):
         from mlflow.tracking import MlflowClient
 
         _quiet()
+        _bounded_requests()
         _experiment(MlflowClient(tracking_uri=tracking_uri(results_root)))
 
     def start(self, run: RunInfo) -> None:
@@ -49,6 +67,7 @@ class MLflow(Logger):
         from mlflow.tracking import MlflowClient
 
         _quiet()
+        _bounded_requests()
         self.client = MlflowClient(tracking_uri=tracking_uri(self.results_root))
         self.pending: list[Any] = []
         self.sent = time.time()

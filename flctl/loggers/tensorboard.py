@@ -15,6 +15,7 @@ class TensorBoard(Logger):
     name = "tensorboard"
     needs = "tensorboard"
     extra = "tensorboard"
+    imports = ("torch.utils.tensorboard", "tensorboard.compat.proto.summary_pb2")
 
     def start(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter

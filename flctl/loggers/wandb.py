@@ -19,6 +19,7 @@ class WandB(Logger):
     def start(self, run: RunInfo) -> None:
         import wandb
 
+        from flctl.knobs import tracker_timeout_s
         from flctl.layout import Layout
 
         folder = Layout(self.results_root).wandb
@@ -26,10 +27,20 @@ class WandB(Logger):
         if run.replay:     # an export replaces an earlier offline log of the run (online, W&B keeps one per step)
             for earlier in (folder / "wandb").glob(f"offline-run-*-{run.run_id}"):
                 shutil.rmtree(earlier, ignore_errors=True)
-        self.wb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "flctl", id=run.run_id, name=run.run_id,
-                             group=run.sweep_id, job_type=run.method, tags=[run.task, run.method],
-                             config={**run.params, "flctl": run.tags}, dir=str(folder), resume="allow",
-                             reinit="create_new", settings=wandb.Settings(silent=True, console="off"))
+        # silent before anything else: W&B online without an API key otherwise asks for one at a terminal, holding
+        # the run until someone answers (and a closed stdin ends the prompt in a KeyboardInterrupt)
+        wandb.setup(settings=wandb.Settings(silent=True))
+        try:
+            self.wb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "flctl", id=run.run_id, name=run.run_id,
+                                 group=run.sweep_id, job_type=run.method, tags=[run.task, run.method],
+                                 config={**run.params, "flctl": run.tags}, dir=str(folder), resume="allow",
+                                 reinit="create_new", settings=wandb.Settings(
+                                     silent=True, console="off", init_timeout=tracker_timeout_s()))
+        except wandb.errors.UsageError as exc:
+            if "API key" not in str(exc):
+                raise
+            raise RuntimeError("no W&B API key here: set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline "
+                               "to keep the run in RESULTS/wandb for `wandb sync`") from None
 
     def log(self, epoch: int, scalars: dict[str, float], multipliers: Any = None) -> None:
         import wandb

@@ -1,8 +1,8 @@
 """What reports read: finished runs from the database and their final per-sample records from Parquet.
 
-Every read of records here checks the runs it reads first (flctl.records.check_run: the run's checksums, and the
-schema and SHA-256 of each file it reads) and refuses a run that fails, in one line that names the run, the file
-and how to train the run again. A run written before flctl kept checksums is unverified and read as it is.
+Every read of records here checks the runs it reads first (``gate``: flctl.records.check_run, the check `flctl
+verify` makes) and refuses a run that fails, in one line that names the run, the file, how to repair it and `flctl
+verify RUN`. A run written before flctl kept checksums is unverified and read as it is.
 """
 
 from __future__ import annotations
@@ -87,18 +87,18 @@ def retrain_command(run: RunRef) -> str:
     return "`" + shlex.join([*words, "--rerun"]) + "`"
 
 
-def checked(records_root: Path, runs: Sequence[RunRef], *, final: bool = True) -> dict[str, list[Path]]:
-    """{run id: the record files a report reads (its last eval epoch's when ``final``, else every epoch's)}, each
-    run checked first (flctl.records.check_run over those files); ConfigError, one line, for a run that has no
-    records or fails the check."""
+def gate(records_root: Path, runs: Sequence[RunRef], *, read: str = "final") -> list[records.RunCheck]:
+    """Each run checked as `flctl verify` checks it (flctl.records.check_run; a completed run has records), reading
+    ``read`` of its files whole (schema, SHA-256, rows): "final" (its last eval epoch's), "all", or "none" (names
+    and sizes only, for a reader of none of them: a table of summary metrics); ConfigError, one line that names the
+    run, the file, the fix and `flctl verify RUN`, for the first run that fails."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(run: RunRef) -> records.RunCheck:
         files = records.run_files(records_root, _id(run))
-        if not files:
-            raise ConfigError(f"run {_id(run)} has no per-sample records under {records_root}; "
-                              "was the results directory moved? (pass --results-dir)")
-        return records.check_run(records_root, _id(run), deep=[files[-1].name] if final else None)
+        deep = None if read == "all" else [files[-1].name] if read == "final" and files else []
+        return records.check_run(records_root, _id(run), deep=deep,
+                                 completed=not isinstance(run, str) and run.status == Status.COMPLETED)
 
     # Hashing reads whole files and releases the GIL: a few threads keep a disk or a page cache busy.
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -106,6 +106,18 @@ def checked(records_root: Path, runs: Sequence[RunRef], *, final: bool = True) -
     for run, check in zip(runs, checks):
         if check.problems:
             raise ConfigError(records.refusal(check, f"train it again: {retrain_command(run)}"))
+    return checks
+
+
+def checked(records_root: Path, runs: Sequence[RunRef], *, final: bool = True) -> dict[str, list[Path]]:
+    """{run id: the record files a report reads (its last eval epoch's when ``final``, else every epoch's)}, each
+    run checked first (``gate``, over those files); ConfigError, one line, for a run that has no records or fails the
+    check."""
+    for run in runs:
+        if not records.run_files(records_root, _id(run)):
+            raise ConfigError(f"run {_id(run)} has no per-sample records under {records_root}; "
+                              "was the results directory moved? (pass --results-dir)")
+    checks = gate(records_root, runs, read="final" if final else "all")
     return {c.run_id: (c.files[-1:] if final else c.files) for c in checks}
 
 

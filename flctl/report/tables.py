@@ -197,14 +197,19 @@ def _libraries(run: RunRecord) -> dict[str, Any]:
 
 def record_values(runs: list[RunRecord], records_root, columns: Sequence[str]) -> Callable[[RunRecord, str], float | None]:
     """A column reader that computes tail columns (cvar@q, quantile@q) from each run's final records and
-    takes the rest from the recorded summary metrics."""
+    takes the rest from the recorded summary metrics. A run whose records fail `flctl verify` is refused even where
+    no column reads them (``gate``, names and sizes: cheap): its numbers are not shown beside sound ones. A run
+    without records (its folder gone, a database alone) shows its summary metrics."""
+    from flctl.layout import records_of
     from flctl.metrics import cvar
-    from flctl.report.data import final_losses
+    from flctl.report.data import final_losses, gate
 
     tails = [c for c in columns if "@" in c]
+    # The final files read whole where tail columns read them (the check's facts are kept: read once)
+    gate(records_root, [r for r in runs if records_of(records_root, r.id).is_dir()], read="final" if tails else "none")
     computed: dict[tuple[str, str], float] = {}
     if tails:
-        done = [r.id for r in runs if r.status == Status.COMPLETED]
+        done = [r for r in runs if r.status == Status.COMPLETED]     # records: a refusal spells the retrain command
         losses = final_losses(records_root, done, sorted({c.split(".", 1)[0] for c in tails}))
         for (run_id, split), chunk in losses.items():
             for c in tails:

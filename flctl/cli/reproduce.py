@@ -1,0 +1,76 @@
+"""`flctl reproduce RUN`: train a run again in a scratch folder and say whether its records come out bit-identical."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flctl.cli.common import (
+    DbOption,
+    ResultsDirOption,
+    console,
+    err_console,
+    existing_store,
+    fail,
+    find,
+    results_root,
+    safe,
+)
+from flctl.cli.completion import complete_run
+
+# The records differ (2 stays bad input: an unknown run, one not completed, no database).
+DIFFERENT_EXIT = 1
+
+
+def reproduce(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id or a unique prefix of it.",
+                                          autocompletion=complete_run)],
+    db: DbOption = None,
+    results_dir: ResultsDirOption = None,
+) -> None:
+    """Train a completed run again and compare every record file with the recorded one, bit for bit.
+
+    It trains from the run's recorded configuration with the torch threads it recorded (and, for a cell of a grouped
+    sweep, with the cells it was grouped with), in a scratch folder deleted after: the results folder and database
+    are only read. A line warns where this machine's library versions differ from the run's. Exit 0 when every
+    record file is bit-identical; 1 when one differs, with the first difference (epoch, split, sample id, column
+    and its size); 2 for bad input."""
+    from flctl.cli.run import _log_lines, _progress
+    from flctl.errors import ConfigError
+    from flctl.layout import Layout
+    from flctl.reproduce import check_reproducible, versions_line
+    from flctl.reproduce import reproduce as train_again
+
+    root = results_root(results_dir)
+    store = existing_store(db, root)
+    run = find(store.get_run, run_id, "run")
+    try:
+        check_reproducible(run)
+    except ConfigError as exc:
+        fail(str(exc))
+    title = f"reproducing {run.id} ({run.task} · {run.method})"
+    progress = _progress(run.cfg.epochs, title) if console.is_terminal else _log_lines(run.cfg, title)
+    try:
+        with progress as on_epoch:
+            found = train_again(store, Layout(root).records, run.id, on_epoch)
+    except ConfigError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+    if found.versions:
+        err_console.print(f"[yellow]warning:[/] {safe(versions_line(found.versions))}", highlight=False,
+                          soft_wrap=True)
+    if len(found.group) < found.group_wanted:
+        err_console.print(f"[yellow]warning:[/] run {found.run_id} trained grouped with {found.group_wanted} cells; "
+                          f"the database names {len(found.group)} of them, so its rounding may differ",
+                          highlight=False, soft_wrap=True)
+    how = f"{found.threads} thread{'s' if found.threads != 1 else ''}" if found.threads else "this process's threads"
+    if len(found.group) > 1:
+        how += f", grouped with {len(found.group) - 1} other cell{'s' if len(found.group) > 2 else ''}"
+    if found.difference is not None:
+        console.print(safe(found.difference.line(found.run_id)) + f" (trained again with {how})", highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(DIFFERENT_EXIT)
+    console.print(f"run {found.run_id}: all {found.files} record file{'s' if found.files != 1 else ''} "
+                  f"bit-identical (trained again with {how})", highlight=False, soft_wrap=True)

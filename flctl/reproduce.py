@@ -1,0 +1,209 @@
+"""Train a recorded run again and compare its records, value by value: ``reproduce(store, results_root, ref)``.
+
+A reviewer's check that a paper's runs are what their records say: the run is trained again in a scratch folder from
+its recorded configuration, with the torch threads it recorded (a thread count changes the rounding) and, for a cell
+of a grouped sweep, with the cells it was grouped with in the order it trained with them (a grouped kernel's
+rounding depends on the group: docs/reference.md, "What is bit-identical"). Then every record file of the two is
+compared bit for bit; the first difference is found by epoch, split and sample id. Nothing under the results folder
+is written, and the database is only read. No typer here: flctl/cli/reproduce.py prints what this returns.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flctl.errors import ConfigError
+from flctl.status import Status
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from flctl.db import RunRecord, Store
+
+# Versions recorded but not compared: a commit moves with every change to the checkout, most of which touch no number
+# (the flctl version and the libraries that compute are compared).
+NOT_COMPARED = ("flctl_commit",)
+# The columns that say where a value is: a difference in them is one of layout, not of a value.
+WHERE = ("epoch", "split", "sample_id")
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first value that differs (by epoch, split, sample id, then column), or a file one side lacks."""
+    epoch: int
+    split: str | None = None
+    sample_id: int | None = None
+    column: str | None = None
+    recorded: Any = None
+    now: Any = None
+    missing: str | None = None      # "recorded" or "now": the side whose file of this epoch is missing
+
+    @property
+    def size(self) -> float:
+        """|recorded - now|; inf where one is null or not a number."""
+        try:
+            return abs(float(self.recorded) - float(self.now))
+        except (TypeError, ValueError):
+            return math.inf
+
+    def line(self, run_id: str) -> str:
+        if self.missing is not None:
+            return f"run {run_id}: epoch {self.epoch}'s record file is missing {self.missing}"
+        if self.column is None:
+            return f"run {run_id}: epoch {self.epoch}'s records hold other samples (their ids or splits differ)"
+        return (f"run {run_id}: first difference at epoch {self.epoch}, split {self.split}, sample_id "
+                f"{self.sample_id}, column {self.column}: |difference| {self.size:.3g} (recorded {self.recorded!r}, "
+                f"now {self.now!r})")
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """What ``reproduce`` found."""
+    run_id: str
+    files: int                                  # record files compared
+    difference: Difference | None               # None: every record file bit-identical
+    threads: int | None                         # torch threads it trained with again (None: not a CPU run)
+    group: list[str] = field(default_factory=list)    # the cells trained with it, itself included, in order
+    group_wanted: int = 1                       # cells its record says it trained with
+    versions: dict[str, tuple[Any, Any]] = field(default_factory=dict)   # name -> (recorded, here), differing only
+
+    @property
+    def identical(self) -> bool:
+        return self.difference is None
+
+
+def version_changes(recorded: dict[str, Any] | None, here: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The recorded library versions that differ here, name -> (recorded, here); {} when none was recorded."""
+    return {k: (v, here.get(k)) for k, v in (recorded or {}).items() if k not in NOT_COMPARED and here.get(k) != v}
+
+
+def versions_line(changes: dict[str, tuple[Any, Any]]) -> str:
+    """One warning line naming each differing version."""
+    said = ", ".join(f"{k} {now} (recorded {was})" for k, (was, now) in sorted(changes.items()))
+    return f"this machine's versions differ from the run's: {said}; its records may differ for that alone"
+
+
+def group_of(store: Store, run: RunRecord) -> list[RunRecord]:
+    """The cells ``run`` last trained with as one grouped model, itself included, in the order they trained: the
+    runs of its task that the same worker process (host and pid) trained grouped in groups of the same size and
+    that could train with it, by claim time (a worker claims a group's cells one after the other, in id order), cut
+    into groups of that size. Just ``[run]`` for a run that trained alone or stepped in turn (equal alone)."""
+    made = run.trained_with or {}
+    size = int(made.get("cells_together") or 1)
+    if made.get("engine") != "grouped" or size < 2:
+        return [run]
+    key = run.cfg.together_key()
+    same = [r for r in store.list_runs(task=run.task)
+            if (r.host, r.pid) == (run.host, run.pid) and (r.trained_with or {}).get("engine") == "grouped"
+            and (r.trained_with or {}).get("cells_together") == size and r.cfg.together_key() == key]
+    same.sort(key=lambda r: (r.started_at or "", r.id))
+    at = next(i for i, r in enumerate(same) if r.id == run.id)
+    start = at - at % size
+    return same[start:start + size]
+
+
+def compare(recorded_root: Path, now_root: Path, run_id: str) -> tuple[int, Difference | None]:
+    """(record files compared, the first difference or None). Each side's files are checked first (checksums,
+    schema: flctl.records.read); values are compared by their bits, so NaN equals NaN and -0.0 differs from 0.0."""
+    from flctl import records
+    from flctl.layout import records_of
+
+    def epochs(root: Path) -> dict[int, Path]:
+        return {int(p.stem.split("=")[1]): p for p in records_of(root, run_id).glob(records.EPOCH_GLOB)}
+
+    mine, theirs = epochs(recorded_root), epochs(now_root)
+    for epoch in sorted(mine.keys() | theirs.keys()):
+        if epoch not in theirs or epoch not in mine:
+            return len(mine), Difference(epoch, missing="now" if epoch not in theirs else "recorded")
+    a, b = (_sorted(records.read(root, [run_id])) for root in (recorded_root, now_root))
+    return len(mine), first_difference(a, b)
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by([(c, "ascending") for c in WHERE])
+
+
+def first_difference(a: pa.Table, b: pa.Table) -> Difference | None:
+    """The first row (tables sorted by epoch, split, sample id) at which a value's bits differ, and its first such
+    column; None when every value is the same. Tables of other rows differ at the first row whose place differs."""
+    import numpy as np
+
+    if len(a) != len(b) or any(not a[c].equals(b[c]) for c in WHERE):
+        rows = min(len(a), len(b))
+        at = next((i for i in range(rows) if any(a[c][i] != b[c][i] for c in WHERE)), rows)
+        side = a if at < len(a) else b
+        return Difference(int(side["epoch"][min(at, len(side) - 1)].as_py()))
+    first: tuple[int, str] | None = None
+    for column in (c for c in a.column_names if c not in WHERE and c != "run_id"):
+        x, y = a[column], b[column]
+        differs = np.asarray(x.is_null()) != np.asarray(y.is_null())
+        # a null is NaN in a float column, None in others: the same on both sides, and told apart by the masks
+        vx, vy = (np.asarray(t.to_numpy(zero_copy_only=False)) for t in (x, y))
+        if vx.dtype.kind == "f" and vx.dtype == vy.dtype:      # by bits: NaN is NaN, and -0.0 is not 0.0
+            vx, vy = vx.view(f"u{vx.itemsize}"), vy.view(f"u{vy.itemsize}")
+        differs |= vx != vy
+        hits = np.flatnonzero(differs)
+        if hits.size and (first is None or hits[0] < first[0]):
+            first = int(hits[0]), column
+    if first is None:
+        return None
+    row, column = first
+    return Difference(int(a["epoch"][row].as_py()), a["split"][row].as_py(), int(a["sample_id"][row].as_py()), column,
+                      a[column][row].as_py(), b[column][row].as_py())
+
+
+def check_reproducible(run: RunRecord) -> None:
+    """ConfigError (bad input, exit 2) for a run that cannot be trained again here to compare: one not completed,
+    or one trained on CUDA where none is."""
+    if run.status != Status.COMPLETED:
+        raise ConfigError(f"run {run.id} is {run.status}, not completed: only a completed run's records can be "
+                          f"reproduced (`flctl run` or `flctl sweep` finishes it)")
+    if str(run.cfg.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"run {run.id} was trained on {run.cfg.device}; this machine has no CUDA device")
+
+
+def reproduce(store: Store, records_root: Path, ref: str,
+              on_epoch: Callable[[Any], None] | None = None) -> Reproduction:
+    """Train run ``ref`` (an id or unique prefix) again in a scratch folder, deleted after, and compare its records
+    with those under ``records_root``. ConfigError for an unknown run, one not completed, or one whose recorded
+    records are missing or fail their checksums. ``on_epoch`` hears the run's own epochs (flctl.train.EpochStats)."""
+    from flctl import records
+    from flctl.layout import records_of
+    from flctl.train import train_together
+    from flctl.versions import library_versions
+
+    run = store.get_run(ref)
+    if run is None:
+        raise ConfigError(f"no run {ref!r} in the database; list them with `flctl runs`")
+    check_reproducible(run)
+    if not records_of(records_root, run.id).is_dir():
+        raise ConfigError(f"run {run.id} has no records under {records_root} to compare with")
+    problems = records.check_run(records_root, run.id).problems
+    if problems:
+        raise ConfigError(f"run {run.id}'s recorded records fail their check ({problems[0].text}); `flctl verify "
+                          f"{run.id}` lists what is wrong")
+    made = run.trained_with or {}
+    threads = made.get("threads") if isinstance(made.get("threads"), int) else None
+    group = group_of(store, run)
+    cfgs = [r.cfg for r in group]
+
+    def own(stats) -> None:
+        if on_epoch is not None and stats.run_id == run.id:
+            on_epoch(stats)
+
+    with tempfile.TemporaryDirectory(prefix="flctl-reproduce-") as scratch:
+        root = Path(scratch)
+        train_together(cfgs, root / "records", [root / "runs" / c.run_id for c in cfgs], own,
+                       checkpoint_every=math.inf, threads=threads)
+        files, difference = compare(records_root, root / "records", run.id)
+    return Reproduction(run.id, files, difference, threads, [r.id for r in group],
+                        int(made.get("cells_together") or 1) if made.get("engine") == "grouped" else 1,
+                        version_changes((run.provenance or {}).get("libraries"), library_versions()))

@@ -1,0 +1,114 @@
+"""The contract of flctl.api, generated from its signatures: every public function, every parameter, given the
+values of the wrong kind that its annotation rules out (a str for a bool — "no" is not False —, a bool for an int,
+an int for a str or a list, ...) raises one ConfigError of one line and leaves the results folder exactly as it
+was. A function that is not under flctl.api_args.checked, or a parameter of a kind this module has no bad values
+for, fails test_every_api_parameter_has_a_kind, so a new parameter is in the matrix the day it is added.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flctl import api
+from flctl.api_args import _Unchecked, annotation
+from flctl.errors import ConfigError
+from tests.test_bad_input import populated, snapshot, template  # noqa: F401 - fixtures
+
+PUBLIC = {name: fn for name, fn in vars(api).items()
+          if inspect.isfunction(fn) and not name.startswith("_") and fn.__module__ == api.__name__}
+
+# The values each kind rules out (the kinds of a union are taken together: a value is bad for the union when no
+# member takes it).
+BAD: list[Any] = ["no", "", 1, 1.5, True, float("nan"), b"bytes", ["x"], [5], {"a": 1}, object()]
+
+# Each function called as a user would, with the results folder of the test: the arguments a case keeps.
+BASES: dict[str, dict[str, Any]] = {
+    "results_root": {}, "database_url": {"db": None, "root": Path("results")}, "use_tasks": {},
+    "config": {"task": "two-moons"}, "open_store": {}, "run": {"task": "two-moons", "epochs": 1},
+    "sweep": {"task": "two-moons", "dry_run": True}, "paper": {"only": "figure:3", "scale": "smoke", "dry_run": True},
+    "runs": {}, "report": {"table": "main"}, "records": {"runs": []}, "reproduce": {"run": "zzzz"},
+}
+
+
+def kind_of(fn: Callable, name: str) -> Any:
+    return annotation(inspect.unwrap(fn), name)
+
+
+def members(kind: Any) -> list[Any]:
+    import types
+
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return [m for k in typing.get_args(kind) for m in members(k)]
+    return [kind]
+
+
+def known(kind: Any) -> bool:
+    """A kind whose bad values BAD covers: the plain types, containers of them, functions, or a type only a type
+    checker sees (checked by its function)."""
+    for m in members(kind):
+        origin = typing.get_origin(m) or m
+        if m in (bool, int, float, str, Path, type(None), Any) or origin in (dict, Mapping, list, tuple, Iterable,
+                                                                                Callable):
+            continue
+        if isinstance(m, type) and issubclass(m, _Unchecked):
+            continue
+        return False
+    return True
+
+
+def parameters():
+    for fname, fn in sorted(PUBLIC.items()):
+        for name, p in inspect.signature(fn).parameters.items():
+            if p.kind is not p.VAR_KEYWORD:
+                yield fname, fn, name, p
+
+
+def test_every_api_parameter_has_a_kind() -> None:
+    unchecked = [name for name, fn in PUBLIC.items() if not hasattr(fn, "__wrapped__")]
+    assert not unchecked, f"put these under flctl.api_args.checked: {unchecked}"
+    unknown = [f"{f}({n}: {p.annotation})" for f, fn, n, p in parameters() if not known(kind_of(fn, n))]
+    assert not unknown, f"give these a kind this module has bad values for: {unknown}"
+    assert set(PUBLIC) <= set(BASES), f"give each new function a base call: {set(PUBLIC) - set(BASES)}"
+
+
+def cases():
+    from flctl.api_args import fits
+
+    for fname, fn, name, _ in parameters():
+        kind = kind_of(fn, name)
+        for value in BAD:
+            if not fits(value, kind):
+                yield pytest.param(fname, name, value, id=f"{fname}({name}={'object()' if type(value) is object else repr(value)})")
+
+
+def test_the_matrix_is_big() -> None:
+    assert sum(1 for _ in cases()) > 250
+
+
+@pytest.mark.usefixtures("no_cuda")
+@pytest.mark.parametrize("fname,name,value", list(cases()))
+def test_a_value_of_the_wrong_kind_is_one_config_error(template: Path, populated: Path,  # noqa: F811
+                                                        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        fname: str, name: str, value: Any) -> None:
+    monkeypatch.setenv("FLCTL_RESULTS", str(populated))
+    cwd = tmp_path / "cwd"          # nothing is made in the current folder either
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    fn = PUBLIC[fname]
+    args = dict(BASES[fname])
+    positional = inspect.signature(fn).parameters[name].kind is inspect.Parameter.VAR_POSITIONAL
+    if not positional:
+        args[name] = value
+    before = snapshot(populated)
+    with pytest.raises(ConfigError) as raised:
+        fn(value, **args) if positional else fn(**args)
+    assert len(str(raised.value).splitlines()) == 1, str(raised.value)
+    assert str(raised.value).startswith(f"{name}="), str(raised.value)
+    assert snapshot(populated) == before
+    assert list(cwd.iterdir()) == []
