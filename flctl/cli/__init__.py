@@ -3,6 +3,7 @@ so that `flctl --help` starts fast."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 from typing import Annotated
@@ -45,6 +46,9 @@ class _OneLineErrors(TyperGroup):
             if isinstance(exc, (ConfigError, StoreError)):   # bad input, or a database damaged past open: one line
                 print_error(str(exc))
                 sys.exit(2)
+            if (line := _ground_failed(exc)) is not None:     # the ground went from under a command: one line, 1
+                print_error(line)
+                sys.exit(1)
             if isinstance(exc, KeyboardInterrupt) or (_is(exc, "Abort") and _signalled):
                 _interrupted()
             if _is(exc, "Abort"):
@@ -72,6 +76,27 @@ def _choices(group: TyperGroup, args: list[str] | None, exc: BaseException) -> s
                 return ""
             return f"; give one of: {', '.join(values)}" if values else ""
     return ""
+
+
+def _ground_failed(exc: BaseException) -> str | None:
+    """What a command that lost its ground says, in one line (exit 1): the database server stopped answering or its
+    disk failed under it (a SQLAlchemy error from the driver), or a file could not be written (a full disk or
+    quota, a file size limit, a read-only or vanished folder). None for anything else, which stays a traceback: a
+    bug should be seen whole. Whatever was recorded stays recorded (every write is a transaction or a file renamed
+    into place), and running the command again resumes."""
+    from flctl.fs import is_full
+
+    again = "what was recorded is kept; run the command again once it is fixed (runs resume from their checkpoints)"
+    if type(exc).__module__.startswith("sqlalchemy") and hasattr(exc, "orig"):
+        from flctl.text import redact
+
+        cause = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+        return f"the run database failed under this command ({type(exc.orig).__name__}: {redact(cause)}); {again}"
+    if isinstance(exc, OSError) and (is_full(exc) or exc.errno in (errno.EROFS, errno.ENOENT, errno.EACCES,
+                                                                     errno.ENAMETOOLONG, errno.EIO)):
+        what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        return f"cannot write ({what}); {again}" if is_full(exc) else f"{what}; {again}"
+    return None
 
 
 def _interrupted() -> None:
@@ -149,8 +174,24 @@ def _interrupt(signum: int, _frame) -> None:
     raise KeyboardInterrupt
 
 
+def _thread_failed(args) -> None:
+    """A library's background thread that raises (TensorBoard's event writer on a full disk) prints one warning
+    line, not a traceback between the command's lines; what it failed is told by the command itself (a logger's
+    end line)."""
+    if args.exc_type is SystemExit:
+        return
+    first = (str(args.exc_value).strip().splitlines() or [""])[0][:200]
+    name = args.thread.name if args.thread is not None else "?"
+    print(f"flctl: warning: a background thread ({name}) stopped: {args.exc_type.__name__}: {first}",
+          file=sys.stderr, flush=True)
+
+
 def main() -> None:
+    import threading
+
     from flctl.versions import torch_pair_problem
+
+    threading.excepthook = _thread_failed
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:     # `flctl sweep ... &` from a script ignores SIGINT

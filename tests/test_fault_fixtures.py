@@ -1,0 +1,78 @@
+"""`flctl paper` and `flctl export` under the faults `run` and `sweep --wait` are tried with elsewhere
+(test_ground_moving, test_first_contact_run, test_database_server_stops, test_tracker_faults): a disk that fills
+(a file size limit stands for it: tmpfs cannot be mounted here) and a signal. Each ends with one `error:` (or
+`interrupted`) line and its documented exit code (docs/reference.md: 1, 143), no traceback, within a bounded time,
+and nothing is lost: the same command afterwards completes the bundle, or the export."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+FLCTL = [sys.executable, "-m", "flctl"]
+
+
+def file_limit(kib: int):
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # a write past the limit is EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (kib * 1024, kib * 1024))
+    return limited
+
+
+def errors(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def test_paper_and_export_under_a_full_disk_and_a_signal_end_in_one_line_and_lose_nothing(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    paper = [*FLCTL, "paper", "--scale", "smoke", "--only", "figure:3", "--executor", "debug",
+             "--results-dir", str(results)]
+    env = {**os.environ, "COLUMNS": "200"}
+
+    # 300 KiB: the records fit, the database's journal does not (at e320564: a 100-line SQLAlchemy traceback)
+    full = subprocess.run(paper, capture_output=True, text=True, timeout=300, preexec_fn=file_limit(300), env=env)
+    assert full.returncode == 1, full.stdout + full.stderr
+    assert "Traceback" not in full.stdout + full.stderr
+    assert len(errors(full.stderr)) == 1, full.stderr
+
+    # SIGTERM while its cell trains: 143 and one line
+    def training() -> bool:
+        with sqlite3.connect(results / "flctl.db") as db:
+            return db.execute("SELECT count(*) FROM runs WHERE status = 'running'").fetchone()[0] > 0
+
+    run = subprocess.Popen(paper, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wait_until(lambda: run.poll() is not None or training(), "a cell training", timeout=120, interval=0.05)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode in (0, 143), out + err       # 0: its one smoke cell was done before the signal came
+    assert "Traceback" not in out + err
+    if run.returncode == 143:
+        assert err.strip().splitlines()[-1].endswith("interrupted (SIGTERM)"), err
+
+    # nothing lost: the same command completes the bundle
+    whole = subprocess.run(paper, capture_output=True, text=True, timeout=300, env=env)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert (results / "paper-smoke" / "index.html").is_file()
+
+    # export with no room for the tracker's files: exit 1, one line, and the records untouched
+    sweep_id = sqlite3.connect(results / "flctl.db").execute("SELECT id FROM sweeps").fetchone()[0]
+    export = [*FLCTL, "export", sweep_id, "--to", "tensorboard", "--results-dir", str(results)]
+    cramped = subprocess.run(export, capture_output=True, text=True, timeout=300, preexec_fn=file_limit(1), env=env)
+    assert cramped.returncode == 1, cramped.stdout + cramped.stderr
+    assert "Traceback" not in cramped.stdout + cramped.stderr
+    assert len(errors(cramped.stderr)) == 1 and "flctl export" in errors(cramped.stderr)[0], cramped.stderr
+    verify = subprocess.run([*FLCTL, "verify", "--results-dir", str(results)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    again = subprocess.run(export, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
