@@ -179,3 +179,29 @@ def test_a_flag_given_a_value_is_one_line(command: str, populated: Path) -> None
     for flag in flags:
         res = runner.invoke(app, [command, f"{flag}=yes", "--results-dir", str(populated)])
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, (flag, res.output)
+
+
+def wrong_case_cases():
+    for command, param in every_param():
+        if kind(command, param) == "choice" and param.param_type_name == "option":
+            values = [str(v.value) for v in param.shell_complete(GROUP.commands[command].context_class(
+                GROUP.commands[command]), "")] if getattr(param, "_custom_shell_complete", None) else []
+            values = [v for v in values if v.upper() != v]
+            if values:
+                yield pytest.param(command, param.opts[0], values[0].upper(), id=f"{command} {param.opts[0]}")
+
+
+@pytest.mark.usefixtures("no_cuda")
+@pytest.mark.parametrize("command,flag,value", list(wrong_case_cases()))
+def test_a_name_in_the_wrong_case_is_taken_or_refused_in_one_line(template: Path, populated: Path,  # noqa: F811
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   command: str, flag: str, value: str) -> None:
+    """`--method FL`, `--table MAIN`: either the name it means (exit 0) or one line and exit 2; never a traceback."""
+    monkeypatch.chdir(tmp_path)
+    args = invocation(command, flag, value, populated, tmp_path, first_run(template))
+    res = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert res.exit_code in (0, 2), f"{args}: exit {res.exit_code}\n{res.output}"
+    assert "Traceback" not in res.output and res.exception is None or isinstance(res.exception, SystemExit), res.output
+    if res.exit_code == 2:
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"{args}:\n{res.stderr}"
