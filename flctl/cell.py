@@ -25,7 +25,7 @@ from flctl.fs import atomic_path, make_below
 from flctl.layout import RunFolder
 from flctl.methods import Method, NuPI, get_method
 from flctl.pruning import Pruner
-from flctl.status import Status
+from flctl.status import Status, blamed
 from flctl.tasks import Task
 
 
@@ -135,7 +135,13 @@ class Cell:
     @classmethod
     def build(cls, cfg: RunConfig, task: Task, data: Dataset, run_dir: Path, device: torch.device) -> Cell:
         """Model, primal optimizer + schedule and method (which holds the multipliers) of one run; resumed from its
-        checkpoint when there is one. Seeds the global RNGs with the run's seed (its model's initialization)."""
+        checkpoint when there is one. Seeds the global RNGs with the run's seed (its model's initialization). What
+        it raises is the run's own error (``blamed``): its task's model may fail for its seed or options alone."""
+        with blamed(cfg.run_id):
+            return cls._build(cfg, task, data, run_dir, device)
+
+    @classmethod
+    def _build(cls, cfg: RunConfig, task: Task, data: Dataset, run_dir: Path, device: torch.device) -> Cell:
         make_below(run_dir, 2)       # runs/<id>, never the results folder above
         n_train = len(data.train)
         eps = 0.0 if cfg.eps is None else cfg.eps     # None: a method that reads no ε
@@ -167,7 +173,7 @@ class Cell:
                 # Truncated (a copy cut short, a disk that filled), garbage or not this run's: every retry would
                 # fail the same way. Keep it for a look, and build the cell afresh (a half-loaded one is unusable).
                 set_aside(cell.checkpoint, exc)
-                return cls.build(cfg, task, data, run_dir, device)
+                return cls._build(cfg, task, data, run_dir, device)
         return cell
 
     # ---- the checkpoint ----

@@ -26,7 +26,7 @@ from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
 from flctl.loggers import Logging
-from flctl.status import DISK_FILLED, TRAINABLE, Status
+from flctl.status import DISK_FILLED, TRAIN_ALONE, TRAINABLE, Status, blame, error_line
 from flctl.versions import git_revision, library_versions
 
 
@@ -213,12 +213,14 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     its row are touched again from here. Cells whose database or results folder went away (``ground_moved``) write
     nothing more: GroundMoved.
 
-    A failure is recorded with the epochs done when it struck. It is final, except a fatal device error (the
-    process's CUDA context died: flctl.errors.is_fatal_device_error), which another process may not meet: with
-    ``max_attempts`` (a sweep's worker) such a cell is queued again while it has attempts left. ``threads``: torch's
-    threads for CPU cells (flctl.train.train_together). ``log_to``: the loggers (flctl.loggers) each cell's epochs
-    go to, live, each cell's log closed with its outcome (``sweep_id``: the sweep they are cells of); what they could
-    not log is said on stderr at the end."""
+    A failure is recorded with the epochs done when it struck, on the cell whose own error it is (``at_fault``):
+    its siblings go back to the queue, the attempt not counted, and train on without it; where no one cell can be
+    blamed, each goes back to train alone (TRAIN_ALONE), so that only a cell that fails alone is failed. It is final,
+    except a fatal device error (the process's CUDA context died: flctl.errors.is_fatal_device_error), which another
+    process may not meet: with ``max_attempts`` (a sweep's worker) such cells are queued again while they have
+    attempts left. ``threads``: torch's threads for CPU cells (flctl.train.train_together). ``log_to``: the loggers
+    (flctl.loggers) each cell's epochs go to, live, each cell's log closed with its outcome (``sweep_id``: the sweep
+    they are cells of); what they could not log is said on stderr at the end."""
     from flctl.train import train_together  # torch is imported here, not at CLI start-up
 
     ids = [c.run_id for c in cfgs]
@@ -245,6 +247,7 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
             logging.start(cfg)
 
     recorded: set[str] = set()
+    handed_back: set[str] = set()      # cells of a failed group that were not at fault (``at_fault``)
 
     def record(result) -> None:
         """A cell's outcome into the database, as soon as it is known (its time: from the claim to now)."""
@@ -293,42 +296,59 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     except GroundMoved:
         raise
     except (KeyboardInterrupt, SystemExit):   # cells recorded already are no longer running: left as they are
-        for run_id in ids:
-            queue.requeue(run_id, tokens[run_id], "interrupted; resumes from its last checkpoint",
-                          time.perf_counter() - started)
+        queue.requeue_all(tokens, "interrupted; resumes from its last checkpoint", time.perf_counter() - started)
         raise
     except DiskFull:        # free space, run again: each cell resumes from its last checkpoint
-        for run_id in ids:
-            # the database may sit on the full disk too: then the row stays running until its worker is seen
-            # gone (dead pid, stale heartbeat) and the next claim takes it over
-            with contextlib.suppress(Exception):
-                queue.requeue(run_id, tokens[run_id], f"{DISK_FILLED}; resumes from its last checkpoint",
-                              time.perf_counter() - started)
+        # The database may sit on the full disk too: then the rows stay running until their worker is seen gone
+        # (dead pid, stale heartbeat) and the next claim takes them over; a sweep's worker tells a wait so at once
+        # (flctl.launch.wait.DiskNote), after this one write, tried once.
+        with contextlib.suppress(Exception):
+            queue.requeue_all(tokens, f"{DISK_FILLED}; resumes from its last checkpoint",
+                              time.perf_counter() - started, once=True)
         raise
     except ClaimLost:       # a write found a claim gone (see flctl.writer.Writer): hand back the cells still ours
-        for run_id in ids:
-            queue.requeue(run_id, tokens[run_id], "a sibling cell's claim was lost; resumes from its checkpoint",
+        queue.requeue_all(tokens, "a sibling cell's claim was lost; resumes from its checkpoint",
                           time.perf_counter() - started)
         raise
     except BaseException as exc:   # fenced: a cell another worker took over stays theirs
+        spent, error = time.perf_counter() - started, traceback.format_exc(limit=8)
         # the device died under the cells (another process may not meet it): queued again, the attempt counted
         retry = max_attempts if is_fatal_device_error(exc) and not device_works() else None
-        for run_id in ids:
-            queue.fail_run(run_id, tokens[run_id], traceback.format_exc(limit=8), time.perf_counter() - started,
-                           epochs_done=beat.epochs_done.get(run_id), retry_below=retry)
+        left = [i for i in ids if i not in recorded]
+        own = None if retry is not None else at_fault(exc, left)
+        failing = left if retry is not None else [own] if own is not None else []
+        for run_id in failing:
+            queue.fail_run(run_id, tokens[run_id], error, spent, epochs_done=beat.epochs_done.get(run_id),
+                           retry_below=retry)
+        handed_back.update(i for i in left if i not in failing)    # from their checkpoints, the attempt not counted
+        line = error_line(error)[:200]
+        if handed_back:
+            queue.requeue_all({i: tokens[i] for i in handed_back}, f"cell {own} of its group failed with an error "
+                              f"of its own ({line})" if own is not None else f"{TRAIN_ALONE}: its group of "
+                              f"{len(left)} failed with an error no one cell could be blamed for ({line})", spent)
         raise
     finally:
         beat.stopped.set()
         if logging is not None and (ended := sys.exc_info()[1]) is not None:    # logs of cells it ended, closed
             for run_id in ids:
                 logging.finish(run_id, Status.INTERRUPTED if isinstance(ended, (KeyboardInterrupt, SystemExit))
-                               else Status.FAILED)
+                               or run_id in handed_back else Status.FAILED)
     for result in results:
         if result.run_id not in recorded:
             record(result)
     for line in logging.lines() if logging is not None else ():
         print(f"flctl: {line}", file=sys.stderr)
     return results
+
+
+def at_fault(exc: BaseException, ids: Sequence[str]) -> str | None:
+    """Which of the cells ``ids`` that trained together and failed with ``exc`` the error is the own of (that cell
+    fails, and no other): the only one, or the one whose own work raised it (flctl.status.blamed: its build). None
+    where it cannot be told (their shared data, grouped model or step): each of them then goes back to the queue to
+    train alone (TRAIN_ALONE), where an error of its own is told apart from its siblings'."""
+    if len(ids) == 1:
+        return ids[0]
+    return own if (own := blame(exc)) in ids else None
 
 
 def database_full(store: Store, exc: BaseException) -> DiskFull | None:

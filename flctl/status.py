@@ -13,9 +13,10 @@ state through ``Status``, never as a bare string, so that a state is spelled onc
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -56,6 +57,10 @@ LEDGER_COLUMNS = (Status.COMPLETED, Status.RUNNING, "stale",
 CELLS_FAILED_EXIT = 3
 # How a cell handed back by a worker whose disk filled up begins its reason (flctl.runner; a wait reads it).
 DISK_FILLED = "the disk filled up"
+# How a cell handed back to train alone begins its reason: its group failed with an error that no one cell of it could
+# be blamed for (flctl.runner.at_fault), so its next claim takes it alone (flctl.db.queue.RunQueue.claim_next), where an
+# error of its own fails it and no other.
+TRAIN_ALONE = "to train alone"
 DIVERGED_ERROR = "diverged: a non-finite loss (flctl show RUN says where)"
 
 
@@ -120,3 +125,27 @@ def count_errors(errors: Iterable[tuple[str, str | None]]) -> list[dict[str, Any
 def settled(data: dict[str, Any]) -> bool:
     """A ledger with no cell a worker holds or will take (running, stale, queued, interrupted)."""
     return not any(data["total"][k] for k in (Status.RUNNING, "stale", *TO_DO))
+
+
+# The attribute an exception gets where one cell's own work raised it: that cell's run id.
+_BLAMED = "flctl_cell"
+
+
+@contextlib.contextmanager
+def blamed(run_id: str) -> Iterator[None]:
+    """An exception raised inside is the cell ``run_id``'s own (its build: its task's model may fail for its seed or
+    options alone): a group of cells that fails with it fails that cell and no other (flctl.runner.at_fault). The
+    innermost cell named keeps the blame."""
+    try:
+        yield
+    except Exception as exc:
+        if blame(exc) is None:
+            with contextlib.suppress(AttributeError, TypeError):     # an exception type that takes no attribute
+                setattr(exc, _BLAMED, run_id)
+        raise
+
+
+def blame(exc: BaseException) -> str | None:
+    """The run id of the cell whose own work raised ``exc`` (``blamed``); None where no one cell's did."""
+    run_id = getattr(exc, _BLAMED, None)
+    return run_id if isinstance(run_id, str) else None

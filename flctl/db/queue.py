@@ -12,7 +12,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Collection, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
@@ -23,7 +23,16 @@ from flctl.db.schema import Artifact, Run, SweepCell, now
 from flctl.db.sqlite import READ_ONLY
 from flctl.db.store import Store
 from flctl.errors import ClaimLost
-from flctl.status import TO_DO, TRAINABLE, Status
+from flctl.status import TO_DO, TRAIN_ALONE, TRAINABLE, Status
+
+
+class Claim(NamedTuple):
+    """A cell a pull worker claimed (RunQueue.claim_next): its config, the claim's fencing token, and whether it is
+    to train alone (handed back as TRAIN_ALONE)."""
+
+    cfg: RunConfig
+    token: str
+    alone: bool = False
 
 
 class RunQueue:
@@ -86,17 +95,18 @@ class RunQueue:
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None,
-                   accept: Callable[[RunConfig], bool] | None = None) -> tuple[RunConfig, str] | None:
-        """Claim the sweep's next cell still to do, for a pull worker: (its config, fencing token), or None when none
-        is left. With ``accept``, only a cell whose config it accepts (e.g. one that can train together with cells
-        already held).
+                   accept: Callable[[RunConfig], bool] | None = None, joining: bool = False) -> Claim | None:
+        """Claim the sweep's next cell still to do, for a pull worker (a Claim), or None when none is left. With
+        ``accept``, only a cell whose config it accepts (e.g. one that can train together with cells already held).
+        ``joining``: it is to train with cells already claimed, so a cell handed back to train alone (TRAIN_ALONE)
+        is passed over; a claim that is not joining takes it as any other (Claim.alone says so).
 
         To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
         error (a task's exception) would come again; a new launch of the sweep queues it again (``retry_failed``).
         Candidates are tried in id order through ``claim_run``'s compare-and-swap, so workers racing for the same
         cell never both win.
         """
-        cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config)
+        cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
                              .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
@@ -104,7 +114,8 @@ class RunQueue:
                              .order_by(Run.id)).all()
             at = db_now(s)
         for r in rows:
-            if r.status == Status.RUNNING and not _is_stale(r, stale_after, at):
+            alone = r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)     # the reason it was handed back
+            if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and joining:
                 continue
             cfg = RunConfig.from_json(r.config)
             if accept and not accept(cfg):
@@ -112,7 +123,7 @@ class RunQueue:
             token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
                                    git_sha=git_sha, device=cfg.device)
             if token is not None:
-                return cfg, token
+                return Claim(cfg, token, alone)
         return None
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
@@ -199,11 +210,24 @@ class RunQueue:
         A handed-back attempt is not a failed one, so it is given back too; otherwise a cell preempted
         ``max_attempts`` times would stay queued with no attempt left to claim it.
         """
+        return run_id in self.requeue_all({run_id: token}, reason, duration_s, epochs_done=epochs_done)
+
+    def requeue_all(self, tokens: dict[str, str], reason: str, duration_s: float = 0.0, *,
+                    epochs_done: int | None = None, once: bool = False) -> set[str]:
+        """``requeue`` for a group of runs (run id -> claim token) in one transaction; the ids it handed back. ``once``:
+        one retry (a lock conflict), not eight: after the disk filled up, each would wait for room (5 s a write)."""
         values: dict[str, Any] = {"status": Status.INTERRUPTED, "error": reason, "attempts": Run.attempts - 1,
                                   "duration_s": func.coalesce(Run.duration_s, 0.0) + duration_s}
         if epochs_done is not None:
             values["epochs_done"] = epochs_done
-        return self._fenced_update(run_id, token, values)
+
+        def fn(s: Session) -> set[str]:
+            def one(run_id: str, token: str) -> Any:     # an UPDATE's CursorResult (its rowcount)
+                return s.execute(update(Run).where(Run.id == run_id, Run.status == Status.RUNNING,
+                                                   Run.claim_token == token).values(**values)
+                                 .execution_options(synchronize_session=False))
+            return {run_id for run_id, token in tokens.items() if one(run_id, token).rowcount == 1}
+        return self.write(fn, attempts=2) if once else self.write(fn)
 
     def heartbeat(self, run_id: str, token: str, epochs_done: int | None = None) -> bool:
         """Refresh the claim's heartbeat (the database's clock); False when the claim no longer holds the run."""

@@ -3,14 +3,22 @@ no cell is left to train, or until nothing is left that could train one (its dat
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from flctl.launch.backends import get_launcher
 from flctl.launch.jobs import live_controllers, live_workers, queued_jobs
+from flctl.layout import Layout
+from flctl.procs import pid_alive, started_at
 from flctl.runner import ground_moved
-from flctl.status import DISK_FILLED, Status, ledger, settled
+from flctl.status import DISK_FILLED, TO_DO, Status, ledger, settled
 
 # A wait ends when no worker is left to take the cells still to do, once that has held this long: a worker that is
 # starting (a new interpreter) registers within a second or two.
@@ -68,6 +76,98 @@ def no_worker_left(root: Path, sid: str, data: dict) -> bool:
     return not (live_workers(root, sid) or live_controllers(root, sid))
 
 
+# The bytes a worker's disk note holds (DiskNote): one line of why, in JSON.
+NOTE_BYTES = 512
+
+
+class DiskNote:
+    """How a worker tells whoever waits on its sweep that the disk filled up under it, with no new room on that disk:
+    a file of its own beside its worker file (results/jobs/<sweep>/workers/<host>-<pid>.disk), given its room when
+    the worker starts (``reserved``) and overwritten in place when the disk is full (``tell``). Its database may sit
+    on that disk too: the cells it held then stay marked running under its pid, which a wait on them would otherwise
+    take for training until the stale bound. A Slurm worker's note is in the shared results folder alike; on a
+    copy-on-write file system (ZFS, btrfs) an overwrite may need room, and the wait then ends as before."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.told = path, False
+
+    @classmethod
+    @contextlib.contextmanager
+    def reserved(cls, root: Path, sweep_id: str) -> Iterator[DiskNote | None]:
+        """This worker's note while it works (None where its room could not be had); removed at the end unless it
+        was told. Notes of this host's workers that are gone go first: their news is old."""
+        folder, here = Layout(root).workers(sweep_id), socket.gethostname()
+        for old in folder.glob(f"{here}-*.disk"):
+            pid = old.stem.rpartition("-")[2]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                old.unlink(missing_ok=True)
+        note = cls(folder / f"{here}-{os.getpid()}.disk")
+        try:
+            fd = os.open(note.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b" " * NOTE_BYTES)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:           # no room even now: the wait ends as without a note
+            with contextlib.suppress(OSError):
+                note.path.unlink()
+            yield None
+            return
+        try:
+            yield note
+        finally:
+            if not note.told:      # the results folder may have gone meanwhile (the worker told why it stopped)
+                with contextlib.suppress(OSError):
+                    note.path.unlink()
+
+    def tell(self, why: str) -> None:
+        """Say the disk is full, and ``why`` (a DiskFull's line), into the room reserved: no block is added."""
+        for size in range(len(why), -1, -32):          # cut to fit: the JSON may escape some characters
+            body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(),
+                               "disk_full": why[:size]}).encode()
+            if len(body) <= NOTE_BYTES:
+                break
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.pwrite(fd, body.ljust(NOTE_BYTES), 0)
+                with contextlib.suppress(OSError):
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            return
+        self.told = True
+
+
+def disk_notes(root: Path, sweep_id: str) -> list[dict[str, Any]]:
+    """The told notes (DiskNote) of the sweep's workers: host, pid, at (seconds since the epoch), disk_full (why).
+    Only plain files of this user's are read, as the worker files beside them."""
+    found = []
+    for path in sorted(Layout(root).workers(sweep_id).glob("*.disk")):
+        with contextlib.suppress(OSError, ValueError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                text = f.read(NOTE_BYTES + 1).strip()
+            note = json.loads(text) if text else None
+            if isinstance(note, dict) and isinstance(note.get("disk_full"), str) and isinstance(note.get("host"), str) \
+                    and isinstance(note.get("pid"), int) and isinstance(note.get("at"), (int, float)):
+                found.append(note)
+    return found
+
+
+def others_at_work(root: Path, sweep_id: str, noted: set[tuple[str, int]]) -> bool:
+    """Whether anything but the workers ``noted`` (host, pid) may still train the sweep's cells: a live worker, a
+    local job controller (its worker starting) or a scheduler's job of it that is listed."""
+    if any((w["host"], w["pid"]) not in noted for w in live_workers(root, sweep_id)):
+        return True
+    return bool(live_controllers(root, sweep_id)) or any(get_launcher(name)().active(ids) for name, ids in queued_jobs(root, sweep_id).items())
+
+
 class Settling:
     """The polls of one wait: ``poll()`` returns the sweep's ledger (flctl.status.ledger), or raises SweepStopped."""
 
@@ -75,17 +175,38 @@ class Settling:
         self.store, self.sid, self.root, self.until_done = store, sid, root, until_done
         self.folder = root if root.is_dir() else None    # a --db elsewhere, its results folder not here: the database
         self.idle_since: float | None = None
+        # a disk note from before this process (an earlier launch's) is news only where its cells are still held
+        self.since = started_at(os.getpid()) or time.time()
 
     def poll(self) -> dict:
         check_ground(self.store, self.folder, self.sid)     # a query now would make an empty database
         data = ledger(self.store, self.sid)
-        if not (self.until_done and not settled(data) and no_worker_left(self.root, self.sid, data)):
+        waiting = self.until_done and not settled(data)
+        if waiting and (full := self._disk_full()) is not None:
+            raise full
+        if not (waiting and no_worker_left(self.root, self.sid, data)):
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = time.monotonic()
         elif time.monotonic() - self.idle_since >= NO_WORKER_GRACE_S:
             raise self._stopped(data)
         return data
+
+    def _disk_full(self) -> SweepStopped | None:
+        """SweepStopped (exit 1) once a worker told that the disk filled up under it (DiskNote) and nothing else
+        trains the sweep's cells: at once, though the cells it held may still be marked running (its database could
+        not be written) under a pid that lives on (this process's own worker)."""
+        if not (notes := disk_notes(self.root, self.sid)):       # a look at a folder: no query while there is none
+            return None
+        rows = self.store.sweep_runs(self.sid)
+        held = {(r["host"], r["pid"]) for r in rows if r["status"] == Status.RUNNING}
+        news = [n for n in notes if (n["host"], n["pid"]) in held or n["at"] >= self.since]
+        if not news or others_at_work(self.root, self.sid, {(n["host"], n["pid"]) for n in notes}):
+            return None
+        left = sum(r["status"] in (Status.RUNNING, *TO_DO) for r in rows)
+        return SweepStopped(f"the disk filled up under sweep {self.sid} ({news[0]['disk_full']}): its workers "
+                            f"stopped with {left} cell(s) to do; free some space, then `flctl sweep` with the same "
+                            "axes resumes them from their checkpoints", 1)
 
     def _stopped(self, data: dict) -> SweepStopped:
         back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))

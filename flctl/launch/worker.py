@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
 from flctl.config import RunConfig
-from flctl.db import STALE_AFTER_S, RunQueue, Store, not_the_one
+from flctl.db import STALE_AFTER_S, Claim, RunQueue, Store, not_the_one
 from flctl.errors import (
     DEVICE_LOST_EXIT,
     ConfigError,
@@ -43,7 +43,7 @@ from flctl.errors import (
 from flctl.launch.backends import Launcher, Slot, make_launcher
 from flctl.launch.jobs import private_folder, registered, remember_jobs
 from flctl.launch.settings import LaunchSettings
-from flctl.launch.wait import poll_delays
+from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
 from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
 from flctl.study import sync_sweep
@@ -104,6 +104,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.trained_a_group = False             # a group of cells trained to its end (the device worked)
         self.ground_moved: str | None = None     # its database or results folder went away: it stopped
         self.disk_full: str | None = None        # the disk filled up: it stopped
+        self.disk_note: DiskNote | None = None   # where it tells a waiting command so, while it works
 
     @property
     def name(self) -> str:
@@ -139,6 +140,7 @@ class Worker(submitit.helpers.Checkpointable):
         job_id, git_sha = _job_id(), git_revision()
         outcome: dict[str, str] = {}
         with registered(Path(r.results_root), r.sweep_id, job_id, r.executor), \
+                DiskNote.reserved(Path(r.results_root), r.sweep_id) as self.disk_note, \
                 stop_on_signals(r.launcher.stop_signals) as stop:
             try:
                 while not stop.is_set():
@@ -188,6 +190,7 @@ class Worker(submitit.helpers.Checkpointable):
             finally:
                 store.close()
                 self.stopped = stop.exit_code if stop.is_set() else None
+                self.disk_note = None        # a worker is pickled (submitit's checkpoint): plain data only
         return outcome
 
     def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
@@ -197,26 +200,27 @@ class Worker(submitit.helpers.Checkpointable):
 
         r = self.recipe
 
-        def claim(accept=None) -> tuple[RunConfig, str] | None:
+        def claim(accept=None) -> Claim | None:
             got = RunQueue(store).claim_next(r.sweep_id, max_attempts=r.max_attempts, stale_after=r.stale_after,
-                                             job_id=job_id, git_sha=git_sha, accept=accept)
-            return None if got is None else (device_in_slot(got[0], self.slot), got[1])
+                                             job_id=job_id, git_sha=git_sha, accept=accept, joining=bool(accept))
+            return None if got is None else got._replace(cfg=device_in_slot(got.cfg, self.slot))
 
         first = claim()
         if first is None:
             return []
         try:
-            get_task(first[0].task)
+            get_task(first.cfg.task)
         except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
-            why = f"task {first[0].task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
-            RunQueue(store).fail_run(first[0].run_id, first[1], why, 0.0)
-            raise TaskUnavailable(first[0].run_id, why) from None
-        claimed, lead = [first], first[0]
-        while len(claimed) < r.batch_runs:
+            why = f"task {first.cfg.task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
+            RunQueue(store).fail_run(first.cfg.run_id, first.token, why, 0.0)
+            raise TaskUnavailable(first.cfg.run_id, why) from None
+        claimed, lead = [(first.cfg, first.token)], first.cfg
+        # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone
+        while len(claimed) < r.batch_runs and not first.alone:
             more = claim(lambda cfg: can_train_together([lead, device_in_slot(cfg, self.slot)]))
             if more is None:
                 break
-            claimed.append(more)
+            claimed.append((more.cfg, more.token))
         return claimed
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
@@ -231,7 +235,11 @@ class Worker(submitit.helpers.Checkpointable):
         return []
 
     def _stop_on_full_disk(self, exc: OSError) -> None:
+        """Stop, and say why where a waiting command reads it with no disk write (DiskNote): the database may be on
+        the full disk, and the cells this worker held then stay marked running under its pid."""
         self.disk_full = str(exc)
+        if self.disk_note is not None:
+            self.disk_note.tell(str(exc))
         print(f"flctl worker: {exc}; this worker stops: free some space, then `flctl sweep` again resumes the "
               "sweep's cells from their checkpoints", file=sys.stderr)
 
@@ -308,7 +316,8 @@ def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
     try:
         sync_sweep(store, url, sweep_id)
     except Exception as exc:
-        print(f"flctl worker: could not sync the Optuna study of sweep {sweep_id}: {exc}", file=sys.stderr)
+        print(f"flctl worker: could not sync the Optuna study of sweep {sweep_id}: {_first_line(exc)}",
+              file=sys.stderr)
 
 
 def _job_id() -> str | None:
