@@ -111,7 +111,7 @@ def compare(recorded_root: Path, now_root: Path, run_id: str) -> tuple[int, Diff
     """(record files compared, the first difference or None). Each side's files are checked first (checksums,
     schema: flctl.records.read); values are compared by their bits, so NaN equals NaN and -0.0 differs from 0.0."""
     from flctl import records
-    from flctl.layout import records_of
+    from flctl.layout import Layout, records_of
 
     def epochs(root: Path) -> dict[int, Path]:
         return {int(p.stem.split("=")[1]): p for p in records_of(root, run_id).glob(records.EPOCH_GLOB)}
@@ -176,7 +176,7 @@ def reproduce(store: Store, records_root: Path, ref: str,
     with those under ``records_root``. ConfigError for an unknown run, one not completed, or one whose recorded
     records are missing or fail their checksums. ``on_epoch`` hears the run's own epochs (flctl.train.EpochStats)."""
     from flctl import records
-    from flctl.layout import records_of
+    from flctl.layout import Layout, records_of
     from flctl.train import train_together
     from flctl.versions import library_versions
 
@@ -200,10 +200,10 @@ def reproduce(store: Store, records_root: Path, ref: str,
             on_epoch(stats)
 
     with tempfile.TemporaryDirectory(prefix="flctl-reproduce-") as scratch:
-        root = Path(scratch)
-        train_together(cfgs, root / "records", [root / "runs" / c.run_id for c in cfgs], own,
+        again = Layout(Path(scratch))
+        train_together(cfgs, again.records, [again.run_dir(c.run_id) for c in cfgs], own,
                        checkpoint_every=math.inf, threads=threads)
-        files, difference = compare(records_root, root / "records", run.id)
+        files, difference = compare(records_root, again.records, run.id)
     return Reproduction(run.id, files, difference, threads, [r.id for r in group],
                         int(made.get("cells_together") or 1) if made.get("engine") == "grouped" else 1,
                         version_changes((run.provenance or {}).get("libraries"), library_versions()))

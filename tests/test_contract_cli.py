@@ -48,7 +48,9 @@ KINDS: dict[str, str] = {
 }
 # Path options: a folder flctl writes into, a file it writes, or something it reads.
 PATH_KINDS = {"--results-dir": "folder-out", "--dir": "folder-out", "--spec": "file-in", "--specs": "folder-in",
-              ("report", "--out"): "file-out", ("paper", "--out"): "folder-out"}
+              ("report", "--out"): "file-out", ("paper", "--out"): "folder-out",
+              # a dry run plans a cluster's programme on a laptop: the data folder named is not looked for
+              ("paper", "--data-dir"): "path-planned"}
 
 # Each command as a user gives it, against the populated folder: the words before the option under test, and after
 # (a dry run where the command has one, so that a case wrongly accepted costs a plan, not a training).
@@ -87,6 +89,7 @@ CLASSES: dict[str, list[tuple[str, str]]] = {
     "folder-out": [("a file", "{file}"), ("a name too long", LONG)],
     "folder-in": [("missing", "{missing}"), ("a file", "{file}"), ("a name too long", LONG)],
     "path-in": [("missing", "{missing}"), ("a name too long", LONG)],
+    "path-planned": [("a name too long", LONG)],
     "file-in": [("missing", "{missing}"), ("a folder", "{folder}"), ("a name too long", LONG)],
     "file-out": [("a folder", "{folder}"), ("a name too long", LONG)],
 }
@@ -96,8 +99,10 @@ def kind(command: str, param) -> str | None:
     """The kind of ``param`` of ``command``: from KINDS / PATH_KINDS, else from its Python type; None: unknown."""
     flag = param.opts[0] if param.param_type_name == "option" else param.name.upper()
     python = kinds(GROUP.commands[command]).get(param.name)
+    if (command, flag) in PATH_KINDS:
+        return PATH_KINDS[command, flag]
     if python is Path:
-        return PATH_KINDS.get((command, flag)) or PATH_KINDS.get(flag)
+        return PATH_KINDS.get(flag)
     if python in (int, float):
         return python.__name__
     if command == "sweep" and flag in KINDS and KINDS[flag] == "axis":

@@ -27,7 +27,8 @@ def test_every_command_that_opens_the_database_declares_db_and_results_dir_alike
         for name in seen:
             if name in params:
                 seen[name].add((params[name].help, getattr(params[name], "rich_help_panel", None)))
-    assert commands == 12          # run sweep cancel status sweeps runs show migrate report paper export verify
+    assert commands == 13          # run sweep cancel status sweeps runs show migrate report paper export verify
+    #                                reproduce
     assert all(len(found) == 1 for found in seen.values()), seen
 
 

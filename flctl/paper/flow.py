@@ -76,13 +76,11 @@ def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), on
     sweep --dry-run`, a cluster's programme can be planned on a laptop). ConfigError for bad input; writes nothing."""
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
-    if data_dir is not None:        # named by the user: it must be there, a dry run included
-        from flctl.fs import path_problem
+    if data_dir is not None:        # a path no file system takes, a dry run included (one planned on a laptop for
+        from flctl.fs import path_problem       # a cluster names a folder that is only there: not looked for)
 
         if (why := path_problem("--data-dir", data_dir)) is not None:
             raise ConfigError(why)
-        if not Path(data_dir).exists():
-            raise ConfigError(f"--data-dir {data_dir!r} is not there; give the folder that holds the datasets")
     items = select(only)
     if scale == "smoke" and launch.workers is None:
         # A smoke cell trains in about a second; a worker's new interpreter spends ~5 s of CPU importing torch and
