@@ -111,7 +111,7 @@ def compare(recorded_root: Path, now_root: Path, run_id: str) -> tuple[int, Diff
     """(record files compared, the first difference or None). Each side's files are checked first (checksums,
     schema: flctl.records.read); values are compared by their bits, so NaN equals NaN and -0.0 differs from 0.0."""
     from flctl import records
-    from flctl.layout import Layout, records_of
+    from flctl.layout import records_of
 
     def epochs(root: Path) -> dict[int, Path]:
         return {int(p.stem.split("=")[1]): p for p in records_of(root, run_id).glob(records.EPOCH_GLOB)}

@@ -77,7 +77,7 @@ def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), on
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
     if data_dir is not None:        # a path no file system takes, a dry run included (one planned on a laptop for
-        from flctl.fs import path_problem       # a cluster names a folder that is only there: not looked for)
+        from flctl.fs import path_problem  # a cluster names a folder that is only there: not looked for)
 
         if (why := path_problem("--data-dir", data_dir)) is not None:
             raise ConfigError(why)
