@@ -90,15 +90,22 @@ def take_back(made: list[Path]) -> None:
             break
 
 
-def check_known(store: Store, task: str | None, method: str | None) -> None:
-    """``runs`` found nothing: a task or method name that neither flctl nor any recorded run knows is a typo."""
+def check_known(store: Store, task: str | None, method: str | None, *, as_option: bool = False) -> None:
+    """``runs`` found nothing: a task or method name that neither flctl nor any recorded run knows is a typo (said
+    as an API argument, ``task='x'``, or ``as_option``, ``--task 'x'``, with the closest name)."""
+    import difflib
+
     from flctl.method_info import METHOD_INFO
     from flctl.tasks import all_tasks
 
-    if task is not None and task not in all_tasks() and not store.count_runs(task=task):
-        raise ConfigError(f"task={task!r}: no such task; choose one of: {', '.join(all_tasks())}")
-    if method is not None and method not in METHOD_INFO and not store.count_runs(method=method):
-        raise ConfigError(f"method={method!r}: no such method; choose one of: {', '.join(METHOD_INFO)}")
+    for name, value, known, count in (("task", task, all_tasks(), lambda: store.count_runs(task=task)),
+                                      ("method", method, list(METHOD_INFO), lambda: store.count_runs(method=method))):
+        if value is None or value in known or count():
+            continue
+        close = difflib.get_close_matches(value, known, n=1)
+        said = f"--{name} {value!r}" if as_option else f"{name}={value!r}"
+        raise ConfigError(f"{said}: no such {name}" + (f"; did you mean {close[0]!r}?" if close else "")
+                          + f" (choose one of: {', '.join(known)})")
 
 
 def in_memory(url: str) -> bool:

@@ -210,3 +210,16 @@ def test_a_name_in_the_wrong_case_is_taken_or_refused_in_one_line(template: Path
     if res.exit_code == 2:
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), f"{args}:\n{res.stderr}"
+
+
+def test_a_filter_that_matches_nothing_says_so_and_a_misspelt_name_is_one_line(populated: Path) -> None:  # noqa: F811
+    """`flctl runs --status failed` where none failed (at e320564: a 40-line traceback from an empty column) and
+    `--task two-moon` (a typo: the closest name)."""
+    where = ["--results-dir", str(populated)]
+    none = runner.invoke(app, ["runs", "--status", "failed", *where])
+    assert none.exit_code == 0 and none.stdout.strip() == "no run matches", none.output
+    assert runner.invoke(app, ["runs", "--status", "failed", "--json", *where]).stdout.strip() == "[]"
+    typo = runner.invoke(app, ["runs", "--task", "two-moon", *where])
+    assert typo.exit_code == 2 and typo.stderr.strip().splitlines() == [
+        "error: --task 'two-moon': no such task; did you mean 'two-moons'? (choose one of: "
+        + ", ".join(__import__("flctl.tasks", fromlist=["all_tasks"]).all_tasks()) + ")"], typo.output

@@ -49,7 +49,7 @@ def runs(
     if not rows:         # none: a task or method no run has and flctl does not know is a typo, one line
         from flctl.api_args import check_known
 
-        check_known(store, task, method)
+        check_known(store, task, method, as_option=True)
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
         return
