@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import signal
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -145,22 +146,15 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
     pass
 
 
-app.command(cls=Command, rich_help_panel="Train")(run.run)
-app.command(cls=Command, rich_help_panel="Train")(sweep.sweep)
-app.command(cls=Command, rich_help_panel="Train")(ledger.cancel)
-app.command(cls=Command, rich_help_panel="Inspect")(ledger.status)
-app.command(cls=Command, rich_help_panel="Inspect")(ledger.sweeps)
-app.command(cls=Command, rich_help_panel="Inspect")(runs.runs)
-app.command(cls=Command, rich_help_panel="Inspect")(runs.show)
-app.command(cls=Command, rich_help_panel="Report")(report.report)
-app.command(cls=Command, rich_help_panel="Report")(paper.paper)
-app.command(cls=Command, rich_help_panel="Report")(export.export)
-app.command(cls=Command, rich_help_panel="Catalogue")(info.tasks)
-app.command(cls=Command, rich_help_panel="Catalogue")(info.methods)
-app.command("new-task", cls=Command, rich_help_panel="Catalogue")(new_task.new_task)
-app.command(cls=Command, rich_help_panel="Maintain")(runs.migrate)
-app.command(cls=Command, rich_help_panel="Maintain")(verify.verify)
-app.command(cls=Command, rich_help_panel="Maintain")(reproduce.reproduce)
+# Every command by its help panel, each made a Command (its options' words checked by flctl.cli.parsing).
+COMMANDS: dict[str, list[Callable[..., None]]] = {"Train": [run.run, sweep.sweep, ledger.cancel],
+                                                   "Inspect": [ledger.status, ledger.sweeps, runs.runs, runs.show],
+                                                   "Report": [report.report, paper.paper, export.export],
+                                                   "Catalogue": [info.tasks, info.methods, new_task.new_task],
+                                                   "Maintain": [runs.migrate, verify.verify, reproduce.reproduce]}
+for _panel, _commands in COMMANDS.items():
+    for _command in _commands:
+        app.command(_command.__name__.replace("_", "-"), cls=Command, rich_help_panel=_panel)(_command)
 
 
 # The signals that interrupted this command (SIGTERM turned into an interruption like Ctrl-C's): every command then

@@ -71,19 +71,14 @@ def problem(flag: str, value: str, kind: Any, *, glued: bool) -> str | None:
                 f"(or write {flag}={value} for a value that starts with a dash)")
     if len(value) > LONGEST_VALUE:
         return f"{flag}'s value is {len(value):,} characters long; flctl takes at most {LONGEST_VALUE:,}"
-    if kind is int:
+    if kind in (int, float):
         try:
-            whole = int(value)
+            number = kind(value)
         except ValueError:
-            return None         # click says it is not an integer
-        if abs(whole) > LARGEST_INT:
+            return None         # click says it is not an integer, or not a number
+        if kind is int and abs(number) > LARGEST_INT:
             return f"{flag} must be at most {LARGEST_INT:,}, got {value}"
-    if kind is float:
-        try:
-            number = float(value)
-        except ValueError:
-            return None         # click says it is not a number
-        if not math.isfinite(number):
+        if kind is float and not math.isfinite(number):
             return f"{flag} must be a finite number, got {value!r}"
     if kind is Path:
         return path_problem(flag, value)
