@@ -112,3 +112,47 @@ def test_a_value_of_the_wrong_kind_is_one_config_error(template: Path, populated
     assert str(raised.value).startswith(f"{name}="), str(raised.value)
     assert snapshot(populated) == before
     assert list(cwd.iterdir()) == []
+
+
+# The arguments that hold more arguments: api.sweep and api.paper's `launch` (flctl.launch.LaunchFlags, a field
+# each) and api.config / api.run's run fields (flctl.config.FIELDS): each key given the values of the wrong kind too.
+def nested_cases():
+    import dataclasses
+
+    from flctl.api_args import fits
+    from flctl.config import FIELDS
+    from flctl.launch import LaunchFlags
+
+    hints = typing.get_type_hints(LaunchFlags)
+    for f in dataclasses.fields(LaunchFlags):
+        kind = hints[f.name]
+        if typing.get_origin(members(kind)[0]) is dict:      # --sbatch KEY=VALUE: a table
+            kind = dict
+        for value in BAD:
+            if not fits(value, kind) and not (f.name == "log_to" and isinstance(value, str)):
+                yield pytest.param("launch", f.name, value, id=f"launch[{f.name}={_shown(value)}]")
+    for name, spec in FIELDS.items():
+        kind = spec.kind | None if name not in ("options",) else dict
+        for value in BAD:
+            if not fits(value, kind):
+                yield pytest.param("field", name, value, id=f"config({name}={_shown(value)})")
+
+
+def _shown(value: Any) -> str:
+    return "object()" if type(value) is object else repr(value)
+
+
+@pytest.mark.usefixtures("no_cuda")
+@pytest.mark.parametrize("where,name,value", list(nested_cases()))
+def test_a_launch_flag_or_run_field_of_the_wrong_kind_is_one_config_error(populated: Path,  # noqa: F811
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          where: str, name: str, value: Any) -> None:
+    monkeypatch.setenv("FLCTL_RESULTS", str(populated))
+    before = snapshot(populated)
+    with pytest.raises(ConfigError) as raised:
+        if where == "launch":
+            api.sweep("two-moons", method="erm", epochs=1, dry_run=True, launch={name: value})
+        else:
+            api.config("two-moons", "fl", **{name: value})
+    assert len(str(raised.value).splitlines()) == 1, str(raised.value)
+    assert snapshot(populated) == before

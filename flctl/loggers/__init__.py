@@ -106,6 +106,10 @@ def check(chosen: Iterable[str]) -> tuple[str, ...]:
     read where any is (ConfigError otherwise): before anything is written or trained."""
     from flctl.knobs import tracker_timeout_s
 
+    if isinstance(chosen, str):             # one name (a spec's `log_to = "mlflow"`, api's log_to="mlflow")
+        chosen = [chosen]
+    if not isinstance(chosen, Iterable) or isinstance(chosen, (bytes, dict)):
+        raise ConfigError(f"log_to={chosen!r}: give a logger's name or a list of them, from: {', '.join(names())}")
     chosen = tuple(dict.fromkeys(chosen))
     for name in chosen:
         get_logger(name)
