@@ -181,7 +181,7 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
          parallel="give the number of trials launched at once, an int such as parallel=2", launch=LAUNCH)
 def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int | None = None,
           options: dict[str, Any] | None = None, name: str | None = None, device: str | None = None,
-          data_dir: str | None = None, results_dir: str | Path | None = None, db: str | None = None,
+          data_dir: str | Path | None = None, results_dir: str | Path | None = None, db: str | None = None,
           wait: bool = True, tune: int | None = None, objective: str | None = None, direction: str = "min",
           parallel: int = 1, launch: dict[str, Any] | None = None, dry_run: bool = False, **axes: Any) -> Any:
     """Plan a grid of runs and fill what is not done, as ``flctl sweep`` does: the same checks, run ids, database
@@ -242,7 +242,7 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
          data_dir="give the datasets' folder, a str or Path",
          out="give the bundle's folder, a str or Path (default RESULTS/paper)", launch=LAUNCH)
 def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | None = None,
-          device: str | None = None, data_dir: str | None = None, results_dir: str | Path | None = None,
+          device: str | None = None, data_dir: str | Path | None = None, results_dir: str | Path | None = None,
           db: str | None = None, out: str | Path | None = None, report_only: bool = False, dry_run: bool = False,
           wait: bool = False, launch: dict[str, Any] | None = None) -> Any:
     """The paper's programme, as ``flctl paper`` runs it (flctl.paper.flow): planned with its cost, its missing cells

@@ -206,12 +206,12 @@ def fits(value: Any, kind: Any) -> bool:
         return value is None
     if kind is bool:
         return isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
+    if kind in (int, float):        # numpy's numbers too (np.int64 is no int); a bool or np.bool_ is no number
         import math
+        import numbers
 
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        number = isinstance(value, numbers.Integral if kind is int else numbers.Real)
+        return number and not isinstance(value, bool) and type(value).__name__ != "bool_" and math.isfinite(value)
     if kind is str:
         return isinstance(value, str)
     if kind is Path:
@@ -227,6 +227,16 @@ def fits(value: Any, kind: Any) -> bool:
         items = list(value) if isinstance(value, (list, tuple)) else None    # a generator is read once: unchecked
         return items is None or not args or all(fits(v, args[0]) for v in items)
     return isinstance(value, origin) if isinstance(origin, type) else True
+
+
+def plain(value: Any) -> Any:
+    """A numpy number as the Python int or float it holds (what every check below the API expects); anything else
+    as it is."""
+    import numbers
+
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _is_union(kind: Any) -> bool:
@@ -271,7 +281,9 @@ def checked(**hints: str) -> Callable[[F], F]:
                 for one in values:
                     if not fits(one, kind):
                         raise ConfigError(f"{name}={one!r}: {hints.get(name) or 'give ' + describe(kind)}")
-            return fn(*args, **kwargs)
+                if parameter.kind is not parameter.VAR_POSITIONAL:
+                    bound.arguments[name] = plain(value)
+            return fn(*bound.args, **bound.kwargs)
 
         return typing.cast(F, call)
 

@@ -35,9 +35,6 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 # it, `flctl export` reads it back). flctl has written it into every record file since it kept checksums (the
 # checksums came first, bec2f17, the summaries a day later, 35da69d): a file that carries it had checksums.
 SUMMARY_KEY = b"flctl.summary"
-# flctl's temporary names (flctl.fs.atomic_path: ``.<name>.<uuid hex>.tmp``): a write in flight, or one a killed
-# process left. Hidden, so every reader of the folder skips them; not strays.
-_IN_FLIGHT = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
 
 
 def epoch_of(path: Path) -> int | None:
@@ -104,12 +101,14 @@ def strays(folder: Path, files: list[Path]) -> list[tuple[Path, str]]:
     own = {p.name for p in files} | {CHECKSUMS}
     found = []
     for path in entries:
-        if path.name in own or _IN_FLIGHT.fullmatch(path.name):
+        # a hidden or underscored name is skipped by every reader of the folder (pyarrow, pandas): a file browser's
+        # .DS_Store, an NFS .nfsXXXX of a replaced file still open, a write in flight; never the run's records
+        if path.name in own or path.name[:1] in "._":
             continue
         what = "a folder" if path.is_dir() else "a file"
-        read = "" if path.name[:1] in "._" else "; readers of the folder (pandas.read_parquet) would read it as records"
         found.append((path, f"{path} is {what} that is not the run's (flctl writes epoch=NNNNN.parquet files and "
-                            f"{CHECKSUMS} there, nothing else){read}"))
+                            f"{CHECKSUMS} there, nothing else); readers of the folder (pandas.read_parquet) would "
+                            "read it as records"))
     return found
 
 

@@ -156,3 +156,21 @@ def test_a_launch_flag_or_run_field_of_the_wrong_kind_is_one_config_error(popula
             api.config("two-moons", "fl", **{name: value})
     assert len(str(raised.value).splitlines()) == 1, str(raised.value)
     assert snapshot(populated) == before
+
+
+def test_what_a_user_holds_is_taken_numpy_numbers_and_paths_included(populated: Path,  # noqa: F811
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks refuse the wrong kind, not the right kind in another dress: numpy's integers and floats where an
+    int or a number is annotated, a Path where a folder is, a tuple where a list is."""
+    import numpy as np
+
+    monkeypatch.setenv("FLCTL_RESULTS", str(populated))
+    plan = api.sweep("two-moons", method="erm", epochs=1, seeds=np.int64(2), data_dir=None, dry_run=True,
+                     launch={"workers": 1})
+    assert len(plan.configs) == 2
+    assert api.paper(only="figure:3", scale="smoke", data_dir=Path("d"), dry_run=True) is not None
+    found = api.report(table="main", task="two-moons", k=np.int64(16), eps=np.float32(0.5),
+                       columns=("train.avg_loss",))
+    assert found.table is not None
+    with pytest.raises(ConfigError, match=r"^k=np.True_|^k=True"):
+        api.report(table="main", k=np.bool_(True))

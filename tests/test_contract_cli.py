@@ -223,3 +223,23 @@ def test_a_filter_that_matches_nothing_says_so_and_a_misspelt_name_is_one_line(p
     assert typo.exit_code == 2 and typo.stderr.strip().splitlines() == [
         "error: --task 'two-moon': no such task; did you mean 'two-moons'? (choose one of: "
         + ", ".join(__import__("flctl.tasks", fromlist=["all_tasks"]).all_tasks()) + ")"], typo.output
+
+
+@pytest.mark.parametrize("words", [
+    ["two-moons", "--eps", "-0.1"], ["two-moons", "--lr", "-1e-3"], ["two-moons", "--eps=-1"],
+    ["two-moons", "-o", "depth=-1"], ["two-moons", "--eps", "-.5"], ["two-moons", "--", "--eps"],
+    ["two-moons", "--data-dir", "-a folder with spaces"]])
+def test_legitimate_words_pass_the_option_rules(words: list[str]) -> None:
+    """Negative numbers, a value glued on with `=`, a dash value with a space in it, and what follows `--` are
+    values: the rules refuse what cannot be one, nothing else."""
+    from flctl.cli.parsing import check_words
+
+    assert check_words(GROUP.commands["run"], words) is None
+    assert check_words(GROUP.commands["sweep"], ["two-moons", "--eps", "-1..1", "--lr", "-1e-3,1e-3"]) is None
+
+
+def test_a_short_option_missing_its_value_is_told_without_a_glued_form_click_would_misread() -> None:
+    from flctl.cli.parsing import check_words
+
+    said = check_words(GROUP.commands["run"], ["two-moons", "-m", "--dry-run"])
+    assert said == "-m needs a value, and --dry-run is an option; give the value after -m"

@@ -57,9 +57,9 @@ def takes_value(param: Any) -> bool:
 
 
 def looks_like_option(word: str) -> bool:
-    """`--dry-run`, `-m`: a word that is an option, not a value; a negative number (`-0.1`, `-1e-3`, `-.5..1`) is
-    a value."""
-    return len(word) > 1 and word.startswith("-") and not (word[1].isdigit() or word[1] == ".")
+    """`--dry-run`, `-m`: a word that is an option, not a value; a negative number (`-0.1`, `-1e-3`, `-.5..1`) or
+    text with a space (`--description "-fast variant"`) is a value."""
+    return len(word) > 1 and word.startswith("-") and not (word[1].isdigit() or word[1] == ".") and " " not in word
 
 
 def problem(flag: str, value: str, kind: Any, *, glued: bool) -> str | None:
@@ -67,8 +67,8 @@ def problem(flag: str, value: str, kind: Any, *, glued: bool) -> str | None:
     if value == "" or not value.strip():
         return f"{flag} was given an empty value; give one (an unset shell variable?)"
     if not glued and looks_like_option(value):
-        return (f"{flag} needs a value, and {value} is an option; give the value after {flag} "
-                f"(or write {flag}={value} for a value that starts with a dash)")
+        glue = f" (or write {flag}={value} for a value that starts with a dash)" if flag.startswith("--") else ""
+        return f"{flag} needs a value, and {value} is an option; give the value after {flag}{glue}"
     if len(value) > LONGEST_VALUE:
         return f"{flag}'s value is {len(value):,} characters long; flctl takes at most {LONGEST_VALUE:,}"
     if kind in (int, float):
