@@ -46,8 +46,14 @@ DEFAULT_RESULTS = "results"
 
 @checked(results_dir="give a folder, as a str or Path (e.g. results_dir='results')")
 def results_root(results_dir: str | Path | None = None) -> Path:
-    """The results folder: ``results_dir``, else FLCTL_RESULTS (an empty one is unset), else ./results."""
-    return Path(results_dir if results_dir is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS)
+    """The results folder: ``results_dir``, else FLCTL_RESULTS (an empty one is unset), else ./results; a path no
+    file system takes is a ConfigError naming where it came from (the environment is read by no option parser)."""
+    from flctl.text import path_problem
+
+    chosen = results_dir if results_dir is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS
+    if (why := path_problem("results_dir" if results_dir is not None else "FLCTL_RESULTS", str(chosen))) is not None:
+        raise ConfigError(why)
+    return Path(chosen)
 
 
 @checked(db="give a database URL as a str (sqlite:///results/flctl.db, postgresql://user@host/db)")

@@ -139,6 +139,10 @@ def url_problem(url: str) -> str | None:
     except Exception:       # noqa: BLE001 - NoSuchModuleError, or a driver's import failing
         return f"{redact(url, url)!r} is not a database URL flctl can open: SQLAlchemy has no engine " \
                f"{parsed.drivername!r} {examples}"
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        from flctl.text import path_problem
+
+        return path_problem("the SQLite database", parsed.database)
     return None
 
 

@@ -193,7 +193,10 @@ def _plugin_code(do: Callable[[], T]) -> T:
 
 
 def is_path(entry: str) -> bool:
-    return entry.endswith(".py") or os.sep in entry or "/" in entry or Path(entry).is_dir()
+    try:
+        return entry.endswith(".py") or os.sep in entry or "/" in entry or Path(entry).is_dir()
+    except OSError:          # a name no file system takes (ENAMETOOLONG): no folder, so a module's name
+        return False
 
 
 def _entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
@@ -225,6 +228,11 @@ def _path_modules(entry: str) -> Iterator[tuple[str, ModuleType]]:
         module = _import(entry, lambda: importlib.import_module(entry))
         if module is not None:
             yield entry, module
+        return
+    from flctl.text import path_problem
+
+    if (why := path_problem(f"{ENV} entry", entry)) is not None:
+        warn(entry, f"{why}; ignored")
         return
     path = Path(entry).expanduser().resolve()
     if path.is_dir():

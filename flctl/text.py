@@ -5,6 +5,7 @@ when it holds one."""
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from urllib.parse import unquote, urlsplit
@@ -67,3 +68,20 @@ def redact(text: str, url: str | None = None) -> str:
 def shown(text: str, limit: int = 24) -> str:
     """``text`` quoted for a one-line message, cut to ``limit`` characters."""
     return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
+# A single name in a path longer than this cannot be made on any file system flctl runs on (ext4, xfs, btrfs, tmpfs,
+# NFS: 255 bytes); said before anything is written instead of as ENAMETOOLONG from deep inside a write.
+NAME_MAX = 255
+
+
+def path_problem(what: str, value: str) -> str | None:
+    """Why no file system takes the path ``value`` (``what``: the option or argument that gave it): a name in it
+    longer than NAME_MAX bytes, or the whole longer than PATH_MAX; None where it can be a path."""
+    encoded = os.fsencode(value)
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > NAME_MAX:
+        return f"{what}: a name in {value[:40]!r}... is {longest} bytes long; a file system takes at most {NAME_MAX}"
+    if len(encoded) >= 4096:
+        return f"{what}: the path is {len(encoded):,} bytes long; a file system takes at most 4,095"
+    return None

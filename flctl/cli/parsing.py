@@ -21,7 +21,7 @@ from typing import Any
 
 from typer.core import TyperCommand
 
-from flctl.fs import path_problem
+from flctl.text import path_problem
 
 # The longest value any option takes (a path's longest, PATH_MAX - 1); a longer one is a pasted file or a loop gone
 # wrong, and would land whole in a database row or an error line.

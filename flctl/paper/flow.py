@@ -76,8 +76,10 @@ def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), on
     sweep --dry-run`, a cluster's programme can be planned on a laptop). ConfigError for bad input; writes nothing."""
     if scale not in SCALES:
         raise ConfigError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
-    if data_dir is not None:        # a path no file system takes, a dry run included (one planned on a laptop for
-        from flctl.fs import path_problem  # a cluster names a folder that is only there: not looked for)
+    # A data folder no file system takes is refused, a dry run included; one that is not here is not looked for
+    # (a dry run on a laptop plans a cluster's programme, whose folder is only there).
+    if data_dir is not None:
+        from flctl.text import path_problem
 
         if (why := path_problem("--data-dir", data_dir)) is not None:
             raise ConfigError(why)
