@@ -267,24 +267,35 @@ class Logging:
 
     def _guard(self, name: str, run_id: str, call: Any) -> None:
         """Run one logger call (``guarded``); a failure closes that run's log in that tool, with one warning."""
-        given_up = self.replay and name in self.why          # an export tries a tracker that failed no more
+        # an export tries a tracker that failed no more; no process calls one again that gave no answer in time
+        # (its call may still hang in its thread, and each later run would wait the whole timeout again)
+        silent = name in _NO_ANSWER
+        given_up = (self.replay and name in self.why) or silent
         failure = None if given_up else guarded(name, call)
         if failure is None and not given_up:
             return
+        if isinstance(failure, TimeoutError):
+            _NO_ANSWER.add(name)
         self.open.pop((run_id, name), None)
-        if run_id not in self.not_logged.setdefault(name, []):
+        first = run_id not in self.not_logged.setdefault(name, [])
+        if first:
             self.not_logged[name].append(run_id)
         if failure is not None:
             self.why.setdefault(name, describe(failure))
-            if not self.replay:
-                warn(f"{name} stopped logging run {run_id} ({describe(failure)}); its records are intact: "
-                     f"`flctl export {run_id} --to {name}` fills it in later")
+        if not self.replay and (failure is not None or first):
+            why = describe(failure) if failure is not None else "not tried: it gave no answer in time for an earlier run"
+            warn(f"{name} stopped logging run {run_id} ({why}); its records are intact: "
+                 f"`flctl export {run_id} --to {name}` fills it in later")
 
     def lines(self) -> list[str]:
         """What was not logged, a line per logger, for the end of the command."""
         return [f"{name} did not log {len(ids)} run(s) ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}): "
                 f"`flctl export {ids[0] if len(ids) == 1 else self.sweep_id or 'RUN'} --to {name}` fills "
                 f"{'it' if len(ids) == 1 else 'them'} in" for name, ids in self.not_logged.items()]
+
+
+# The loggers that gave no answer within FLCTL_TRACKER_TIMEOUT_S in this process: not called again (Logging._guard).
+_NO_ANSWER: set[str] = set()
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
