@@ -316,6 +316,10 @@ def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
     try:
         sync_sweep(store, url, sweep_id)
     except Exception as exc:
+        # the database not answering (its server gone, SQLite's lock held past its wait): the next sync catches up,
+        # and a database that is gone for good is told by the worker's next write, in one line
+        if any(c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__):
+            return
         print(f"flctl worker: could not sync the Optuna study of sweep {sweep_id}: {_first_line(exc)}",
               file=sys.stderr)
 
