@@ -76,3 +76,29 @@ def test_paper_and_export_under_a_full_disk_and_a_signal_end_in_one_line_and_los
     assert verify.returncode == 0, verify.stdout + verify.stderr
     again = subprocess.run(export, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_worker_jobs_where_flctl_does_not_import_are_told_and_the_sweep_completes(tmp_path: Path) -> None:
+    """A node where flctl does not import (stood for by a package of that name earlier on the workers' PYTHONPATH,
+    set after this process imported the real one): its worker jobs die before they can train. `sweep --wait` trains
+    the cells in its own process, exits 0, and says in one warning line why the jobs did not help (before: silent).
+    The cells take seconds, so that the jobs have failed before the wait ends (a sweep done sooner did not need them,
+    and says nothing)."""
+    shadow = tmp_path / "shadow" / "flctl"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("flctl does not import on this node")\n')
+    results = tmp_path / "results"
+    script = ("import os, sys\nfrom flctl.cli import main\n"
+              f"os.environ['PYTHONPATH'] = {str(shadow.parent)!r}\n"
+              "sys.argv = ['flctl', 'sweep', 'two-moons', '-m', 'erm', '--seeds', '3', '--epochs', '300', '--executor', "
+              f"'local', '--workers', '3', '--threads', '1', '--wait', '--results-dir', {str(results)!r}]\nmain()\n")
+    # not from the checkout: `python -m` puts the current folder first on a worker's path, before PYTHONPATH
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "2 worker job(s) failed before they could train (ImportError: flctl does not " \
+        "import on this node)" in warned[0] and "_log.err" in warned[0], done.stderr
+    assert "Traceback" not in done.stderr
+    with sqlite3.connect(results / "flctl.db") as db:
+        assert db.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall() == [("completed", 3)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -109,6 +110,7 @@ def sweep(
     store, root = open_results(url, root)
     if planned.tune is not None:
         _tune_line(planned)
+    started = time.time()
     try:
         filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction, hooks=_hooks(url, planned))
     except ConfigError as exc:          # e.g. results/jobs is another user's folder
@@ -116,7 +118,10 @@ def sweep(
     except TuneFailed as exc:
         fail(str(exc), code=1)
     except SweepStopped as exc:         # its database or results folder moved while its worker here trained
+        _failed_starts(root, sid, started)
         fail(str(exc), code=exc.exit_code)
+    if wait:
+        _failed_starts(root, sid, started)
     if filled.study is not None:
         best = filled.study.best_trial
         console.print(f"study [bold]{safe(filled.study.study_name)}[/]: best {safe(planned.objective)} = "
@@ -131,6 +136,18 @@ def sweep(
         console.print(f"follow it with `flctl status {sid} --watch`")
     if filled.ledger is not None:
         error_summary(filled.ledger)
+
+
+def _failed_starts(root, sid: str, since: float) -> None:
+    """A warning line for the worker jobs of this launch that never ran flctl's worker (flctl.launch.jobs.
+    failed_starts): the sweep went on without them, and nothing else would say why."""
+    from flctl.launch.jobs import failed_starts
+
+    failed = failed_starts(root, sid, since)
+    if failed:
+        job, why, log = failed[0]
+        err_console.print(f"[yellow]warning:[/] {len(failed)} worker job(s) failed before they could train ({safe(why)}"
+                          f"); the sweep went on without them: see {safe(log)}", highlight=False, soft_wrap=True)
 
 
 def _hooks(url: str, planned):
