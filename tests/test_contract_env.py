@@ -48,7 +48,9 @@ def cases():
                                    id=f"{name}={value[:20]} {command}")
 
 
-@pytest.mark.usefixtures("no_cuda")
+# clean_plugins: an FLCTL_TASKS entry read in this process is remembered by it (flctl.plugins), and would be told
+# again in the errors of the tests that follow in this xdist worker
+@pytest.mark.usefixtures("no_cuda", "clean_plugins")
 @pytest.mark.parametrize("name,value,command,refused", list(cases()))
 def test_a_bad_variable_is_one_line_or_harmless(template: Path, populated: Path, tmp_path: Path,  # noqa: F811
                                                  monkeypatch: pytest.MonkeyPatch, name: str, value: str,
