@@ -491,7 +491,7 @@ def share(args) -> dict:
     from flctl.launch.backends.local import mps_daemon
 
     data = cifar_data(args)
-    per_batch, seconds = cifar_per_batch(args), 2.0 if args.small else 8.0
+    per_batch, seconds = cifar_per_batch(args), 1.0 if args.small else 8.0
     out: dict = {"seconds_each": seconds, "images_train": 5 * per_batch, "mps": mps_daemon(),
                  "together": {way: {} for way in TOGETHER}}
     ways = [(w, k) for w, k in TOGETHER_PLAN if cuda(args.device) or "engine" not in TOGETHER[w]]   # graphs: CUDA
@@ -540,11 +540,11 @@ MOONS_WAYS = {"one_process": ["--per-gpu", "1", "--batch-runs", "250"],
 
 def moons(args) -> dict:
     """lr x dual lr x seeds = 10 x 10 x 10 FL cells of two-moons (paper schedule, 250 epochs) through flctl sweep
-    --wait, the whole grid each way of MOONS_WAYS while the budget lasts; cells/s from the ledger. ``--small``: 27
-    cells of 20 epochs, one worker's groups on a CPU (its --per-gpu has no meaning there)."""
-    n = 3 if args.small else 10
+    --wait, the whole grid each way of MOONS_WAYS while the budget lasts; cells/s from the ledger. ``--small``: 8
+    cells of 5 epochs, one worker's groups on a CPU (its --per-gpu has no meaning there)."""
+    n = 2 if args.small else 10
     grid = ["two-moons", "-m", "fl", "--lr", f"1e-4..1e-2:{n}", "--dual-lr", f"1e-3..1:{n}", "--seeds", str(n)]
-    over = ["--epochs", "20"] if args.small else []
+    over = ["--epochs", "5"] if args.small else []
     out = {}
     for name, launch in list(MOONS_WAYS.items())[:2 if args.small else None]:
         if not cuda(args.device):

@@ -96,9 +96,17 @@ def check_writable(path: Path, flag: str = "--out") -> None:
         folder = folder.parent
     if not folder.is_dir():
         raise ConfigError(f"{flag} {str(path)!r} lies under {str(folder)!r}, which is a file")
+    if (why := refuses_files(folder)) is not None:
+        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({why})")
+
+
+def refuses_files(folder: Path) -> str | None:
+    """Why ``folder`` takes no file (read-only, immutable, its permissions), or None: an empty file is made and
+    removed at once, since os.access says yes to root whatever the folder is."""
     probe = folder / f".write-test-{uuid.uuid4().hex}"
     try:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"{flag} {str(path)!r}: cannot write in {str(folder)!r} ({exc.strerror or exc})") from None
+        return str(exc.strerror or exc)
+    return None

@@ -139,7 +139,10 @@ class SweepSpec:
 def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None = None,
                      options: Mapping[str, Any] | None = None, **fields: Any) -> SweepSpec:
     """Build a spec from CLI/TOML values; raises ConfigError on malformed axes or a name with control characters."""
+    from flctl.tasks import canonical_name
     from flctl.text import first_control, shown
+
+    task = canonical_name(task) if isinstance(task, str) else task      # TWO-MOONS is two-moons
 
     sweep_name = fields.get("name")
     if isinstance(sweep_name, str) and (bad := first_control(sweep_name)) is not None:

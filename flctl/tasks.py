@@ -293,6 +293,15 @@ def task_source(name: str) -> Source:
     return _SOURCES.get(name) or plugins.module_source(task.load.__module__)
 
 
+def canonical_name(name: str) -> str:
+    """The task ``name`` means: itself where a task has it, else the one task whose name differs only in case
+    (Two-Moons is two-moons, as FL is fl; a config and a sweep carry the task's own spelling, so a run's id is the same
+    however it was typed), else ``name`` unchanged (get_task then refuses it)."""
+    known = all_tasks()
+    folded = [n for n in known if n.casefold() == name.casefold()]
+    return name if name in known or len(folded) != 1 else folded[0]
+
+
 def get_task(name: str) -> Task:
     # The plugins are few and light: all of them load, so that a plugin shadowing a built-in name is seen.
     found = _plugin_tasks()
@@ -305,6 +314,8 @@ def get_task(name: str) -> Task:
         return found.tasks[name][0]
     if builtin is not None:
         return builtin
+    if (named := canonical_name(name)) != name:
+        return get_task(named)
     known = ", ".join(all_tasks())
     broken = plugins.problems()
     hint = f"; {len(broken)} plugin(s) did not load: {' | '.join(broken)}" if broken else ""

@@ -143,7 +143,7 @@ def test_schema_version_mismatch_is_reported(results: Path) -> None:
 
 
 def test_show_unknown_run_and_listing_without_database(results: Path) -> None:
-    assert_rejected(flctl("runs"), "no run database")
+    assert_rejected(flctl("runs"), "no run database", "--results-dir or FLCTL_RESULTS", "--db or FLCTL_DB")
     assert flctl("run", "polyfit", "-m", "erm").exit_code == 0
     assert_rejected(flctl("show", "ffffffff"), "no run 'ffffffff'")
     run_id = json.loads(flctl("runs", "--json").stdout)[0]["id"]
@@ -295,3 +295,22 @@ def test_a_rerun_starts_its_time_and_attempts_afresh(results: Path) -> None:
     assert res.exit_code == 0, res.output
     (run,) = json.loads(flctl("runs", "--json").stdout)
     assert run["attempts"] == 1 and 0 < run["duration_s"] < 1e5
+
+
+def test_a_task_named_in_another_case_is_that_task(results: Path) -> None:
+    """`flctl run Two-Moons` is `flctl run two-moons`, as `-m FL` is `-m fl`: the same run id, the task's own spelling
+    in the config and the sweep; a name no task has in any case is still refused."""
+    said = [flctl("run", name, "--epochs", "1", "--dry-run").stdout for name in ("two-moons", "Two-Moons")]
+    assert said[0] == said[1] and "two-moons" in said[0]
+    sweep = flctl("sweep", "TWO-MOONS", "-m", "erm", "--epochs", "1", "--executor", "debug", "--dry-run")
+    assert sweep.exit_code == 0 and "runs of two-moons" in sweep.stdout and "TWO" not in sweep.stdout, sweep.output
+    assert_rejected(flctl("run", "Two-Moon"), "unknown task 'Two-Moon'")
+
+
+def test_a_dry_run_plans_without_the_data(results: Path, tmp_path: Path) -> None:
+    """`flctl run cifar10 ... --dry-run` on a machine without CIFAR-10 shows the run id and its configuration, as
+    `sweep --dry-run` and `paper --dry-run` plan without the data (before: it tried the download and exited 2)."""
+    res = flctl("run", "cifar10", "-m", "fl", "--eps", "0.51", "--data-dir", str(tmp_path / "no-cifar"), "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("run ") and "cifar10 · fl" in res.stdout and "looked for when it trains" in res.stdout
+    assert not (tmp_path / "no-cifar").exists() and not results.exists()

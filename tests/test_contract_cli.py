@@ -12,7 +12,12 @@ would do its command's real work (each command's base is a dry run where it has 
 
 from __future__ import annotations
 
+import os
+import shutil
+import sqlite3
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import typer.main
@@ -20,6 +25,7 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.cli.parsing import kinds, takes_value
+from flctl.db import Store
 from tests.test_bad_input import first_run, populated, snapshot, template  # noqa: F401 - fixtures
 
 runner = CliRunner()
@@ -43,8 +49,8 @@ KINDS: dict[str, str] = {
     **dict.fromkeys(["--option", "--sbatch"], "pairs"),
     "--db": "database",
     "--data-dir": "path-in",             # a folder, or a file (orca-dpo's)
-    # a run or sweep of the database, by id, unique id prefix or (sweeps) name
-    **dict.fromkeys(["REF", "RUN_ID", "SWEEP_REF", "--sweep"], "ref"),
+    # a run or sweep of the database: by id or unique id prefix (runs), by id, prefix or name (sweeps), or either
+    "REF": "ref", "RUN_ID": "ref-run", **dict.fromkeys(["SWEEP_REF", "--sweep"], "ref-sweep"),
 }
 # Path options: a folder flctl writes into, a file it writes, or something it reads.
 PATH_KINDS = {"--results-dir": "folder-out", "--dir": "folder-out", "--spec": "file-in", "--specs": "folder-in",
@@ -85,13 +91,17 @@ CLASSES: dict[str, list[tuple[str, str]]] = {
     "text": [("a control character", "a\nb"), ("too long", "y" * 5000)],
     "pairs": [("no =", "novalue"), ("no key", "=1")],
     "database": [("not a URL", "nosuch://x"), ("in memory", "sqlite:///:memory:")],
-    "ref": [("unknown", "zzzz-no-such"), ("a prefix too short", "ab")],
-    "folder-out": [("a file", "{file}"), ("a name too long", LONG)],
+    "ref-run": [("unknown", "zzzz-no-such"), ("a prefix too short", "ab"), ("an ambiguous prefix", "{run_prefix}")],
+    "ref-sweep": [("unknown", "zzzz-no-such"), ("a prefix too short", "ab"),
+                  ("an ambiguous prefix", "{sweep_prefix}")],
+    "ref": [("unknown", "zzzz-no-such"), ("a prefix too short", "ab"), ("an ambiguous run prefix", "{run_prefix}"),
+            ("an ambiguous sweep prefix", "{sweep_prefix}"), ("names a run and a sweep", "{run_and_sweep}")],
+    "folder-out": [("a file", "{file}"), ("a name too long", LONG), ("read-only", "{readonly}")],
     "folder-in": [("missing", "{missing}"), ("a file", "{file}"), ("a name too long", LONG)],
     "path-in": [("missing", "{missing}"), ("a name too long", LONG)],
     "path-planned": [("a name too long", LONG)],
     "file-in": [("missing", "{missing}"), ("a folder", "{folder}"), ("a name too long", LONG)],
-    "file-out": [("a folder", "{folder}"), ("a name too long", LONG)],
+    "file-out": [("a folder", "{folder}"), ("a name too long", LONG), ("in a read-only folder", "{readonly}/out.png")],
 }
 
 
@@ -139,7 +149,60 @@ def test_every_option_has_a_kind() -> None:
     assert sum(1 for _ in cases()) > 400
 
 
-def invocation(command: str, name: str, value: str | None, root: Path, tmp: Path, run_id: str) -> list[str]:
+@pytest.fixture(scope="module")
+def crowded(template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:  # noqa: F811
+    """The populated template with what makes a reference ambiguous, made the way a user would: a run whose id shares
+    its first 4 digits with another's (a seed found by trying), a sweep whose id shares 4 with 'moons' (a name found
+    by trying), and a sweep named as a run's id prefix. Returns the folder and those three references."""
+    from flctl import api
+    from flctl.sweep import sweep_id
+
+    root = tmp_path_factory.mktemp("crowded") / "results"
+    shutil.copytree(template, root, ignore=shutil.ignore_patterns("flctl.db-wal", "flctl.db-shm"))
+    store = Store.open(f"sqlite:///{root / 'flctl.db'}", readonly=True)
+    runs, moons = [r.id for r in store.list_runs()], store.get_sweep("moons")
+    store.close()
+    seed = next(s for s in range(1, 10**6) if api.config("digits", "fl", epochs=1, seed=s).run_id[:4]
+                in {r[:4] for r in runs})
+    configs = [api.config("two-moons", m, epochs=2) for m in ("erm", "fl")]
+    assert sweep_id(SimpleNamespace(name="moons"), configs) == moons["id"]     # how flctl names it, still
+    twin = next(f"moons-{i}" for i in range(10**6)
+                if sweep_id(SimpleNamespace(name=f"moons-{i}"), configs)[:4] == moons["id"][:4])
+    for args in (["run", "digits", "-m", "fl", "--epochs", "1", "--seed", str(seed)],
+                 ["sweep", "two-moons", "-m", "erm,fl", "--epochs", "2", "--executor", "debug", "--name", twin],
+                 ["sweep", "two-moons", "-m", "erm,fl", "--epochs", "2", "--executor", "debug", "--name", runs[0][:6]]):
+        res = runner.invoke(app, [*args, "--results-dir", str(root)])
+        assert res.exit_code == 0, res.output
+    with sqlite3.connect(root / "flctl.db") as conn:
+        assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+    conn.close()
+    return root, {"run_prefix": api.config("digits", "fl", epochs=1, seed=seed).run_id[:4],
+                  "sweep_prefix": moons["id"][:4], "run_and_sweep": runs[0][:6]}
+
+
+@pytest.fixture
+def read_only(tmp_path: Path):
+    """An empty folder nothing can be written into, even by root (chattr +i; chmod where not root); the case is
+    skipped on a file system that has neither."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0 if os.geteuid() == 0 \
+        else folder.chmod(0o555) is None
+    try:
+        (folder / "probe").touch()
+        (folder / "probe").unlink()
+        writable = True
+    except OSError:
+        writable = False
+    try:
+        yield folder if made and not writable else None
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+        folder.chmod(0o755)
+
+
+def invocation(command: str, name: str, value: str | None, root: Path, tmp: Path, run_id: str,
+               refs: dict[str, str] | None = None) -> list[str]:
     before, after = BASES[command]
     before = [w.format(run=run_id) for w in before]
     is_argument = not name.startswith("-")
@@ -148,7 +211,8 @@ def invocation(command: str, name: str, value: str | None, root: Path, tmp: Path
         value = "--dry-run" if "--dry-run" in flags else (flags[0] if flags else "--help")
     (tmp / "a-file").write_text("x")
     (tmp / "a-folder").mkdir(exist_ok=True)
-    value = value.format(file=tmp / "a-file", folder=tmp / "a-folder", missing=tmp / "no" / "such")
+    value = value.format(file=tmp / "a-file", folder=tmp / "a-folder", missing=tmp / "no" / "such",
+                         readonly=tmp / "read-only", **(refs or {}))
     if is_argument:                                      # the argument itself replaced by the bad value
         position = {"run": 1, "sweep": 1, "new-task": 1, "show": 1, "export": 1, "verify": 1, "cancel": 1,
                     "status": 1, "reproduce": 1}[command]
@@ -161,19 +225,23 @@ def invocation(command: str, name: str, value: str | None, root: Path, tmp: Path
 
 @pytest.mark.usefixtures("no_cuda")
 @pytest.mark.parametrize("command,name,label,value", list(cases()))
-def test_bad_value_is_one_line_and_changes_nothing(template: Path, populated: Path, tmp_path: Path,  # noqa: F811
-                                                    monkeypatch: pytest.MonkeyPatch, command: str, name: str,
-                                                    label: str, value: str | None) -> None:
+def test_bad_value_is_one_line_and_changes_nothing(crowded: tuple[Path, dict[str, str]], read_only: Path | None,
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str,
+                                                    name: str, label: str, value: str | None) -> None:
+    if "{readonly}" in (value or "") and read_only is None:
+        pytest.skip("no way to make a folder read-only on this file system")
     monkeypatch.chdir(tmp_path)               # new-task writes into the current folder
-    args = invocation(command, name, value, populated, tmp_path, first_run(template))
-    before = snapshot(populated)
+    folder = tmp_path / "results"
+    shutil.copytree(crowded[0], folder)
+    args = invocation(command, name, value, folder, tmp_path, first_run(crowded[0]), crowded[1])
+    before = snapshot(folder)
     cwd_before = sorted(p.name for p in tmp_path.iterdir())
     res = runner.invoke(app, args, env={"COLUMNS": "200"})
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2, f"{args}: exit {res.exit_code}\n{res.output}"
     assert len(lines) == 1 and lines[0].startswith("error: "), f"{args}:\n{res.stderr}"
     assert "Traceback" not in res.output, res.output
-    assert snapshot(populated) == before
+    assert snapshot(folder) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == cwd_before
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from flctl.db import Store
+from tests import warm
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_a_database_server_that_stops_under_a_wait_is_one_line_and_nothing_is_lo
     results = tmp_path / "results"
     command = [sys.executable, "-m", "flctl", "sweep", "two-moons", "-m", "erm,fl", "--epochs", "3000",
                "--executor", "debug", "--wait", "--db", url, "--results-dir", str(results)]
-    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep = warm.Popen(command, stdout=warm.PIPE, stderr=warm.PIPE, text=True)
 
     def checkpointed() -> bool:
         store = Store.open(url, readonly=True)
@@ -73,7 +74,7 @@ def test_a_database_server_that_stops_under_a_wait_is_one_line_and_nothing_is_lo
     assert "Traceback" not in err and "run the command again" in lines[0], err
 
     start()                                # the server back: the same command completes every cell
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    again = warm.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     store = Store.open(url, readonly=True)
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def test_paper_and_export_under_a_full_disk_and_a_signal_end_in_one_line_and_los
         with sqlite3.connect(results / "flctl.db") as db:
             return db.execute("SELECT count(*) FROM runs WHERE status = 'running'").fetchone()[0] > 0
 
-    run = subprocess.Popen(paper, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    run = warm.Popen(paper, stdout=warm.PIPE, stderr=warm.PIPE, text=True, env=env)
     wait_until(lambda: run.poll() is not None or training(), "a cell training", timeout=120, interval=0.05)
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=120)
@@ -61,7 +62,7 @@ def test_paper_and_export_under_a_full_disk_and_a_signal_end_in_one_line_and_los
         assert err.strip().splitlines()[-1].endswith("interrupted (SIGTERM)"), err
 
     # nothing lost: the same command completes the bundle
-    whole = subprocess.run(paper, capture_output=True, text=True, timeout=300, env=env)
+    whole = warm.run(paper, capture_output=True, text=True, timeout=300, env=env)
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert (results / "paper-smoke" / "index.html").is_file()
 
@@ -72,9 +73,9 @@ def test_paper_and_export_under_a_full_disk_and_a_signal_end_in_one_line_and_los
     assert cramped.returncode == 1, cramped.stdout + cramped.stderr
     assert "Traceback" not in cramped.stdout + cramped.stderr
     assert len(errors(cramped.stderr)) == 1 and "flctl export" in errors(cramped.stderr)[0], cramped.stderr
-    verify = subprocess.run([*FLCTL, "verify", "--results-dir", str(results)], capture_output=True, text=True)
+    verify = warm.run([*FLCTL, "verify", "--results-dir", str(results)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    again = subprocess.run(export, capture_output=True, text=True, timeout=300, env=env)
+    again = warm.run(export, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
 
 
@@ -102,3 +103,23 @@ def test_worker_jobs_where_flctl_does_not_import_are_told_and_the_sweep_complete
     assert "Traceback" not in done.stderr
     with sqlite3.connect(results / "flctl.db") as db:
         assert db.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall() == [("completed", 3)]
+    # and later, from another shell (a sweep launched without --wait is followed this way): status tells it too
+    status = subprocess.run([*FLCTL, "status", "--results-dir", str(results)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert [line for line in status.stderr.splitlines() if line.startswith("warning:")] == warned, status.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_command_line_is_imported_is_one_line_and_its_code(signum: signal.Signals) -> None:
+    """The first phase of every command: the ~0.3 s in which flctl.cli and its libraries are imported, before its
+    handlers are in place. A signal sent as that import begins (a hook on __import__ sends it, so that it lands there
+    every time) ends the command as a later one does: one line, 128 + its number (before: Ctrl-C was a
+    KeyboardInterrupt traceback out of an import, SIGTERM a silent -15)."""
+    script = ("import builtins, os, sys\nimport flctl.__main__ as entry\nreal = builtins.__import__\n"
+              "def hook(name, *args, **kwargs):\n"
+              f"    if name == 'flctl.cli':\n        os.kill(os.getpid(), {int(signum)})\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = hook\nsys.argv = ['flctl', 'tasks']\nentry.main()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (128 + signum, "", f"flctl: interrupted ({signum.name})\n")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flctl.db import Store
+from tests import warm
 from tests.helpers import wait_until
 from tests.test_sweep_launch import worker_pids
 
@@ -80,11 +81,11 @@ def test_a_debug_sweep_whose_ground_moves_under_its_worker_here_ends_in_one_line
     syncs nothing into what is gone and ends with its one line and exit 1 (a traceback, and submitit's post-mortem
     debugger waiting at a terminal, before)."""
     results = tmp_path / "results"
-    proc = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
-                             "--eval-every", "50", "--executor", "debug", "--batch-runs", "1",
-                             "--results-dir", str(results)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "FLCTL_HEARTBEAT": "0.5", "COLUMNS": "250"})
+    proc = warm.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
+                       "--eval-every", "50", "--executor", "debug", "--batch-runs", "1",
+                       "--results-dir", str(results)],              # stdin closed (tests/warm.py)
+                      stdout=warm.PIPE, stderr=warm.PIPE, text=True,
+                      env={**os.environ, "FLCTL_HEARTBEAT": "0.5", "COLUMNS": "250"})
     try:
         wait_until(lambda: list((results / "records").glob("run_id=*/epoch=*.parquet")), "a cell training",
                    interval=0.1)
@@ -167,7 +168,7 @@ def test_a_full_disk_under_a_two_worker_sweep_ends_in_one_line_and_the_sweep_res
     assert len(errors) == 1 and errors[0].startswith("error: the disk filled up under sweep "), full.stderr
     reader = Store.open(f"sqlite:///{results / 'flctl.db'}", readonly=True)
     assert not any(r.status == "running" for r in reader.list_runs())
-    again = subprocess.run([*FLCTL, *args, "--wait"], capture_output=True, text=True, timeout=300)
+    again = warm.run([*FLCTL, *args, "--wait"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {r.status for r in reader.list_runs()} == {"completed"}
 

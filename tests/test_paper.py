@@ -199,9 +199,12 @@ def test_the_bundle_never_replaces_what_is_not_a_bundle(world: dict, tmp_path: P
         assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
         assert snapshot() == before
     earlier = shutil.copytree(world["bundle"], tmp_path / "bundle")
+    (earlier / "notes.md").write_text("what I saw")          # someone's file, put in a bundle's folder
     again = flctl("paper", "--scale", "smoke", "--only", "figure:1", "--report-only", "--out", str(earlier),
                   "--results-dir", str(root))               # an earlier bundle is replaced, as the default's is
     assert "wrote" in again and json.loads((earlier / "paper.json").read_text())["items"][0]["ref"] == "figure:1"
+    assert (earlier / "notes.md").read_text() == "what I saw"                # what no bundle writes is kept
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle.")]   # and no scratch folder is left
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

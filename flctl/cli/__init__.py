@@ -82,7 +82,7 @@ def _choices(group: TyperGroup, args: list[str] | None, exc: BaseException) -> s
 def _ground_failed(exc: BaseException) -> str | None:
     """What a command that lost its ground says, in one line (exit 1): the database server stopped answering or its
     disk failed under it (the driver's OperationalError), or a file could not be written (a full disk or quota, a
-    file size limit, a read-only file system, an I/O error). None for anything else, which stays a traceback: a
+    file size limit, a read-only file system or a permission taken away, an I/O error). None for anything else, which stays a traceback: a
     bug should be seen whole. Whatever was recorded stays recorded (every write is a transaction or a file renamed
     into place), and running the command again resumes."""
     from flctl.fs import is_full
@@ -97,7 +97,7 @@ def _ground_failed(exc: BaseException) -> str | None:
 
         cause = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
         return f"the run database failed under this command ({type(exc.orig).__name__}: {redact(cause)}); {again}"
-    if isinstance(exc, OSError) and (is_full(exc) or exc.errno in (errno.EROFS, errno.EIO)):
+    if isinstance(exc, OSError) and (is_full(exc) or exc.errno in (errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM)):
         what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
         return f"cannot write ({what}); {again}" if is_full(exc) else f"{what}; {again}"
     return None

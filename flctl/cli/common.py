@@ -7,7 +7,6 @@ import dataclasses
 import inspect
 import os
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
@@ -129,16 +128,20 @@ def check_results(root: Path) -> None:
         fail(why)
 
 
-def ensure_writable(root: Path) -> Path:
-    """Create the results directory if needed and prove it is writable (as root, os.access always says yes)."""
+def ensure_writable(root: Path, *, dry: bool = False) -> Path:
+    """Create the results directory if needed and prove it takes a file (flctl.fs.refuses_files); ``dry`` (a dry
+    run's check): leave nothing behind, proving the nearest of its parents that exists where it is not made yet."""
+    from flctl.fs import refuses_files
+
     check_results(root)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{uuid.uuid4().hex}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        if not dry:
+            root.mkdir(parents=True, exist_ok=True)
+        why = refuses_files(next(p for p in (root.absolute(), *root.absolute().parents) if p.exists()))
     except OSError as exc:
-        fail(f"results directory {str(root)!r} is not writable ({exc.strerror or exc}); pass --results-dir")
+        why = str(exc.strerror or exc)
+    if why is not None:
+        fail(f"results directory {str(root)!r} is not writable ({why}); pass --results-dir")
     return root
 
 
@@ -226,7 +229,8 @@ def no_database(url: str) -> NoReturn:
     from flctl.db.store import dialect_of
 
     parsed = make_url(url)
-    fail(f"no run database at {dialect_of(parsed).file(parsed)}; run `flctl run TASK` first or pass --db")
+    fail(f"no run database at {dialect_of(parsed).file(parsed)}; run `flctl run TASK` first, or name the results "
+         "folder that has one (--results-dir or FLCTL_RESULTS) or its database (--db or FLCTL_DB)")
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:
@@ -373,6 +377,10 @@ def said_launched(launched, sid: str, spec, settings, quiet: bool = False) -> No
                       "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
                       + f"; {launched.todo} to do"
                       + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+    if not quiet and settings.log_to and launched.completed:
+        # --log-to logs what trains; cells finished before (by another launch, with or without it) are the export's
+        console.print(f"--log-to logs the cells this launch trains; the {launched.completed} finished before are "
+                      f"logged by `flctl export {sid} --to {safe(settings.log_to[0])}` (where they are not already)")
     if not quiet and (sharing := gpu_sharing_line(spec.device, settings)):
         console.print(sharing)
     if launched.jobs:

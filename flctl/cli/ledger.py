@@ -17,6 +17,7 @@ from flctl.cli.common import (
     LogLines,
     ResultsDirOption,
     console,
+    err_console,
     existing_store,
     fail,
     find,
@@ -153,6 +154,20 @@ def status(
         error_summary(watch(store, found["id"], until_done=True, root=results_root(results_dir)))
     else:
         console.print(_ledger_table(ledger(store, found["id"])))
+    failed_starts_line(results_root(results_dir), found["id"])
+
+
+def failed_starts_line(root, sid: str, since: float | None = None) -> None:
+    """A warning line for the sweep's worker jobs that never ran flctl's worker (flctl.launch.jobs.failed_starts;
+    ``since`` None: since the last job in which one ran): the sweep went on without them, and nothing else would
+    say why."""
+    from flctl.launch.jobs import failed_starts
+
+    failed = failed_starts(root, sid, since)
+    if failed:
+        job, why, log = failed[0]
+        err_console.print(f"[yellow]warning:[/] {len(failed)} worker job(s) failed before they could train ({safe(why)}"
+                          f"); the sweep went on without them: see {safe(log)}", highlight=False, soft_wrap=True)
 
 
 def sweeps(

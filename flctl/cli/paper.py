@@ -73,6 +73,7 @@ def paper(
     except ConfigError as exc:
         fail(str(exc))
     if dry_run:
+        ensure_writable(root, dry=True)            # what the real command would refuse, a dry run refuses too
         _print_plan(plan.programme)
         console.print("nothing was written")
         return

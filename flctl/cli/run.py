@@ -18,6 +18,7 @@ from flctl.cli.common import (
     config_options,
     console,
     db_url,
+    ensure_writable,
     fail,
     open_results,
     parse_options,
@@ -32,13 +33,13 @@ from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every, thre
 from flctl.status import Status
 
 
-def resolve_config(task: str, method: str, overrides: dict, p_min: float | None):
+def resolve_config(task: str, method: str, overrides: dict, p_min: float | None, *, check_data: bool = True):
     """Task defaults + overrides -> validated RunConfig (flctl.api.config); bad input exits 2 before anything is
-    written."""
+    written. ``check_data`` False (a dry run): the data is not looked for, as `sweep --dry-run` does not."""
     from flctl import api
 
     try:
-        return api.config(task, method, p_min=p_min, **overrides)
+        return api.config(task, method, p_min=p_min, check_data=check_data, **overrides)
     except ConfigError as exc:
         fail(str(exc))
 
@@ -89,10 +90,11 @@ def run(
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
     # the device first: a task's option defaults may depend on it (fashion-mnist's model)
     overrides = {**fields, "device": check_device(device), "options": with_model(parse_options(option), model)}
-    cfg = resolve_config(task, method, overrides, p_min)
+    cfg = resolve_config(task, method, overrides, p_min, check_data=not dry_run)
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     if dry_run:
+        ensure_writable(root, dry=True)            # what the real run would refuse, a dry run refuses too
         _dry_run(cfg, url)
         return
     store, root = open_results(url, root)
@@ -268,7 +270,7 @@ def _dry_run(cfg, url: str) -> None:
         finally:
             store.close()
     if found is None:
-        console.print("not trained yet; nothing was written")
+        console.print("not trained yet; nothing was written (its data is looked for when it trains)")
     else:
         console.print(f"{safe(found.status)} in the database ({found.epochs_done} epoch(s) done): `flctl show "
                       f"{cfg.run_id}`; nothing was written")

@@ -17,6 +17,7 @@ from flctl.cli.common import (
     config_options,
     console,
     db_url,
+    ensure_writable,
     err_console,
     fail,
     gpu_sharing_line,
@@ -29,7 +30,7 @@ from flctl.cli.common import (
     with_model,
 )
 from flctl.cli.completion import complete_task
-from flctl.cli.ledger import error_summary, ledger_lines, watch
+from flctl.cli.ledger import error_summary, failed_starts_line, ledger_lines, watch
 from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags
 
@@ -91,6 +92,8 @@ def sweep(
                              parallel=parallel)
     except (ConfigError, TypeError) as exc:
         fail(str(exc))
+    if dry_run:
+        ensure_writable(results_root(results_dir), dry=True)   # what the real sweep would refuse, a dry run refuses too
     sid, settings = planned.sweep_id, planned.settings
     for note in planned.spec.notes:
         console.print(safe(note))
@@ -118,10 +121,10 @@ def sweep(
     except TuneFailed as exc:
         fail(str(exc), code=1)
     except SweepStopped as exc:         # its database or results folder moved while its worker here trained
-        _failed_starts(root, sid, started)
+        failed_starts_line(root, sid, started)
         fail(str(exc), code=exc.exit_code)
     if wait:
-        _failed_starts(root, sid, started)
+        failed_starts_line(root, sid, started)
     if filled.study is not None:
         best = filled.study.best_trial
         console.print(f"study [bold]{safe(filled.study.study_name)}[/]: best {safe(planned.objective)} = "
@@ -136,18 +139,6 @@ def sweep(
         console.print(f"follow it with `flctl status {sid} --watch`")
     if filled.ledger is not None:
         error_summary(filled.ledger)
-
-
-def _failed_starts(root, sid: str, since: float) -> None:
-    """A warning line for the worker jobs of this launch that never ran flctl's worker (flctl.launch.jobs.
-    failed_starts): the sweep went on without them, and nothing else would say why."""
-    from flctl.launch.jobs import failed_starts
-
-    failed = failed_starts(root, sid, since)
-    if failed:
-        job, why, log = failed[0]
-        err_console.print(f"[yellow]warning:[/] {len(failed)} worker job(s) failed before they could train ({safe(why)}"
-                          f"); the sweep went on without them: see {safe(log)}", highlight=False, soft_wrap=True)
 
 
 def _hooks(url: str, planned):

@@ -344,24 +344,26 @@ def local_workers(results_root: Path, sweep_id: str,
     return list(found.values())
 
 
-def failed_starts(results_root: Path, sweep_id: str, since: float) -> list[tuple[str, str, Path]]:
-    """The sweep's worker jobs that failed before flctl's worker ran in them, since ``since`` (wall-clock): submitit's
-    result file says so, and its traceback never reached flctl/launch/worker.py (a node where flctl or one of its
-    libraries does not import, a job whose function could not be unpickled). Each as (job id, the error's last line,
-    its log). A worker that ran and stopped tells its own story (the database, its note, its line)."""
+def failed_starts(results_root: Path, sweep_id: str, since: float | None = None) -> list[tuple[str, str, Path]]:
+    """The sweep's worker jobs that failed before flctl's worker ran in them, since ``since`` (wall-clock; None:
+    since the last job in which a worker ran, so that a failure fixed since is not told again): submitit's result
+    file says so, and its traceback never reached flctl/launch/worker.py (a node where flctl or one of its libraries
+    does not import, a job whose function could not be unpickled). Each as (job id, the error's last line, its log).
+    A worker that ran and stopped tells its own story (the database, its note, its line)."""
     from submitit.core.utils import pickle_load
 
-    found = []
+    failed, ran = [], 0.0
     for path in sorted(Layout(results_root).sweep_jobs(sweep_id).glob("*_result.pkl")):
         try:
-            if path.stat().st_mtime < since:
-                continue
+            at = path.stat().st_mtime
             outcome, value = pickle_load(path)
         except Exception:        # noqa: BLE001 - a result half written or of another submitit: not told
             continue
         trace = str(value)
         if outcome != "error" or f"flctl{os.sep}launch{os.sep}worker.py" in trace:
+            ran = max(ran, at)
             continue
         job = path.name.removesuffix("_result.pkl")
-        found.append((job, (trace.strip().splitlines() or ["?"])[-1][:200], path.with_name(f"{job}_log.err")))
-    return found
+        failed.append((at, (job, (trace.strip().splitlines() or ["?"])[-1][:200], path.with_name(f"{job}_log.err"))))
+    since = ran if since is None else since
+    return [told for at, told in failed if at >= since]

@@ -180,7 +180,7 @@ def prepare(chosen: Sequence[str], results_root: Path, sweep_id: str) -> tuple[s
             ready.append(name)
         else:
             warn(f"{name} could not be set up ({describe(failure)}); sweep {sweep_id} trains without it, its records "
-                 f"intact: `flctl export {sweep_id} --to {name}` fills it in later")
+                 f"intact: once {name} works here, `flctl export {sweep_id} --to {name}` fills it in")
     return tuple(ready)
 
 
@@ -285,12 +285,12 @@ class Logging:
         if not self.replay and (failure is not None or first):
             why = describe(failure) if failure is not None else "not tried: it gave no answer in time for an earlier run"
             warn(f"{name} stopped logging run {run_id} ({why}); its records are intact: "
-                 f"`flctl export {run_id} --to {name}` fills it in later")
+                 f"once {name} works here, `flctl export {run_id} --to {name}` fills it in")
 
     def lines(self) -> list[str]:
         """What was not logged, a line per logger, for the end of the command."""
         return [f"{name} did not log {len(ids)} run(s) ({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}): "
-                f"`flctl export {ids[0] if len(ids) == 1 else self.sweep_id or 'RUN'} --to {name}` fills "
+                f"once it works here, `flctl export {ids[0] if len(ids) == 1 else self.sweep_id or 'RUN'} --to {name}` fills "
                 f"{'it' if len(ids) == 1 else 'them'} in" for name, ids in self.not_logged.items()]
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
+from flctl.fs import refuses_files
 from flctl.method_info import method_info
 from flctl.paper.programme import tolerance
 from flctl.report.groups_of_runs import number
@@ -250,9 +251,7 @@ def check_out(out: Path, root: Path) -> Path:
     would replace what is not an earlier bundle: the bundle replaces its folder whole, so ``out`` must be new, empty
     or a bundle (its paper.json), and neither the results folder ``root`` nor a folder holding it."""
     out, root = Path(out).absolute(), Path(root).absolute()
-    folder = out
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    folder = next(p for p in (out, *out.parents) if p.exists())
     if folder != out and not folder.is_dir():
         raise ConfigError(f"--out {str(out)!r} lies under {str(folder)!r}, which is a file")
     resolved, results = out.resolve(), root.resolve()
@@ -265,7 +264,15 @@ def check_out(out: Path, root: Path) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / "paper.json").is_file():
         raise ConfigError(f"--out {str(out)!r} holds files that are not a paper bundle (no paper.json): the bundle "
                           "replaces its folder whole; give a new folder, or an earlier bundle's")
+    # Written beside ``out``, renamed over it: the nearest folder above it, and ``out`` where it exists, take a file
+    for folder in ([out] if out.is_dir() else []) + [next(p for p in out.parents if p.exists())]:
+        if (why := refuses_files(folder)) is not None:
+            raise ConfigError(f"--out {str(out)!r}: cannot write in {str(folder)!r} ({why})")
     return out
+
+
+# What write_bundle writes in a bundle's folder: the rest of an earlier bundle's folder is someone else's
+BUNDLE_NAMES = frozenset({"index.html", "paper.json", "paper.csv", "tables", "figures"})
 
 
 def write_bundle(programme: Programme, records_root: Path, out: Path, provenance: dict[str, Any],
@@ -312,6 +319,9 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
         if out.exists():
             os.replace(out, old)
         os.replace(tmp, out)
+        for foreign in (old.iterdir() if old.exists() else ()):     # someone's notes move in, never deleted
+            if foreign.name not in BUNDLE_NAMES and not (out / foreign.name).exists():
+                os.replace(foreign, out / foreign.name)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
