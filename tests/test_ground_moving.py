@@ -114,13 +114,13 @@ def test_a_wait_on_a_sweep_that_flctl_cancel_stopped_ends_with_one_line_and_130(
     (at 3623c99 it waited for ever, until killed)."""
     results = tmp_path / "results"
     args = ["--results-dir", str(results)]
-    started = subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
-                              "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
-                              "--batch-runs", "1", *args],    # a cell a worker: two train, one waits
-                             capture_output=True, text=True, timeout=120)
+    started = warm.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
+                        "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
+                        "--batch-runs", "1", *args],    # a cell a worker: two train, one waits
+                       capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
-    watcher = subprocess.Popen([*FLCTL, "status", "--watch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, "COLUMNS": "250"})
+    watcher = warm.Popen([*FLCTL, "status", "--watch", *args], stdout=warm.PIPE, stderr=warm.PIPE, text=True,
+                         env={**os.environ, "COLUMNS": "250"})
     sid, out, err = _cancel_while_two_train(watcher, results)
     assert watcher.returncode == 130, out + err
     assert [line for line in out.splitlines() if line.startswith("stopped:")] == \
@@ -186,8 +186,7 @@ def test_a_signal_ends_every_waiting_command_with_its_code(tmp_path: Path, signu
     watcher = None
     try:
         wait_until(lambda: _running(results) >= 1, "a cell training", interval=0.1)
-        watcher = subprocess.Popen([*FLCTL, "status", "--watch", *args], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        watcher = warm.Popen([*FLCTL, "status", "--watch", *args], stdout=warm.PIPE, stderr=warm.PIPE, text=True)
         time.sleep(3)                                   # its first poll is done
         watcher.send_signal(signum)
         _, err = watcher.communicate(timeout=60)
@@ -211,8 +210,8 @@ def _cancel_while_two_train(waiting: subprocess.Popen, results: Path) -> tuple[s
     try:
         wait_until(lambda: _running(results) == 2, "two cells training", interval=0.1)
         [sid] = [p.name for p in (results / "jobs").iterdir()]
-        cancelled = subprocess.run([*FLCTL, "cancel", sid, "--results-dir", str(results)], capture_output=True,
-                                   text=True, timeout=120)
+        cancelled = warm.run([*FLCTL, "cancel", sid, "--results-dir", str(results)], capture_output=True,
+                             text=True, timeout=120)
         assert cancelled.returncode == 0, cancelled.stderr
         out, err = waiting.communicate(timeout=120)
     finally:
@@ -239,13 +238,13 @@ def test_a_watch_with_the_database_named_elsewhere_needs_no_results_folder_here(
     """`status --watch --db URL` from a folder with no results/ of its own: only the database is watched (the
     ground check must not take the missing ./results for a deleted one)."""
     results = tmp_path / "results"
-    done = subprocess.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "1", "--epochs", "3",
-                           "--executor", "debug", "--results-dir", str(results)], capture_output=True, text=True,
-                          timeout=120)
+    done = warm.run([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "1", "--epochs", "3",
+                     "--executor", "debug", "--results-dir", str(results)], capture_output=True, text=True,
+                    timeout=120)
     assert done.returncode == 0, done.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("FLCTL_RESULTS", "FLCTL_DB")}
-    out = subprocess.run([*FLCTL, "status", "--watch", "--db", f"sqlite:///{results / 'flctl.db'}"], cwd=elsewhere,
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = warm.run([*FLCTL, "status", "--watch", "--db", f"sqlite:///{results / 'flctl.db'}"], cwd=elsewhere,
+                   capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "completed 1" in out.stdout, out.stdout + out.stderr
