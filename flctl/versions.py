@@ -108,9 +108,14 @@ def torch_pair_problem() -> str | None:
     built_for = f"a {_build_name(vision_label)} torch" if v - TORCHVISION_OFFSET == t else \
         f"torch 2.{v - TORCHVISION_OFFSET}"
     again = " --force-reinstall --no-deps" if v - TORCHVISION_OFFSET == t else ""   # the same number, another build
+    # PyTorch's CPU index may be out of reach (a proxy, a mirror of PyPI only): the default index has the pair too,
+    # as CUDA builds (about 6 GB), which run on a CPU
+    fallback = (f"; where that index is out of reach, the default index's pair (CUDA builds, about 6 GB, which run on "
+                f"a CPU too): pip install --force-reinstall 'torch==2.{t}.*' 'torchvision==0.{t + TORCHVISION_OFFSET}.*'"
+                ) if label == "cpu" and index else ""
     return (f"torchvision {vision} is built for {built_for}, not for the installed torch {torch}; "
             f"install the torchvision built for it: pip install{again} 'torchvision==0.{t + TORCHVISION_OFFSET}.*'"
-            f"{index}")
+            f"{index}{fallback}")
 
 
 def _build_name(label: str) -> str:

@@ -253,7 +253,10 @@ def test_a_torchvision_built_for_another_torch_is_named_with_its_fix(monkeypatch
     _installed(monkeypatch, torch=torch, torchvision=vision)
     problem = torch_pair_problem()
     assert problem is not None and f"torchvision {vision}" in problem and f"torch {torch}" in problem
-    assert problem.endswith(fix), problem
+    assert problem.split("; where")[0].endswith(fix), problem
+    # a CPU build's fix names PyTorch's CPU index, and the default index's pair for where that is out of reach
+    fallback = f"pip install --force-reinstall 'torch=={torch.split('.')[0]}.{torch.split('.')[1]}.*' 'torchvision=="
+    assert (fallback in problem) == ("+cpu" in torch), problem
 
 
 @pytest.mark.notorch
@@ -294,7 +297,9 @@ def test_a_cpu_torch_beside_a_pypi_cuda_torchvision_of_the_same_numbers_is_caugh
     assert out.stdout.strip() == (
         "torchvision 0.28.0+cu128 is built for a CUDA 12.8 torch, not for the installed torch 2.13.0+cpu; install the "
         "torchvision built for it: pip install --force-reinstall --no-deps 'torchvision==0.28.*' "
-        "--index-url https://download.pytorch.org/whl/cpu"), out.stdout
+        "--index-url https://download.pytorch.org/whl/cpu; where that index is out of reach, the default index's "
+        "pair (CUDA builds, about 6 GB, which run on a CPU too): pip install --force-reinstall 'torch==2.13.*' "
+        "'torchvision==0.28.*'"), out.stdout
     # the suite's start-up stops on the same line, before collecting anything
     suite = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
                             "tests/test_config.py"], capture_output=True, text=True, cwd=ROOT, timeout=120,

@@ -314,3 +314,19 @@ def test_a_dry_run_plans_without_the_data(results: Path, tmp_path: Path) -> None
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith("run ") and "cifar10 · fl" in res.stdout and "looked for when it trains" in res.stdout
     assert not (tmp_path / "no-cifar").exists() and not results.exists()
+
+
+def test_a_report_over_runs_of_several_sweeps_says_so_and_how_to_choose(results: Path) -> None:
+    """The one rule of reports: without --sweep, every finished run of the task; where they come from several sweeps
+    (or runs of their own), one note on stderr names the latest sweep for --sweep (before: 15 rows, 10 of them
+    daggered, and nothing said). A report of one sweep says nothing of the kind, and a CSV stays a CSV."""
+    for args in (["-m", "erm,fl", "--epochs", "2", "--name", "small"], ["-m", "fl", "--seeds", "2", "--epochs", "3"]):
+        assert flctl("sweep", "two-moons", *args, "--executor", "debug").exit_code == 0
+    latest = json.loads(flctl("sweeps", "--json").stdout)[0]["id"]
+    mixed = flctl("report", "--table", "main", "--task", "two-moons", "--format", "csv")
+    assert mixed.exit_code == 0 and mixed.stdout.startswith("Method,"), mixed.output
+    assert [line for line in mixed.stderr.splitlines() if line.startswith("note:")] == [
+        f"note: these 4 runs come from 2 sweep(s), shown together; `--sweep ID` shows one (the latest: {latest}; "
+        "`flctl sweeps` lists them)"], mixed.stderr
+    one = flctl("report", "--table", "main", "--sweep", latest)
+    assert one.exit_code == 0 and "note:" not in one.stderr, one.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -202,6 +203,28 @@ def test_a_signal_ends_every_waiting_command_with_its_code(tmp_path: Path, signu
         for p in (waiting, watcher):
             if p is not None and p.poll() is None:
                 p.kill()
+
+
+def test_ctrl_c_at_a_terminal_says_what_became_of_every_worker(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches every process of its foreground group: `sweep --wait` and the local workers it
+    started. The line then says that they all stopped and their cells went back (at e320564 it said "the other 1
+    worker(s) go on" while none was left)."""
+    results = tmp_path / "results"
+    waiting = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "3", "--epochs", "4000",
+                                "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
+                                "--batch-runs", "1", "--wait", "--results-dir", str(results)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: _running(results) >= 2, "two cells training", interval=0.1)
+        os.killpg(waiting.pid, signal.SIGINT)             # what a terminal does on Ctrl-C
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            os.killpg(waiting.pid, signal.SIGKILL)
+    assert waiting.returncode == 130, out + err
+    said = [line for line in err.splitlines() if line.startswith("stopped:")]
+    assert len(said) == 1 and "workers were stopped; their cells went back" in said[0] and "go on" not in said[0], err
+    assert _running(results) == 0
 
 
 def _cancel_while_two_train(waiting: subprocess.Popen, results: Path) -> tuple[str, str, str]:

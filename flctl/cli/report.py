@@ -83,6 +83,8 @@ def report(
         store.close()
     for line in made.said:
         console.print(safe(line))
+    if made.mixed is not None:              # on stderr: `--format csv > f.csv` stays a CSV file
+        err_console.print(f"note: {safe(made.mixed)}", highlight=False, soft_wrap=True)
     if request.table is not None:
         _print_table(made, request)
     elif request.plot is not None:

@@ -119,6 +119,20 @@ def sweep_of(store: Store, run_id: str) -> str | None:
                          .where(SweepCell.run_id == run_id).order_by(Sweep.created_at.desc())).first()
 
 
+def latest_sweeps(store: Store, run_ids: Iterable[str]) -> dict[str, tuple[str, str | None]]:
+    """Each of ``run_ids`` that a sweep holds, with the latest such sweep's (id, name); a run of its own is not in
+    it. In chunks: a query's parameters are bounded (SQLite's 32,766)."""
+    ids, found = list(run_ids), {}
+    with store.session() as s:
+        for start in range(0, len(ids), 1000):
+            rows = s.execute(select(SweepCell.run_id, Sweep.id, Sweep.name)
+                             .join(Sweep, SweepCell.sweep_id == Sweep.id)
+                             .where(SweepCell.run_id.in_(ids[start:start + 1000]))
+                             .order_by(Sweep.created_at)).all()
+            found.update({run_id: (sid, name) for run_id, sid, name in rows})     # the latest last: it stays
+    return found
+
+
 def not_the_one(store: Store, inode: int | None) -> str | None:
     """Why ``store`` (just opened) is not the SQLite file whose inode was ``inode`` when the sweep launched: a
     worker that starts after its database was replaced must not claim cells in the replacement. The inode alone: a

@@ -34,26 +34,41 @@ class SweepStopped(Exception):
         self.exit_code = exit_code
 
 
+# After a signal, how long the waiting command watches the workers that share its process group (a terminal's
+# Ctrl-C reaches them too) stop at their epoch's end, so that what it says of each is what happened to it.
+STOPPING_S = 10.0
+
+
 def stopped_line(root: Path, sid: str) -> str:
-    """What `flctl sweep --wait` says when a signal stopped its own worker: its cell went back, and whether the
-    sweep's other workers go on (Ctrl-C on this command) or were stopped too (`flctl cancel` since this command
-    started: it says so in the sweep's jobs folder before its first signal)."""
-    import os
-
-    from flctl.layout import Layout
-    from flctl.procs import started_at
-
+    """What `flctl sweep --wait` says when a signal stopped its own worker: its cell went back, and what became of
+    the sweep's other workers: stopped too (`flctl cancel` since this command started: it says so in the sweep's
+    jobs folder before its first signal; or a terminal's Ctrl-C, which reaches the local workers this command started,
+    in its process group: watched for up to STOPPING_S as they stop) or going on (elsewhere, or sent nothing)."""
     try:
         cancelled = float(Layout(root).cancelled(sid).read_text())
     except (OSError, ValueError):
         cancelled = None
     started = started_at(os.getpid())
     others = [] if cancelled is not None and (started is None or cancelled >= started) else live_workers(root, sid)
-    if not others:
+    here, group = socket.gethostname(), os.getpgrp()
+
+    def ours(worker: dict) -> bool:
+        try:
+            return worker["host"] == here and os.getpgid(int(worker["pid"])) == group
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    going = others
+    deadline = time.monotonic() + STOPPING_S
+    while any(ours(w) for w in going) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        going = live_workers(root, sid)
+    if not going:
         return (f"sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with the "
                 "same axes resumes it")
-    return (f"this process's worker of sweep {sid} was stopped; its cell went back to the queue and the other "
-            f"{len(others)} worker(s) go on (`flctl cancel {sid}` stops them)")
+    stopped = f"{len(others) - len(going)} other worker(s) stopped too and " if len(going) < len(others) else "the other "
+    return (f"this process's worker of sweep {sid} was stopped; its cell went back to the queue, {stopped}"
+            f"{len(going)} worker(s) go on (`flctl cancel {sid}` stops them)")
 
 
 def check_ground(store: Any, root: Path | None, sid: str) -> None:

@@ -99,6 +99,7 @@ class Made:
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
+    mixed: str | None = None        # runs of several sweeps (or of their own) shown together: how to choose one
 
 
 def choose_runs(store: Any, request: Request, said: list[str]) -> tuple[list[Any], str | None, str | None]:
@@ -131,6 +132,23 @@ def _latest_sweep_varying(store: Any, task: str | None, field_: str, plot: str, 
                       "1e-4..1e-2 --dual-lr 1e-3..1e-1`) or pass --sweep")
 
 
+def mixed(store: Any, runs: list[Any]) -> str | None:
+    """The one rule of every table and figure of no --sweep: all the runs asked for, whatever made them; where they
+    come from several sweeps, or sweeps and runs of their own (other scales, other grids), a line that says so and
+    how to choose one (None where they are of one)."""
+    from flctl.db.store import latest_sweeps
+
+    held = latest_sweeps(store, [r.id for r in runs])
+    sweeps = {sid: name for sid, name in held.values()}
+    alone = sum(r.id not in held for r in runs)
+    if len(sweeps) + (alone > 0) < 2:
+        return None
+    latest = next(w["id"] for w in store.list_sweeps() if w["id"] in sweeps)     # newest first
+    return (f"these {len(runs)} runs come from {len(sweeps)} sweep(s)" + (f" and {alone} run(s) of their own" if alone
+            else "") + f", shown together; `--sweep ID` shows one (the latest: {latest}"
+            + (f", {sweeps[latest]}" if sweeps[latest] else "") + "; `flctl sweeps` lists them)")
+
+
 def of(runs: list[Any], sweep: str | None) -> str:
     """What a report is of, for its title and a figure's file name: the sweep asked for, else its runs' tasks."""
     return f"sweep {sweep}" if sweep is not None else "-".join(sorted({r.task for r in runs})) or "no runs"
@@ -145,7 +163,7 @@ def make_report(store: Any, root: Path, request: Request) -> Made:
     said: list[str] = []
     runs, sweep, _ = choose_runs(store, request, said)
     layout = Layout(root)
-    made = Made(of(runs, sweep), runs, said=said)
+    made = Made(of(runs, sweep), runs, said=said, mixed=None if sweep is not None else mixed(store, runs))
     if request.table is not None:
         _table(made, request, layout.records)
     elif request.plot is not None:
