@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import errno
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,6 +47,21 @@ def guarded(check: Callable[[], None]) -> Iterator[None]:
         _BEFORE_REPLACE.reset(token)
     if not checked:
         raise RuntimeError("a guarded write did not go through flctl.fs.atomic_path: nothing checked it")
+
+
+@contextlib.contextmanager
+def undone_on_failure(folder: Path) -> Iterator[None]:
+    """For a download into ``folder``: where the body raises, the folders it made (``folder`` and its parents that
+    were not there, with what a partial download left in them) are removed, so a failed download leaves the cache as
+    it was (an empty ~/.cache/flctl/cifar10 told nothing and was left behind)."""
+    absolute = Path(folder).absolute()
+    made = [p for p in (absolute, *absolute.parents) if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)    # the highest made: everything below it is the download's
+        raise
 
 
 def make_below(path: Path, levels: int) -> None:

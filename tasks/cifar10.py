@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flctl.errors import ConfigError
+from flctl.fs import undone_on_failure
 from flctl.tasks import Augment, Task
 
 if TYPE_CHECKING:   # torch is imported where used: planning a sweep does not need it
@@ -45,7 +46,8 @@ def _find(data_dir: str | None) -> Path:
         from torchvision.datasets.utils import download_and_extract_archive
 
         try:
-            download_and_extract_archive(URL, str(cache), md5=MD5)
+            with undone_on_failure(cache):
+                download_and_extract_archive(URL, str(cache), md5=MD5)
         except Exception as exc:  # offline, proxy, disk: one message naming both ways out
             raise ConfigError(f"CIFAR-10 is not in {cache} and could not be downloaded ({type(exc).__name__}); "
                               f"pass --data-dir pointing at a folder with {LAYOUT}, or run once online") from None

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flctl.errors import ConfigError
+from flctl.fs import undone_on_failure
 from flctl.tasks import Augment, Task
 from flctl_tasks.cifar10 import TASK as CIFAR10
 
@@ -85,7 +86,8 @@ def _find(data_dir: str | None) -> Path:
         from torchvision.datasets import FashionMNIST
 
         try:
-            FashionMNIST(str(cache), download=True)
+            with undone_on_failure(cache):
+                FashionMNIST(str(cache), download=True)
         except Exception as exc:  # offline, proxy, disk: one message naming every way out
             raise ConfigError(f"Fashion-MNIST is not installed and could not be downloaded ({type(exc).__name__}); "
                               f"{WAYS_OUT}") from None

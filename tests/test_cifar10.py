@@ -105,6 +105,7 @@ def test_without_data_dir_and_no_network_the_error_names_both_ways(tmp_path: Pat
     monkeypatch.setattr(cifar10, "URL", "http://127.0.0.1:9/cifar-10-python.tar.gz")   # refused at once
     with pytest.raises(ConfigError, match="pass --data-dir .* or run once online"):
         cifar10.load({"width": 8}, None)
+    assert not (tmp_path / "cache").exists()         # the failed download leaves no folder behind
 
 
 def test_cifar_specs_now_plan(cifar: Path) -> None:

@@ -263,3 +263,17 @@ def test_flctls_own_packages_are_named_once_and_belong_to_flctl() -> None:
     assert sorted({p.split(".")[0] for p in packages}) == sorted(plugins.OWN_PACKAGES)
     scanned = importlib.metadata.packages_distributions()
     assert all(scanned[top] and set(scanned[top]) == {"flctl"} for top in plugins.OWN_PACKAGES)
+
+
+def test_a_plugin_task_in_a_new_shell_is_named_by_where_its_runs_came_from(tmp_path: Path, results: Path) -> None:
+    """A task file trained through FLCTL_TASKS, then asked for in a shell without it: the one `unknown task` line
+    names the file its runs in this database came from, and the variable that names it again (before: only
+    'unknown task')."""
+    file = tmp_path / "blobs_task.py"
+    file.write_text(task_source("blobs"))
+    flctl("run", "blobs", "-m", "fl", "--epochs", "2", env={plugins.ENV: str(file)})
+    for command in (["run", "blobs", "-m", "fl", "--epochs", "3"], ["sweep", "blobs", "--seeds", "2", "--dry-run"]):
+        out = flctl(*command, code=2, env={plugins.ENV: ""})
+        [line] = out.stderr.strip().splitlines()
+        assert line.startswith("error: unknown task 'blobs'") and line.endswith(
+            f"; its runs here came from the file {file}: name it with FLCTL_TASKS={file}"), line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every, thre
 from flctl.status import Status
 
 
-def resolve_config(task: str, method: str, overrides: dict, p_min: float | None, *, check_data: bool = True):
+def resolve_config(task: str, method: str, overrides: dict, p_min: float | None, *, check_data: bool = True,
+                   db: str | None = None, results_dir: Path | None = None):
     """Task defaults + overrides -> validated RunConfig (flctl.api.config); bad input exits 2 before anything is
     written. ``check_data`` False (a dry run): the data is not looked for, as `sweep --dry-run` does not."""
     from flctl import api
@@ -41,7 +43,34 @@ def resolve_config(task: str, method: str, overrides: dict, p_min: float | None,
     try:
         return api.config(task, method, p_min=p_min, check_data=check_data, **overrides)
     except ConfigError as exc:
-        fail(str(exc))
+        fail(str(exc) + plugin_hint(str(exc), task, db, results_dir))
+
+
+def plugin_hint(message: str, task: str | None, db: str | None, results_dir: Path | None) -> str:
+    """For an unknown task whose runs in the database came from a plugin's file or module (a new shell, without the
+    FLCTL_TASKS of the one that trained them): where, and how to name it again; "" otherwise (never an error)."""
+    if task is None or not message.startswith("unknown task"):
+        return ""
+    from flctl import api
+    from flctl.db import Store
+    from flctl.plugins import ENV
+
+    try:
+        store = Store.open_existing(api.database_url(db, api.results_root(results_dir)), readonly=True)
+        if store is None:
+            return ""
+        try:
+            runs = store.list_runs(task=task)
+        finally:
+            store.close()
+    except Exception:      # noqa: BLE001 - a hint: a database that cannot be read gives none
+        return ""
+    found = next((src for r in runs if (src := (r.provenance or {}).get("task") or {}).get("origin") in
+                  ("file", "module")), None)
+    if found is None:
+        return ""
+    where = found.get("file") if found["origin"] == "file" else found.get("module")
+    return f"; its runs here came from the {found['origin']} {where}: name it with {ENV}={where}"
 
 
 @config_options()
@@ -90,7 +119,7 @@ def run(
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
     # the device first: a task's option defaults may depend on it (fashion-mnist's model)
     overrides = {**fields, "device": check_device(device), "options": with_model(parse_options(option), model)}
-    cfg = resolve_config(task, method, overrides, p_min, check_data=not dry_run)
+    cfg = resolve_config(task, method, overrides, p_min, check_data=not dry_run, db=db, results_dir=results_dir)
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
     if dry_run:

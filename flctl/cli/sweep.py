@@ -31,6 +31,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_task
 from flctl.cli.ledger import error_summary, failed_starts_line, ledger_lines, watch
+from flctl.cli.run import plugin_hint
 from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags
 
@@ -91,7 +92,7 @@ def sweep(
         planned = plan_sweep(chosen, launch, results_root=results_root(results_dir), dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune, progress=_planning,
                              parallel=parallel)
     except (ConfigError, TypeError) as exc:
-        fail(str(exc))
+        fail(str(exc) + plugin_hint(str(exc), task, db, results_dir))
     if dry_run:
         ensure_writable(results_root(results_dir), dry=True)   # what the real sweep would refuse, a dry run refuses too
     sid, settings = planned.sweep_id, planned.settings
