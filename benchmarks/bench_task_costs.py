@@ -27,13 +27,20 @@ RESULTS = ROOT / "benchmarks" / "results"
 EPOCHS = (1, 11)      # ten epochs apart: the slope stands above the noise of a start-up
 
 
-def _seconds(task: str, epochs: int, device: str) -> float | None:
+def _seconds(task: str, epochs: int, device: str) -> tuple[float, float | None] | None:
+    """The seconds of one `flctl run` (None where it does not run here), and the samples each of its epochs trained
+    on (its recorded samples seen over its epochs: what flctl.cost scales a --subset cell's epochs by)."""
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "flctl", "run", task, "--epochs", str(epochs), "--device", device,
                                "--results-dir", tmp], capture_output=True, text=True, cwd=ROOT)
         took = time.perf_counter() - start
-    return took if done.returncode == 0 else None
+        if done.returncode != 0:
+            return None
+        listed = subprocess.run([sys.executable, "-m", "flctl", "runs", "--json", "--results-dir", tmp],
+                                capture_output=True, text=True, cwd=ROOT)
+    seen = json.loads(listed.stdout)[0]["metrics"].get("train.samples_seen") if listed.returncode == 0 else None
+    return took, (seen / epochs if seen else None)
 
 
 def main() -> None:
@@ -50,12 +57,14 @@ def main() -> None:
     left_out: list[str] = []
     for task in tasks:
         times: dict[int, list[float]] = {e: [] for e in EPOCHS}
+        n_train = None
         for _ in range(args.repeats):
             for epochs in EPOCHS:
-                s = _seconds(task, epochs, args.device)
-                if s is None:
+                measured = _seconds(task, epochs, args.device)
+                if measured is None:
                     break
-                times[epochs].append(s)
+                times[epochs].append(measured[0])
+                n_train = measured[1] or n_train
         if not all(times.values()):
             left_out.append(task)
             print(f"{task}: left out (it does not run here: its data is missing)", flush=True)
@@ -63,7 +72,7 @@ def main() -> None:
         (e1, t1), (e2, t2) = ((e, statistics.median(v)) for e, v in times.items())
         per_epoch = max(0.0, (t2 - t1) / (e2 - e1))
         found[task] = {"s_per_cell": round(max(0.0, t1 - e1 * per_epoch), 3), "s_per_epoch": round(per_epoch, 4),
-                       "seconds": {str(e): [round(x, 2) for x in v] for e, v in times.items()}}
+                       "n_train": n_train, "seconds": {str(e): [round(x, 2) for x in v] for e, v in times.items()}}
         print(f"{task}: {found[task]['s_per_cell']} s to start + {found[task]['s_per_epoch']} s an epoch", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     out = {"device": args.device, "cores": len(os.sched_getaffinity(0)), "date": str(datetime.date.today()),

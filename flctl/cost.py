@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,28 +20,70 @@ REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 @dataclass(frozen=True)
 class CostEstimate:
-    """What cells cost on one device, fitted to the database's finished runs (``estimate_cost``): a cell of E epochs
-    takes ``s_per_cell + E * s_per_epoch`` seconds, and ``cells_per_device`` cells share a device."""
+    """What cells cost on one device, fitted to the database's finished runs (``estimate_cost``) or a benchmark's
+    figures (``reference_cost``): a cell of E epochs takes ``s_per_cell + E * s_per_epoch * scale(cell)`` seconds,
+    where ``scale`` is the cell's training samples over those ``s_per_epoch`` was measured on (a ``--subset 256``
+    smoke cell is priced at its 256 samples, not the full data's), and ``cells_per_device`` cells share a device.
+    ``spread``: the factor either side of the estimate that the fit's own runs fell within (9 of 10 of them)."""
 
     s_per_cell: float           # its start-up (data, model, warm-up); 0 when the history has one epoch count
-    s_per_epoch: float
+    s_per_epoch: float          # at the size it was measured on
     history: int                # finished runs it is fitted to
     epochs: int                 # epochs left to train over the cells to do
     cells: int                  # cells to do
     cells_per_device: int
     source: str | None = None   # None: the database's runs; else the benchmark file the figures come from
+    scale: Callable[[RunConfig], float] = lambda cfg: 1.0
+    spread: float = 2.0
+    work: float | None = None   # sum of epochs x scale over the cells to do (None: ``epochs``)
 
-    def _hours(self, cells: int, epochs: int) -> float:
-        return (cells * self.s_per_cell + epochs * self.s_per_epoch) / self.cells_per_device / 3600
+    def _hours(self, cells: int, work: float) -> float:
+        return (cells * self.s_per_cell + work * self.s_per_epoch) / self.cells_per_device / 3600
 
     def hours(self, configs: Sequence[RunConfig]) -> float:
         """Device-hours of ``configs``."""
-        return self._hours(len(configs), sum(c.epochs for c in configs))
+        return self._hours(len(configs), sum(c.epochs * self.scale(c) for c in configs))
 
     @property
     def device_hours(self) -> float:
         """Device-hours of the cells to do."""
-        return self._hours(self.cells, self.epochs)
+        return self._hours(self.cells, self.epochs if self.work is None else self.work)
+
+    @property
+    def s_per_epoch_here(self) -> float:
+        """Seconds per epoch at the size of the cells to do (their mean)."""
+        return self.s_per_epoch * (1.0 if self.work is None or not self.epochs else self.work / self.epochs)
+
+
+def _samples(run: Any) -> float | None:
+    """The training samples of a finished run's epoch (its recorded samples seen over its epochs; None for a run
+    recorded before flctl counted them)."""
+    seen = (run.metrics or {}).get("train.samples_seen")
+    return seen / run.epochs_done if seen and run.epochs_done else None
+
+
+def _data_key(cfg: RunConfig) -> str:
+    """What decides how many samples a cell trains on: its subset and task options."""
+    return json.dumps([cfg.subset, cfg.opts], sort_keys=True, default=str)
+
+
+def sizes(runs: Sequence[Any], full: float | None = None) -> Callable[[RunConfig], float | None]:
+    """The training samples of a cell, from finished runs: those of a run on the same data (subset, options); else,
+    for a subset, the subset or the full data's size where that is smaller; else the full data's size (a run with
+    subset 0 tells it, else ``full``: the committed benchmark's); None where nothing tells it."""
+    by_key: dict[str, float] = {}
+    for r in runs:
+        if (n := _samples(r)) is not None:
+            by_key[_data_key(r.cfg)] = n
+    full = max((n for r in runs if r.cfg.subset == 0 and (n := _samples(r)) is not None), default=full)
+
+    def size(cfg: RunConfig) -> float | None:
+        if (n := by_key.get(_data_key(cfg))) is not None:
+            return n
+        if cfg.subset:
+            return float(cfg.subset) if full is None else min(float(cfg.subset), full)
+        return full
+    return size
 
 
 def format_cost(hours: float | None, device: str) -> str:
@@ -73,44 +115,80 @@ def format_seconds(s: float, device: str) -> str:
 def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int) -> CostEstimate | None:
     """The cost of the cells of ``configs`` not completed yet, fitted to ``runs`` (store records) that completed on the
     same task and device; None without such history. A run's seconds are its duration (every attempt, data loading
-    included). Over runs of several epoch counts, seconds = start-up + epochs x per-epoch is fitted robustly (the
-    median of pairwise slopes, then the median intercept): a few 2-epoch runs no longer make a 3,000-epoch cell look
-    1,000 x its start-up. Over one epoch count the start-up cannot be told apart: the median seconds per epoch, which
-    errs long for longer cells."""
+    included); its work is its epochs x its samples per epoch, over the median run's samples (``sizes``), so runs of a
+    subset, a smoke run and a full run are priced by one fit. Over runs of several amounts of work, seconds =
+    start-up + work x per-epoch is fitted robustly (the median of pairwise slopes, then the median intercept): a few
+    2-epoch runs no longer make a 3,000-epoch cell look 1,000 x its start-up. Over one amount the start-up cannot be
+    told apart: the median seconds per epoch, which errs long for longer cells."""
     import itertools
     import statistics
 
     task, device = configs[0].task, configs[0].device
     done = {r.id for r in runs if r.status == Status.COMPLETED}
-    points = [(r.epochs_done, r.duration_s) for r in runs
-              if r.task == task and r.device == device and r.status == Status.COMPLETED and r.duration_s
-              and r.epochs_done]
-    if not points:
+    history = [r for r in runs if r.task == task and r.device == device and r.status == Status.COMPLETED
+               and r.duration_s and r.epochs_done]
+    if not history:
         return None
+    size = sizes(history, full_size(task, device))
+    reference = statistics.median(n for r in history if (n := _samples(r)) is not None) \
+        if any(_samples(r) is not None for r in history) else None
+
+    def scale(cfg: RunConfig) -> float:
+        n = size(cfg) if reference else None
+        return n / reference if n and reference else 1.0
+
+    def work(run: Any) -> float:
+        n = _samples(run)
+        return run.epochs_done * (n / reference if n and reference else 1.0)
+
+    points = [(work(r), r.duration_s) for r in history]
     sample = sorted(points)[::max(1, len(points) // 200)]          # pairwise slopes: quadratic in the sample
-    slopes = [(d2 - d1) / (e2 - e1) for (e1, d1), (e2, d2) in itertools.combinations(sample, 2) if e2 != e1]
+    slopes = [(d2 - d1) / (w2 - w1) for (w1, d1), (w2, d2) in itertools.combinations(sample, 2) if w2 - w1 > 1e-9]
     if slopes:
         per_epoch = max(0.0, statistics.median(slopes))
-        per_cell = max(0.0, statistics.median(d - per_epoch * e for e, d in points))
+        per_cell = max(0.0, statistics.median(d - per_epoch * w for w, d in points))
     else:
-        per_epoch, per_cell = statistics.median(d / e for e, d in points), 0.0
+        per_epoch, per_cell = statistics.median(d / w for w, d in points), 0.0
+    # how far the fit's own runs fall from it: the factor 9 of 10 lie within (at least 1.25: a few runs agree by luck)
+    ratios = sorted(max(p, d) / min(p, d) for w, d in points if (p := per_cell + per_epoch * w) > 0 and d > 0)
+    spread = max(1.25, ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))]) if ratios else 2.0
     to_do = [c for c in configs if c.run_id not in done]
     return CostEstimate(per_cell, per_epoch, len(points), sum(c.epochs for c in to_do), len(to_do),
-                        max(1, cells_per_device))
+                        max(1, cells_per_device), scale=scale, spread=spread,
+                        work=sum(c.epochs * scale(c) for c in to_do))
 
 
-def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path = REFERENCE
-                   ) -> CostEstimate | None:
-    """The cost of ``configs`` (one task, one device) from the newest committed figures for that kind of device
-    (``task-costs-<date>-<cpu|cuda>.json``), measured on another machine; None where none has the task."""
-    task, kind = configs[0].task, configs[0].device.split(":")[0]
+def _figures(task: str, kind: str, folder: Path) -> tuple[dict[str, Any], Path] | None:
+    """The newest committed figures of ``task`` for that kind of device (``task-costs-<date>-<cpu|cuda>.json``)."""
     for path in sorted(folder.glob(f"task-costs-*-{kind}.json"), reverse=True):
         try:
             figures = json.loads(path.read_text())["tasks"].get(task)
         except (OSError, ValueError, KeyError, AttributeError):
             continue
         if figures:
-            return CostEstimate(float(figures["s_per_cell"]), float(figures["s_per_epoch"]), 0,
-                                sum(c.epochs for c in configs), len(configs), max(1, cells_per_device),
-                                source=f"benchmarks/results/{path.name}")
+            return figures, path
     return None
+
+
+def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path = REFERENCE
+                   ) -> CostEstimate | None:
+    """The cost of ``configs`` (one task, one device) from the newest committed figures for that kind of device,
+    measured on another machine (so expected within 2x here); None where none has the task."""
+    found = _figures(configs[0].task, configs[0].device.split(":")[0], folder)
+    if found is None:
+        return None
+    figures, path = found
+    full = figures.get("n_train")      # the samples an epoch trained on there (older files: not told)
+
+    def scale(cfg: RunConfig) -> float:
+        return min(cfg.subset, full) / full if full and cfg.subset else 1.0
+    return CostEstimate(float(figures["s_per_cell"]), float(figures["s_per_epoch"]), 0,
+                        sum(c.epochs for c in configs), len(configs), max(1, cells_per_device),
+                        source=f"benchmarks/results/{path.name}", scale=scale, spread=2.0,
+                        work=sum(c.epochs * scale(c) for c in configs))
+
+
+def full_size(task: str, device: str, folder: Path = REFERENCE) -> float | None:
+    """The samples of an epoch on the task's full data, as the committed benchmark measured it (None: not told)."""
+    found = _figures(task, device.split(":")[0], folder)
+    return float(found[0]["n_train"]) if found is not None and found[0].get("n_train") else None

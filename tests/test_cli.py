@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from flctl import api
 from flctl.cli import app
 from flctl.cost import format_cost
 from tests.helpers import files_under
@@ -194,7 +195,7 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     out = flctl(*plan).output.replace("\n", " ")
     per_epoch = run["duration_s"] / 4
     assert "80 epochs to train" in out and "median of 1 finished two-moons runs on cpu" in out
-    assert f"about {format_cost(per_epoch * 80 / 3600, 'cpu')}:" in out
+    assert f"about {format_cost(per_epoch * 80 / 3600, 'cpu')} (expected within " in out
     # Two epoch counts tell start-up from epochs: seconds = a + b * epochs through both runs (a 4-epoch run's
     # start-up no longer priced into every epoch of a long cell)
     with sqlite3.connect(results / "flctl.db") as conn:          # fixed durations: the fit is checked by hand
@@ -206,7 +207,8 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     b = (5.0 - 3.0) / 40                                       # one slope; a = median(3 - 4b, 5 - 44b) = 2.8
     a = 2.8
     assert f"2 cell(s) x {a:.3g} s to start + 80 epochs x {b:.3g} s (fitted to 2 finished two-moons runs" in out, out
-    assert "cost: about 9.6 s: 2 cell(s)" in out, out       # (2 x 2.8 + 80 x 0.05) s, as a person reads it
+    # (2 x 2.8 + 80 x 0.05) s, as a person reads it; the fit passes through both runs: the narrowest interval
+    assert "cost: about 9.6 s (expected within 7.7 s to 12 s): 2 cell(s)" in out, out
 
 
 def test_runs_says_how_many_it_left_out_and_limit_0_lists_all(results: Path) -> None:
@@ -330,3 +332,21 @@ def test_a_report_over_runs_of_several_sweeps_says_so_and_how_to_choose(results:
         "`flctl sweeps` lists them)"], mixed.stderr
     one = flctl("report", "--table", "main", "--sweep", latest)
     assert one.exit_code == 0 and "note:" not in one.stderr, one.output
+
+
+def test_a_subset_cell_is_priced_at_its_samples_not_the_full_datas(results: Path) -> None:
+    """One cost model for a smoke run, a subset and a full run: a run's work is its epochs x the samples each epoch
+    trained on (its train.samples_seen), so a --subset cell is priced at its own size (before: a --subset 5000
+    Fashion-MNIST sweep was priced at the full data's seconds per epoch, 8.6 cpu-hours for 16 minutes' work)."""
+    from flctl.cost import estimate_cost
+
+    assert flctl("run", "two-moons", "-m", "erm", "--epochs", "4").exit_code == 0        # 1,000 samples an epoch
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET duration_s = 2.0")
+    [run] = api.runs(results_dir=results)
+    assert run.metrics["train.samples_seen"] == 4 * 1000
+    full, tenth = (api.config("two-moons", "fl", epochs=40, subset=n, lr=1e-2) for n in (0, 100))
+    cost = estimate_cost([run], [full, tenth], 1)
+    assert cost is not None and cost.scale(full) == 1.0 and cost.scale(tenth) == 0.1
+    assert cost.hours([tenth]) * 10 == pytest.approx(cost.hours([full]))      # 40 epochs of 100 samples: a tenth
+    assert cost.work == pytest.approx(40 + 4)

@@ -7,6 +7,7 @@ never fails the training."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -246,8 +247,13 @@ def test_a_logger_not_installed_is_one_line_naming_the_pip_command(tmp_path: Pat
             "export": ["export", "abcd", "--to", "missing"]}[where]
     res = in_process(*args, *EPOCHS[:2] if where != "export" else (), "--results-dir", str(root))
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.strip() == ("error: --log-to missing needs no_such_tracker_module, which is not installed "
-                                  "here: pip install 'flctl[missing]'")
+    # flctl installed from its checkout (`pip install -e .`, as CI and the README do): the command names the checkout,
+    # since 'flctl[missing]' would look for flctl on the package index
+    editable = json.loads(importlib.metadata.distribution("flctl").read_text("direct_url.json") or "{}").get(
+        "dir_info", {}).get("editable")
+    how = f"pip install -e '{Path(__file__).resolve().parents[1]}[missing]'" if editable else \
+        "pip install 'flctl[missing]'"
+    assert res.stderr.strip() == f"error: --log-to missing needs no_such_tracker_module, which is not installed here: {how}"
     assert files_under(tmp_path) == sorted(p for p in files_under(tmp_path) if "site" in p.parts)
     unknown = in_process(*["nosuch" if a == "missing" else a for a in args], *EPOCHS[:2] if where != "export" else (),
                          "--results-dir", str(root))

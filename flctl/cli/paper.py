@@ -114,7 +114,8 @@ def _print_plan(programme) -> None:
 
     table = Table("", "specs", "cells", "done", "to do", f"cost on {programme.device}", "note",
                   title=f"the paper's programme at the {programme.scale} scale")
-    total_todo, total_hours, unknown = 0, 0.0, 0
+    table.columns[-1].overflow = "fold"       # a skipped spec's reason whole, wrapped: never cut at the table's edge
+    total_todo, total_hours, unknown, low, high = 0, 0.0, 0, 0.0, 0.0
     sources: dict[str, int] = {}            # benchmark file -> cells priced from it
     unknown_tasks: set[str] = set()
     for p in programme.items:
@@ -125,7 +126,7 @@ def _print_plan(programme) -> None:
                                                                  "from " + p.cost.source if p.cost and p.cost.source
                                                                  else "")
         table.add_row(p.item.ref, safe(", ".join(p.item.all_specs())), str(len(p.cells)), str(len(p.finished)),
-                      str(len(to_do)), "—" if hours is None else format_cost(hours, programme.device), safe(note[:90]))
+                      str(len(to_do)), "—" if hours is None else format_cost(hours, programme.device), safe(note))
     # Items share cells (Tables 1 and 5 are one sweep): the totals count each cell once.
     seen: dict[str, object] = {}
     for p in programme.items:
@@ -139,6 +140,8 @@ def _print_plan(programme) -> None:
                     unknown_tasks.add(c.task)
                 else:
                     total_hours += h
+                    spread = p.cost.spread if p.cost is not None else 1.0
+                    low, high = low + h / spread, high + h * spread
                     if p.cost is not None and p.cost.source is not None:
                         sources[p.cost.source] = sources.get(p.cost.source, 0) + 1
     console.print(table)
@@ -148,8 +151,10 @@ def _print_plan(programme) -> None:
                       f") have no finished run on {device} here and no committed benchmark on {device}")
         return
     priced = total_todo - unknown
-    line = (f"{total_todo} cell(s) to do, about {format_cost(total_hours, device)}" if priced == total_todo else
-            f"{total_todo} cell(s) to do; the {priced} priced take about {format_cost(total_hours, device)}")
+    about = (f"about {format_cost(total_hours, device)} (expected within {format_cost(low, device)} to "
+             f"{format_cost(high, device)})")
+    line = (f"{total_todo} cell(s) to do, {about}" if priced == total_todo else
+            f"{total_todo} cell(s) to do; the {priced} priced take {about}")
     if sources:
         line += "; " + ", ".join(f"{n} of them from {safe(s)} (another machine)" for s, n in sources.items())
     if unknown:

@@ -253,19 +253,20 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
     if cost is None:
         return (f"cost: unknown: no finished {task} runs on {device} in the database yet (the estimate is fitted to "
                 f"their seconds per run), and no benchmark of {task} on {device} is committed")
+    per_epoch = format_seconds(cost.s_per_epoch_here, device)
     if cost.source is not None:
         how = (f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} to start + {cost.epochs:,} "
-               f"epochs x {format_seconds(cost.s_per_epoch, device)} (from {cost.source}, another machine: no "
-               f"finished {task} runs on {device} in the database yet)")
-    elif cost.s_per_cell == 0:     # one epoch count in the history: its start-up is inside the seconds per epoch
-        how = (f"{cost.epochs:,} epochs to train x {format_seconds(cost.s_per_epoch, device)} per epoch (median of "
-               f"{cost.history} finished {task} runs on {device}, start-up included)")
+               f"epochs x {per_epoch} (from {cost.source}, another machine: no finished {task} runs on {device} in "
+               "the database yet)")
+    elif cost.s_per_cell == 0:     # one amount of work in the history: its start-up is inside the seconds per epoch
+        how = (f"{cost.epochs:,} epochs to train x {per_epoch} per epoch (median of {cost.history} finished {task} "
+               f"runs on {device}, start-up included)")
     else:
         how = (f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} to start + {cost.epochs:,} "
-               f"epochs x {format_seconds(cost.s_per_epoch, device)} (fitted to {cost.history} finished {task} runs "
-               f"on {device})")
-    return (f"cost: about {format_cost(cost.device_hours, device)}: {how} / {cost.cells_per_device} cell(s) per "
-            "device")
+               f"epochs x {per_epoch} (fitted to {cost.history} finished {task} runs on {device})")
+    hours = cost.device_hours
+    return (f"cost: about {format_cost(hours, device)} (expected within {format_cost(hours / cost.spread, device)} "
+            f"to {format_cost(hours * cost.spread, device)}): {how} / {cost.cells_per_device} cell(s) per device")
 
 
 def _fmt(v) -> str:

@@ -96,9 +96,26 @@ def get_logger(name: str) -> type[Logger]:
     if not (isinstance(cls, type) and issubclass(cls, Logger) and getattr(cls, "name", None) == name):
         raise ConfigError(f"{target} is not a flctl.loggers.Logger subclass named {name!r}")
     if cls.needs is not None and importlib.util.find_spec(cls.needs) is None:
-        how = f"pip install 'flctl[{cls.extra}]'" if cls.extra else f"pip install {cls.needs}"
+        how = install_extra(cls.extra) if cls.extra else f"pip install {cls.needs}"
         raise ConfigError(f"--log-to {name} needs {cls.needs}, which is not installed here: {how}")
     return cls
+
+
+def install_extra(extra: str) -> str:
+    """The pip command that installs flctl's ``extra`` where flctl is: from its checkout where it was installed so
+    (`pip install -e .`, the README's way: 'flctl[x]' would look for flctl on the package index), else by name."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+    from urllib.parse import unquote, urlparse
+
+    try:
+        direct = json.loads(distribution("flctl").read_text("direct_url.json") or "{}")
+    except (PackageNotFoundError, ValueError):
+        direct = {}
+    url = urlparse(direct.get("url", ""))
+    if url.scheme == "file" and direct.get("dir_info", {}).get("editable"):
+        return f"pip install -e '{unquote(url.path)}[{extra}]'"
+    return f"pip install 'flctl[{extra}]'"
 
 
 def check(chosen: Iterable[str]) -> tuple[str, ...]:
