@@ -146,9 +146,14 @@ class Layout:
 
     # ---- trackers (flctl.loggers) ----
 
+    @property
+    def tensorboard_root(self) -> Path:
+        """TensorBoard's --logdir: every run logged to it."""
+        return self.root / "tensorboard"
+
     def tensorboard(self, sweep_id: str | None, run_id: str) -> Path:
         """A run's TensorBoard event files: one folder per sweep (`flctl run`'s runs: "runs"), one per run in it."""
-        return self.root / "tensorboard" / (sweep_id or "runs") / run_id
+        return self.tensorboard_root / (sweep_id or "runs") / run_id
 
     @property
     def mlflow_db(self) -> Path:

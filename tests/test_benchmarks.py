@@ -45,6 +45,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "plain_two_moons.py": [],
         "bench_threads.py": ["--repeats", "1", "--epochs", "2", "--loads", "quiet", "--out", str(tmp)],
         "bench_task_costs.py": ["--tasks", "two-moons", "--out", str(tmp)],
+        "bench_estimates.py": ["--sweeps", "1", "--out", str(tmp)],
         "bench_loggers.py": ["--repeats", "1", "--epochs", "2", "--out", str(tmp)],
     }
 

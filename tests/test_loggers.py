@@ -337,3 +337,8 @@ def test_a_logged_launch_over_finished_cells_says_how_to_log_them(tmp_path: Path
     assert len(line) == 1 and "the 1 finished before are logged by `flctl export " in line[0] \
         and "--to tensorboard`" in line[0], grown.stdout
     assert len({p.parent for p in (root / "tensorboard").rglob("events.out.tfevents.*")}) == 1     # one run logged
+    # and where it went, with the command that reads it
+    assert f"logging to tensorboard (`tensorboard --logdir {root / 'tensorboard'}`)" in grown.stdout, grown.stdout
+    ran = in_process("run", "two-moons", "-m", "erm", "--seed", "5", *EPOCHS, "--log-to", "tensorboard",
+                     "--results-dir", str(root))
+    assert ran.stdout.strip().splitlines()[-1] == f"logged to tensorboard (`tensorboard --logdir {root / 'tensorboard'}`)"

@@ -368,15 +368,19 @@ def gpu_sharing_line(device: str, settings) -> str | None:
     return gpu_sharing(settings.per_gpu)
 
 
-def said_launched(launched, sid: str, spec, settings, quiet: bool = False) -> None:
+def said_launched(launched, sid: str, spec, settings, quiet: bool = False, root: Path | None = None) -> None:
     """What a launch did (flctl.launch.plan.Launched), as `flctl sweep` and `flctl paper` say it; ``quiet`` (each
-    --tune trial's launch): only the worker jobs it started."""
+    --tune trial's launch): only the worker jobs it started. ``root``: the results folder (where --log-to writes)."""
     if not quiet:
         console.print(f"sweep [bold]{sid}[/]{f' ({safe(spec.name)})' if spec.name else ''}: {launched.cells} cells, "
                       f"{launched.added} new, {launched.completed} completed, {len(launched.requeued)} re-queued "
                       "after a lost worker" + (f", {len(launched.gave_up)} given up" if launched.gave_up else "")
                       + f"; {launched.todo} to do"
                       + (f", {launched.live} worker(s) already on it" if launched.live else ""))
+    if not quiet and settings.log_to and launched.todo and root is not None:
+        from flctl.loggers import where
+
+        console.print(f"logging to {safe(where(settings.log_to, root))}")
     if not quiet and settings.log_to and launched.completed:
         # --log-to logs what trains; cells finished before (by another launch, with or without it) are the export's
         console.print(f"--log-to logs the cells this launch trains; the {launched.completed} finished before are "

@@ -35,7 +35,7 @@ def export(
     exporting again replaces what an earlier export or live log of it left, never adds to it. A tracker that fails
     (or gives no answer within FLCTL_TRACKER_TIMEOUT_S) is tried for no further run: exit 1, with one error line."""
     from flctl.db.store import sweep_of as sweep_of_run
-    from flctl.loggers import check
+    from flctl.loggers import check, where
     from flctl.loggers.export import export as replay
 
     try:
@@ -66,7 +66,7 @@ def export(
     failed = {run_id for ids in done.not_logged.values() for run_id in ids}
     whole = len(finished) - len(failed)
     console.print(f"exported {whole if failed else len(finished)}{f' of {len(finished)}' if failed else ''} run(s) "
-                  f"to {', '.join(loggers)}"
+                  f"to {safe(where(loggers, root))}"
                   + (f"; {len(runs) - len(finished)} not finished yet left out" if len(runs) > len(finished) else ""))
     if done.not_logged:      # a tracker's failure, not bad input: exit 1
         told = "; ".join(f"{name} did not log {len(ids)} of {len(finished)} run(s) ({done.why[name]})"

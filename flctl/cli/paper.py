@@ -3,6 +3,7 @@ browsable bundle of every table and figure with the paper's own numbers beside o
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -85,7 +86,7 @@ def paper(
         with ledger_lines(url, sid):
             return worker()
 
-    hooks = Hooks(plan=_print_plan, launched=said_launched, here=here,
+    hooks = Hooks(plan=_print_plan, launched=functools.partial(said_launched, root=root), here=here,
                   wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root),
                   warn=lambda line: err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True))
     try:

@@ -180,6 +180,10 @@ def run(
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
     print_summary(store.get_run(cfg.run_id))
+    if loggers:
+        from flctl.loggers import where
+
+        console.print(f"logged to {safe(where(loggers, root))}")
 
 
 class _log_lines:

@@ -116,7 +116,7 @@ def sweep(
         _tune_line(planned)
     started = time.time()
     try:
-        filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction, hooks=_hooks(url, planned))
+        filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction, hooks=_hooks(url, planned, root))
     except ConfigError as exc:          # e.g. results/jobs is another user's folder
         fail(str(exc))
     except TuneFailed as exc:
@@ -142,7 +142,7 @@ def sweep(
         error_summary(filled.ledger)
 
 
-def _hooks(url: str, planned):
+def _hooks(url: str, planned, root: Path):
     """How `flctl sweep` shows a sweep filling: each launch, this process's worker's log lines, the live ledger, each
     --tune trial as it is told."""
     from flctl.launch.flow import Hooks
@@ -157,7 +157,7 @@ def _hooks(url: str, planned):
         result = f"{safe(objective)} = {trial.value:.4g}" if trial.value is not None else safe(trial.status)
         console.print(f"trial {trial.number + 1}/{n}: {_params(trial.params)} → {result} (run {trial.run_id})")
 
-    return Hooks(launched=functools.partial(said_launched, quiet=planned.tune is not None), here=here,
+    return Hooks(launched=functools.partial(said_launched, quiet=planned.tune is not None, root=root), here=here,
                  wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root), told=told)
 
 

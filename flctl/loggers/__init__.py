@@ -61,6 +61,11 @@ class Logger:
         self.results_root = Path(results_root)
 
     @classmethod
+    def where(cls, results_root: Path) -> str:
+        """Where its logs go, for the line that says so (a folder, a tracking server, a project)."""
+        return cls.name
+
+    @classmethod
     def prepare(cls, results_root: Path) -> None:
         """Once, in the launching process, before a sweep's workers start: what they would otherwise all make at
         once (an MLflow store and its experiment)."""
@@ -99,6 +104,13 @@ def get_logger(name: str) -> type[Logger]:
         how = install_extra(cls.extra) if cls.extra else f"pip install {cls.needs}"
         raise ConfigError(f"--log-to {name} needs {cls.needs}, which is not installed here: {how}")
     return cls
+
+
+def where(chosen: Iterable[str], results_root: Path) -> str:
+    """Where ``chosen`` loggers write, as one line's end: "tensorboard (results/tensorboard), mlflow (...)"."""
+    from flctl.text import redact
+
+    return ", ".join(f"{name} ({redact(get_logger(name).where(Path(results_root)))})" for name in chosen)
 
 
 def install_extra(extra: str) -> str:

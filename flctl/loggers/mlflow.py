@@ -52,6 +52,10 @@ class MLflow(Logger):
     imports = ("mlflow.entities", "mlflow.tracking")
 
     @classmethod
+    def where(cls, results_root: Any) -> str:
+        return f"{tracking_uri(results_root)}, experiment {experiment_name()}"
+
+    @classmethod
     def prepare(cls, results_root: Any) -> None:
         """The store (its schema) and the experiment made once, before a sweep's workers would race to make them."""
         from mlflow.tracking import MlflowClient
@@ -112,10 +116,15 @@ class MLflow(Logger):
         self.client.set_terminated(self.run_id, ended)
 
 
+def experiment_name() -> str:
+    """MLFLOW_EXPERIMENT_NAME, default "flctl"."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or "flctl"
+
+
 def _experiment(client: Any) -> str:
     """The id of the experiment runs are logged to (MLFLOW_EXPERIMENT_NAME, default "flctl"), made if need be (by
     another worker meanwhile, too)."""
-    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "flctl"
+    name = experiment_name()
     if (found := client.get_experiment_by_name(name)) is not None:
         return str(found.experiment_id)
     try:

@@ -17,6 +17,12 @@ class TensorBoard(Logger):
     extra = "tensorboard"
     imports = ("torch.utils.tensorboard", "tensorboard.compat.proto.summary_pb2")
 
+    @classmethod
+    def where(cls, results_root: Any) -> str:
+        from flctl.layout import Layout
+
+        return f"`tensorboard --logdir {Layout(results_root).tensorboard_root}`"
+
     def start(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 

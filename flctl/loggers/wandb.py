@@ -11,10 +11,23 @@ from typing import Any
 from flctl.loggers import Logger, RunInfo
 
 
+def project() -> str:
+    """WANDB_PROJECT, default "flctl"."""
+    return os.environ.get("WANDB_PROJECT") or "flctl"
+
+
 class WandB(Logger):
     name = "wandb"
     needs = "wandb"
     extra = "wandb"
+
+    @classmethod
+    def where(cls, results_root: Any) -> str:
+        from flctl.layout import Layout
+
+        if os.environ.get("WANDB_MODE") == "offline":
+            return f"{Layout(results_root).wandb}, offline: `wandb sync` it"
+        return f"project {project()}"
 
     def start(self, run: RunInfo) -> None:
         import wandb
@@ -31,7 +44,7 @@ class WandB(Logger):
         # the run until someone answers (and a closed stdin ends the prompt in a KeyboardInterrupt)
         wandb.setup(settings=wandb.Settings(silent=True))
         try:
-            self.wb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "flctl", id=run.run_id, name=run.run_id,
+            self.wb = wandb.init(project=project(), id=run.run_id, name=run.run_id,
                                  group=run.sweep_id, job_type=run.method, tags=[run.task, run.method],
                                  config={**run.params, "flctl": run.tags}, dir=str(folder), resume="allow",
                                  reinit="create_new", settings=wandb.Settings(
