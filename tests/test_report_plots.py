@@ -239,6 +239,8 @@ def test_reliability_bars_are_the_binned_accuracy_and_titles_the_ece(made: Path)
     heights = [round(b.get_height(), 6) for b in ax.patches]
     lo = np.floor(conf.max() * 15 - 1e-9) / 15                               # the highest filled bin, (lo, lo + 1/15]
     assert heights[-1] == round(float(ok[conf > lo].mean()), 6)
+    # a binary task's confidences are >= 0.5: its panels begin at the lowest bin reached, not at an empty 0-0.47
+    assert conf.min() >= 0.5 and ax.get_xlim() == (pytest.approx(np.floor(conf.min() * 15) / 15), 1.0)
 
 
 def test_reliability_refuses_a_regression_task(made: Path) -> None:

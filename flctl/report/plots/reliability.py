@@ -43,6 +43,10 @@ def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -
     axes = grid.ravel()[:len(groups)]
     edges = np.linspace(0.0, 1.0, ECE_BINS + 1)
     centers, width = (edges[:-1] + edges[1:]) / 2, 1.0 / ECE_BINS
+    # The confidence axis from the lowest bin any run reaches: a max softmax probability is at least 1/K (0.5 for
+    # a binary task, whose panels were half empty), so the bins below it hold nothing
+    seen = confidence[~np.isnan(confidence)] if confidence.size else confidence
+    low = float(edges[min(int(np.floor(seen.min() * ECE_BINS)), ECE_BINS - 1)]) if seen.size else 0.0
     for ax, group in zip(axes, groups):
         mine = np.isin(run_ids, [r.id for r in group.runs])
         conf, ok = confidence[mine], correct[mine]
@@ -52,8 +56,8 @@ def _reliability(runs: list[RunRecord], records_root: Path, split: str | None) -
         ax.bar(centers[filled], accuracy, width=width, color=group.color, edgecolor="0.2", linewidth=0.5,
                label=_with_seeds(group.label, len(group.runs)))
         # Perfect calibration, drawn over the bars (zorder) so that it shows where a bar overshoots it.
-        ax.plot([0, 1], [0, 1], ls="--", color="0.15", lw=1, zorder=3)
-        ax.set_xlim(0, 1)
+        ax.plot([low, 1], [low, 1], ls="--", color="0.15", lw=1, zorder=3)
+        ax.set_xlim(low, 1)
         ax.set_ylim(0, 1)
         ax.set_title(f"{wrap(_with_seeds(group.label, len(group.runs)), 3.0, 10)}\nECE {ece(conf, ok):.3f}")
     for i, ax in enumerate(axes):
