@@ -263,3 +263,16 @@ def test_dynamics_overlays_gd_and_nupi_as_separate_curves(tmp_path: Path) -> Non
     assert fig.legends[0].get_title().get_text() == "FL ε=0.1, 1 seed each"
     rates = [ax for ax in fig.axes if "violation rate" in ax.get_title()][0]
     assert len(rates.get_lines()) == 2 and all(len(line.get_xdata()) == 4 for line in rates.get_lines())
+
+
+def test_a_panel_of_runs_of_several_sizes_says_the_range_of_samples(tmp_path: Path) -> None:
+    """A CDF of a full run beside a --subset 256 one: its panel title says 256–1,000 samples, not the first curve's
+    count alone (before: "1000 samples" above a 256-sample curve)."""
+    from flctl import api
+
+    root = tmp_path / "results"
+    runs = [api.run("two-moons", "fl", epochs=1, subset=n, results_dir=root) for n in (0, 256)]
+    fig = figure("cdf", runs, root / "records")
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["Train (256–1,000 samples)", "Test (256–1,000 samples)"]
+    alone = figure("cdf", runs[:1], root / "records")
+    assert alone.axes[0].get_title() == "Train (1,000 samples)"

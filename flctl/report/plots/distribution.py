@@ -59,7 +59,9 @@ def _distribution(runs: list[RunRecord], records_root: Path, split: str | None, 
         if not per_group:
             raise ConfigError(f"no {sp} records in the selected runs; pass --split to plot the other split")
         (_cdf_panel if kind == "cdf" else _cvar_panel)(ax, per_group)
-        ax.set_title(f"{sp.capitalize()} ({len(per_group[0][1][0])} samples)")
+        # what every curve holds: one count, or the range where runs of several sizes are shown together
+        counts = sorted({len(losses) for _, ls in per_group for losses in ls})
+        ax.set_title(f"{sp.capitalize()} ({counts[0]:,}" + (f"–{counts[-1]:,}" if len(counts) > 1 else "") + " samples)")
     _figure_legend(fig, axes[0], BAND if any(len(g.runs) > 1 for g in groups) else None)
     what = "Empirical CDF" if kind == "cdf" else "CVaR"
     fig.suptitle(f"{task}: {what} of final per-sample losses{note}")
