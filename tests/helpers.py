@@ -35,6 +35,15 @@ def files_under(root: Path) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*") if p.is_file()) if Path(root).exists() else []
 
 
+def bound(seconds: float) -> float:
+    """A wall-clock bound a test asserts, stretched by how loaded this machine is now (the 1-minute load average
+    over its cores, at least 1): on a 2-core machine beside two busy processes a bound of a quiet one is twice too
+    short, and the test would fail for the machine, not for flctl."""
+    import os
+
+    return seconds * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def wait_until(predicate, what: str = "a condition", timeout: float = 240, interval: float = 0.5,
                explain=None):
     """Poll ``predicate`` until it returns something truthy (returned); on timeout fail, with ``explain()``

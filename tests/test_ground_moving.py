@@ -188,9 +188,10 @@ def test_a_signal_ends_every_waiting_command_with_its_code(tmp_path: Path, signu
     try:
         wait_until(lambda: _running(results) >= 1, "a cell training", interval=0.1)
         watcher = warm.Popen([*FLCTL, "status", "--watch", *args], stdout=warm.PIPE, stderr=warm.PIPE, text=True)
-        time.sleep(3)                                   # its first poll is done
+        # its first poll is done (its first line said): an event, not a sleep that a loaded machine outlasts
+        wait_until(lambda: watcher.peek() or watcher.poll() is not None, "the watch's first line", interval=0.1)
         watcher.send_signal(signum)
-        _, err = watcher.communicate(timeout=60)
+        _, err = watcher.communicate(timeout=120)
         assert watcher.returncode == code and err.strip().endswith("interrupted (SIGINT)" if signum == 2 else
                                                                      "interrupted (SIGTERM)"), err
         waiting.send_signal(signum)

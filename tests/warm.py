@@ -153,6 +153,10 @@ class Popen:
         with open(path, encoding="utf-8", errors=self._errors) as f:
             return f.read()
 
+    def peek(self) -> str:
+        """What the process has written to its stdout (PIPE) so far: a test waits on what it said, not on a sleep."""
+        return self._read(self._out, self._out != os.devnull) or ""
+
     def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
         self.wait(timeout)
         return (self._read(self._out, self._out != os.devnull),
