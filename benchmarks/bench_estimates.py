@@ -55,12 +55,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--sweeps", type=int, default=len(SWEEPS), help="the first N of the series (a quick check)")
+    parser.add_argument("--executor", default="local", help="how the sweeps launch (debug: in one process, a check)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "results"
         for line in SWEEPS[:args.sweeps]:
-            words = line.split()
+            words = [*line.split(), "--executor", args.executor]
             plan = flctl("sweep", *words, "--dry-run", folder=folder)
             said = re.search(r"cost: about (.+?) \(expected within (.+?) to (.+?)\): (.*)", plan.stdout)
             if plan.returncode != 0 or said is None:

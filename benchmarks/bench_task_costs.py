@@ -15,6 +15,7 @@ import argparse
 import datetime
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -37,9 +38,10 @@ def _seconds(task: str, epochs: int, device: str) -> tuple[float, float | None] 
         took = time.perf_counter() - start
         if done.returncode != 0:
             return None
-        listed = subprocess.run([sys.executable, "-m", "flctl", "runs", "--json", "--results-dir", tmp],
-                                capture_output=True, text=True, cwd=ROOT)
-    seen = json.loads(listed.stdout)[0]["metrics"].get("train.samples_seen") if listed.returncode == 0 else None
+        with sqlite3.connect(Path(tmp) / "flctl.db") as db:      # the run's row, read as any SQLite reader would
+            [(metrics,)] = db.execute("SELECT metrics FROM runs").fetchall()
+        db.close()
+    seen = json.loads(metrics or "{}").get("train.samples_seen")
     return took, (seen / epochs if seen else None)
 
 

@@ -136,7 +136,8 @@ def test_a_sweep_logged_live_to_mlflow_and_tensorboard_exports_the_same_numbers(
     tb = {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs}
     for _ in range(2):                 # after the fact, twice: the same numbers, and no run logged twice
         res = in_process("export", sid, "--to", "mlflow", "--to", "tensorboard", "--results-dir", str(root), env=env)
-        assert res.returncode == 0 and f"exported {len(runs)} run(s) to mlflow, tensorboard" in res.stdout, res.stderr
+        assert res.returncode == 0 and f"exported {len(runs)} run(s) to mlflow ({mlflow_server}, experiment moons), " \
+            f"tensorboard (`tensorboard --logdir {root / 'tensorboard'}`)" in " ".join(res.stdout.split()), res.stdout
         exported = logged()
         assert {rid: row["loss"] for rid, row in exported.items()} == {rid: row["loss"] for rid, row in live.items()}
         assert {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs} == tb

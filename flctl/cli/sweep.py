@@ -134,7 +134,8 @@ def sweep(
     if filled.stopped is not None:      # a signal: on stderr, as every command's line about how it ended
         from flctl.launch.wait import stopped_line
 
-        err_console.print(f"[yellow]stopped[/]: {safe(stopped_line(root, sid))}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]stopped[/]: {safe(stopped_line(root, sid, store))}", highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(filled.stopped)
     if not wait and filled.launched is not None and filled.launched.jobs and not settings.launcher.in_process:
         console.print(f"follow it with `flctl status {sid} --watch`")

@@ -39,11 +39,14 @@ class SweepStopped(Exception):
 STOPPING_S = 10.0
 
 
-def stopped_line(root: Path, sid: str) -> str:
+def stopped_line(root: Path, sid: str, store: Any = None) -> str:
     """What `flctl sweep --wait` says when a signal stopped its own worker: its cell went back, and what became of
     the sweep's other workers: stopped too (`flctl cancel` since this command started: it says so in the sweep's
     jobs folder before its first signal; or a terminal's Ctrl-C, which reaches the local workers this command started,
-    in its process group: watched for up to STOPPING_S as they stop) or going on (elsewhere, or sent nothing)."""
+    in its process group: watched for up to STOPPING_S as they stop) or going on (elsewhere, or sent nothing).
+    With ``store``, the cells that a worker of this host left running as it died (submitit's controller kills its job
+    a second after a Ctrl-C, which may land before the job hands its cell back) are queued again, so that "went back"
+    is true of every one (the next launch would take them over anyway, counting the attempt)."""
     try:
         cancelled = float(Layout(root).cancelled(sid).read_text())
     except (OSError, ValueError):
@@ -63,6 +66,11 @@ def stopped_line(root: Path, sid: str) -> str:
     while any(ours(w) for w in going) and time.monotonic() < deadline:
         time.sleep(0.2)
         going = live_workers(root, sid)
+    if not going and store is not None:
+        from flctl.db.queue import RunQueue
+
+        with contextlib.suppress(Exception):         # a line about how the command ended: never a second error
+            RunQueue(store).reap(run_ids=[r["id"] for r in store.sweep_runs(sid) if r["stale"]])
     if not going:
         return (f"sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with the "
                 "same axes resumes it")

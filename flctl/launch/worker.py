@@ -187,6 +187,13 @@ class Worker(submitit.helpers.Checkpointable):
                     self.trained_a_group = True
                 if r.sync_study and outcome and self.ground_moved is None:
                     _sync_study_once(store, r.db_url, r.sweep_id)
+            except (KeyboardInterrupt, SystemExit):
+                # a second signal (a terminal's Ctrl-C reaches a local job twice: from the terminal and through its
+                # controller) between a claim and its training: the cells claimed go back, never left running
+                # until the stale bound (train_claimed hands back what it trains itself)
+                if self.current:
+                    RunQueue(store).requeue_all(dict(self.current), "interrupted before it trained; claim it again")
+                raise
             finally:
                 store.close()
                 self.stopped = stop.exit_code if stop.is_set() else None
@@ -208,11 +215,13 @@ class Worker(submitit.helpers.Checkpointable):
         first = claim()
         if first is None:
             return []
+        self.current = {first.cfg.run_id: first.token}     # held from here: a second signal hands it back (_work)
         try:
             get_task(first.cfg.task)
         except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
             why = f"task {first.cfg.task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
             RunQueue(store).fail_run(first.cfg.run_id, first.token, why, 0.0)
+            self.current = {}
             raise TaskUnavailable(first.cfg.run_id, why) from None
         claimed, lead = [(first.cfg, first.token)], first.cfg
         # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone
@@ -221,6 +230,7 @@ class Worker(submitit.helpers.Checkpointable):
             if more is None:
                 break
             claimed.append((more.cfg, more.token))
+            self.current[more.cfg.run_id] = more.token
         return claimed
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
