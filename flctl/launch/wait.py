@@ -66,7 +66,7 @@ def stopped_line(root: Path, sid: str, store: Any = None) -> str:
     while any(ours(w) for w in going) and time.monotonic() < deadline:
         time.sleep(0.2)
         going = live_workers(root, sid)
-    if not going and store is not None:
+    if store is not None:               # a dead worker's cell is re-queued whether or not others go on
         from flctl.db.queue import RunQueue
 
         with contextlib.suppress(Exception):         # a line about how the command ended: never a second error
