@@ -105,3 +105,28 @@ def test_a_data_path_that_is_not_there_is_refused_for_a_task_without_its_own_che
     check_task_data(reads, {}, str(tmp_path / "missing"), look=False)       # a dry run does not look
     with pytest.raises(ConfigError, match="reads no --data"):
         check_task_data(get_task("two-moons"), {}, str(tmp_path), look=False)
+
+
+@pytest.mark.parametrize("n, noise, seed", [(1000, 0.1, 0), (999, 0.3, 7), (2, 0.0, 1), (5000, 0.1, 12345)])
+def test_make_moons_is_scikit_learns(n: int, noise: float, seed: int) -> None:
+    """two-moons writes make_moons out (importing scikit-learn costs a run 1-2 s); the samples, labels and their order
+    must be scikit-learn's bit for bit, so run ids and records stay what they were."""
+    from sklearn.datasets import make_moons as sklearns
+
+    from flctl_tasks.two_moons import make_moons
+
+    x, y = make_moons(n, noise, seed)
+    want_x, want_y = sklearns(n_samples=n, noise=noise, random_state=seed)
+    assert np.array_equal(x, want_x) and np.array_equal(y, want_y) and (x.dtype, y.dtype) == (want_x.dtype, want_y.dtype)
+
+
+def test_a_two_moons_run_imports_no_scikit_learn(tmp_path) -> None:
+    """What a run of the flagship task imports is the floor of its start-up: scikit-learn (with scipy.stats) is
+    1-2 s of it, and only the tasks that load its datasets may pay it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flctl.tasks import get_task; t = get_task('two-moons'); t.load(dict(t.options), None); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
