@@ -13,6 +13,9 @@ def _early(signum: int, _frame) -> None:
 
 
 def main() -> None:
+    from flctl.procs import end_without_collecting
+
+    end_without_collecting()       # first: its atexit handler runs last
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:     # `flctl sweep ... &` from a script ignores SIGINT
             signal.signal(signum, _early)

@@ -13,7 +13,7 @@ from flctl import migrations
 from flctl.cli import app
 from flctl.db import Store
 from flctl.db.schema import Base, Meta
-from flctl.db.upgrade import check_schema
+from flctl.db.upgrade import check_schema, newest_revision
 from flctl.errors import OlderSchema, StoreError
 from tests.helpers import config
 from tests.test_concurrency import pg_database
@@ -110,3 +110,26 @@ def test_the_next_version_upgrades_in_place_and_this_one_refuses_it(tmp_path: Pa
         Store.open(url)
     res = CliRunner().invoke(app, ["runs", "--db", url])
     assert res.exit_code == 2 and "upgrade flctl" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_newest_revision_file_is_alembics_head(tmp_path: Path) -> None:
+    """check_schema tells a current database from the revision files' names (without importing Alembic): the name
+    must say what Alembic says, here and with a revision added."""
+    assert newest_revision(migrations.SCRIPTS) == HEAD
+    scripts = tmp_path / "next"
+    shutil.copytree(migrations.SCRIPTS, scripts)
+    (scripts / "versions" / f"{NEXT_REVISION}_note.py").write_text(NEXT)
+    assert newest_revision(scripts) == migrations.head(scripts) == NEXT_REVISION
+
+
+def test_opening_a_current_database_imports_no_alembic(tmp_path: Path) -> None:
+    """Every command and worker opens the database: one at today's revision costs two reads, not Alembic's import
+    and walk of its scripts (0.3 s)."""
+    import subprocess
+    import sys
+
+    Store.open(f"sqlite:///{tmp_path / 'runs.db'}").close()
+    code = (f"import sys; from flctl.db import Store; Store.open('sqlite:///{tmp_path / 'runs.db'}').close(); "
+            "print('alembic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr

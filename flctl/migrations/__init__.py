@@ -22,12 +22,11 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
+from flctl.db.schema import VERSION_TABLE
 from flctl.errors import NewerSchema
 
 SCRIPTS = Path(__file__).parent
 BASELINE = "0001"          # the schema of flctl_meta schema_version 1
-# Not Alembic's default "alembic_version": Optuna keeps its own schema revision there, in the same database.
-VERSION_TABLE = "flctl_alembic_version"
 
 
 def _config(connection: Connection, scripts: Path) -> Config:
