@@ -291,8 +291,10 @@ def _distributions() -> Mapping[str, list[str]]:
 OWN_PACKAGES = ("flctl", "flctl_tasks")
 
 
+@functools.cache     # once per process and package: a worker records it with each cell (2 ms of metadata each time)
 def _distribution(module_name: str) -> tuple[str | None, str | None]:
-    """The installed distribution that provides a module's top-level package, and its version."""
+    """The installed distribution that provides a module's top-level package, and its version (as this process
+    found it: the code it runs was imported then)."""
     top = module_name.split(".")[0]
     names = ["flctl"] if top in OWN_PACKAGES else _distributions().get(top) or []
     for name in names:

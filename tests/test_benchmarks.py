@@ -47,6 +47,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "bench_task_costs.py": ["--tasks", "two-moons", "--out", str(tmp)],
         "bench_estimates.py": ["--sweeps", "1", "--executor", "debug", "--out", str(tmp)],
         "bench_loggers.py": ["--repeats", "1", "--epochs", "2", "--out", str(tmp)],
+        "bench_overhead.py": ["start", "--repeats", "1", "--out", str(tmp)],   # cells: minutes even at its least
     }
 
 
