@@ -77,7 +77,7 @@ def main() -> None:
                          "ratio": None if ratio is None else round(ratio, 3), "rc": done.returncode,
                          "how": said.group(4)})
             print(f"{line}: estimate {estimate:.1f} s ({low:.1f}-{high:.1f}), took {took:.1f} s, ratio "
-                  f"{'-' if ratio is None else f'{ratio:.2f}'} [{said.group(4)[:80]}]", flush=True)
+                  f"{'-' if ratio is None else f'{ratio:.2f}'} [{said.group(4)[:200]}]", flush=True)
     ratios = [r["ratio"] for r in rows if r.get("ratio")]
     within = sum(1 / 1.5 <= r <= 1.5 for r in ratios)
     inside = sum(r["low_s"] <= r["took_s"] <= r["high_s"] for r in rows if r.get("ratio"))

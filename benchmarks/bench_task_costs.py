@@ -3,8 +3,11 @@
 the newest file this writes).
 
 Each task whose data is here trains through `flctl run TASK` (its paper defaults, a fresh results folder) at two
-epoch counts, alternated, --repeats times; seconds = start-up + epochs x per-epoch is fitted to the medians. A task
-whose data is not here (exit 2) is left out and named. Writes benchmarks/results/task-costs-<date>-<device>.json.
+epoch counts, alternated, --repeats times. The run's own duration (what its database row records: what flctl.cost
+fits to on a user's machine) gives seconds = a cell's start-up + epochs x per-epoch, fitted to the medians; the rest of
+the command's wall time is the process's start-up (interpreter, imports, database), ``s_per_start``, which a sweep
+waits for once (its workers start side by side) and no run's duration holds. A task whose data is not here (exit 2)
+is left out and named. Writes benchmarks/results/task-costs-<date>-<device>.json.
 
     python benchmarks/bench_task_costs.py --repeats 1      # ~4 min on 2 cores
 """
@@ -28,9 +31,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 EPOCHS = (1, 11)      # ten epochs apart: the slope stands above the noise of a start-up
 
 
-def _seconds(task: str, epochs: int, device: str) -> tuple[float, float | None] | None:
-    """The seconds of one `flctl run` (None where it does not run here), and the samples each of its epochs trained
-    on (its recorded samples seen over its epochs: what flctl.cost scales a --subset cell's epochs by)."""
+def _seconds(task: str, epochs: int, device: str) -> tuple[float, float, float | None] | None:
+    """The seconds of one `flctl run` (None where it does not run here), the run's recorded duration, and the samples
+    each of its epochs trained on (its recorded samples seen over its epochs: what flctl.cost scales a --subset cell's
+    epochs by)."""
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "flctl", "run", task, "--epochs", str(epochs), "--device", device,
@@ -39,10 +43,10 @@ def _seconds(task: str, epochs: int, device: str) -> tuple[float, float | None] 
         if done.returncode != 0:
             return None
         with sqlite3.connect(Path(tmp) / "flctl.db") as db:      # the run's row, read as any SQLite reader would
-            [(metrics,)] = db.execute("SELECT metrics FROM runs").fetchall()
+            [(metrics, duration)] = db.execute("SELECT metrics, duration_s FROM runs").fetchall()
         db.close()
     seen = json.loads(metrics or "{}").get("train.samples_seen")
-    return took, (seen / epochs if seen else None)
+    return took, duration, (seen / epochs if seen else None)
 
 
 def main() -> None:
@@ -59,6 +63,7 @@ def main() -> None:
     left_out: list[str] = []
     for task in tasks:
         times: dict[int, list[float]] = {e: [] for e in EPOCHS}
+        inside: dict[int, list[float]] = {e: [] for e in EPOCHS}
         n_train = None
         for _ in range(args.repeats):
             for epochs in EPOCHS:
@@ -66,16 +71,21 @@ def main() -> None:
                 if measured is None:
                     break
                 times[epochs].append(measured[0])
-                n_train = measured[1] or n_train
+                inside[epochs].append(measured[1])
+                n_train = measured[2] or n_train
         if not all(times.values()):
             left_out.append(task)
             print(f"{task}: left out (it does not run here: its data is missing)", flush=True)
             continue
-        (e1, t1), (e2, t2) = ((e, statistics.median(v)) for e, v in times.items())
+        (e1, t1), (e2, t2) = ((e, statistics.median(v)) for e, v in inside.items())
         per_epoch = max(0.0, (t2 - t1) / (e2 - e1))
-        found[task] = {"s_per_cell": round(max(0.0, t1 - e1 * per_epoch), 3), "s_per_epoch": round(per_epoch, 4),
-                       "n_train": n_train, "seconds": {str(e): [round(x, 2) for x in v] for e, v in times.items()}}
-        print(f"{task}: {found[task]['s_per_cell']} s to start + {found[task]['s_per_epoch']} s an epoch", flush=True)
+        start = statistics.median(w - d for e in EPOCHS for w, d in zip(times[e], inside[e]))
+        found[task] = {"s_per_start": round(max(0.0, start), 3), "s_per_cell": round(max(0.0, t1 - e1 * per_epoch), 3),
+                       "s_per_epoch": round(per_epoch, 4), "n_train": n_train,
+                       "seconds": {str(e): [round(x, 2) for x in v] for e, v in times.items()},
+                       "run_duration_s": {str(e): [round(x, 3) for x in v] for e, v in inside.items()}}
+        print(f"{task}: {found[task]['s_per_start']} s to start the process + {found[task]['s_per_cell']} s a cell + "
+              f"{found[task]['s_per_epoch']} s an epoch", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     out = {"device": args.device, "cores": len(os.sched_getaffinity(0)), "date": str(datetime.date.today()),
            "commit": commit.stdout.strip() or None, "repeats": args.repeats, "epochs": list(EPOCHS),

@@ -21,12 +21,16 @@ REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 @dataclass(frozen=True)
 class CostEstimate:
     """What cells cost on one device, fitted to the database's finished runs (``estimate_cost``) or a benchmark's
-    figures (``reference_cost``): a cell of E epochs takes ``s_per_cell + E * s_per_epoch * scale(cell)`` seconds,
-    where ``scale`` is the cell's training samples over those ``s_per_epoch`` was measured on (a ``--subset 256``
-    smoke cell is priced at its 256 samples, not the full data's), and ``cells_per_device`` cells share a device.
+    figures (``reference_cost``). Cells take ``s_per_start + sum(s_per_cell + E * s_per_epoch * scale(cell)) /
+    cells_per_device`` seconds: ``s_per_start`` once (the processes' interpreter, imports and database: workers start
+    side by side, so a sweep waits for it once, not per cell), then each cell of E epochs in its process, where ``scale``
+    is the cell's training samples over those ``s_per_epoch`` was measured on (a ``--subset 256`` smoke cell is priced
+    at its 256 samples, not the full data's), with ``cells_per_device`` cells training at once (together in a worker,
+    times the workers that share the device or, on the CPU, its cores).
     ``spread``: the factor either side of the estimate that the fit's own runs fell within (9 of 10 of them)."""
 
-    s_per_cell: float           # its start-up (data, model, warm-up); 0 when the history has one epoch count
+    s_per_cell: float           # a cell's own start-up in its process (data, model, evaluation, records); 0 when the
+    #                             history has one epoch count (it is then inside s_per_epoch)
     s_per_epoch: float          # at the size it was measured on
     history: int                # finished runs it is fitted to
     epochs: int                 # epochs left to train over the cells to do
@@ -36,9 +40,12 @@ class CostEstimate:
     scale: Callable[[RunConfig], float] = lambda cfg: 1.0
     spread: float = 2.0
     work: float | None = None   # sum of epochs x scale over the cells to do (None: ``epochs``)
+    s_per_start: float = 0.0    # before the first cell: the committed benchmark's (0 where none tells it)
 
     def _hours(self, cells: int, work: float) -> float:
-        return (cells * self.s_per_cell + work * self.s_per_epoch) / self.cells_per_device / 3600
+        if not cells:
+            return 0.0
+        return (self.s_per_start + (cells * self.s_per_cell + work * self.s_per_epoch) / self.cells_per_device) / 3600
 
     def hours(self, configs: Sequence[RunConfig]) -> float:
         """Device-hours of ``configs``."""
@@ -155,7 +162,7 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
     to_do = [c for c in configs if c.run_id not in done]
     return CostEstimate(per_cell, per_epoch, len(points), sum(c.epochs for c in to_do), len(to_do),
                         max(1, cells_per_device), scale=scale, spread=spread,
-                        work=sum(c.epochs * scale(c) for c in to_do))
+                        work=sum(c.epochs * scale(c) for c in to_do), s_per_start=start_up(task, device))
 
 
 def _figures(task: str, kind: str, folder: Path) -> tuple[dict[str, Any], Path] | None:
@@ -185,7 +192,14 @@ def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: 
     return CostEstimate(float(figures["s_per_cell"]), float(figures["s_per_epoch"]), 0,
                         sum(c.epochs for c in configs), len(configs), max(1, cells_per_device),
                         source=f"benchmarks/results/{path.name}", scale=scale, spread=2.0,
-                        work=sum(c.epochs * scale(c) for c in configs))
+                        work=sum(c.epochs * scale(c) for c in configs), s_per_start=float(figures.get("s_per_start", 0)))
+
+
+def start_up(task: str, device: str, folder: Path = REFERENCE) -> float:
+    """The seconds before a sweep's first cell trains, as the committed benchmark measured them for the task (its
+    processes' interpreter, imports and database: what no run's own duration holds); 0 where none tells it."""
+    found = _figures(task, device.split(":")[0], folder)
+    return float(found[0].get("s_per_start", 0.0)) if found is not None else 0.0
 
 
 def full_size(task: str, device: str, folder: Path = REFERENCE) -> float | None:

@@ -221,7 +221,11 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     attempts left. ``threads``: torch's threads for CPU cells (flctl.train.train_together). ``log_to``: the loggers
     (flctl.loggers) each cell's epochs go to, live, each cell's log closed with its outcome (``sweep_id``: the sweep
     they are cells of); what they could not log is said on stderr at the end."""
-    from flctl.train import train_together  # torch is imported here, not at CLI start-up
+    # torch is imported here, not at CLI start-up; torch._dynamo too, which torch.optim's first step imports whether
+    # anything compiles or not: its 1.5 s are the process's start-up, not its first cell's duration (what flctl.cost fits)
+    import torch._dynamo  # noqa: F401
+
+    from flctl.train import train_together
 
     ids = [c.run_id for c in cfgs]
     started = time.perf_counter()

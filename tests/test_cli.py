@@ -188,14 +188,17 @@ def test_reads_never_write(results: Path, tmp_path: Path) -> None:
 
 
 def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> None:
-    plan = ["sweep", "two-moons", "-m", "fl", "--lr", "1e-3,1e-2", "--epochs", "40", "--dry-run"]
+    from flctl.cost import format_seconds, start_up
+
+    plan = ["sweep", "two-moons", "-m", "fl", "--lr", "1e-3,1e-2", "--epochs", "40", "--workers", "1", "--dry-run"]
     assert "no finished two-moons runs on cpu" in flctl(*plan).output
+    start = start_up("two-moons", "cpu")       # the committed benchmark's: no run's duration holds it
     assert flctl("run", "two-moons", "-m", "erm", "--epochs", "4").exit_code == 0
     run = json.loads(flctl("runs", "--json").stdout)[0]
     out = flctl(*plan).output.replace("\n", " ")
     per_epoch = run["duration_s"] / 4
-    assert "80 epochs to train" in out and "median of 1 finished two-moons runs on cpu" in out
-    assert f"about {format_cost(per_epoch * 80 / 3600, 'cpu')} (expected within " in out
+    assert "80 epochs x " in out and "median of 1 finished two-moons runs on cpu" in out
+    assert f"about {format_cost((start + per_epoch * 80) / 3600, 'cpu')} (expected within " in out
     # Two epoch counts tell start-up from epochs: seconds = a + b * epochs through both runs (a 4-epoch run's
     # start-up no longer priced into every epoch of a long cell)
     with sqlite3.connect(results / "flctl.db") as conn:          # fixed durations: the fit is checked by hand
@@ -206,9 +209,12 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     out = flctl(*plan).output.replace("\n", " ")
     b = (5.0 - 3.0) / 40                                       # one slope; a = median(3 - 4b, 5 - 44b) = 2.8
     a = 2.8
-    assert f"2 cell(s) x {a:.3g} s to start + 80 epochs x {b:.3g} s (fitted to 2 finished two-moons runs" in out, out
-    # (2 x 2.8 + 80 x 0.05) s, as a person reads it; the fit passes through both runs: the narrowest interval
-    assert "cost: about 9.6 s (expected within 7.7 s to 12 s): 2 cell(s)" in out, out
+    said = f"2 cell(s) x {a:.3g} s + 80 epochs x {b:.3g} s (fitted to 2 finished two-moons runs"
+    assert (f"{format_seconds(start, 'cpu')} to start + " if start else "") + said in out, out
+    # start + (2 x 2.8 + 80 x 0.05) s, as a person reads it; the fit passes through both runs: the narrowest interval
+    total = start + 9.6
+    assert f"cost: about {format_seconds(total, 'cpu')} (expected within {format_seconds(total / 1.25, 'cpu')} to " \
+           f"{format_seconds(total * 1.25, 'cpu')}): " in out, out
 
 
 def test_runs_says_how_many_it_left_out_and_limit_0_lists_all(results: Path) -> None:

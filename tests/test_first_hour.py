@@ -181,12 +181,15 @@ def test_a_cost_with_no_run_to_fit_comes_from_the_newest_committed_benchmark_of_
 
     write("2026-01-01", "cpu", {"two-moons": {"s_per_cell": 9.0, "s_per_epoch": 9.0}, "digits": {
         "s_per_cell": 1.0, "s_per_epoch": 0.5}})
-    write("2026-02-01", "cpu", {"two-moons": {"s_per_cell": 4.0, "s_per_epoch": 0.01}})
+    write("2026-02-01", "cpu", {"two-moons": {"s_per_start": 5.0, "s_per_cell": 4.0, "s_per_epoch": 0.01}})
     write("2026-03-01", "cuda", {"two-moons": {"s_per_cell": 2.0, "s_per_epoch": 0.001}})
     moons = [api.config("two-moons", "fl", epochs=100, seed=s) for s in range(3)]
     cost = reference_cost(moons, 1, tmp_path)
     assert cost is not None and cost.source == "benchmarks/results/task-costs-2026-02-01-cpu.json"
-    assert cost.hours(moons) == pytest.approx((3 * 4.0 + 300 * 0.01) / 3600)
+    # the processes' start-up once (workers start side by side), then the cells' own seconds over those at once
+    assert cost.hours(moons) == pytest.approx((5.0 + 3 * 4.0 + 300 * 0.01) / 3600)
+    assert reference_cost(moons, 3, tmp_path).hours(moons) == pytest.approx((5.0 + (3 * 4.0 + 300 * 0.01) / 3) / 3600)
+    assert cost.hours([]) == 0.0
     digits = [api.config("digits", "fl", epochs=10)]
     assert reference_cost(digits, 1, tmp_path).source.endswith("2026-01-01-cpu.json")   # the newest that has it
     assert reference_cost([api.config("polyfit", "fl")], 1, tmp_path) is None

@@ -255,19 +255,20 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
         return (f"cost: unknown: no finished {task} runs on {device} in the database yet (the estimate is fitted to "
                 f"their seconds per run), and no benchmark of {task} on {device} is committed")
     per_epoch = format_seconds(cost.s_per_epoch_here, device)
+    cells = f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} + " if cost.s_per_cell else ""
+    work = f"{cells}{cost.epochs:,} epochs x {per_epoch}"
+    if cost.cells_per_device > 1:
+        work = f"({work}) / {cost.cells_per_device} cells at once"
+    start = f"{format_seconds(cost.s_per_start, device)} to start + " if cost.s_per_start else ""
     if cost.source is not None:
-        how = (f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} to start + {cost.epochs:,} "
-               f"epochs x {per_epoch} (from {cost.source}, another machine: no finished {task} runs on {device} in "
-               "the database yet)")
-    elif cost.s_per_cell == 0:     # one amount of work in the history: its start-up is inside the seconds per epoch
-        how = (f"{cost.epochs:,} epochs to train x {per_epoch} per epoch (median of {cost.history} finished {task} "
-               f"runs on {device}, start-up included)")
+        whence = f"from {cost.source}, another machine: no finished {task} runs on {device} in the database yet"
+    elif cost.s_per_cell == 0:     # one amount of work in the history: a cell's start-up is inside the seconds per epoch
+        whence = f"median of {cost.history} finished {task} runs on {device}, a cell's start-up in its epochs"
     else:
-        how = (f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} to start + {cost.epochs:,} "
-               f"epochs x {per_epoch} (fitted to {cost.history} finished {task} runs on {device})")
+        whence = f"fitted to {cost.history} finished {task} runs on {device}"
     hours = cost.device_hours
     return (f"cost: about {format_cost(hours, device)} (expected within {format_cost(hours / cost.spread, device)} "
-            f"to {format_cost(hours * cost.spread, device)}): {how} / {cost.cells_per_device} cell(s) per device")
+            f"to {format_cost(hours * cost.spread, device)}): {start}{work} ({whence})")
 
 
 def _fmt(v) -> str:

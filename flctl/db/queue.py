@@ -94,18 +94,23 @@ class RunQueue:
         return run_id in self.held({run_id: token})
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
-                   job_id: str | None = None, git_sha: str | None = None,
-                   accept: Callable[[RunConfig], bool] | None = None, joining: bool = False) -> Claim | None:
-        """Claim the sweep's next cell still to do, for a pull worker (a Claim), or None when none is left. With
-        ``accept``, only a cell whose config it accepts (e.g. one that can train together with cells already held).
-        ``joining``: it is to train with cells already claimed, so a cell handed back to train alone (TRAIN_ALONE)
-        is passed over; a claim that is not joining takes it as any other (Claim.alone says so).
+                   job_id: str | None = None, git_sha: str | None = None, most: int = 1,
+                   together: Callable[[RunConfig], bool] | None = None,
+                   held: dict[str, str] | None = None) -> list[Claim]:
+        """Claim the sweep's next cells still to do, for a pull worker: up to ``most`` (Claims), [] when none is left.
+        ``together``: the cells are to train with a cell this worker holds already (its group's first), so only cells
+        whose config it accepts are taken, and a cell handed back to train alone (TRAIN_ALONE) is passed over; a claim
+        without it takes any one cell (``most`` 1), a cell to train alone as any other (Claim.alone says so). ``held``
+        (run id -> token) gets each claim as it is made: a signal between two claims of a group finds them all.
 
         To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
         error (a task's exception) would come again; a new launch of the sweep queues it again (``retry_failed``).
-        Candidates are tried in id order through ``claim_run``'s compare-and-swap, so workers racing for the same
-        cell never both win.
+        Candidates are read once per call, not once per cell of a group (each read is the sweep's cells still to do:
+        a 1,000-cell sweep's grouped claims read them a sixteenth as often), and tried in id order through
+        ``claim_run``'s compare-and-swap, so workers racing for the same cell never both win.
         """
+        if together is None and most != 1:
+            raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
         cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
         with self.session() as s:
             rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
@@ -113,18 +118,23 @@ class RunQueue:
                                     Run.status.in_((*TO_DO, Status.RUNNING)))
                              .order_by(Run.id)).all()
             at = db_now(s)
+        claimed: list[Claim] = []
         for r in rows:
             alone = r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)     # the reason it was handed back
-            if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and joining:
+            if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and together is not None:
                 continue
             cfg = RunConfig.from_json(r.config)
-            if accept and not accept(cfg):
+            if together is not None and not together(cfg):
                 continue
             token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
                                    git_sha=git_sha, device=cfg.device)
             if token is not None:
-                return Claim(cfg, token, alone)
-        return None
+                claimed.append(Claim(cfg, token, alone))
+                if held is not None:
+                    held[r.id] = token
+                if len(claimed) >= most:
+                    break
+        return claimed
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
         """Whether the sweep has a cell no worker holds that a claim may take: queued or interrupted, with attempts

@@ -155,14 +155,15 @@ class LaunchSettings:
     def cells_per_device(self, task: str, cells: int, device: str) -> int:
         """Cells training at once on one device, as the cost estimate counts them: the cells each worker trains
         together, as the launch decides them (``cells_together``: --batch-runs, else the automatic choice for these
-        workers), times --per-gpu workers on a GPU (on the CPU each worker has cores of its own). Where the workers
-        cannot be counted here (a GPU planned on a laptop, perhaps one without torch) the choice assumes the --workers
-        given, else one."""
+        workers), times the workers that share it: --per-gpu on a GPU, and on the CPU every worker (each on cores of its
+        own: two workers on two cores train two groups at once). Where the workers cannot be counted here (a GPU
+        planned on a laptop, perhaps one without torch) the choice assumes the --workers given, else one."""
         try:
             workers = len(self.slots(cells, device))
         except (ConfigError, ImportError):
             workers = self.workers or 1
-        return cells_together(self, task, cells, workers, device) * (self.per_gpu if device.startswith("cuda") else 1)
+        return cells_together(self, task, cells, workers, device) * (
+            self.per_gpu if device.startswith("cuda") else max(1, min(workers, cells)))
 
     def prepare_loggers(self, results_root: Any, sweep_id: str) -> tuple[str, ...]:
         """Each logger's once-per-launch set-up (flctl.loggers.Logger.prepare), in the launching process, guarded as

@@ -210,15 +210,16 @@ class Worker(submitit.helpers.Checkpointable):
 
         r = self.recipe
 
-        def claim(accept=None) -> Claim | None:
+        def claim(most: int = 1, together=None) -> list[Claim]:
             got = RunQueue(store).claim_next(r.sweep_id, max_attempts=r.max_attempts, stale_after=r.stale_after,
-                                             job_id=job_id, git_sha=git_sha, accept=accept, joining=bool(accept))
-            return None if got is None else got._replace(cfg=device_in_slot(got.cfg, self.slot))
+                                             job_id=job_id, git_sha=git_sha, most=most, together=together,
+                                             held=self.current)
+            return [c._replace(cfg=device_in_slot(c.cfg, self.slot)) for c in got]
 
-        first = claim()
+        self.current = {}               # held from each claim on: a second signal hands them back (_work)
+        [first] = claim() or [None]
         if first is None:
             return []
-        self.current = {first.cfg.run_id: first.token}     # held from here: a second signal hands it back (_work)
         try:
             get_task(first.cfg.task)
         except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
@@ -226,15 +227,11 @@ class Worker(submitit.helpers.Checkpointable):
             RunQueue(store).fail_run(first.cfg.run_id, first.token, why, 0.0)
             self.current = {}
             raise TaskUnavailable(first.cfg.run_id, why) from None
-        claimed, lead = [(first.cfg, first.token)], first.cfg
+        lead = first.cfg
         # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone
-        while len(claimed) < r.batch_runs and not first.alone:
-            more = claim(lambda cfg: can_train_together([lead, device_in_slot(cfg, self.slot)]))
-            if more is None:
-                break
-            claimed.append((more.cfg, more.token))
-            self.current[more.cfg.run_id] = more.token
-        return claimed
+        more = [] if first.alone or r.batch_runs < 2 else \
+            claim(r.batch_runs - 1, lambda cfg: can_train_together([lead, device_in_slot(cfg, self.slot)]))
+        return [(c.cfg, c.token) for c in (first, *more)]
 
     def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
         """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
