@@ -198,7 +198,8 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     out = flctl(*plan).output.replace("\n", " ")
     per_epoch = run["duration_s"] / 4
     assert "80 epochs x " in out and "median of 1 finished two-moons runs on cpu" in out
-    assert f"about {format_cost((start + per_epoch * 80) / 3600, 'cpu')} (expected within " in out
+    # two two-moons cells of one worker train together, as one grouped model: 2 cells at once
+    assert f"about {format_cost((start + per_epoch * 80 / 2) / 3600, 'cpu')} (expected within " in out
     # Two epoch counts tell start-up from epochs: seconds = a + b * epochs through both runs (a 4-epoch run's
     # start-up no longer priced into every epoch of a long cell)
     with sqlite3.connect(results / "flctl.db") as conn:          # fixed durations: the fit is checked by hand
@@ -209,10 +210,10 @@ def test_dry_run_estimates_device_hours_from_finished_runs(results: Path) -> Non
     out = flctl(*plan).output.replace("\n", " ")
     b = (5.0 - 3.0) / 40                                       # one slope; a = median(3 - 4b, 5 - 44b) = 2.8
     a = 2.8
-    said = f"2 cell(s) x {a:.3g} s + 80 epochs x {b:.3g} s (fitted to 2 finished two-moons runs"
+    said = f"(2 cell(s) x {a:.3g} s + 80 epochs x {b:.3g} s) / 2 cells at once (fitted to 2 finished two-moons runs"
     assert (f"{format_seconds(start, 'cpu')} to start + " if start else "") + said in out, out
-    # start + (2 x 2.8 + 80 x 0.05) s, as a person reads it; the fit passes through both runs: the narrowest interval
-    total = start + 9.6
+    # start + (2 x 2.8 + 80 x 0.05) / 2 s, as a person reads it; the fit passes through both runs: the narrowest interval
+    total = start + 4.8
     assert f"cost: about {format_seconds(total, 'cpu')} (expected within {format_seconds(total / 1.25, 'cpu')} to " \
            f"{format_seconds(total * 1.25, 'cpu')}): " in out, out
 
@@ -354,5 +355,6 @@ def test_a_subset_cell_is_priced_at_its_samples_not_the_full_datas(results: Path
     full, tenth = (api.config("two-moons", "fl", epochs=40, subset=n, lr=1e-2) for n in (0, 100))
     cost = estimate_cost([run], [full, tenth], 1)
     assert cost is not None and cost.scale(full) == 1.0 and cost.scale(tenth) == 0.1
-    assert cost.hours([tenth]) * 10 == pytest.approx(cost.hours([full]))      # 40 epochs of 100 samples: a tenth
+    start = cost.s_per_start / 3600          # once, whatever the cells: the processes' start-up
+    assert (cost.hours([tenth]) - start) * 10 == pytest.approx(cost.hours([full]) - start)   # 40 epochs of 100: a tenth
     assert cost.work == pytest.approx(40 + 4)

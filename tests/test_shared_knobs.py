@@ -58,7 +58,7 @@ def test_the_launch_flags_are_declared_once_for_sweep_and_paper_and_cover_the_se
     with pytest.raises(ConfigError, match=r"^--partition is not an option of --executor local$"):
         LaunchSettings.resolve({"partition": "cpu"})
     assert resolved.cells_per_device("two-moons", 50, "cuda:1") == 8
-    assert resolved.cells_per_device("two-moons", 50, "cpu") == 12      # 4 together in each of 3 workers
+    assert resolved.cells_per_device("two-moons", 50, "cpu") == 4 * len(resolved.slots(50, "cpu"))  # 4 in each worker
     with pytest.raises(ConfigError, match=r"unknown \[launch\] key\(s\) batchruns; valid: account, array_parallelism"):
         LaunchSettings.resolve({"batchruns": 2})
 
