@@ -231,8 +231,7 @@ def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, l
     started = time.perf_counter()
     logging = Logging(log_to, layout.root, sweep_id) if log_to else None
     queue = RunQueue(store)
-    for cfg in cfgs:
-        queue.record_provenance(cfg.run_id, tokens[cfg.run_id], provenance(cfg))
+    queue.record_provenance({cfg.run_id: (tokens[cfg.run_id], provenance(cfg)) for cfg in cfgs})   # one transaction
     def ground() -> str | None:
         return beat.moved or ground_moved(store, layout.root)
 

@@ -35,6 +35,14 @@ class Claim(NamedTuple):
     alone: bool = False
 
 
+def _fenced(s: Session, run_id: str, token: str, values: dict[str, Any]) -> bool:
+    """Update the run with ``values`` only while the claim ``token`` holds it (running under that claim); whether it
+    did. Every write of a claim's holder goes through here or checks the same in its transaction."""
+    res = s.execute(update(Run).where(Run.id == run_id, Run.status == Status.RUNNING, Run.claim_token == token)
+                    .values(**values).execution_options(synchronize_session=False))
+    return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+
+
 class RunQueue:
     """A worker's side of the run database: the claim protocol over a Store's transactions."""
 
@@ -95,20 +103,14 @@ class RunQueue:
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None, most: int = 1,
-                   together: Callable[[RunConfig], bool] | None = None,
-                   held: dict[str, str] | None = None) -> list[Claim]:
-        """Claim the sweep's next cells still to do, for a pull worker: up to ``most`` (Claims), [] when none is left.
-        ``together``: the cells are to train with a cell this worker holds already (its group's first), so only cells
-        whose config it accepts are taken, and a cell handed back to train alone (TRAIN_ALONE) is passed over; a claim
-        without it takes any one cell (``most`` 1), a cell to train alone as any other (Claim.alone says so). ``held``
-        (run id -> token) gets each claim as it is made: a signal between two claims of a group finds them all.
-
-        To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
+                   together: Callable[[RunConfig], bool] | None = None, held: dict[str, str] | None = None) -> list[Claim]:
+        """Up to ``most`` of the sweep's cells still to do, claimed for a pull worker ([] when none is left). A claim
+        without ``together`` takes one cell (``most`` 1), even one handed back to train alone (Claim.alone); with it,
+        the cells join one this worker holds: only those it accepts, none to train alone. ``held`` (run id -> token)
+        gets each claim as it is made: a signal between two claims of a group finds them all. To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
         error (a task's exception) would come again; a new launch of the sweep queues it again (``retry_failed``).
-        Candidates are read once per call, not once per cell of a group (each read is the sweep's cells still to do:
-        a 1,000-cell sweep's grouped claims read them a sixteenth as often), and tried in id order through
-        ``claim_run``'s compare-and-swap, so workers racing for the same cell never both win.
-        """
+        Candidates are read once per call (not per cell of a group) and tried in id order through ``claim_run``'s
+        compare-and-swap, so workers racing for the same cell never both win."""
         if together is None and most != 1:
             raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
         cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
@@ -232,11 +234,7 @@ class RunQueue:
             values["epochs_done"] = epochs_done
 
         def fn(s: Session) -> set[str]:
-            def one(run_id: str, token: str) -> Any:     # an UPDATE's CursorResult (its rowcount)
-                return s.execute(update(Run).where(Run.id == run_id, Run.status == Status.RUNNING,
-                                                   Run.claim_token == token).values(**values)
-                                 .execution_options(synchronize_session=False))
-            return {run_id for run_id, token in tokens.items() if one(run_id, token).rowcount == 1}
+            return {run_id for run_id, token in tokens.items() if _fenced(s, run_id, token, values)}
         return self.write(fn, attempts=2) if once else self.write(fn)
 
     def heartbeat(self, run_id: str, token: str, epochs_done: int | None = None) -> bool:
@@ -248,10 +246,7 @@ class RunQueue:
 
     def _fenced_update(self, run_id: str, token: str, values: dict[str, Any], beat: bool = False) -> bool:
         def fn(s: Session) -> bool:
-            extra = {"heartbeat_at": db_now(s)} if beat else {}
-            res = s.execute(update(Run).where(Run.id == run_id, Run.status == Status.RUNNING, Run.claim_token == token)
-                            .values(**values, **extra).execution_options(synchronize_session=False))
-            return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+            return _fenced(s, run_id, token, {**values, **({"heartbeat_at": db_now(s)} if beat else {})})
         return self.write(fn)
 
     def start_afresh(self, run_id: str, token: str) -> bool:
@@ -260,9 +255,12 @@ class RunQueue:
         up over reruns."""
         return self._fenced_update(run_id, token, {"attempts": 1, "duration_s": None, "epochs_done": 0})
 
-    def record_provenance(self, run_id: str, token: str, provenance: dict[str, Any]) -> bool:
-        """Where the code that trains the claimed run comes from (flctl.runner, as training starts)."""
-        return self._fenced_update(run_id, token, {"provenance": provenance})
+    def record_provenance(self, claims: dict[str, tuple[str, dict[str, Any]]]) -> set[str]:
+        """Where the code that trains each claimed run comes from (run id -> (claim token, provenance); flctl.runner,
+        as a group starts training), in one transaction for the group; returns the runs whose claims still held."""
+        def fn(s: Session) -> set[str]:
+            return {run_id for run_id, (token, prov) in claims.items() if _fenced(s, run_id, token, {"provenance": prov})}
+        return self.write(fn)
 
     def finish_run(self, run_id: str, token: str, *, status: str, epochs_done: int, metrics: dict[str, float],
                    diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],

@@ -28,7 +28,7 @@ from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
 from flctl.launch.backends import BUILT_IN, get_launcher, names
 from flctl.layout import Layout
-from flctl.procs import Process, children, process, recorded, still
+from flctl.procs import Process, children, end_without_collecting, process, recorded, still
 from flctl.text import shown
 
 _MAX_FILE_BYTES = 1 << 20
@@ -147,6 +147,8 @@ def _launcher(name: Any) -> Any:
 
 @contextlib.contextmanager
 def registered(results_root: Path, sweep_id: str, job_id: str | None, executor: str):
+    if job_id is not None:     # a job's process ends with its worker (not the waiting command's, nor a test's)
+        end_without_collecting()
     layout = Layout(results_root)
     private_folder(results_root, layout.workers(sweep_id))
     me = process(os.getpid())

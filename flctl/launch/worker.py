@@ -45,7 +45,6 @@ from flctl.launch.jobs import private_folder, registered, remember_jobs
 from flctl.launch.settings import LaunchSettings
 from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
-from flctl.procs import end_without_collecting
 from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
 from flctl.study import sync_sweep
 
@@ -116,8 +115,6 @@ class Worker(submitit.helpers.Checkpointable):
         if slot.cuda is not None:   # before CUDA is initialised; submitit's local executor hides every GPU
             os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda
         self.slot = slot
-        if _job_id() is not None:      # a job's process ends with its worker (not the waiting command's, nor a test's)
-            end_without_collecting()
         flctl.plugins.add(self.recipe.plugins)
         with _torch_threads(slot.threads or self.recipe.launcher.cpus_here()):
             outcome = self._work()
