@@ -15,10 +15,14 @@ both alike; medians of --repeats):
    in this process). One sweep of the smallest size is profiled in process to say what the marginal cost is spent
    on (shares of the profiled worker's time per cell; the profile's own overhead is in its numbers, the shares are
    what it is good for). Target: marginal cost <= 15 core-ms beyond the math.
+3. status: ``flctl status SWEEP`` over a sweep of 10,000 cells (queued two-moons cells written through flctl's store)
+   beside ``flctl --version``; with --before REV the same commands of commit REV too (a worktree of it, its flctl
+   on PYTHONPATH), on the same database and in the same rounds. Target: no slower than before.
 
     python benchmarks/bench_overhead.py                      # both, ~6 min on 2 cores
     python benchmarks/bench_overhead.py start --repeats 5
     python benchmarks/bench_overhead.py cells --cells 200 400 1000
+    python benchmarks/bench_overhead.py status --before c09fab8
 
 Writes benchmarks/results/overhead-<date>-cpu.json (and .txt: what it printed).
 """
@@ -266,6 +270,48 @@ def cells(sizes: list[int], repeats: int) -> dict:
             "profiled_cells": min(sizes)}
 
 
+def status(repeats: int, before: str | None, cells: int = 10_000) -> dict:
+    from flctl import api
+    from flctl.db import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "results"
+        results.mkdir()
+        configs = [api.config("two-moons", "fl", lr=1e-4 * (1 + i % 100), dual_lr=1e-3 * (1 + i // 100 % 100),
+                              seed=i // 10_000) for i in range(cells)]
+        store = Store.open(f"sqlite:///{results / 'flctl.db'}")
+        store.create_sweep("0ver10kcells0", "status-bench", "two-moons", {}, configs)
+        store.close()
+        trees = {"now": ROOT}
+        if before:
+            trees["before"] = Path(tmp) / "before"
+            subprocess.run(["git", "worktree", "add", "--detach", str(trees["before"]), before], cwd=ROOT, check=True,
+                           capture_output=True)
+        took: dict[str, dict[str, list[float]]] = {t: {"status_s": [], "version_s": []} for t in trees}
+        try:
+            for r in range(repeats):
+                for name, tree in trees.items():
+                    env = {**os.environ, "PYTHONPATH": str(tree)}
+                    for what, args in (("status_s", ["status", "0ver10kcells0", "--results-dir", str(results)]),
+                                       ("version_s", ["--version"])):
+                        began = time.perf_counter()
+                        subprocess.run([sys.executable, "-m", "flctl", *args], cwd=tree, env=env, check=True,
+                                       capture_output=True)
+                        took[name][what].append(round(time.perf_counter() - began, 3))
+                    print(f"round {r + 1}: {name}: status {took[name]['status_s'][-1]} s, --version "
+                          f"{took[name]['version_s'][-1]} s", flush=True)
+        finally:
+            if before:
+                subprocess.run(["git", "worktree", "remove", "--force", str(trees["before"])], cwd=ROOT,
+                               capture_output=True)
+    out: dict = {"cells": cells, "repeats": repeats}
+    for name, t in took.items():
+        st, ver = statistics.median(t["status_s"]), statistics.median(t["version_s"])
+        out[name] = {"commit": _commit() if name == "now" else before, "status_s": st, "version_s": ver,
+                     "ratio": round(st / ver, 2), "raw": t}
+    return out
+
+
 def _commit() -> str:
     return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
@@ -275,14 +321,15 @@ def main() -> None:
     if sys.argv[1:2] == ["_child"]:
         return _child(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sections", nargs="*", help="start, cells (default: both)")
+    ap.add_argument("sections", nargs="*", help="start, cells, status (default: all)")
+    ap.add_argument("--before", metavar="REV", help="status: also time commit REV's flctl, in the same rounds")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cells", type=int, nargs="+", default=[200, 400, 1000], help="sweep sizes (multiples of 10)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
-    args.sections = args.sections or ["start", "cells"]
-    if not set(args.sections) <= {"start", "cells"} or any(n % 10 or n < 20 for n in args.cells):
-        ap.error("sections are start and cells; --cells sizes are multiples of 10 from 20")
+    args.sections = args.sections or ["start", "cells", "status"]
+    if not set(args.sections) <= {"start", "cells", "status"} or any(n % 10 or n < 20 for n in args.cells):
+        ap.error("sections are start, cells and status; --cells sizes are multiples of 10 from 20")
     if len(set(args.cells)) < 2 and "cells" in args.sections:
         ap.error("--cells needs two sizes at least (the marginal cost is a slope)")
     sys.path.insert(0, str(ROOT))
@@ -308,6 +355,12 @@ def main() -> None:
         say(f"  profiled in process ({c['profiled_cells']} cells; ms per cell, cumulative, with the profiler's own cost):")
         for label, ms in c["profiled_ms_per_cell"].items():
             say(f"  {label:70s} {ms:8.2f}")
+    if "status" in args.sections:
+        out["status"] = st = status(args.repeats, args.before)
+        for name in ("before", "now"):
+            if name in st:
+                say(f"{name} ({st[name]['commit']}): flctl status over {st['cells']:,} cells {st[name]['status_s']} s, "
+                    f"flctl --version {st[name]['version_s']} s: {st[name]['ratio']}x (medians of {args.repeats})")
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"overhead-{out['date']}-cpu"
     stem.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
