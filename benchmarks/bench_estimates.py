@@ -5,7 +5,7 @@ the earlier sweeps left, as a researcher's first week goes (the first sweep of a
 benchmarks/results/task-costs-*-cpu.json). Prints each ratio took / estimate and how many fall within 1.5x and
 within the printed interval; writes benchmarks/results/estimates-<date>-cpu.json.
 
-    python benchmarks/bench_estimates.py        # ~6 min on 2 cores
+    python benchmarks/bench_estimates.py        # ~9 min on 2 cores
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ SWEEPS = [
     "diabetes -m erm,fl --seeds 2 --epochs 100",
     "diabetes -m rfl --alpha 0.1,1 --seeds 2 --epochs 300",
     "polyfit -m fl,erm --seeds 3",
+    # The paper's CPU table (table:1-fashion-mnist: 21 cells, --subset 5000, 60 epochs) at a few epochs: its first
+    # sweep priced from the full-data benchmark scaled to the subset, the second fitted to the first.
+    "fashion-mnist -m erm,fl --subset 5000 --epochs 3",
+    "fashion-mnist -m fl --eps 0.3,0.51 --subset 5000 --epochs 6",
 ]
 UNITS = {"s": 1.0, "min": 60.0, "cpu-hours": 3600.0}
 

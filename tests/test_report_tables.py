@@ -408,3 +408,20 @@ def test_a_registered_table_is_a_choice_of_report_and_renders(finished: Path, to
     assert [line.split(" | ")[1] for line in lines[4:7]] == ["ERM", "FL", "RFL"]
     res = runner.invoke(app, ["report", "--table", "nope", "--sweep", "small"])
     assert res.exit_code == 2 and "choose one of: main, ablation, llm, runs, groups, toy" in res.stderr
+
+
+@pytest.mark.notorch
+def test_only_versions_that_move_numbers_are_noted_beside_a_row() -> None:
+    """`pip install -e '.[dev]'` can move pyarrow (MLflow pins it below 26): seeds recorded before and after write
+    the same numbers, and their row is not flagged; seeds trained under two numpy versions are."""
+    import dataclasses
+
+    from flctl.report.tables import mixed_code_notes
+
+    def under(r: RunRecord, **libraries: str) -> RunRecord:
+        return dataclasses.replace(r, provenance={"libraries": {"torch": "2.14.1", "numpy": "2.3.0", **libraries}})
+
+    erm = [r for r in RUNS if r.method == "erm"]
+    assert mixed_code_notes([under(erm[0], pyarrow="25.0.1"), under(erm[1], pyarrow="26.0.0")]) == []
+    [note] = mixed_code_notes([under(erm[0], numpy="2.2.6"), under(erm[1])])
+    assert "trained under 2 versions of numpy (2.2.6, 2.3.0)" in note, note
