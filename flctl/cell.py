@@ -338,6 +338,16 @@ def set_aside(checkpoint: Path, why: BaseException) -> Path:
     return aside
 
 
+def save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:
+    """A task's extras of a finished run (Task.extras: a decision grid, a fit) in its folder; its artifact entry."""
+    if not extras:
+        return {}
+    path = RunFolder(run_dir).extras
+    with atomic_path(path, parents=False) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **extras)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle
+    return {"extras": str(path)}
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` whole or not at all (flctl.fs.atomic_path). Written through a file that keeps the first
     OSError: torch's writer reports a failed write as `[enforce fail at inline_container.cc] unexpected pos`,

@@ -41,20 +41,32 @@ class CostEstimate:
     spread: float = 2.0
     work: float | None = None   # sum of epochs x scale over the cells to do (None: ``epochs``)
     s_per_start: float = 0.0    # before the first cell: the committed benchmark's (0 where none tells it)
+    # of a cell's own start-up, what grows with its samples (its evaluations), at the size s_per_epoch was measured on
+    s_per_cell_scaled: float = 0.0
+    size: float | None = None   # sum of scale over the cells to do (None: ``cells``)
 
-    def _hours(self, cells: int, work: float) -> float:
+    def _hours(self, cells: int, work: float, size: float) -> float:
         if not cells:
             return 0.0
-        return (self.s_per_start + (cells * self.s_per_cell + work * self.s_per_epoch) / self.cells_per_device) / 3600
+        own = cells * self.s_per_cell + size * self.s_per_cell_scaled + work * self.s_per_epoch
+        return (self.s_per_start + own / self.cells_per_device) / 3600
 
     def hours(self, configs: Sequence[RunConfig]) -> float:
         """Device-hours of ``configs``."""
-        return self._hours(len(configs), sum(c.epochs * self.scale(c) for c in configs))
+        return self._hours(len(configs), sum(c.epochs * self.scale(c) for c in configs),
+                           sum(self.scale(c) for c in configs))
 
     @property
     def device_hours(self) -> float:
         """Device-hours of the cells to do."""
-        return self._hours(self.cells, self.epochs if self.work is None else self.work)
+        return self._hours(self.cells, self.epochs if self.work is None else self.work,
+                           self.cells if self.size is None else self.size)
+
+    @property
+    def s_per_cell_here(self) -> float:
+        """A cell's own start-up at the size of the cells to do (their mean)."""
+        size = self.cells if self.size is None else self.size
+        return self.s_per_cell + self.s_per_cell_scaled * (size / self.cells if self.cells else 1.0)
 
     @property
     def s_per_epoch_here(self) -> float:
@@ -192,7 +204,9 @@ def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: 
     return CostEstimate(float(figures["s_per_cell"]), float(figures["s_per_epoch"]), 0,
                         sum(c.epochs for c in configs), len(configs), max(1, cells_per_device),
                         source=f"benchmarks/results/{path.name}", scale=scale, spread=2.0,
-                        work=sum(c.epochs * scale(c) for c in configs), s_per_start=float(figures.get("s_per_start", 0)))
+                        work=sum(c.epochs * scale(c) for c in configs), s_per_start=float(figures.get("s_per_start", 0)),
+                        s_per_cell_scaled=float(figures.get("s_per_cell_full_data", 0)),
+                        size=sum(scale(c) for c in configs))
 
 
 def start_up(task: str, device: str, folder: Path = REFERENCE) -> float:

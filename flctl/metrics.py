@@ -80,6 +80,11 @@ def split_summary(
     return out
 
 
+# What the training loop reports of each epoch's training batches (flctl.train.EpochStats' fields): every logger is
+# told them as ``epoch.<name>`` (flctl.loggers.scalars), and each record file keeps them so (`flctl export`).
+EPOCH_NUMBERS = ("train_avg_loss", "train_max_loss", "max_multiplier")
+
+
 def flatten(per_split: dict[str, dict[str, float]]) -> dict[str, float]:
     """{'train': {'avg_loss': ..}} -> {'train.avg_loss': ..}: the names sweeps and reports refer to."""
     return {f"{split}.{k}": v for split, d in per_split.items() for k, v in d.items()}

@@ -35,14 +35,14 @@ import numpy as np
 import torch
 
 from flctl import records
-from flctl.cell import Cell, RunResult, atomic_save, host_copy, trainable_state
+from flctl.cell import Cell, RunResult, atomic_save, host_copy, save_extras, trainable_state
 from flctl.config import RunConfig
-from flctl.fs import atomic_path, make_below
+from flctl.fs import make_below
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, cpu_threads
 from flctl.layout import RunFolder, records_of
 from flctl.losses import evaluate
 from flctl.methods import LAMBDA_CAP
-from flctl.metrics import flatten, split_summary
+from flctl.metrics import EPOCH_NUMBERS, flatten, split_summary
 from flctl.status import Status
 from flctl.stepper import Stepper
 from flctl.tasks import Solution, Task, can_train_together, get_task
@@ -236,12 +236,13 @@ def _summarize_and_record(
     cfg: RunConfig, task: Task, records_root: Path, epoch: int,
     train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
     writer: Writer | None = None, *, pruned: np.ndarray | None = None, samples_seen: int | None = None,
-    groups: dict[str, dict[str, np.ndarray]] | None = None,
+    groups: dict[str, dict[str, np.ndarray]] | None = None, told: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Write one eval epoch's per-sample records (through ``writer`` when given) and return its flattened
     summary metrics. ``pruned``: the training samples left out of this epoch (--prune-after);
     ``samples_seen``: per-sample losses back-propagated so far (``train.samples_seen``); ``groups``: the task's
-    group labels ({attribute: {split: labels by sample id}}) for ``worst_group_avg_loss``."""
+    group labels ({attribute: {split: labels by sample id}}) for ``worst_group_avg_loss``; ``told``: the epoch's
+    training-batch numbers (EPOCH_NUMBERS), kept in the file only (a logger is told them live; `flctl export` reads)."""
     labels = {split: [v[split] for v in (groups or {}).values()] for split in ("train", "test")}
     tables = [
         records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
@@ -256,20 +257,12 @@ def _summarize_and_record(
                               confidence=test_eval.get("confidence"), groups=labels["test"]),
     }
     flat = flatten(summary)
+    kept = flat | flatten({"epoch": {k: float(v) for k, v in (told or {}).items() if v is not None}})
     if writer is not None:      # the summary kept in the file: what a logger was told, for `flctl export`
-        writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables, flat)
+        writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables, kept)
     else:
-        records.write_epoch(records_root, cfg.run_id, epoch, tables, flat)
+        records.write_epoch(records_root, cfg.run_id, epoch, tables, kept)
     return flat
-
-
-def _save_extras(run_dir: Path, extras: dict[str, np.ndarray]) -> dict[str, str]:
-    if not extras:
-        return {}
-    path = RunFolder(run_dir).extras
-    with atomic_path(path, parents=False) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **extras)  # type: ignore[arg-type]  # numpy's stub reads **kwds as its allow_pickle
-    return {"extras": str(path)}
 
 
 def _epoch_numbers(cells: list[Cell]) -> dict[str, list[float]]:
@@ -328,7 +321,8 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
         host_lam = None if lam is None else lam.cpu().numpy().copy()    # a copy: lam moves on while it is written
         metrics = _summarize_and_record(
             cfg, task, records_root, epoch + 1, train_eval, test_eval, host_lam, writer,
-            pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"))
+            pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"),
+            told={k: stats[k] for k in EPOCH_NUMBERS})
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
             r.pruner.evaluated(train_eval["loss"], cfg.eps)
         if not all(math.isfinite(v) for v in metrics.values()):
@@ -369,7 +363,7 @@ def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
         result.lambda_capped = int((r.method.multipliers >= LAMBDA_CAP).sum())
     if result.status == Status.COMPLETED:
         if task.extras is not None:
-            result.artifacts.update(_save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
+            result.artifacts.update(save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
         model = RunFolder(r.run_dir).model
         # host copies: a grouped cell's tensors are views of its group's, and torch.save writes a view's whole storage
         atomic_save(host_copy(trainable_state(r.model)), model)
@@ -391,7 +385,7 @@ def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: P
     make_below(run_dir, 2)
     metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, Status.COMPLETED, 1, metrics, [{"epoch": 1, "metrics": metrics}])
-    result.artifacts.update(_save_extras(run_dir, sol.extras))
+    result.artifacts.update(save_extras(run_dir, sol.extras))
     result.artifacts["records"] = str(records_of(records_root, cfg.run_id))
     if on_epoch is not None:
         loss = np.asarray(sol.train["loss"], dtype=np.float64)

@@ -190,6 +190,14 @@ def test_a_cost_with_no_run_to_fit_comes_from_the_newest_committed_benchmark_of_
     assert cost.hours(moons) == pytest.approx((5.0 + 3 * 4.0 + 300 * 0.01) / 3600)
     assert reference_cost(moons, 3, tmp_path).hours(moons) == pytest.approx((5.0 + (3 * 4.0 + 300 * 0.01) / 3) / 3600)
     assert cost.hours([]) == 0.0
+    # what of a cell's start-up grows with its samples (its evaluations) is priced at the cell's size: a tenth of it
+    # for a --subset of a tenth of the data the benchmark trained on
+    write("2026-04-01", "cpu", {"two-moons": {"s_per_start": 5.0, "s_per_cell": 4.0, "s_per_cell_full_data": 2.0,
+                                              "s_per_epoch": 0.01, "n_train": 1000}})
+    tenth = [api.config("two-moons", "fl", epochs=100, seed=s, subset=100) for s in range(3)]
+    cost = reference_cost(tenth, 1, tmp_path)
+    assert cost.hours(tenth) == pytest.approx((5.0 + 3 * (4.0 + 0.2) + 300 * 0.01 * 0.1) / 3600)
+    assert cost.device_hours == pytest.approx(cost.hours(tenth)) and cost.s_per_cell_here == pytest.approx(4.2)
     digits = [api.config("digits", "fl", epochs=10)]
     assert reference_cost(digits, 1, tmp_path).source.endswith("2026-01-01-cpu.json")   # the newest that has it
     assert reference_cost([api.config("polyfit", "fl")], 1, tmp_path) is None

@@ -56,9 +56,14 @@ TASK = textwrap.dedent('''
         model = mlp([2, 8, 3])
         return Faulty(*model) if fault == "forward" and seed == 2 else model
 
+    def data_source(options, data_dir):      # recorded with each run as its training begins (its provenance)
+        if os.environ.get("FAULT") == "source":
+            raise OSError("the blobs' catalogue cannot be read")
+        return "made by make_blobs"
+
     TASK = Task(name="faulty-blobs", kind="classification", description="three blobs, seed 2 faulty",
                 defaults=dict(epochs=2, batch_size=30, optimizer="adamw", lr=1e-2, eps=0.1, alpha=1.0, dual_lr=0.5),
-                options={}, load=load, build_model=build_model)
+                options={}, load=load, build_model=build_model, data_source=data_source)
 ''')
 
 
@@ -117,6 +122,23 @@ def test_a_cells_own_error_fails_that_cell_and_its_siblings_complete(tmp_path: P
     assert {s: r.status for s, r in runs.items()} == {0: "completed", 1: "completed", 2: "failed", 3: "completed"}
     assert own in runs[2].error and runs[2].attempts == 2
     assert all(runs[s].finished_at == finished[s] for s in (0, 1, 3))          # not trained again, not failed
+
+
+def test_cells_whose_training_fails_before_it_begins_fail_at_once_not_after_the_stale_bound(
+        tmp_path: Path, task_file: Path) -> None:
+    """A group whose training fails before its first step (here the task's data_source raises as the runs' provenance
+    is recorded; an import would alike): its cells fail with that error at once and the wait ends. Before, they stayed
+    running under the worker's claims, with no heartbeat, until the 300 s stale bound, while the wait waited."""
+    results = tmp_path / "results"
+    started = time.monotonic()
+    out = warm.run([*FLCTL, *sweep_args(results)], capture_output=True, text=True, timeout=300,
+                   env=env_for(task_file, "source"))
+    took = time.monotonic() - started
+    assert out.returncode == 3 and "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+    runs = by_seed(results)
+    assert {s: r.status for s, r in runs.items()} == dict.fromkeys(range(4), "failed")
+    assert all("OSError: the blobs' catalogue cannot be read" in r.error for r in runs.values())
+    assert took < bound(60), took
 
 
 def test_a_disk_that_fills_under_a_grouped_wait_is_told_at_once_in_one_line(tmp_path: Path,

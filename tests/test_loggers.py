@@ -120,8 +120,9 @@ def test_a_sweep_logged_live_to_mlflow_and_tensorboard_exports_the_same_numbers(
             rid = m.data.tags["flctl.run_id"]
             assert rid not in found, f"run {rid} logged twice"
             found[rid] = {"params": m.data.params, "tags": m.data.tags, "status": m.info.status,
-                          "loss": [(h.step, h.value) for h in client.get_metric_history(m.info.run_id,
-                                                                                          "test.avg_loss")]}
+                          "metrics": {key: [(h.step, h.value) for h in client.get_metric_history(m.info.run_id, key)]
+                                      for key in m.data.metrics}}
+            found[rid]["loss"] = found[rid]["metrics"]["test.avg_loss"]
         return found
 
     live = logged()
@@ -139,7 +140,10 @@ def test_a_sweep_logged_live_to_mlflow_and_tensorboard_exports_the_same_numbers(
         assert res.returncode == 0 and f"exported {len(runs)} run(s) to mlflow ({mlflow_server}, experiment moons), " \
             f"tensorboard (`tensorboard --logdir {root / 'tensorboard'}`)" in " ".join(res.stdout.split()), res.stdout
         exported = logged()
-        assert {rid: row["loss"] for rid, row in exported.items()} == {rid: row["loss"] for rid, row in live.items()}
+        # every key at every step, the epoch's training-batch numbers too (the record file keeps them)
+        assert {rid: row["metrics"] for rid, row in exported.items()} == \
+            {rid: row["metrics"] for rid, row in live.items()}
+        assert all({"epoch.train_avg_loss", "epoch.train_max_loss"} <= set(row["metrics"]) for row in exported.values())
         assert {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs} == tb
 
 

@@ -255,7 +255,7 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
         return (f"cost: unknown: no finished {task} runs on {device} in the database yet (the estimate is fitted to "
                 f"their seconds per run), and no benchmark of {task} on {device} is committed")
     per_epoch = format_seconds(cost.s_per_epoch_here, device)
-    cells = f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell, device)} + " if cost.s_per_cell else ""
+    cells = f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell_here, device)} + " if cost.s_per_cell_here else ""
     work = f"{cells}{cost.epochs:,} epochs x {per_epoch}"
     if cost.cells_per_device > 1:
         work = f"({work}) / {cost.cells_per_device} cells at once"

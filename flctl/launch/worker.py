@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -176,6 +177,7 @@ class Worker(submitit.helpers.Checkpointable):
                         break
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
+                        _fail_what_it_left(store, self.current, exc)
                         if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
                             self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
                             self.failed_cells = list(self.current)
@@ -311,6 +313,16 @@ def device_in_slot(cfg: RunConfig, slot: Slot | None) -> RunConfig:
     if slot is None or slot.cuda is None or "," in slot.cuda or not cfg.device.startswith("cuda:"):
         return cfg
     return replace(cfg, device="cuda")
+
+
+def _fail_what_it_left(store: Store, tokens: dict[str, str], exc: BaseException) -> None:
+    """Cells still running under this worker's claims after train_claimed raised: it failed before its training
+    began (an import, a database write), where nothing recorded them. They fail with the error, as a cell's own
+    error does, instead of running on without a heartbeat until the stale bound (300 s) while a wait waits."""
+    queue = RunQueue(store)
+    error = "".join(traceback.format_exception(exc, limit=8))
+    for run_id in queue.held(tokens):
+        queue.fail_run(run_id, tokens[run_id], error, 0.0)
 
 
 def _first_line(exc: BaseException) -> str:

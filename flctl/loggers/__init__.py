@@ -232,11 +232,9 @@ def scalars(epoch_avg: float | None, epoch_max: float | None, max_multiplier: fl
     (``multipliers.*``: mean, max, the share above zero, the 50th, 90th and 99th percentiles)."""
     import numpy as np
 
-    out: dict[str, float] = {}
-    for key, value in (("epoch.train_avg_loss", epoch_avg), ("epoch.train_max_loss", epoch_max),
-                       ("epoch.max_multiplier", max_multiplier)):
-        if value is not None:
-            out[key] = float(value)
+    from flctl.metrics import EPOCH_NUMBERS
+
+    out = {f"epoch.{k}": float(v) for k, v in zip(EPOCH_NUMBERS, (epoch_avg, epoch_max, max_multiplier)) if v is not None}
     out |= {k: float(v) for k, v in (metrics or {}).items() if v is not None}
     if multipliers is not None and len(multipliers):
         lam = np.asarray(multipliers, dtype=np.float64)
