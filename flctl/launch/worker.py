@@ -321,8 +321,11 @@ def _fail_what_it_left(store: Store, tokens: dict[str, str], exc: BaseException)
     error does, instead of running on without a heartbeat until the stale bound (300 s) while a wait waits."""
     queue = RunQueue(store)
     error = "".join(traceback.format_exception(exc, limit=8))
-    for run_id in queue.held(tokens):
-        queue.fail_run(run_id, tokens[run_id], error, 0.0)
+    try:
+        for run_id in queue.held(tokens):
+            queue.fail_run(run_id, tokens[run_id], error, 0.0)
+    except Exception:   # the database itself is what failed (its server stopped): they go stale, as before; the
+        pass            # worker reports ``exc``, not a second error raised while it tidied up after the first
 
 
 def _first_line(exc: BaseException) -> str:
