@@ -107,10 +107,11 @@ class RunQueue:
         """Up to ``most`` of the sweep's cells still to do, claimed for a pull worker ([] when none is left). A claim
         without ``together`` takes one cell (``most`` 1), even one handed back to train alone (Claim.alone); with it,
         the cells join one this worker holds: only those it accepts, none to train alone. ``held`` (run id -> token)
-        gets each claim as it is made: a signal between two claims of a group finds them all. To do: queued or interrupted with attempts left, or running with a lost worker. A failed cell is not: its
-        error (a task's exception) would come again; a new launch of the sweep queues it again (``retry_failed``).
-        Candidates are read once per call (not per cell of a group) and tried in id order through ``claim_run``'s
-        compare-and-swap, so workers racing for the same cell never both win."""
+        gets each claim as it is made: a signal between two claims of a group finds them all. To do: queued or
+        interrupted with attempts left, or running with a lost worker. A failed cell is not: its error (a task's
+        exception) would come again; a new launch of the sweep queues it again (``retry_failed``). Candidates are
+        read once per call (not per cell of a group) and tried in id order through ``claim_run``'s compare-and-swap,
+        so workers racing for the same cell never both win."""
         if together is None and most != 1:
             raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
         cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
