@@ -271,6 +271,7 @@ def cells(sizes: list[int], repeats: int) -> dict:
 
 
 def status(repeats: int, before: str | None, cells: int = 10_000) -> dict:
+    from benchmarks.bench_sweep import trees
     from flctl import api
     from flctl.db import Store
 
@@ -282,15 +283,10 @@ def status(repeats: int, before: str | None, cells: int = 10_000) -> dict:
         store = Store.open(f"sqlite:///{results / 'flctl.db'}")
         store.create_sweep("0ver10kcells0", "status-bench", "two-moons", {}, configs)
         store.close()
-        trees = {"now": ROOT}
-        if before:
-            trees["before"] = Path(tmp) / "before"
-            subprocess.run(["git", "worktree", "add", "--detach", str(trees["before"]), before], cwd=ROOT, check=True,
-                           capture_output=True)
-        took: dict[str, dict[str, list[float]]] = {t: {"status_s": [], "version_s": []} for t in trees}
-        try:
+        with trees(before, Path(tmp)) as checkouts:
+            took: dict[str, dict[str, list[float]]] = {t: {"status_s": [], "version_s": []} for t in checkouts}
             for r in range(repeats):
-                for name, tree in trees.items():
+                for name, tree in checkouts.items():
                     env = {**os.environ, "PYTHONPATH": str(tree)}
                     for what, args in (("status_s", ["status", "0ver10kcells0", "--results-dir", str(results)]),
                                        ("version_s", ["--version"])):
@@ -300,10 +296,6 @@ def status(repeats: int, before: str | None, cells: int = 10_000) -> dict:
                         took[name][what].append(round(time.perf_counter() - began, 3))
                     print(f"round {r + 1}: {name}: status {took[name]['status_s'][-1]} s, --version "
                           f"{took[name]['version_s'][-1]} s", flush=True)
-        finally:
-            if before:
-                subprocess.run(["git", "worktree", "remove", "--force", str(trees["before"])], cwd=ROOT,
-                               capture_output=True)
     out: dict = {"cells": cells, "repeats": repeats}
     for name, t in took.items():
         st, ver = statistics.median(t["status_s"]), statistics.median(t["version_s"])

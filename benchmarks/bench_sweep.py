@@ -29,6 +29,7 @@ Three measurements, printed side by side:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -114,33 +115,40 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
+@contextlib.contextmanager
+def trees(before: str | None, folder: Path):
+    """{"now": this checkout} and, with ``before``, {"before": a worktree of that commit in ``folder``}, removed on
+    leaving: the trees whose flctl a benchmark times side by side (its flctl on PYTHONPATH, run from the tree)."""
+    found = {"now": ROOT}
+    if before:
+        found["before"] = folder / "before"
+        _git("worktree", "add", "--detach", str(found["before"]), before)
+    try:
+        yield found
+    finally:
+        if before:
+            _git("worktree", "remove", "--force", str(found["before"]))
+
+
 def small(repeats: int, before: str | None) -> dict:
     """One `flctl run` and the 100-cell grid through `flctl sweep --wait`, per tree (this checkout; commit
     ``before``), alternated round by round so that the machine's drift hits all alike."""
-    with tempfile.TemporaryDirectory() as tmp:
-        trees = {"now": ROOT}
-        if before:
-            trees["before"] = Path(tmp) / "before"
-            _git("worktree", "add", "--detach", str(trees["before"]), before)
-        try:
-            times: dict[str, dict[str, list[float]]] = {t: {"run_s": [], "sweep_s": []} for t in trees}
-            for r in range(repeats):
-                for name, tree in trees.items():
-                    env = {**os.environ, "PYTHONPATH": str(tree)}
-                    env.pop("FLCTL_DB", None)
-                    for what, args in (("run_s", ["run", "two-moons", "--method", "fl"]),
-                                       ("sweep_s", ["sweep", *SMALL_GRID, "--wait"])):
-                        results = Path(tmp) / f"{name}-{what}-{r}"
-                        start = time.perf_counter()
-                        subprocess.run([*FLCTL, *args, "--results-dir", str(results)], check=True, cwd=tree,
-                                       env=env, capture_output=True)
-                        times[name][what].append(round(time.perf_counter() - start, 2))
-                        shutil.rmtree(results)
-                    print(f"round {r + 1}: {name}: run {times[name]['run_s'][-1]} s, sweep of 100 "
-                          f"{times[name]['sweep_s'][-1]} s", flush=True)
-        finally:
-            if before:
-                _git("worktree", "remove", "--force", str(trees["before"]))
+    with tempfile.TemporaryDirectory() as tmp, trees(before, Path(tmp)) as checkouts:
+        times: dict[str, dict[str, list[float]]] = {t: {"run_s": [], "sweep_s": []} for t in checkouts}
+        for r in range(repeats):
+            for name, tree in checkouts.items():
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                env.pop("FLCTL_DB", None)
+                for what, args in (("run_s", ["run", "two-moons", "--method", "fl"]),
+                                   ("sweep_s", ["sweep", *SMALL_GRID, "--wait"])):
+                    results = Path(tmp) / f"{name}-{what}-{r}"
+                    start = time.perf_counter()
+                    subprocess.run([*FLCTL, *args, "--results-dir", str(results)], check=True, cwd=tree,
+                                   env=env, capture_output=True)
+                    times[name][what].append(round(time.perf_counter() - start, 2))
+                    shutil.rmtree(results)
+                print(f"round {r + 1}: {name}: run {times[name]['run_s'][-1]} s, sweep of 100 "
+                      f"{times[name]['sweep_s'][-1]} s", flush=True)
     out: dict = {"grid": "flctl sweep " + " ".join(SMALL_GRID) + " --wait", "cell": "flctl run two-moons --method fl",
                  "cells": 100, "repeats": repeats}
     for name, t in times.items():
