@@ -216,9 +216,10 @@ class Worker(submitit.helpers.Checkpointable):
             return [c._replace(cfg=device_in_slot(c.cfg, self.slot)) for c in got]
 
         self.current = {}               # held from each claim on: a second signal hands them back (_work)
-        [first] = claim() or [None]
-        if first is None:
+        got = claim()
+        if not got:
             return []
+        first = got[0]
         try:
             get_task(first.cfg.task)
         except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
