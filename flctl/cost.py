@@ -26,7 +26,8 @@ class CostEstimate:
     side by side, so a sweep waits for it once, not per cell), then each cell of E epochs in its process, where ``scale``
     is the cell's training samples over those ``s_per_epoch`` was measured on (a ``--subset 256`` smoke cell is priced
     at its 256 samples, not the full data's), with ``cells_per_device`` cells training at once (together in a worker,
-    times the workers that share the device or, on the CPU, its cores).
+    times the workers: --per-gpu on a GPU, every worker on the CPU; LaunchSettings.cells_per_device). A paper plan
+    prices each of its items so, each with the start-up once, though one launch may train several items.
     ``spread``: the factor either side of the estimate that the fit's own runs fell within (9 of 10 of them)."""
 
     s_per_cell: float           # a cell's own start-up in its process (data, model, evaluation, records); 0 when the
