@@ -17,6 +17,7 @@ from flctl.launch.jobs import live_controllers, live_workers, private_folder
 from flctl.launch.settings import LaunchFlags, LaunchSettings, cells_together
 from flctl.launch.worker import Worker, WorkerRecipe, submit
 from flctl.layout import Layout
+from flctl.loggers import prepare as prepare_loggers
 from flctl.status import TRAINABLE, Status
 
 # A --tune sweep adds its next trial's cell a moment after the last one finished: its workers wait this long for
@@ -66,7 +67,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     slots = slots[:max(0, len(slots) - live)] if todo else []
     launcher = settings.launcher
     # what the workers would all make at once (an MLflow store), made here; nothing to train, nothing to set up
-    log_to = settings.prepare_loggers(root, sid) if todo else settings.log_to
+    log_to = prepare_loggers(settings.log_to, root, sid) if todo else settings.log_to
     recipe = WorkerRecipe(url, str(root), sid, settings.executor, settings.options, settings.max_attempts,
                           checkpoint_every=settings.checkpoint_every, per_gpu=settings.per_gpu,
                           batch_runs=cells_together(settings, spec.task, len(todo), len(slots), device),

@@ -165,13 +165,6 @@ class LaunchSettings:
         return cells_together(self, task, cells, workers, device) * (
             self.per_gpu if device.startswith("cuda") else max(1, min(workers, cells)))
 
-    def prepare_loggers(self, results_root: Any, sweep_id: str) -> tuple[str, ...]:
-        """Each logger's once-per-launch set-up (flctl.loggers.Logger.prepare), in the launching process, guarded as
-        every tracker call: the loggers the workers log to (one whose set-up failed is a warning, and left out)."""
-        from flctl.loggers import prepare
-
-        return prepare(self.log_to, results_root, sweep_id)
-
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""
         return self.launcher.slots(cells, device, workers=self.workers, threads=self.threads, per_gpu=self.per_gpu)
