@@ -190,6 +190,13 @@ class RunConfig:
         """Short, stable id: the same config is the same run (16 hex digits of the hash)."""
         return self.config_hash[:16]
 
+    @property
+    def title(self) -> str:
+        """The run as a person tells it from its siblings: "two-moons · fl · ε=0.1 · seed 0" (the progress line of
+        `flctl run`, a tracker's run name; the run id stays its key)."""
+        return f"{self.task} · {self.method}" + (f" · ε={self.eps:.4g}" if self.eps is not None else "") + (
+            f" · α={self.alpha:g}" if self.alpha is not None else "") + f" · seed {self.seed}"
+
     def together_key(self) -> str:
         """Cells with equal keys may train together as one stacked model (when their task is ``batched``)."""
         shared = {k: v for k, v in self.identity().items() if k not in FIELDS or not FIELDS[k].per_cell}

@@ -137,8 +137,7 @@ def run(
         print_summary(found)
         return
     layout = Layout(root)
-    summary_line = f"{cfg.task} · {cfg.method}" + (f" · ε={cfg.eps:.4g}" if cfg.eps is not None else "") + (
-        f" · α={cfg.alpha:g}" if cfg.alpha is not None else "") + f" · seed {cfg.seed}"
+    summary_line = cfg.title
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
     outcome: BaseException | None = None
     result = None
