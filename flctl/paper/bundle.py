@@ -11,14 +11,12 @@ ours, as one folder a reader opens from disk.
 
 Our numbers are those of `flctl report` for the same runs (flctl.report.flow.build_table, flctl.report.plots.figure).
 The folder is written beside ``out`` and swapped in whole: a failure leaves the previous bundle as it was.
+The page around the items is flctl.paper.page's; paper.csv is written by flctl.paper.flat_csv.
 """
 
 from __future__ import annotations
 
 import base64
-import csv
-import html
-import io
 import json
 import os
 import shutil
@@ -30,6 +28,9 @@ from typing import TYPE_CHECKING, Any
 from flctl.errors import ConfigError
 from flctl.fs import refuses_files
 from flctl.method_info import method_info
+from flctl.paper.flat_csv import flat_csv
+from flctl.paper.page import escape as _e
+from flctl.paper.page import page
 from flctl.paper.programme import tolerance
 from flctl.report.groups_of_runs import number
 from flctl.status import Status
@@ -38,26 +39,6 @@ if TYPE_CHECKING:
     from flctl.paper.plan import ItemPlan, Programme
     from flctl.paper.programme import Published
     from flctl.report.tables import BesideRow, Cell, Table
-
-CSS = """
-body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222;
-overflow-wrap:break-word}
-.wide{overflow-x:auto;max-width:100%}
-h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
-th,td{padding:.25em .6em;border-bottom:1px solid #e4e4e4;text-align:right;white-space:nowrap}
-th{background:#f4f4f4}td.k{text-align:left}td.paper{color:#666}
-td.off{background:#fde2e1}td.todo{color:#8a6d00;text-align:left;background:#fff8e1;white-space:normal;min-width:8em}
-dl.meta{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2em 1.2em}
-dl.meta dt{font-weight:600}dl.meta dd{margin:0;min-width:0}dl.meta ul{margin:0;padding-left:1.2em}
-.note{color:#8a6d00}.smoke{background:#fff3cd;padding:.6em;border:1px solid #e0c36a}
-img{max-width:100%;border:1px solid #eee}.legend{color:#555;font-size:.9em}
-nav ol{columns:2}code{background:#f4f4f4;padding:0 .2em}
-"""
-
-
-def _e(text: object) -> str:
-    return html.escape(str(text))
 
 
 def _mean_std(cell: Cell, digits: int) -> str:
@@ -311,10 +292,10 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
                       "devices": dict(Counter(r.device or "?" for r in runs)),
                       "trained_with": dict(Counter(", ".join(f"{k} {v}" for k, v in sorted(r.trained_with.items()))
                                                    for r in runs if r.trained_with))}
-        (tmp / "index.html").write_text(_page(programme, sections, provenance), encoding="utf-8")
+        (tmp / "index.html").write_text(page(programme, sections, provenance), encoding="utf-8")
         (tmp / "paper.json").write_text(json.dumps({"provenance": provenance, "items": items}, indent=1,
                                                    allow_nan=False, default=str), encoding="utf-8")
-        (tmp / "paper.csv").write_text(_flat_csv(items), encoding="utf-8")
+        (tmp / "paper.csv").write_text(flat_csv(items), encoding="utf-8")
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         if out.exists():
             os.replace(out, old)
@@ -328,73 +309,3 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
     return out / "index.html"
 
 
-CSV_COLUMNS = ("table", "paper_table", "position", "row", "model", "method", "eps", "alpha", "column", "source",
-               "value", "std", "seeds", "status", "outside", "runs")
-
-
-def _flat_csv(items: list[dict[str, Any]]) -> str:
-    """paper.csv: a line per table, row (``position``: its place on the page, 1 first), column and source (``ours``:
-    mean, std and seeds over the finished runs, or empty; ``paper``: the published value and spread of the paper's
-    table ``paper_table``). ``outside``: ours lies outside the tolerance of the paper's value (always False for the
-    paper's lines); ``runs``: the run ids behind ours, space-separated. Empty cells are missing values."""
-    def cell(v: Any) -> str:
-        return "" if v is None else repr(v) if isinstance(v, float) else str(v)
-
-    out = io.StringIO()
-    w = csv.writer(out, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
-    for it in items:
-        if it["kind"] != "table":
-            continue
-        paper_table = it["paper_table"]
-        for position, row in enumerate(it["rows"], 1):
-            keys = row.get("keys") or {}
-            head = [it["ref"], paper_table, position, row["label"], keys.get("model"), keys.get("method"),
-                    keys.get("eps"), keys.get("alpha")]
-            for c in it["columns"]:
-                ours = (row["ours"] or {}).get(c) or {}
-                paper = (row["paper"] or {}).get(c) or {}
-                w.writerow(map(cell, [*head, c, "ours", ours.get("mean"), ours.get("std"), ours.get("n"),
-                                      row["status"], c in row["outside"], " ".join(row["runs"])]))
-                w.writerow(map(cell, [*head, c, "paper", paper.get("value"), paper.get("std"), None, row["status"],
-                                      False, ""]))
-    return out.getvalue()
-
-
-# The provenance's fields as the page names them (a field without a name here shows its key).
-PROVENANCE = {"flctl": "flctl version", "commit": "flctl commit", "torch": "torch version", "command": "command",
-              "made": "written at", "database": "database", "scale": "scale",
-              "devices": "finished runs by device", "trained_with": "finished runs by how they trained"}
-
-
-def _provenance(provenance: dict[str, Any]) -> str:
-    """The provenance as a definition list a person reads (paper.json keeps it for machines)."""
-    def value(v: Any) -> str:
-        if isinstance(v, dict):
-            return ("<ul>" + "".join(f"<li>{_e(k)}: {value(x)}</li>" for k, x in v.items()) + "</ul>") if v else "none"
-        if isinstance(v, list | tuple):
-            return ", ".join(value(x) for x in v) if v else "none"
-        return "—" if v is None else _e(v)
-
-    return ("<dl class=meta>" + "".join(f"<dt>{_e(PROVENANCE.get(k, k.replace('_', ' ')))}</dt><dd>{value(v)}</dd>"
-                                        for k, v in provenance.items()) + "</dl>")
-
-
-def _page(programme: Programme, sections: list[str], provenance: dict[str, Any]) -> str:
-    contents = "".join(f"<li><a href='#{p.item.name}'>{_e(p.item.title)}</a> "
-                       f"({len(p.finished)}/{len(p.cells)})</li>" for p in programme.items)
-    smoke = ("<p class=smoke>Smoke scale: one seed, two epochs, 256 samples of each split and the tasks' small "
-             "models. These numbers check the path from plan to page; they are not comparable with the paper's, "
-             "and no cell is marked against them.</p>" if programme.scale != "paper" else "")
-    legend = ("<p class=legend>Ours: mean ± sample standard deviation over the seeds finished (the seeds column: "
-              "finished/planned where some are missing; † fewer seeds than the other rows). Paper: the published value "
-              "(± its spread where it gives one). A red cell lies outside the tolerance: twice the larger standard "
-              "deviation (the paper's or ours) and at least the rounding of the printed value; where the paper gives "
-              "no spread, 10 % of its value plus 0.01. A stand-in (ours on another data set, beside a published "
-              "table) shows the paper's numbers for orientation only: none of its cells is marked.</p>")
-    return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>Feasible Learning: the paper's tables "
-            f"and figures</title><style>{CSS}</style></head><body><h1>Feasible Learning: the paper's tables and "
-            "figures, ours beside the published</h1><p>Ramirez, Hounie, Elenter, Gallego-Posada, Hashemizadeh, "
-            f"Ribeiro and Lacoste-Julien, <i>Feasible Learning</i>, AISTATS 2025.</p>{smoke}{legend}"
-            f"<nav><h2>Contents</h2><ol>{contents}</ol></nav>{''.join(sections)}"
-            f"<h2 id=provenance>Provenance</h2>{_provenance(provenance)}</body></html>\n")
