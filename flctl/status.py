@@ -58,7 +58,7 @@ CELLS_FAILED_EXIT = 3
 # How a cell handed back by a worker whose disk filled up begins its reason (flctl.runner; a wait reads it).
 DISK_FILLED = "the disk filled up"
 # How a cell handed back to train alone begins its reason: its group failed with an error that no one cell of it could
-# be blamed for (flctl.runner.at_fault), so its next claim takes it alone (flctl.db.queue.RunQueue.claim_next), where an
+# be blamed for (flctl.claimed.at_fault), so its next claim takes it alone (flctl.db.queue.RunQueue.claim_next), where an
 # error of its own fails it and no other.
 TRAIN_ALONE = "to train alone"
 DIVERGED_ERROR = "diverged: a non-finite loss (flctl show RUN says where)"
@@ -134,7 +134,7 @@ _BLAMED = "flctl_cell"
 @contextlib.contextmanager
 def blamed(run_id: str) -> Iterator[None]:
     """An exception raised inside is the cell ``run_id``'s own (its build: its task's model may fail for its seed or
-    options alone): a group of cells that fails with it fails that cell and no other (flctl.runner.at_fault). The
+    options alone): a group of cells that fails with it fails that cell and no other (flctl.claimed.at_fault). The
     innermost cell named keeps the blame."""
     try:
         yield

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from flctl.claimed import ground_moved
 from flctl.launch.backends import get_launcher
 from flctl.launch.jobs import live_controllers, live_workers, queued_jobs
 from flctl.layout import Layout
 from flctl.procs import pid_alive, started_at
-from flctl.runner import ground_moved
 from flctl.status import DISK_FILLED, TO_DO, Status, ledger, settled
 
 # A wait ends when no worker is left to take the cells still to do, once that has held this long: a worker that is

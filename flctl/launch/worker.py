@@ -19,7 +19,6 @@ import os
 import socket
 import sys
 import time
-import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -30,6 +29,7 @@ import submitit
 from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
+from flctl.claimed import device_works, ground_moved
 from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, Claim, RunQueue, Store, not_the_one
 from flctl.errors import (
@@ -46,7 +46,7 @@ from flctl.launch.jobs import private_folder, registered, remember_jobs
 from flctl.launch.settings import LaunchSettings
 from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
-from flctl.runner import database_full, device_works, git_revision, ground_moved, stop_on_signals, train_claimed
+from flctl.runner import git_revision, stop_on_signals, train_claimed
 from flctl.study import sync_sweep
 
 _LINGER_POLL_S = 0.2
@@ -156,7 +156,7 @@ class Worker(submitit.helpers.Checkpointable):
                         print(f"flctl worker: {exc}", file=sys.stderr)
                         break
                     except SQLAlchemyError as exc:  # the database's disk is full: one line, not a traceback
-                        if (full := database_full(store, exc)) is None:
+                        if (full := store.disk_full(exc)) is None:
                             raise
                         self._stop_on_full_disk(full)
                         break
@@ -177,7 +177,6 @@ class Worker(submitit.helpers.Checkpointable):
                         break
                     except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
                         outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
-                        _fail_what_it_left(store, self.current, exc)
                         if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
                             self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
                             self.failed_cells = list(self.current)
@@ -205,7 +204,8 @@ class Worker(submitit.helpers.Checkpointable):
     def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
         """The next cell, and up to ``batch_runs - 1`` more that can train together with it, with their claims'
         fencing tokens."""
-        from flctl.tasks import can_train_together, get_task
+        from flctl.grouped.policy import can_train_together
+        from flctl.tasks import get_task
 
         r = self.recipe
 
@@ -314,19 +314,6 @@ def device_in_slot(cfg: RunConfig, slot: Slot | None) -> RunConfig:
     if slot is None or slot.cuda is None or "," in slot.cuda or not cfg.device.startswith("cuda:"):
         return cfg
     return replace(cfg, device="cuda")
-
-
-def _fail_what_it_left(store: Store, tokens: dict[str, str], exc: BaseException) -> None:
-    """Cells still running under this worker's claims after train_claimed raised: it failed before its training
-    began (an import, a database write), where nothing recorded them. They fail with the error, as a cell's own
-    error does, instead of running on without a heartbeat until the stale bound (300 s) while a wait waits."""
-    queue = RunQueue(store)
-    error = "".join(traceback.format_exception(exc, limit=8))
-    try:
-        for run_id in queue.held(tokens):
-            queue.fail_run(run_id, tokens[run_id], error, 0.0)
-    except Exception:   # the database itself is what failed (its server stopped): they go stale, as before; the
-        pass            # worker reports ``exc``, not a second error raised while it tidied up after the first
 
 
 def _first_line(exc: BaseException) -> str:

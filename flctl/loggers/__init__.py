@@ -46,6 +46,7 @@ class RunInfo:
     params: dict[str, Any]
     tags: dict[str, str]
     replay: bool = False
+    title: str = ""         # what a person reads in the tracker's list of runs (RunConfig.title and the run id)
 
 
 class Logger:
@@ -222,7 +223,8 @@ def run_info(cfg: Any, sweep_id: str | None = None, *, replay: bool = False) -> 
     tags = {"flctl.run_id": cfg.run_id, "flctl.task": cfg.task, "flctl.method": cfg.method,
             **({"flctl.sweep_id": sweep_id} if sweep_id else {}),
             **{f"version.{k}": str(v) for k, v in library_versions().items()}}
-    return RunInfo(cfg.run_id, sweep_id, cfg.task, cfg.method, params, tags, replay)
+    return RunInfo(cfg.run_id, sweep_id, cfg.task, cfg.method, params, tags, replay,
+                   title=f"{cfg.title} · {cfg.run_id}")
 
 
 def scalars(epoch_avg: float | None, epoch_max: float | None, max_multiplier: float | None,
@@ -263,6 +265,8 @@ class Logging:
     def start(self, cfg: Any) -> None:
         # in the training thread: a thread of the loggers' own raced its imports (a module half-imported in one
         # when the other used it), and made a two-moons run no faster
+        if not self.chosen:         # no logger: nothing is told (not even the library versions looked up)
+            return
         info = run_info(cfg, self.sweep_id, replay=self.replay)
         for name in self.chosen:
             self._guard(name, cfg.run_id, lambda name=name: self._open(name, info))
@@ -276,7 +280,7 @@ class Logging:
         """One epoch's end of a run (flctl.train.EpochStats): an evaluated one is logged (an epoch between two
         evaluations has nothing a logger is told of; its numbers, a value a step, would cost a tracking store more
         than a small model's epoch)."""
-        if stats.metrics is None:
+        if stats.metrics is None or not self.open:
             return
         self.log(stats.run_id, stats.epoch, scalars(stats.train_avg_loss, stats.train_max_loss, stats.max_multiplier,
                                                     stats.metrics, stats.multipliers), stats.multipliers)

@@ -83,7 +83,7 @@ class MLflow(Logger):
             return
         for found in earlier:                   # an export replaces an earlier log, never adds to it
             self.client.delete_run(found.info.run_id)
-        self.run_id = self.client.create_run(experiment_id, run_name=run.run_id, tags=run.tags).info.run_id
+        self.run_id = self.client.create_run(experiment_id, run_name=run.title or run.run_id, tags=run.tags).info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, str(v)[:PARAM_LIMIT]) for k, v in run.params.items()])
 
     def log(self, epoch: int, scalars: dict[str, float], multipliers: Any = None) -> None:

@@ -34,6 +34,7 @@ class TensorBoard(Logger):
         self.run, self.last = run, dict[str, float]()
         # a deep queue: a full one (10 events by default) makes each epoch wait for the writer thread
         self.writer = SummaryWriter(str(folder), max_queue=10_000, flush_secs=30)
+        self.writer.add_text("flctl/run", run.title or run.run_id)    # the folder is the run id; this, its name
         self.writer.add_text("flctl/config", "```\n" + json.dumps(run.params, indent=1, default=str) + "\n```")
         self.writer.add_text("flctl/tags", "\n".join(f"{k}: {v}  " for k, v in run.tags.items()))
 

@@ -44,7 +44,7 @@ class WandB(Logger):
         # the run until someone answers (and a closed stdin ends the prompt in a KeyboardInterrupt)
         wandb.setup(settings=wandb.Settings(silent=True))
         try:
-            self.wb = wandb.init(project=project(), id=run.run_id, name=run.run_id,
+            self.wb = wandb.init(project=project(), id=run.run_id, name=run.title or run.run_id,
                                  group=run.sweep_id, job_type=run.method, tags=[run.task, run.method],
                                  config={**run.params, "flctl": run.tags}, dir=str(folder), resume="allow",
                                  reinit="create_new", settings=wandb.Settings(
