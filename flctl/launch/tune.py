@@ -1,4 +1,4 @@
-"""`flctl sweep --tune N`: a TPE search over a sweep's axes (flctl.study.tune), its trials' cells launched as any
+"""`flctl sweep --tune N`: a TPE search over a sweep's axes (flctl.tpe_search.tune), its trials' cells launched as any
 sweep's are (flctl.launch.plan.launch_sweep), one by one or ``parallel`` at a time, until N trials are told."""
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objec
     trial's cell is launched through ``settings``. Returns the Optuna study, whose best trial has a value;
     ``told`` hears of each trial as it is told, ``launched`` of each launch (flctl.launch.flow.Hooks). TuneFailed
     when workers keep dying before they take a trial, or no trial ended with a value."""
-    from flctl.study import params_of, search_space, tune
+    from flctl.study import params_of
+    from flctl.tpe_search import search_space, tune
     from flctl.sweep import resolve_cell, tune_id
 
     spec = dataclasses.replace(spec, tune=n_trials, objective=objective)
@@ -58,7 +59,7 @@ def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objec
             launched(done, sid, spec, settings)
 
     def revive(configs: list[RunConfig]) -> None:
-        """Start a worker for trials' runs still queued when no worker of the sweep is alive (see flctl.study.tune)."""
+        """Start a worker for trials' runs still queued when no worker of the sweep is alive (see flctl.tpe_search.tune)."""
         if has_workers(root, sid):
             return
         if len(revived) >= MAX_REVIVALS:   # workers that die before claiming anything: stop, do not loop
