@@ -4,7 +4,7 @@ Each eval epoch of a run is one file ``run_id=<id>/epoch=<e>.parquet`` holding b
 to a temporary name and renamed into place, so readers never see half a file, and a resumed run that redoes
 an epoch replaces that epoch's file instead of appending duplicate rows. Each file's SHA-256 and size go into the
 run's checksums, ``run_id=<id>/_checksums.json`` (also written whole or not at all; flctl.record_checks), once the
-file is in place.
+file is in place. flctl.record_writing writes them.
 
 Every read of record files goes through here, and is checked: a file of another schema (``SCHEMA``: names and
 types) is refused in one line that names it, never cast into numbers; a report first checks each run it reads
@@ -15,30 +15,25 @@ were written with checksums and has none lost them, and fails.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flctl.errors import ConfigError
-from flctl.fs import atomic_path, make_below
 from flctl.layout import records_of
 from flctl.record_checks import CHECKSUMS as CHECKSUMS
 from flctl.record_checks import SUMMARY_KEY as SUMMARY_KEY
 from flctl.record_checks import (
-    epoch_of,
     facts,
     kept_checksums,
     load_checksums,
     mismatch,
     other_runs,
     strays,
-    write_checksums,
 )
 from flctl.status import Status
 
@@ -62,91 +57,7 @@ SCHEMA = pa.schema(
 LATER_COLUMNS = frozenset({"confidence", "pruned"})
 
 
-# As written: run_id dictionary-encoded, the type pyarrow gives the hive partition folder ``run_id=<id>``, so that
-# readers that merge the folder name with the column (pandas.read_parquet, pyarrow.parquet.read_table) agree
-# with the files. flctl reads with SCHEMA (plain strings), which also reads files written before this change.
-FILE_SCHEMA = SCHEMA.set(0, pa.field("run_id", pa.dictionary(pa.int32(), pa.string())))
-
 EPOCH_GLOB = "epoch=*.parquet"
-
-
-def split_table(
-    run_id: str,
-    split: str,
-    epoch: int,
-    loss: np.ndarray,
-    prediction: np.ndarray,
-    target: np.ndarray,
-    correct: np.ndarray | None = None,
-    multiplier: np.ndarray | None = None,
-    pruned: np.ndarray | None = None,
-    confidence: np.ndarray | None = None,
-) -> pa.Table:
-    n = len(loss)
-    return pa.table(
-        {
-            "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([run_id])),
-            "split": pa.repeat(pa.scalar(split, pa.string()), n),   # (a list of n strings took 90 % of this)
-            "epoch": pa.array(np.full(n, epoch, dtype=np.int32)),
-            "sample_id": pa.array(np.arange(n, dtype=np.int64)),
-            "loss": pa.array(np.asarray(loss, dtype=np.float64)),
-            "multiplier": pa.array(np.asarray(multiplier, dtype=np.float64))
-            if multiplier is not None
-            else pa.nulls(n, pa.float64()),
-            "prediction": pa.array(np.asarray(prediction, dtype=np.float64)),
-            "target": pa.array(np.asarray(target, dtype=np.float64)),
-            "correct": pa.array(np.asarray(correct, dtype=bool)) if correct is not None else pa.nulls(n, pa.bool_()),
-            "confidence": pa.array(np.asarray(confidence, dtype=np.float64)) if confidence is not None
-            else pa.nulls(n, pa.float64()),
-            "pruned": pa.array(np.asarray(pruned, dtype=bool)) if pruned is not None else pa.nulls(n, pa.bool_()),
-        },
-        schema=FILE_SCHEMA,
-    )
-
-
-# An epoch file keeps that eval's summary metrics in its metadata under SUMMARY_KEY (flctl.record_checks): what a
-# logger was told live, read back by `flctl export` (epoch_summaries).
-
-
-def write_epoch(root: Path, run_id: str, epoch: int, tables: Sequence[pa.Table],
-                summary: dict[str, float] | None = None) -> Path:
-    """Atomically write one eval epoch's records (all splits) for a run, with its ``summary`` metrics in the file's
-    metadata, then its checksum into the run's checksums (atomically too); returns the file path.
-
-    The checksums drop the epochs after this one (a run that redoes an epoch has removed its later files). A run
-    whose folder already holds files of earlier epochs but no checksums (it began before flctl kept them, and
-    resumed) gets none: one unlisted file would fail the check, so it stays unverified as a whole."""
-    folder = records_of(root, run_id)
-    make_below(folder, 2)              # records/run_id=<id>, never the results folder above
-    final = folder / f"epoch={epoch:05d}.parquet"
-    sink = pa.BufferOutputStream()
-    table = pa.concat_tables(tables)
-    if summary is not None:
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                               SUMMARY_KEY: json.dumps(summary, allow_nan=True).encode()})
-    pq.write_table(table, sink)
-    data = sink.getvalue()
-    listed = _checksums_to_extend(folder, run_id, epoch)
-    with atomic_path(final, parents=False) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
-    if listed is not None:
-        listed[final.name] = {"sha256": hashlib.sha256(memoryview(data)).hexdigest(), "bytes": data.size}
-        write_checksums(folder, run_id, listed)
-    return final
-
-
-def _checksums_to_extend(folder: Path, run_id: str, epoch: int) -> dict[str, dict] | None:
-    """The entries of the run's checksums that stay when ``epoch`` is written (those of earlier epochs); None when
-    the run keeps none (files of earlier epochs without checksums)."""
-    try:
-        listed = load_checksums(folder, run_id)
-    except ValueError:
-        listed = {}     # damaged, or another run's: start again; the files it vouched for now fail the check
-    if listed is None:
-        earlier = [p for p in folder.glob(EPOCH_GLOB) if (e := epoch_of(p)) is not None and e < epoch]
-        return None if earlier else {}
-    return {name: entry for name, entry in listed.items() if (e := epoch_of(Path(name))) is not None and e < epoch}
 
 
 # ---- the schema of one file ----
@@ -238,7 +149,7 @@ def check_run(root: Path, run_id: str, deep: Collection[str] | None = None, *, c
     (file names; None: every file) has the records' schema, its recorded SHA-256 and rows of this run only. The cheap
     part (names, sizes) covers every file; the reads cover ``deep``, what a reader reads. ``completed``: the run
     finished, so it has records (a missing folder fails). Check only a run no worker is writing: an epoch file lands
-    before its checksum (write_epoch), so a run in progress may be between the two."""
+    before its checksum (flctl.record_writing.write_epoch), so a run in progress may be between the two."""
     folder = records_of(root, run_id)
     files = run_files(root, run_id)
     check = RunCheck(run_id, folder, checksummed=False, files=files)
@@ -382,8 +293,9 @@ def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
 
 
 def epoch_summaries(root: Path, run_id: str) -> list[tuple[int, dict[str, float], Path]]:
-    """(epoch, summary metrics, its file) of each of the run's eval epochs whose file keeps them (write_epoch), by
-    epoch: the numbers a logger was given as the run trained. Files from before flctl kept them are left out."""
+    """(epoch, summary metrics, its file) of each of the run's eval epochs whose file keeps them
+    (flctl.record_writing.write_epoch), by epoch: the numbers a logger was given as the run trained. Files from before
+    flctl kept them are left out."""
     found = []
     for path in sorted(records_of(Path(root), run_id).glob(EPOCH_GLOB)):
         try:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flctl import records
+from flctl import record_writing, records
 from flctl.cell import Cell, RunResult, atomic_save, host_copy, save_extras, trainable_state
 from flctl.config import RunConfig
 from flctl.fs import make_below
@@ -245,8 +245,8 @@ def _summarize_and_record(
     training-batch numbers (EPOCH_NUMBERS), kept in the file only (a logger is told them live; `flctl export` reads)."""
     labels = {split: [v[split] for v in (groups or {}).values()] for split in ("train", "test")}
     tables = [
-        records.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
-        records.split_table(cfg.run_id, "test", epoch, **test_eval),
+        record_writing.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
+        record_writing.split_table(cfg.run_id, "test", epoch, **test_eval),
     ]
     summary = {
         "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=cfg.eps,
@@ -259,9 +259,9 @@ def _summarize_and_record(
     flat = flatten(summary)
     kept = flat | flatten({"epoch": {k: float(v) for k, v in (told or {}).items() if v is not None}})
     if writer is not None:      # the summary kept in the file: what a logger was told, for `flctl export`
-        writer.submit(cfg.run_id, records.write_epoch, records_root, cfg.run_id, epoch, tables, kept)
+        writer.submit(cfg.run_id, record_writing.write_epoch, records_root, cfg.run_id, epoch, tables, kept)
     else:
-        records.write_epoch(records_root, cfg.run_id, epoch, tables, kept)
+        record_writing.write_epoch(records_root, cfg.run_id, epoch, tables, kept)
     return flat
 
 
