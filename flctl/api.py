@@ -15,24 +15,15 @@ else FLCTL_DB, else results/flctl.db. Bad input raises flctl.errors.ConfigError 
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flctl.api_args import (
-    DEVICE,
-    LAUNCH,
-    check_arg,
-    check_fields,
-    check_known,
-    checked,
-    in_memory,
-    make_results,
-    not_a_file,
-    take_back,
-    url_problem,
-)
+from flctl import results
+from flctl.api_args import DEVICE, check_arg, check_fields, check_known, checked
+from flctl.api_launch import paper, sweep
 from flctl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,35 +32,24 @@ if TYPE_CHECKING:
     from flctl.config import RunConfig
     from flctl.db import RunRecord, Store
 
-DEFAULT_RESULTS = "results"
+__all__ = ["Exported", "config", "database_url", "export", "open_store", "paper", "records", "reproduce", "report",
+           "results_root", "run", "runs", "sweep", "use_tasks"]
+
+DEFAULT_RESULTS = results.DEFAULT_RESULTS
 
 
 @checked(results_dir="give a folder, as a str or Path (e.g. results_dir='results')")
 def results_root(results_dir: str | Path | None = None) -> Path:
     """The results folder: ``results_dir``, else FLCTL_RESULTS (an empty one is unset), else ./results; a path no
-    file system takes is a ConfigError naming where it came from (the environment is read by no option parser)."""
-    from flctl.text import path_problem
-
-    chosen = results_dir if results_dir is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS
-    if (why := path_problem("results_dir" if results_dir is not None else "FLCTL_RESULTS", str(chosen))) is not None:
-        raise ConfigError(why)
-    return Path(chosen)
+    file system takes is a ConfigError naming where it came from (flctl.results.results_root)."""
+    return results.results_root(results_dir)
 
 
 @checked(db="give a database URL as a str (sqlite:///results/flctl.db, postgresql://user@host/db)")
 def database_url(db: str | None, root: Path) -> str:
     """The database: ``db``, else FLCTL_DB, else the results folder's flctl.db. An in-memory SQLite database is a
     ConfigError: it would lose every row when the process exits, and no worker or report could see it."""
-    from flctl.layout import Layout
-
-    url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
-    if in_memory(url):
-        raise ConfigError(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this "
-                          "command exits; give a file (sqlite:///results/flctl.db) or a server "
-                          "(postgresql://user@host/db)")
-    if (why := url_problem(url)) is not None:
-        raise ConfigError(why)
-    return url
+    return results.database_url(db, root)
 
 
 @checked(entries="give each task file, folder or module name as its own str or Path argument: "
@@ -120,27 +100,13 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
 
 @checked()
 def open_store(results_dir: str | Path | None = None, db: str | None = None, *, create: bool = True) -> Store:
-    """The run database of a results folder (made when ``create``; else read-only, and it must exist)."""
-    from flctl.db import Store
-    from flctl.errors import StoreError
-    from flctl.layout import Layout
-
+    """The run database of a results folder: made when ``create`` (with the folder, taken back should the database
+    not open); else read-only, and it must exist (flctl.results)."""
     root = results_root(results_dir)
     url = database_url(db, root)
-    not_a_file(root)
-    if not create and db is None and not os.environ.get("FLCTL_DB") and not Layout(root).db.is_file():
-        raise ConfigError(f"no runs in {str(root)!r}: it holds no flctl.db; give the results_dir the runs were "
-                          "trained in")
-    made = make_results(root) if create else []
-    try:
-        return Store.open(url, readonly=not create)
-    except Exception as exc:
-        # as `flctl` (cli.common.open_results): a database that cannot be opened (a bad db=, a server that does not
-        # answer) leaves no results folder behind
-        take_back(made)
-        if isinstance(exc, StoreError) and str(exc).startswith("not a database URL"):   # the caller's input: one
-            raise ConfigError(f"db={db!r}: {exc}") from None                             # line that names the fix
-        raise
+    if create:
+        return results.open_to_write(url, root, results.API)
+    return results.open_to_read(url, root, results.API)
 
 
 @checked(task="give one task's name, a str (see `flctl tasks`)",
@@ -176,125 +142,6 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
         return record
     finally:
         store.close()
-
-
-@checked(task="give one task's name, a str (see `flctl tasks`); several tasks are several sweeps",
-         spec="give a sweep spec's TOML file, a str or Path (e.g. spec='sweeps/two-moons.toml')",
-         options="give the task options as a dict, e.g. options={'degree': 10}", name="give the sweep's name, a str",
-         device=DEVICE, data_dir="give the datasets' folder, a str or Path",
-         objective="give a metric, a str such as 'test.max_loss'",
-         tune="give the number of trials of the search, an int such as tune=20",
-         parallel="give the number of trials launched at once, an int such as parallel=2", launch=LAUNCH)
-def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int | None = None,
-          options: dict[str, Any] | None = None, name: str | None = None, device: str | None = None,
-          data_dir: str | Path | None = None, results_dir: str | Path | None = None, db: str | None = None,
-          wait: bool = True, tune: int | None = None, objective: str | None = None, direction: str = "min",
-          parallel: int = 1, launch: dict[str, Any] | None = None, dry_run: bool = False, **axes: Any) -> Any:
-    """Plan a grid of runs and fill what is not done, as ``flctl sweep`` does: the same checks, run ids, database
-    rows, launchers (flctl.launch.backends) and workers. ``axes``: run fields, each a value, a list of values or a
-    range written as on the command line (``lr="1e-4..1e-2:5"``); or ``spec``, a TOML spec file. ``launch``: the
-    launch flags by name (``executor``, ``workers``, ``batch_runs``, ...; flctl.launch.LaunchFlags). With ``wait``
-    (the default) it returns once no cell is left to train: ``{"sweep": id, "cells": N, "total": counts by status,
-    "errors": ...}`` (flctl.status.ledger); without, once its workers are started. With ``tune``: a TPE search of
-    that many trials (``{"sweep": id, "study": the Optuna study}``). With ``dry_run``: the plan, written nowhere
-    (flctl.launch.plan.SweepPlan: its ``sweep_id``, ``configs``, ``settings``), as ``flctl sweep --dry-run``. Bad input
-    raises ConfigError before anything is written; a wait its workers leave unfinished raises
-    flctl.launch.wait.SweepStopped."""
-    import dataclasses
-
-    from flctl.launch import plan_sweep
-    from flctl.launch.flow import fill_sweep
-    from flctl.sweep import load_spec, spec_from_values
-
-    if (spec is None) == (task is None):
-        raise ConfigError("give either a task with axes or spec=, not both or neither")
-    # launch keys that are not flctl's flags are the launcher's own options: the spec's [launch] table takes them
-    extra = {k: v for k, v in (launch or {}).items() if k not in _flag_names()}
-    flags = _launch_flags({k: v for k, v in (launch or {}).items() if k in _flag_names()})
-    folder = None if data_dir is None else str(data_dir)
-    if spec is not None:
-        if axes or seeds is not None:
-            raise ConfigError("give either spec= or axes, not both")
-        chosen = load_spec(Path(spec))
-        chosen = chosen if device is None else dataclasses.replace(chosen, device=device)
-    else:
-        assert task is not None
-        chosen = spec_from_values(task, axes, seeds=seeds, options=options or {}, name=name,
-                                  device="cpu" if device is None else device, data_dir=folder)
-    if extra:
-        chosen = dataclasses.replace(chosen, launch={**chosen.launch, **extra})
-    root = results_root(results_dir)
-    url = database_url(db, root)
-    planned = plan_sweep(chosen, flags, results_root=root, objective=objective, direction=direction, tune=tune,
-                         parallel=parallel, dry_run=dry_run)
-    if dry_run:
-        return planned
-    store = open_store(results_dir, db)
-    try:
-        filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction)
-    finally:
-        store.close()
-    if filled.study is not None:
-        return {"sweep": filled.sweep_id, "study": filled.study}
-    if filled.stopped is not None:             # a signal stopped this process's worker: its cell went back
-        from flctl.launch.wait import SweepStopped, stopped_line
-
-        raise SweepStopped(stopped_line(root, filled.sweep_id), filled.stopped)
-    return {"sweep": filled.sweep_id, **(filled.ledger or {})}
-
-
-@checked(only="give the tables and figures as one str, e.g. only='table:1,figure:6' (or 'table')",
-         specs="give the folder of the paper's specs, a str or Path", device=DEVICE,
-         data_dir="give the datasets' folder, a str or Path",
-         out="give the bundle's folder, a str or Path (default RESULTS/paper)", launch=LAUNCH)
-def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | None = None,
-          device: str | None = None, data_dir: str | Path | None = None, results_dir: str | Path | None = None,
-          db: str | None = None, out: str | Path | None = None, report_only: bool = False, dry_run: bool = False,
-          wait: bool = False, launch: dict[str, Any] | None = None) -> Any:
-    """The paper's programme, as ``flctl paper`` runs it (flctl.paper.flow): planned with its cost, its missing cells
-    launched (``only``: these tables and figures, e.g. "table:1"; ``scale`` "smoke": tiny and fast), then the bundle
-    written (``out``, default RESULTS/paper or RESULTS/paper-smoke). Returns a flctl.paper.flow.PaperRun (its
-    ``bundle``: the index.html written; ``programme``: what each table and figure has and lacks); with ``dry_run``,
-    the PaperPlan (its ``programme``, with the cost), writing nothing. ConfigError for bad input, before anything is
-    written."""
-    from flctl.paper.flow import fill_paper, plan_paper
-    from flctl.sweep import SHIPPED_SPECS
-
-    if dry_run and report_only:
-        raise ConfigError("give dry_run or report_only, not both")
-    flags = _launch_flags(launch)
-    root = results_root(results_dir)
-    url = database_url(db, root)
-    plan = plan_paper(url=url, specs=Path(specs) if specs is not None else SHIPPED_SPECS, launch=flags, only=only,
-                      scale=scale, device=device, data_dir=None if data_dir is None else str(data_dir),
-                      check_data=not (dry_run or report_only))
-    not_a_file(root)                                # said as itself, not as a bundle folder under a file
-    bundle = Path(out) if out is not None else None
-    plan.bundle_folder(root, bundle)                 # as `flctl paper`: a bundle that cannot be written, before
-    if dry_run:                                      # any folder is made, a dry run included
-        return plan
-    if not report_only:
-        open_store(results_dir, db).close()          # the results folder and database, made as `flctl paper` does
-    else:
-        make_results(root)                          # reading the database only needs a folder for the bundle
-    return fill_paper(plan, root=root, out=bundle, wait=wait, report_only=report_only)
-
-
-def _flag_names() -> set[str]:
-    from flctl.launch import LaunchFlags
-
-    return set(LaunchFlags.__dataclass_fields__)
-
-
-def _launch_flags(launch: dict[str, Any] | None) -> Any:
-    """flctl.launch.LaunchFlags from a dict of them by name (ConfigError naming an unknown one)."""
-    from flctl.launch import LaunchFlags
-
-    check_arg("launch", launch, Mapping, LAUNCH)
-    if unknown := sorted(set(launch or {}) - set(LaunchFlags.__dataclass_fields__)):
-        raise ConfigError(f"launch: unknown key(s) {', '.join(unknown)}; valid: "
-                          f"{', '.join(sorted(LaunchFlags.__dataclass_fields__))}")
-    return LaunchFlags(**(launch or {}))
 
 
 @checked(task="give one task as a str (or leave it out for all)",
@@ -395,3 +242,51 @@ def reproduce(run: str, *, results_dir: str | Path | None = None, db: str | None
         return train_again(store, Layout(results_root(results_dir)).records, run, on_epoch)
     finally:
         store.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """What an export did: the runs named, the finished ones it logged (or tried to), and each tracker's failures
+    (``logging.not_logged``: tracker -> run ids it did not log; ``logging.why``: its first failure)."""
+
+    runs: list[RunRecord]
+    finished: list[RunRecord]
+    loggers: tuple[str, ...]
+    logging: Any
+
+
+@checked(ref="give a run's id (or a unique prefix of it) or a sweep's id, prefix or name, as a str",
+         to="give a tracker's name or a list of them, e.g. to=['tensorboard']")
+def export(ref: str, *, to: str | Iterable[str], results_dir: str | Path | None = None,
+           db: str | None = None) -> Exported:
+    """Log the finished runs ``ref`` names (a run, or a sweep's cells) to trackers after the fact, as ``flctl export``
+    does (flctl.loggers.export): each evaluated epoch's metrics as the run's records keep them, keyed by run id, so
+    that exporting again replaces what an earlier export or live log left. The records are checked first (as
+    `flctl verify`); ConfigError for bad input, no finished run or records that fail, before any tracker hears of
+    one. A tracker that fails is tried for no further run: its failures are in the result, not raised."""
+    from flctl.loggers import check
+
+    loggers = check(to)
+    root = results_root(results_dir)
+    store = results.open_to_read(database_url(db, root), root, results.API)
+    return export_from(store, root, ref, loggers)
+
+
+def export_from(store: Store, root: Path, ref: str, loggers: tuple[str, ...]) -> Exported:
+    """``export`` from a store opened already (closed here) and loggers checked already: `flctl export` opens its
+    database as every command does, with the command's words for what is missing."""
+    from flctl.db.reads import runs_of
+    from flctl.layout import Layout
+    from flctl.loggers.export import export as replay
+    from flctl.report.data import gate
+    from flctl.status import REPORTABLE
+
+    try:
+        runs, sweep_of = runs_of(store, ref)
+    finally:
+        store.close()
+    finished = [r for r in runs if r.status in REPORTABLE]
+    if not finished:
+        raise ConfigError(f"{ref}: no finished run to export ({len(runs)} not finished yet; see `flctl status`)")
+    gate(Layout(root).records, finished, read="all")     # as verify checks them, before any tracker hears of one
+    return Exported(runs, finished, loggers, replay(finished, root, loggers, sweep_of))

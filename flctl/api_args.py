@@ -1,6 +1,5 @@
 """The checks of flctl.api's arguments, one rule each, so that bad input is a ConfigError naming the argument and
-what it takes, before anything is written; and the results folder an API call makes, taken back when what follows
-fails (as `flctl` does: flctl.cli.common.open_results)."""
+what it takes, before anything is written (the results folder and database are flctl.results')."""
 
 from __future__ import annotations
 
@@ -55,41 +54,6 @@ def check_arg(name: str, value: Any, kind: type | tuple[type, ...], takes: str) 
         raise ConfigError(f"{name}={value!r}: {takes}")
 
 
-def make_results(root: Path) -> list[Path]:
-    """Make the results folder ``root`` (ConfigError where it cannot be); the folders this made, deepest first, for
-    ``take_back`` should what follows fail."""
-    from flctl.layout import Layout
-
-    not_a_file(root)
-    if (why := Layout(root).not_a_folder()) is not None:
-        raise ConfigError(why)
-    absolute = root.absolute()
-    made = [p for p in (absolute, *absolute.parents) if not p.exists()]
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        take_back(made)
-        raise ConfigError(f"results_dir {str(root)!r} cannot be made ({exc.strerror or exc}); give a folder "
-                          "you can write") from None
-    return made
-
-
-def not_a_file(root: Path) -> None:
-    """ConfigError where the results folder ``root`` is a regular file."""
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"results_dir {str(root)!r} is a file, not a folder; give a folder")
-
-
-def take_back(made: list[Path]) -> None:
-    """Remove the folders ``make_results`` made, deepest first, while they are empty: never another's files (a
-    folder another process began to fill meanwhile stays)."""
-    for folder in made:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
 def check_known(store: Store, task: str | None, method: str | None, *, as_option: bool = False) -> None:
     """``runs`` found nothing: a task or method name that neither flctl nor any recorded run knows is a typo (said
     as an API argument, ``task='x'``, or ``as_option``, ``--task 'x'``, with the closest name)."""
@@ -106,44 +70,6 @@ def check_known(store: Store, task: str | None, method: str | None, *, as_option
         said = f"--{name} {value!r}" if as_option else f"{name}={value!r}"
         raise ConfigError(f"{said}: no such {name}" + (f"; did you mean {close[0]!r}?" if close else "")
                           + f" (choose one of: {', '.join(known)})")
-
-
-def in_memory(url: str) -> bool:
-    if not url.startswith("sqlite"):
-        return False
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:       # Store.open says what is wrong with it
-        return False
-    return parsed.get_backend_name() == "sqlite" and (
-        not parsed.database or parsed.database == ":memory:" or parsed.query.get("mode") == "memory"
-        or parsed.database.startswith("file::memory:"))
-
-
-def url_problem(url: str) -> str | None:
-    """Why ``url`` is no database URL flctl can open, said without connecting (a dry run checks it too): not a URL,
-    or an engine SQLAlchemy does not have; None where it is one."""
-    from sqlalchemy.engine import make_url
-
-    from flctl.text import redact
-
-    examples = "(e.g. sqlite:///results/flctl.db, postgresql://user@host/db)"
-    try:
-        parsed = make_url(url)
-    except Exception:       # noqa: BLE001 - any parse failure is the same answer
-        return f"{redact(url, url)!r} is not a database URL {examples}"
-    try:
-        parsed.get_dialect()
-    except Exception:       # noqa: BLE001 - NoSuchModuleError, or a driver's import failing
-        return f"{redact(url, url)!r} is not a database URL flctl can open: SQLAlchemy has no engine " \
-               f"{parsed.drivername!r} {examples}"
-    if parsed.get_backend_name() == "sqlite" and parsed.database:
-        from flctl.text import path_problem
-
-        return path_problem("the SQLite database", parsed.database)
-    return None
 
 
 class _Unchecked:

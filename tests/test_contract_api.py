@@ -20,8 +20,8 @@ from flctl.api_args import _Unchecked, annotation
 from flctl.errors import ConfigError
 from tests.test_bad_input import populated, snapshot, template  # noqa: F401 - fixtures
 
-PUBLIC = {name: fn for name, fn in vars(api).items()
-          if inspect.isfunction(fn) and not name.startswith("_") and fn.__module__ == api.__name__}
+# flctl.api's functions: those it lists in __all__ (its own, and those of flctl.api_launch it re-exports)
+PUBLIC = {name: getattr(api, name) for name in api.__all__ if inspect.isfunction(getattr(api, name))}
 
 # The values each kind rules out (the kinds of a union are taken together: a value is bad for the union when no
 # member takes it).
@@ -33,6 +33,7 @@ BASES: dict[str, dict[str, Any]] = {
     "config": {"task": "two-moons"}, "open_store": {}, "run": {"task": "two-moons", "epochs": 1},
     "sweep": {"task": "two-moons", "dry_run": True}, "paper": {"only": "figure:3", "scale": "smoke", "dry_run": True},
     "runs": {}, "report": {"table": "main"}, "records": {"runs": []}, "reproduce": {"run": "zzzz"},
+    "export": {"ref": "zzzz", "to": ["tensorboard"]},
 }
 
 
@@ -121,7 +122,7 @@ def nested_cases():
 
     from flctl.api_args import fits
     from flctl.config import FIELDS
-    from flctl.launch import LaunchFlags
+    from flctl.launch.settings import LaunchFlags
 
     hints = typing.get_type_hints(LaunchFlags)
     for f in dataclasses.fields(LaunchFlags):

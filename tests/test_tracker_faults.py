@@ -97,7 +97,7 @@ def _broken_tensorboard(root: Path) -> None:
 
 
 def _sweep_of(root: Path, run_id: str) -> str | None:
-    from flctl.db.store import sweep_of
+    from flctl.db.reads import sweep_of
 
     store = api.open_store(root, create=False)
     try:

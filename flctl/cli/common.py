@@ -14,10 +14,9 @@ from typing import Annotated, Any, NoReturn, Optional, TypeVar
 import typer
 from rich.console import Console
 
-from flctl import api
+from flctl import results
 from flctl.config import PANELS
 from flctl.errors import ConfigError
-from flctl.layout import Layout
 
 
 def tolerate_narrow_encodings() -> None:
@@ -43,7 +42,8 @@ def tolerate_narrow_encodings() -> None:
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 10_000, emoji=False)
 err_console = Console(stderr=True, emoji=False)
 
-DEFAULT_RESULTS = api.DEFAULT_RESULTS
+DEFAULT_RESULTS = results.DEFAULT_RESULTS
+T = TypeVar("T")
 
 
 def safe(text: object) -> str:
@@ -114,34 +114,34 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+# Where a command's results and database are: the doorway's (flctl.results), with its ConfigError or StoreError
+# said as the command's one line, exit 2.
+
+def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, or its ConfigError or StoreError as one line, exit 2 (bad input: nothing written)."""
+    from flctl.errors import StoreError
+
+    try:
+        return fn(*args, **kwargs)
+    except (ConfigError, StoreError) as exc:
+        fail(str(exc))
+
+
 def results_root(path: Path | None) -> Path:
-    # An empty FLCTL_RESULTS (`export FLCTL_RESULTS=`) is unset, not the current directory.
-    return api.results_root(path)
+    """--results-dir, else FLCTL_RESULTS (an empty one is unset, not the current directory), else ./results."""
+    return guarded(results.results_root, path)
 
 
 def check_results(root: Path) -> None:
     """The checks of a results folder that write nothing (a dry run makes them too): not a file, nor a folder
     under one."""
-    if root.exists() and not root.is_dir():
-        fail(f"results directory {str(root)!r} is a file, not a folder; give a folder (--results-dir or FLCTL_RESULTS)")
-    if (why := Layout(root).not_a_folder()) is not None:
-        fail(why)
+    guarded(results.check_folder, root, results.CLI)
 
 
 def ensure_writable(root: Path, *, dry: bool = False) -> Path:
-    """Create the results directory if needed and prove it takes a file (flctl.fs.refuses_files); ``dry`` (a dry
-    run's check): leave nothing behind, proving the nearest of its parents that exists where it is not made yet."""
-    from flctl.fs import refuses_files
-
-    check_results(root)
-    try:
-        if not dry:
-            root.mkdir(parents=True, exist_ok=True)
-        why = refuses_files(next(p for p in (root.absolute(), *root.absolute().parents) if p.exists()))
-    except OSError as exc:
-        why = str(exc.strerror or exc)
-    if why is not None:
-        fail(f"results directory {str(root)!r} is not writable ({why}); pass --results-dir")
+    """Create the results directory if needed and prove it takes a file; ``dry`` (a dry run's check): leave nothing
+    behind (flctl.results.make_folder)."""
+    guarded(results.make_folder, root, results.CLI, dry=dry)
     return root
 
 
@@ -151,10 +151,7 @@ def db_url(db: str | None, root: Path) -> str:
     or report could ever see it. The results folder is checked first (check_results): every command finds its
     database through here, a dry run included."""
     check_results(root)
-    try:
-        return api.database_url(db, root)
-    except ConfigError as exc:
-        fail(str(exc))
+    return guarded(results.database_url, db, root)
 
 
 def check_device(device: str, *, here: bool = True) -> str:
@@ -167,16 +164,11 @@ def check_device(device: str, *, here: bool = True) -> str:
         fail(str(exc))
 
 
-def open_store(db: str | None, root: Path):
-    """The run database, opened for writing and closed when the command ends (also when it runs in a process that
-    lives on: the Python API, a test's CliRunner)."""
-    from flctl.db import Store
-    from flctl.errors import StoreError
-
-    try:
-        store = Store.open(db_url(db, root))
-    except StoreError as exc:
-        fail(str(exc))
+def open_results(url: str, root: Path):
+    """The results folder, made if needed and proven writable, and its run database opened for writing: (store,
+    root); closed when the command ends (also when it runs in a process that lives on: the Python API, a test's
+    CliRunner). A database that cannot be opened fails in one line and takes back the folders made for it."""
+    store = guarded(results.open_to_write, url, root, results.CLI)
     try:        # typer >= 0.29 vendors click
         from typer._click.globals import get_current_context
     except ImportError:
@@ -184,53 +176,14 @@ def open_store(db: str | None, root: Path):
     context = get_current_context(silent=True)
     if context is not None:
         context.call_on_close(store.close)
-    return store
+    return store, root
 
 
-def open_results(url: str, root: Path):
-    """The results folder, made if needed and proven writable, and its run database opened for writing: (store,
-    root). A database that cannot be opened (a bad --db, a server that does not answer) fails in one line and takes
-    back the folders this call made that are still empty, so bad input leaves nothing behind (and a folder another
-    command began to fill meanwhile is left alone)."""
-    absolute = root.absolute()
-    made = [p for p in (absolute, *absolute.parents) if not p.exists()]     # deepest first
-    root = ensure_writable(root)
-    try:
-        return open_store(url, root), root
-    except typer.Exit:
-        for folder in made:
-            try:
-                folder.rmdir()           # only an empty folder: never another command's files
-            except OSError:
-                break
-        raise
-
-
-def existing_store(db: str | None, root: Path, *, readonly: bool = True):
+def existing_store(db: str | None, root: Path, *, readonly: bool = True, voice: results.Voice = results.CLI):
     """Open an existing database without creating one (exit 2 where its file is not there: opening it would make
-    it); ``readonly`` (listings, reports) writes nothing to it."""
-    from flctl.db import Store
-    from flctl.errors import StoreError
-
-    url = db_url(db, root)
-    try:
-        store = Store.open_existing(url, readonly=readonly)
-    except StoreError as exc:
-        fail(str(exc))
-    if store is None:
-        no_database(url)
-    return store
-
-
-def no_database(url: str) -> NoReturn:
-    """Exit 2: the database at ``url`` is a file not made yet."""
-    from sqlalchemy.engine import make_url
-
-    from flctl.db.store import dialect_of
-
-    parsed = make_url(url)
-    fail(f"no run database at {dialect_of(parsed).file(parsed)}; run `flctl run TASK` first, or name the results "
-         "folder that has one (--results-dir or FLCTL_RESULTS) or its database (--db or FLCTL_DB)")
+    it); ``readonly`` (listings, reports) writes nothing to it. ``voice``: how its errors name the folder."""
+    guarded(results.check_folder, root, voice)          # in the caller's words, before db_url's
+    return guarded(results.open_to_read, db_url(db, root), root, voice, readonly=readonly)
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:
@@ -295,10 +248,6 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., None]:
     command.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
     command.__name__, command.__doc__ = fn.__name__, fn.__doc__
     return command
-
-
-
-T = TypeVar("T")
 
 
 def find(lookup: Callable[[str], T | None], ref: str, what: str) -> T:

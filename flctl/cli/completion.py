@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import typer
 
-from flctl.cli.common import db_url, results_root
-
 
 def complete_task(incomplete: str) -> list[str]:
     """Shell completion of task names: the modules of flctl_tasks, without importing them (torch stays out)."""
@@ -23,11 +21,11 @@ def complete_task(incomplete: str) -> list[str]:
 def _complete_ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
     """Ids (and sweep names) in the database the command would open, read-only; nothing when there is none or it
     cannot be read: completion never prints an error."""
-    from flctl.db import Store
+    from flctl import results
 
     try:
-        root = results_root(ctx.params.get("results_dir"))
-        store = Store.open_existing(db_url(ctx.params.get("db"), root))
+        root = results.results_root(ctx.params.get("results_dir"))
+        store = results.peek(results.database_url(ctx.params.get("db"), root))
         if store is None:
             return []
         try:

@@ -12,13 +12,11 @@ from flctl.cli.common import (
     console,
     existing_store,
     fail,
+    guarded,
     results_root,
     safe,
 )
 from flctl.cli.completion import complete_run
-from flctl.cli.runs import run_or_sweep
-from flctl.errors import ConfigError
-from flctl.status import REPORTABLE
 
 
 def export(
@@ -34,35 +32,13 @@ def export(
     Each evaluated epoch's metrics as the run's records keep them, and its multipliers. A run is keyed by its id:
     exporting again replaces what an earlier export or live log of it left, never adds to it. A tracker that fails
     (or gives no answer within FLCTL_TRACKER_TIMEOUT_S) is tried for no further run: exit 1, with one error line."""
-    from flctl.db.store import sweep_of as sweep_of_run
+    from flctl.api import export_from
     from flctl.loggers import check, where
-    from flctl.loggers.export import export as replay
 
-    try:
-        loggers = check(to)
-    except ConfigError as exc:
-        fail(str(exc))
+    loggers = guarded(check, to)
     root = results_root(results_dir)
-    store = existing_store(db, root)
-    try:
-        run, sweep = run_or_sweep(store, ref)
-        if sweep is not None:
-            ids = {r["id"] for r in store.sweep_runs(sweep["id"])}
-            runs = [r for r in store.list_runs() if r.id in ids]
-            sweep_of = {r.id: sweep["id"] for r in runs}
-        else:
-            runs = [run]
-            sweep_of = {run.id: sweep_of_run(store, run.id)}
-    finally:
-        store.close()
-    finished = [r for r in runs if r.status in REPORTABLE]
-    if not finished:
-        fail(f"{safe(ref)}: no finished run to export ({len(runs)} not finished yet; see `flctl status`)")
-    from flctl.layout import Layout
-    from flctl.report.data import gate
-
-    gate(Layout(root).records, finished, read="all")     # as verify checks them, before any tracker hears of one
-    done = replay(finished, root, loggers, sweep_of)
+    made = guarded(export_from, existing_store(db, root), root, ref, loggers)
+    runs, finished, done = made.runs, made.finished, made.logging
     failed = {run_id for ids in done.not_logged.values() for run_id in ids}
     whole = len(finished) - len(failed)
     console.print(f"exported {whole if failed else len(finished)}{f' of {len(finished)}' if failed else ''} run(s) "

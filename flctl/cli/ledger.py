@@ -78,13 +78,15 @@ def ledger_lines(url: str, sid: str) -> Iterator[None]:
     if console.is_terminal:
         yield
         return
-    from flctl.db import Store
+    from flctl.results import peek
 
     def state() -> str:
         try:
-            reader = Store.open(url, readonly=True)
+            reader = peek(url)
         except Exception as exc:       # gone, locked: the worker in this process says what it met
             return f"sweep {sid}: the database cannot be read now ({type(exc).__name__})"
+        if reader is None:
+            return f"sweep {sid}: the database cannot be read now (it is not there)"
         try:
             return f"sweep {sid}: {_counts(ledger(reader, sid))}"
         finally:
@@ -204,9 +206,8 @@ def cancel(
     Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held
     are marked interrupted without counting an attempt.
     """
-    from flctl.launch import live_controllers, live_workers, queued_jobs
     from flctl.launch.cancel import cancel as cancel_sweep
-    from flctl.launch.jobs import missing_launchers
+    from flctl.launch.jobs import live_controllers, live_workers, missing_launchers, queued_jobs
 
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")

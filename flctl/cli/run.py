@@ -51,12 +51,11 @@ def plugin_hint(message: str, task: str | None, db: str | None, results_dir: Pat
     FLCTL_TASKS of the one that trained them): where, and how to name it again; "" otherwise (never an error)."""
     if task is None or not message.startswith("unknown task"):
         return ""
-    from flctl import api
-    from flctl.db import Store
+    from flctl import results
     from flctl.plugins import ENV
 
     try:
-        store = Store.open_existing(api.database_url(db, api.results_root(results_dir)), readonly=True)
+        store = results.peek(results.database_url(db, results.results_root(results_dir)))
         if store is None:
             return ""
         try:
@@ -284,8 +283,8 @@ def _dry_run(cfg, url: str) -> None:
     database when there is one (read only; a database that is not there is not made)."""
     from rich.table import Table
 
-    from flctl.db import Store
     from flctl.errors import StoreError
+    from flctl.results import peek
 
     console.print(f"run [bold]{cfg.run_id}[/]: {safe(cfg.task)} · {safe(cfg.method)}")
     table = Table("field", "value", show_header=False)
@@ -293,10 +292,11 @@ def _dry_run(cfg, url: str) -> None:
         table.add_row(safe(key), safe(value))
     console.print(table)
     try:
-        store = Store.open(url, readonly=True)
+        store = peek(url)
     except StoreError:
-        found = None
-    else:
+        store = None
+    found = None
+    if store is not None:
         try:
             found = store.get_run(cfg.run_id)
         finally:

@@ -16,7 +16,7 @@ from flctl.cli.common import (
     existing_store,
     fail,
     find,
-    no_database,
+    guarded,
     results_root,
     safe,
 )
@@ -53,7 +53,7 @@ def runs(
     if as_json:
         print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
         return
-    from flctl.db.store import run_ids
+    from flctl.db.reads import run_ids
 
     if not rows:
         console.print("no run matches" if (task, method, status, seed) != (None,) * 4 else "no runs yet")
@@ -203,47 +203,26 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
     flctl run and flctl sweep upgrade a database on their own; the commands that only read (runs, show, status,
     report) refuse one from an older flctl until something has.
     """
-    from flctl import migrations
-    from flctl.db import Store
+    from flctl import migrations, results
     from flctl.errors import OlderSchema, StoreError
 
-    url = db_url(db, results_root(results_dir))
+    root = results_root(results_dir)
+    url = db_url(db, root)
     try:
-        store = Store.open_existing(url)
-        if store is None:
-            no_database(url)
-        store.close()
+        results.open_to_read(url, root, results.CLI).close()
         console.print(f"the database is up to date (schema revision {migrations.head()})")
         return
     except OlderSchema:
         pass
-    except StoreError as exc:      # not an flctl database, newer, unreachable: nothing to upgrade
+    except (ConfigError, StoreError) as exc:      # none, not an flctl database, newer, unreachable: nothing to upgrade
         fail(str(exc))
-    try:
-        Store.open(url).close()    # a writable open upgrades it, under the schema lock
-    except StoreError as exc:
-        fail(str(exc))
+    existing_store(db, root, readonly=False).close()    # a writable open upgrades it, under the schema lock
     console.print(f"upgraded the database to schema revision {migrations.head()}")
 
 
 def run_or_sweep(store, ref: str) -> tuple[Any, dict | None]:
     """The run (id or unique prefix) or sweep (id, prefix or name) ``ref`` names: (run, None) or (None, sweep); a
-    one-line exit 2 where it names neither, both, or several."""
-    from flctl.text import shown
+    one-line exit 2 where it names neither, both, or several (flctl.db.reads.run_or_sweep)."""
+    from flctl.db.reads import run_or_sweep as named
 
-    run, refused = None, None
-    try:
-        run = store.get_run(ref)
-    except ConfigError as exc:      # not an id prefix (a sweep's name), or one several runs share
-        refused = exc
-    try:
-        sweep = store.get_sweep(ref)
-    except ConfigError as exc:
-        fail(str(exc))
-    if run is not None and sweep is not None:
-        fail(f"{ref!r} names run {run.id} and sweep {sweep['id']}; give more of the id you mean")
-    if run is not None or sweep is not None:
-        return run, sweep
-    if refused is not None and all(c in "0123456789abcdef" for c in ref.lower()):
-        fail(str(refused))
-    fail(f"no run or sweep {shown(ref)} in the database; list them with `flctl runs` or `flctl sweeps`")
+    return guarded(named, store, ref)

@@ -82,8 +82,8 @@ def sweep(
     interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
     """
     from flctl.errors import ConfigError
-    from flctl.launch import plan_sweep
     from flctl.launch.flow import fill_sweep
+    from flctl.launch.plan import plan_sweep
     from flctl.launch.tune import TuneFailed
     from flctl.launch.wait import SweepStopped
 
@@ -236,18 +236,13 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
     """The plan's device time from the database's finished runs of the same task and device, read-only; a line for
     console.print (the device and task are user text, made safe)."""
     from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost
-    from flctl.db import Store
     from flctl.errors import StoreError
+    from flctl.results import stored_runs
 
     device, task = safe(configs[0].device), safe(configs[0].task)
-    runs = []
     try:
-        if (store := Store.open_existing(db_url(db, results_root(results_dir)))) is not None:
-            try:
-                runs = store.list_runs(task=configs[0].task)
-            finally:
-                store.close()
-    except StoreError:
+        runs = stored_runs(db_url(db, results_root(results_dir)), [configs[0].task])
+    except StoreError:      # a database that cannot be read has no history to price the plan by
         runs = []
     per_device = settings.cells_per_device(configs[0].task, len(configs), configs[0].device)
     cost = estimate_cost(runs, configs, per_device) or reference_cost(configs, per_device)

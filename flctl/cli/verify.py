@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from flctl import results
 from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
@@ -33,6 +35,9 @@ VERIFY_FAILED_EXIT = 1
 # so it is not checked until it is finished.
 IN_PROGRESS = "in progress"
 UNVERIFIED_MEANS = "no checksums: written before flctl kept them; their schema was checked"
+# verify reads the records beside the database: a results folder that is a file is said as that folder
+RECORDS_VOICE = dataclasses.replace(results.CLI, is_a_file="results folder {root!r} is a file, not a folder; give the "
+                                    "folder that holds flctl.db and records/ (--results-dir or FLCTL_RESULTS)")
 
 
 def verify(
@@ -56,10 +61,7 @@ def verify(
     from flctl.records import FAILED
 
     root = results_root(results_dir)
-    if root.exists() and not root.is_dir():
-        fail(f"results folder {str(root)!r} is a file, not a folder; give the folder that holds flctl.db and records/ "
-             "(--results-dir or FLCTL_RESULTS)")
-    store = existing_store(db, root)
+    store = existing_store(db, root, voice=RECORDS_VOICE)
     records_root = Layout(root).records
     if records_root.exists() and not records_root.is_dir():
         fail(f"{str(records_root)!r} is a file, not a folder: flctl keeps the runs' records there, so none can be "

@@ -1,6 +1,7 @@
 """What differs between database engines, behind the one interface ``Store`` asks (flctl.db.store): how a URL is
 connected to, what an engine is set up with, what is done once the schema is known to be flctl's, the database-wide
-lock, and the file a database lives in. SQLite's dialect is flctl.db.sqlite, PostgreSQL's flctl.db.postgres; any
+lock, the file a database lives in (and its identity, DatabaseFile), whether a URL is in memory and what the
+engine says when its disk is full. SQLite's dialect is flctl.db.sqlite, PostgreSQL's flctl.db.postgres; any
 other engine SQLAlchemy reaches gets this base, whose lock holds within one process only (docs/extending.md, "A
 database backend", says what a new engine must add)."""
 
@@ -10,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from sqlalchemy.engine import URL, Engine
 
@@ -20,10 +21,21 @@ Connect = Callable[[], Any]
 _PROCESS_LOCK = threading.Lock()
 
 
+class DatabaseFile(NamedTuple):
+    """The file a store opened its database in, as it was then: a file deleted or replaced under the store is told
+    by its identity (flctl.db.store.moved), and a sweep's workers by its inode alone (flctl.db.store.not_the_one)."""
+
+    path: Path
+    device: int
+    inode: int
+
+
 class Dialect:
     """One database engine's rules. Stateless: one instance serves every store of the engine."""
 
     name: ClassVar[str] = ""          # SQLAlchemy's backend name ("sqlite", "postgresql"); "": any other
+    # What a driver's error says when a write found no room: the operating system's words, and each engine's own.
+    full_signs: ClassVar[tuple[str, ...]] = ("No space left on device",)
 
     def targets(self, url: URL, *, readonly: bool, create: bool) -> list[str | Connect]:
         """What to connect to, in order: a URL, or a function that connects. Each but the last is given up for the
@@ -58,3 +70,16 @@ class Dialect:
         makes a database that is not there."""
         return url.render_as_string(hide_password=False)
 
+
+    def in_memory(self, url: URL) -> bool:
+        """Whether ``url`` is a database that lives in this process's memory: gone when it exits."""
+        return False
+
+    def path_problem(self, url: URL) -> str | None:
+        """Why the file ``url`` names cannot be a file on any file system (None: it can, or it names no file)."""
+        return None
+
+    def is_full(self, exc: BaseException) -> bool:
+        """Whether the database error ``exc`` (SQLAlchemy's, or its driver's) says the disk is full."""
+        text = str(getattr(exc, "orig", exc))
+        return any(sign in text for sign in self.full_signs)

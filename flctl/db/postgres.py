@@ -22,6 +22,7 @@ def normalize(url: str) -> str:
 
 class PostgreSQL(Dialect):
     name = "postgresql"
+    full_signs = (*Dialect.full_signs, "could not extend file")      # SQLSTATE 53100, disk_full
 
     def engine_args(self, *, readonly: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"connect_timeout": 10}

@@ -179,6 +179,7 @@ def _sqlite_begin(conn) -> None:
 
 class SQLite(Dialect):
     name = "sqlite"
+    full_signs = (*Dialect.full_signs, "database or disk is full")       # SQLITE_FULL
 
     def targets(self, url: URL, *, readonly: bool, create: bool) -> list[str | Connect]:
         """Read-only: SQLite's read-only mode, else the file as immutable (a folder that cannot take the lock
@@ -247,3 +248,13 @@ class SQLite(Dialect):
 
     def for_others(self, url: URL) -> str:
         return self.targets(url, readonly=False, create=False)[0]         # type: ignore[return-value]
+
+    def in_memory(self, url: URL) -> bool:
+        database = url.database
+        return (not database or database == ":memory:" or url.query.get("mode") == "memory"
+                or database.startswith("file::memory:"))
+
+    def path_problem(self, url: URL) -> str | None:
+        from flctl.text import path_problem
+
+        return path_problem("the SQLite database", url.database) if url.database else None

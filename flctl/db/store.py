@@ -7,56 +7,36 @@ claim protocol of workers is flctl.db.queue's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import random
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, func, select, update
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from flctl.db import postgres
-from flctl.db.dialect import Connect, Dialect
+from flctl.db.dialect import Connect, DatabaseFile, Dialect
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
-from flctl.db.postgres import PostgreSQL
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell, now
-from flctl.db.sqlite import SQLite
 from flctl.db.upgrade import check_schema
-from flctl.errors import ConfigError, StoreError
+from flctl.db.urls import dialect_of, normalize_url, parsed
+from flctl.errors import ConfigError, DiskFull, StoreError
 from flctl.status import Status
 from flctl.text import redact, shown
 
 T = TypeVar("T")
-DIALECTS: tuple[Dialect, ...] = (SQLite(), PostgreSQL())
 
 
 class _Unopenable(StoreError):
     """SQLite could not open the file at all (e.g. a read-only folder for a read-only open)."""
-
-
-def normalize_url(url: str) -> str:
-    """``url`` as flctl connects to it: PostgreSQL's through the driver flctl ships."""
-    return postgres.normalize(url)
-
-
-def dialect_of(url: URL) -> Dialect:
-    """The rules of ``url``'s engine: SQLite's, PostgreSQL's, or the base's for any other."""
-    return next((d for d in DIALECTS if d.name == url.get_backend_name()), Dialect())
-
-
-def existing_url(url: str) -> str:
-    """``url`` for a library that opens flctl's database with an engine of its own (Optuna): normalized, and such
-    that it never makes the database (Dialect.for_others), which must exist already: an Optuna sync after a SQLite
-    database was deleted would otherwise leave an empty one in its place."""
-    parsed = make_url(normalize_url(url))
-    return dialect_of(parsed).for_others(parsed)
 
 
 ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
@@ -94,52 +74,26 @@ def moved(store: Store) -> str | None:
     """Why the database ``store`` opened is not there any more: its SQLite file deleted, or replaced by another
     file (its open connections would go on writing into the unlinked one, and a new connection would make an
     empty database in its place). None while it is there; a server database does not move under its URL."""
-    if store.file is None:
+    if (opened := store.file) is None:
         return None
-    path, identity = store.file
     try:
-        st = path.stat()
+        st = opened.path.stat()
     except FileNotFoundError:
-        return f"the database {path} was deleted"
+        return f"the database {opened.path} was deleted"
     except OSError as exc:
-        return f"the database {path} cannot be reached ({exc.strerror})"
-    return None if (st.st_dev, st.st_ino) == identity else f"the database {path} was replaced by another file"
-
-
-def run_ids(store: Store) -> list[str]:
-    """Every run's id (`flctl runs` shows each at its shortest unique prefix)."""
-    with store.session() as s:
-        return list(s.scalars(select(Run.id)).all())
-
-
-def sweep_of(store: Store, run_id: str) -> str | None:
-    """The latest sweep whose cells hold run ``run_id`` (None: a run of its own, `flctl run`)."""
-    with store.session() as s:
-        return s.scalars(select(Sweep.id).join(SweepCell, SweepCell.sweep_id == Sweep.id)
-                         .where(SweepCell.run_id == run_id).order_by(Sweep.created_at.desc())).first()
-
-
-def latest_sweeps(store: Store, run_ids: Iterable[str]) -> dict[str, tuple[str, str | None]]:
-    """Each of ``run_ids`` that a sweep holds, with the latest such sweep's (id, name); a run of its own is not in
-    it. In chunks: a query's parameters are bounded (SQLite's 32,766)."""
-    ids, found = list(run_ids), {}
-    with store.session() as s:
-        for start in range(0, len(ids), 1000):
-            rows = s.execute(select(SweepCell.run_id, Sweep.id, Sweep.name)
-                             .join(Sweep, SweepCell.sweep_id == Sweep.id)
-                             .where(SweepCell.run_id.in_(ids[start:start + 1000]))
-                             .order_by(Sweep.created_at)).all()
-            found.update({run_id: (sid, name) for run_id, sid, name in rows})     # the latest last: it stays
-    return found
+        return f"the database {opened.path} cannot be reached ({exc.strerror})"
+    if (st.st_dev, st.st_ino) == (opened.device, opened.inode):
+        return None
+    return f"the database {opened.path} was replaced by another file"
 
 
 def not_the_one(store: Store, inode: int | None) -> str | None:
     """Why ``store`` (just opened) is not the SQLite file whose inode was ``inode`` when the sweep launched: a
     worker that starts after its database was replaced must not claim cells in the replacement. The inode alone: a
     shared file system gives another device number on each node."""
-    if inode is None or store.file is None or store.file[1][1] == inode:
+    if inode is None or store.file is None or store.file.inode == inode:
         return None
-    return f"the database {store.file[0]} was replaced by another file"
+    return f"the database {store.file.path} was replaced by another file"
 
 
 class Store:
@@ -150,7 +104,7 @@ class Store:
         self.dialect = dialect or dialect_of(engine.url)
         self.readonly = False
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self.file: tuple[Path, tuple[int, int]] | None = None      # a database file: its path, (device, inode)
+        self.file: DatabaseFile | None = None      # the file it opened (None: a server's, or in memory)
 
     @classmethod
     def open(cls, url: str, *, readonly: bool = False, create: bool = True) -> Store:
@@ -181,18 +135,16 @@ class Store:
         if (path := dialect.file(parsed)) is not None:
             with contextlib.suppress(OSError):
                 st = path.stat()
-                store.file = (path, (st.st_dev, st.st_ino))
+                store.file = DatabaseFile(path, st.st_dev, st.st_ino)
         return store
 
     @classmethod
     def open_existing(cls, url: str, *, readonly: bool = True) -> Store | None:
         """The database at ``url`` (read-only unless told), or None where it is a file not made yet: opening it
         would make it (a listing, a report or a dry run before the first run)."""
-        try:
-            parsed = make_url(normalize_url(url))
-        except Exception:
+        if (found := parsed(url)) is None:
             return cls.open(url, readonly=readonly)           # its one-line error
-        path = dialect_of(parsed).file(parsed)
+        path = dialect_of(found).file(found)
         if path is not None and not path.exists():
             return None
         return cls.open(url, readonly=readonly, create=False)
@@ -231,6 +183,14 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def disk_full(self, exc: BaseException) -> DiskFull | None:
+        """The database error ``exc`` as a DiskFull naming the database's file, where it says a write found no room
+        (its dialect's words: Dialect.is_full); None for any other error."""
+        if not self.dialect.is_full(exc):
+            return None
+        where = self.dialect.file(self.engine.url) or "the run database"
+        return DiskFull(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -15,10 +15,12 @@ from typing import Any
 
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError
-from flctl.launch import LaunchFlags, LaunchSettings, plan_sweep
 from flctl.launch.flow import Hooks, fill_sweep
-from flctl.paper.plan import Programme, launch_programme, plan_programme, stored_runs, tasks_of
+from flctl.launch.plan import plan_sweep
+from flctl.launch.settings import LaunchFlags, LaunchSettings
+from flctl.paper.plan import Programme, launch_programme, plan_programme, tasks_of
 from flctl.paper.programme import SCALES, select
+from flctl.results import stored_runs
 
 
 @dataclasses.dataclass
@@ -107,13 +109,13 @@ def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bo
     """Launch the planned programme's missing cells (local and debug launchers: spec after spec in this process; a
     scheduler's: all submitted, waited for with ``wait``), then write the bundle under ``out`` (default
     RESULTS/paper, or RESULTS/paper-<scale>); ``report_only``: the bundle of what is finished, launching nothing."""
-    from flctl.db import Store
+    from flctl.results import API, open_to_write
 
     result = PaperRun(plan.programme)
     plan.bundle_folder(root, out)            # before anything trains: a bundle that could not be written
     if not report_only:
         hooks.plan(plan.programme)
-        store = Store.open(plan.url)
+        store = open_to_write(plan.url, root, API)       # made by the caller already: here it is only opened
         try:
             _launch(result, store, plan.url, root, plan.launch, wait, hooks)
         finally:

@@ -126,19 +126,6 @@ def plan_programme(folder: Path, items: Sequence[Item], *, scale: str, device: s
     return Programme(scale, first.spec.device if first else (device or "cpu"), specs, plans, by_id)
 
 
-def stored_runs(url: str, tasks: Sequence[str]) -> list[Any]:
-    """The runs of ``tasks`` in the database at ``url``, read-only; none where there is no database yet."""
-    from flctl.db import Store
-
-    store = Store.open_existing(url)
-    if store is None:
-        return []
-    try:
-        return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t)]
-    finally:
-        store.close()
-
-
 def tasks_of(folder: Path, items: Sequence[Item]) -> list[str]:
     names = sorted({n for i in items for n in i.all_specs()})
     return sorted({load_spec(p).task for p in spec_paths(folder, names).values()})

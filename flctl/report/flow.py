@@ -136,7 +136,7 @@ def mixed(store: Any, runs: list[Any]) -> str | None:
     """The one rule of every table and figure of no --sweep: all the runs asked for, whatever made them; where they
     come from several sweeps, or sweeps and runs of their own (other scales, other grids), a line that says so and
     how to choose one (None where they are of one)."""
-    from flctl.db.store import latest_sweeps
+    from flctl.db.reads import latest_sweeps
 
     held = latest_sweeps(store, [r.id for r in runs])
     sweeps = {sid: name for sid, name in held.values()}

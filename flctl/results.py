@@ -1,0 +1,169 @@
+"""The one doorway to a results folder and its run database, for the CLI and the Python API alike: where they are
+(``results_root``, ``database_url``), the folder made for a command and taken back when the command fails
+(``make_folder``, ``take_back``), its database opened to write, made and upgraded (``open_to_write``), or to read,
+never made (``open_to_read``, ``peek``), and the runs that price a plan (``stored_runs``).
+
+Bad input is a ConfigError of one line, raised before anything is written and said in the caller's words
+(``Voice``: the CLI names its options, the API its arguments); a database that cannot be used is the Store's
+StoreError. The CLI prints either as its one line (flctl.cli.common), the API lets them raise. What differs between
+database engines is asked of their dialect (flctl.db.urls), never read here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flctl.errors import ConfigError
+from flctl.layout import Layout
+
+if TYPE_CHECKING:
+    from flctl.db import RunRecord, Store
+
+DEFAULT_RESULTS = "results"
+
+
+@dataclass(frozen=True)
+class Voice:
+    """How a caller's one-line errors name the results folder, its database and their fixes: format strings of
+    ``root`` (the folder, as given), ``why`` (what the file system said) and ``file`` (the database's file)."""
+
+    is_a_file: str          # the results folder is a regular file
+    unmade: str             # it cannot be made
+    unwritable: str         # it is there but takes no file
+    missing: str            # its database is a file not made yet
+    missing_here: str       # ... the folder's own flctl.db (neither a database URL nor FLCTL_DB named another)
+
+
+_CLI_UNWRITABLE = "results directory {root!r} is not writable ({why}); pass --results-dir"
+_CLI_MISSING = ("no run database at {file}; run `flctl run TASK` first, or name the results folder that has one "
+                "(--results-dir or FLCTL_RESULTS) or its database (--db or FLCTL_DB)")
+CLI = Voice(
+    is_a_file="results directory {root!r} is a file, not a folder; give a folder (--results-dir or FLCTL_RESULTS)",
+    unmade=_CLI_UNWRITABLE, unwritable=_CLI_UNWRITABLE, missing=_CLI_MISSING, missing_here=_CLI_MISSING)
+API = Voice(
+    is_a_file="results_dir {root!r} is a file, not a folder; give a folder",
+    unmade="results_dir {root!r} cannot be made ({why}); give a folder you can write",
+    unwritable="results_dir {root!r} is not writable ({why}); give a folder you can write",
+    missing="no run database at {file}; give the db (db= or FLCTL_DB) the runs were trained in",
+    missing_here="no runs in {root!r}: it holds no flctl.db; give the results_dir the runs were trained in")
+
+
+def results_root(results_dir: str | Path | None = None) -> Path:
+    """The results folder: ``results_dir``, else FLCTL_RESULTS (an empty one is unset), else ./results; a path no
+    file system takes is a ConfigError naming where it came from (the environment is read by no option parser)."""
+    from flctl.text import path_problem
+
+    chosen = results_dir if results_dir is not None else os.environ.get("FLCTL_RESULTS") or DEFAULT_RESULTS
+    if (why := path_problem("results_dir" if results_dir is not None else "FLCTL_RESULTS", str(chosen))) is not None:
+        raise ConfigError(why)
+    return Path(chosen)
+
+
+def database_url(db: str | None, root: Path) -> str:
+    """The database: ``db``, else FLCTL_DB, else the results folder's flctl.db, checked without connecting. An
+    in-memory database is a ConfigError: it would lose every row when the process exits, and no worker or report
+    could see it."""
+    from flctl.db.urls import in_memory, url_problem
+
+    url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
+    if in_memory(url):
+        raise ConfigError(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this "
+                          "command exits; give a file (sqlite:///results/flctl.db) or a server "
+                          "(postgresql://user@host/db)")
+    if (why := url_problem(url)) is not None:
+        raise ConfigError(why)
+    return url
+
+
+def check_folder(root: Path, voice: Voice) -> None:
+    """The checks of a results folder that write nothing (a dry run makes them too): not a file, and no folder
+    flctl keeps inside it a file (flctl.layout.Layout.not_a_folder)."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(voice.is_a_file.format(root=str(root)))
+    if (why := Layout(root).not_a_folder()) is not None:
+        raise ConfigError(why)
+
+
+def make_folder(root: Path, voice: Voice, *, dry: bool = False) -> list[Path]:
+    """Make the results folder ``root`` and prove it takes a file (flctl.fs.refuses_files); the folders this made,
+    deepest first, for ``take_back`` should what follows fail on bad input. ``dry`` (a dry run's check): make
+    nothing, proving the nearest of its parents that exists. A ConfigError leaves nothing behind."""
+    from flctl.fs import refuses_files
+
+    check_folder(root, voice)
+    absolute = root.absolute()
+    made = [] if dry else [p for p in (absolute, *absolute.parents) if not p.exists()]
+    try:
+        if not dry:
+            root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        take_back(made)
+        raise ConfigError(voice.unmade.format(root=str(root), why=exc.strerror or exc)) from None
+    try:
+        why = refuses_files(next(p for p in (absolute, *absolute.parents) if p.exists()))
+    except OSError as exc:
+        why = str(exc.strerror or exc)
+    if why is not None:
+        take_back(made)
+        raise ConfigError(voice.unwritable.format(root=str(root), why=why))
+    return made
+
+
+def take_back(made: list[Path]) -> None:
+    """Remove the folders ``make_folder`` made, deepest first, while they are empty: never another's files (a folder
+    another command began to fill meanwhile stays)."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def open_to_write(url: str, root: Path, voice: Voice) -> Store:
+    """The results folder made (make_folder) and the run database at ``url`` opened for writing, made or upgraded
+    as needed. A database that cannot be opened (a bad URL, a server that does not answer) takes back the folders
+    this made: bad input leaves nothing behind."""
+    from flctl.db import Store
+
+    made = make_folder(root, voice)
+    try:
+        return Store.open(url)
+    except BaseException:
+        take_back(made)
+        raise
+
+
+def open_to_read(url: str, root: Path, voice: Voice, *, readonly: bool = True) -> Store:
+    """The existing run database at ``url`` (of the results folder ``root``): never made, and with ``readonly``
+    (listings, reports) nothing written to it. A database file not made yet is a ConfigError naming it."""
+    check_folder(root, voice)
+    store = peek(url, readonly=readonly)
+    if store is None:
+        from flctl.db.urls import database_file
+
+        said = voice.missing_here if url == Layout(root).db_url else voice.missing
+        raise ConfigError(said.format(root=str(root), file=database_file(url)))
+    return store
+
+
+def peek(url: str, *, readonly: bool = True) -> Store | None:
+    """The run database at ``url`` opened to read (``readonly``: nothing written to it, not even an upgrade), or
+    None where it is a file not made yet: a hint, a completion or a dry run that finds none makes none."""
+    from flctl.db import Store
+
+    return Store.open_existing(url, readonly=readonly)
+
+
+def stored_runs(url: str, tasks: Sequence[str]) -> list[RunRecord]:
+    """The runs of ``tasks`` recorded at ``url``, read-only (none where there is no database yet): their finished
+    ones price a plan (flctl.cost.estimate_cost) and say what a programme has (flctl.paper.plan)."""
+    store = peek(url)
+    if store is None:
+        return []
+    try:
+        return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t)]
+    finally:
+        store.close()
