@@ -72,7 +72,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
                           checkpoint_every=settings.checkpoint_every, per_gpu=settings.per_gpu,
                           batch_runs=cells_together(settings, spec.task, len(todo), len(slots), device),
                           linger_s=TUNE_LINGER_S if spec.tune and not launcher.in_process else 0.0,
-                          db_inode=None if store.file is None else store.file[1][1], log_to=log_to)
+                          db_inode=None if store.file is None else store.file.inode, log_to=log_to)
     here = None
     if join and launcher.joins and slots and slots[0].cuda is None:
         # the waiting command syncs the study once all is done; its worker stops with the sweep (no linger)
