@@ -7,7 +7,7 @@ on-disk format, so the loaders, the on-device pipelines, the store and the check
     python benchmarks/bench_gpu.py cifar                # 50k/10k CIFAR-format batches: ERM/FL s/epoch per engine, precision
     python benchmarks/bench_gpu.py profile              # torch.profiler over one FL epoch: GPU busy vs wall, per engine
     python benchmarks/bench_gpu.py share                # flctl sweep on one GPU: K cells together vs K processes
-    python benchmarks/bench_gpu.py moons                # 1,000-cell two-moons grid through flctl sweep, stacked vs not
+    python benchmarks/bench_gpu.py moons                # 1,000-cell two-moons grid through flctl sweep, grouped vs not
     python benchmarks/bench_gpu.py utkface              # 22,190 JPEGs (4,438 training images) at the default 200 px
     python benchmarks/bench_gpu.py dpo                  # orca-dpo: a ~1B causal LM in 4-bit NF4 with LoRA, length 1024
     python benchmarks/bench_gpu.py precision            # bf16 autocast vs fp32 metrics, two-moons and digits, 3 seeds

@@ -4,7 +4,7 @@ For each task, K cells (mixed methods and seeds) train E epochs three ways, thro
 
 - alone: one ``train`` call per cell, one after the other (what K=1 workers do);
 - interleaved: one ``train_together`` call, cells stepping in turn (every task with a model);
-- grouped: one ``train_together`` call with one grouped model for all cells (flctl.stack; on the CPU for
+- grouped: one ``train_together`` call with one grouped model for all cells (flctl.grouped; on the CPU for
   ``Task.batched`` tasks, on CUDA for every groupable model).
 
 Rounds alternate the ways, so drift of the machine hits all alike; printed are the median wall seconds over rounds

@@ -63,8 +63,9 @@ except ImportError:                    # commits before tests/data_writers.py wa
     from tests.fixtures import write_cifar10  # type: ignore[no-redef]  # noqa: E402
 from tests.helpers import config  # noqa: E402
 
-# Commits before flctl/stack.py (--before) stepped cells of a model with buffers in turn on CUDA too.
-GROUPS_ON_CUDA = (ROOT / "flctl" / "stack.py").exists()
+# Commits before flctl/stack.py (--before), which became flctl/grouped/, stepped cells of a model with buffers in turn
+# on CUDA too.
+GROUPS_ON_CUDA = (ROOT / "flctl" / "grouped").is_dir() or (ROOT / "flctl" / "stack.py").exists()
 aten = torch.ops.aten
 # Ops whose result the host must read (or whose output size depends on data): on CUDA each one waits for the device.
 SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
@@ -111,7 +112,7 @@ def build(task: str, method: str, k: int, folder: Path, data_dir: str | None, ti
                    lr=config(task, method).lr * (1 + i / 10), **({"eps": 0.5 + i / 100} if method == "fl" else {}))
             for i in range(k)]
     spec = get_task(task)
-    if GROUPS_ON_CUDA:                    # on CUDA cells of every groupable model group (batched: so on a CPU too)
+    if GROUPS_ON_CUDA:                    # on CUDA cells of every groupable model are grouped (batched: so on a CPU too)
         spec = dataclasses.replace(spec, batched=True)
     data = spec.load(cfgs[0].opts, data_dir)
     with as_on_cuda():

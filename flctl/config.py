@@ -198,7 +198,7 @@ class RunConfig:
             f" · α={self.alpha:g}" if self.alpha is not None else "") + f" · seed {self.seed}"
 
     def together_key(self) -> str:
-        """Cells with equal keys may train together as one stacked model (when their task is ``batched``)."""
+        """Cells with equal keys may train together in one process (flctl.grouped.policy.can_train_together)."""
         shared = {k: v for k, v in self.identity().items() if k not in FIELDS or not FIELDS[k].per_cell}
         # A pruned epoch order is the run's own (its batches are not the others' in length): it trains alone.
         alone = self.run_id if self.prune_after > 0 else None

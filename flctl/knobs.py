@@ -13,9 +13,6 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_CHECKPOINT_EVERY_S = 60.0
 # Seconds `flctl cancel` gives a worker to checkpoint and hand its cell back before it is killed.
 DEFAULT_CANCEL_TIMEOUT_S = 60.0
-# Most cells of a small model (Task.batched) one worker trains together by default, by device kind
-# (flctl.launch.batch_runs_for, which says what each was chosen from).
-AUTO_BATCH_RUNS = {"cuda": 8, "cpu": 16}
 
 
 def check_count(flag: str, value: object) -> None:

@@ -44,12 +44,13 @@ class Method:
     # micro-batch's objective by its share of the batch for "mean" and by 1 for "sum", so that the
     # accumulated gradient is the whole batch's.
     reduction: ClassVar[str] = "mean"
-    # Whether K instances of the class step as one (flctl.stack.stack_methods): its dual_step_, primal_loss and
-    # satisfied read losses and ids [..., B] against state [..., N] and hyper-parameters [..., 1] (gather and scatter
-    # on the last dimension, reductions over it), so one instance whose tensors are the K cells' side by side, [K, ...],
-    # steps each cell's row as that cell's own would. primal_loss then returns [K]. Each class says so itself (read
-    # from its own __dict__ by stack_methods' callers): a subclass that rewrites the rule is not taken to stack.
-    stacks: ClassVar[bool] = False
+    # Whether the K cells of the class in one grouped model take their dual step and objective as one
+    # (flctl.grouped.methods): its dual_step_, primal_loss and satisfied read losses and ids [..., B] against state
+    # [..., N] and hyper-parameters [..., 1] (gather and scatter on the last dimension, reductions over it), so one
+    # instance whose tensors are the K cells' side by side, [K, ...], steps each cell's row as that cell's own would.
+    # primal_loss then returns [K]. Each class says so itself, True or False (read from its own __dict__): a subclass
+    # that rewrites the rule is not taken to group, and one that says nothing steps cell by cell with a warning.
+    groups: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -126,7 +127,7 @@ class ERM(Method):
     r"""Empirical risk minimization: :math:`\frac{1}{|B|}\sum_{i\in B} g_i(\theta)`."""
 
     name = "erm"
-    stacks = True
+    groups = True
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         return losses.mean(-1)
@@ -140,6 +141,7 @@ class CSERM(Method):
     """
 
     name = "cserm"
+    groups = False          # its mean is over every element: for K cells' [K, B] it would mix their objectives
 
     def primal_loss(self, losses: Tensor, ids: Tensor) -> Tensor:
         # relu == clamp(min=0) (same values; gradient differs only at excess == 0, where d/dx x^2 = 0),
@@ -218,7 +220,7 @@ class _PrimalDual(Method):
         # so the indexed write below is unambiguous. Cost: one gather, three pointwise ops, one scatter.
         # No @torch.no_grad(): losses is detached and the multipliers never require grad, so nothing
         # here is recorded anyway. gather/scatter_ on the last dimension serve one cell's [B] and K cells' [K, B]
-        # alike (Method.stacks), and skip Python's advanced-indexing parser.
+        # alike (Method.groups), and skip Python's advanced-indexing parser.
         lam = self.multipliers.gather(-1, ids)                        # [B]
         violation = losses.detach() - self.eps                        # [B]  g_i - eps
         pi = None if self.nupi is None else self.nupi.correction(self._dual_gradient(lam, violation), ids)
@@ -259,7 +261,7 @@ class FL(_PrimalDual):
     """
 
     name = "fl"
-    stacks = True
+    groups = True
 
     def _ascent(self, lam: Tensor, violation: Tensor) -> Tensor:
         # addcmul_ with the 0-dim dual lr rounds as add_(violation, alpha=lr) did with a Python float (one fused
@@ -281,7 +283,7 @@ class RFL(_PrimalDual):
     """
 
     name = "rfl"
-    stacks = True
+    groups = True
 
     def __init__(self, n_samples: int, eps: float = 0.0, alpha: float | None = None,
                  dual_lr: float | None = None, device: torch.device | str = "cpu", nupi: NuPI | None = None) -> None:

@@ -11,7 +11,7 @@ The step is graph-safe, so that on CUDA it can be captured once and replayed (``
 - state (multipliers, nuPI's ξ, epoch losses, BatchNorm statistics, optimizer state) changes in place only;
 - nothing in an epoch's steps reads a device value on the host.
 
-``flctl.stack.grouped_step`` is the step of several cells of one architecture as one grouped model.
+``flctl.grouped.step.grouped_step`` is the step of several cells of one architecture as one grouped model.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How a group of cells steps (``Stepper``): each cell's epoch buffers and step engine (eager, captured or compiled,
-flctl.step), or one grouped step for all (flctl.stack); the RNG streams each cell's work runs under; the group's one
+flctl.step), or one grouped step for all (flctl.grouped); the RNG streams each cell's work runs under; the group's one
 CUDA stream (``worker_stream``). flctl.train's loop calls it: begin each cell's epoch, step every batch shape.
 """
 
@@ -15,7 +15,9 @@ import torch
 from flctl.cell import Cell
 from flctl.data import Dataset, epoch_order
 from flctl.devices import CAPTURED_ENGINES, COMPILED_ENGINES
-from flctl.stack import GroupBatches, Grouped, evaluate_together, group_inputs, grouped_step, groups
+from flctl.grouped.evaluate import evaluate_together
+from flctl.grouped.model import Grouped, trains_grouped
+from flctl.grouped.step import GroupBatches, group_inputs, grouped_step
 from flctl.step import (
     CapturedStep,
     EpochBatches,
@@ -41,14 +43,14 @@ def cell_stream(device: torch.device) -> torch.cuda.Stream:
 
 class Stepper:
     """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
-    one grouped step for all (flctl.stack); the RNG streams each cell's work runs under, and the group's one CUDA
+    one grouped step for all (flctl.grouped); the RNG streams each cell's work runs under, and the group's one CUDA
     stream."""
 
     def __init__(self, cells: list[Cell], task: Task, data: Dataset) -> None:
         self.task, self.data, self.cells = task, data, cells
         device = cells[0].device
         self.shared = len(cells) > 1                  # cells take turns with the global RNG streams
-        self.grouping = self.shared and groups(task, cells)
+        self.grouping = self.shared and trains_grouped(task, cells)
         self.batches = {c.cfg.run_id: EpochBatches(c.cfg.batch_size, device) for c in cells}
         self.orders: dict[str, torch.Tensor] = {}
         self.device, self.stream = device, worker_stream(device)
@@ -101,8 +103,8 @@ class Stepper:
     def own(self, c: Cell) -> Iterator[None]:
         """Run ``c``'s work with its RNG streams in the globals, when cells share the process and step in turn.
         Grouped cells draw nothing from the global streams after they are built: a groupable model has no random
-        layer (flctl.stack.groupable), and epoch orders and augmentations come from generators seeded by seed and
-        epoch. So their streams stay put aside (a cell checkpoints those), saving two swaps per cell and epoch: with
+        layer (flctl.grouped.model.groupable), and epoch orders and augmentations come from generators seeded by seed
+        and epoch. So their streams stay put aside (a cell checkpoints those), saving two swaps per cell and epoch: with
         50 two-moons cells a worker, 14 % of its time."""
         swapping = self.shared and not self.grouping
         if swapping:
@@ -140,7 +142,7 @@ class Stepper:
 
     def evaluations(self, cells: list[Cell]) -> dict[str, tuple[dict, dict]]:
         """The train and test evaluations of ``cells`` (those due this epoch), through one grouped forward when they
-        step as a group now (flctl.stack.evaluate_together); {} otherwise (each cell evaluates alone)."""
+        step as a group now (flctl.grouped.evaluate); {} otherwise (each cell evaluates alone)."""
         group = self.group
         if not cells or group is None or not self.grouping or group.given != self.active:
             return {}
@@ -186,7 +188,8 @@ class Stepper:
             yield
 
     def _group_step(self, active: list[Cell], last: bool) -> None:
-        """A grouped step of the active cells (flctl.stack); their group is made anew when one leaves (it keeps its rows)."""
+        """A grouped step of the active cells (flctl.grouped.step); their group is made anew when one leaves (it keeps
+        its rows)."""
         if self.group is None or self.group.given != active:
             self.group = group = Grouped(active)
             self.group_batches = batches = GroupBatches([self.batches[c.cfg.run_id] for c in group.cells])

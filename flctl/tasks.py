@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -36,8 +36,6 @@ class OfATask(Protocol):
 
     @property
     def data_dir(self) -> str | None: ...
-
-    def together_key(self) -> Hashable: ...
 
 # classification: cross-entropy of logits; regression: squared error; preference: DPO, where the model outputs
 # the policy's log-ratio margin and the targets hold the frozen reference's (see flctl.losses).
@@ -96,9 +94,9 @@ class Task:
     data_source: Callable[..., str] | None = None
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
     eval_chunk: int = 4096
-    # On the CPU too, cells of this task train together as one grouped model (flctl.stack) rather than interleaved
-    # step by step: small models, where it measured faster (benchmarks/bench_stacking.py). On CUDA cells of every
-    # groupable model group. Every task with a model can train cells together either way.
+    # A small model: on the CPU too, cells of this task together in a worker become one grouped model rather than
+    # step one by one, interleaved (it measured faster: benchmarks/bench_stacking.py), and a worker takes several by
+    # default. On CUDA cells of every groupable model are grouped. flctl.grouped.policy reads it.
     batched: bool = False
     # Inclusive (low, high) bounds of numeric options (None: open); checked before anything is written.
     option_ranges: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
@@ -322,13 +320,3 @@ def get_task(name: str) -> Task:
     if name.endswith(".toml"):
         hint += f"; a sweep spec is given as --spec {name}"
     raise ConfigError(f"unknown task {name!r}; choose one of: {known} (see `flctl tasks`){hint}")
-
-
-def can_train_together(cfgs: Sequence[OfATask]) -> bool:
-    """Whether these cells may train in one process as one group (flctl.train.train_together), the one rule the
-    worker's claim and the trainer both ask: a cell alone always; several when their task trains a model (a solver
-    task's cells are solved one by one) and they agree on every field but the per-cell ones
-    (RunConfig.together_key: device, data, engine and the shared fields)."""
-    if len(cfgs) < 2:
-        return True
-    return get_task(cfgs[0].task).build_model is not None and len({c.together_key() for c in cfgs}) == 1

@@ -2,7 +2,7 @@
 
 ``python -m tests.reference`` rewrites tests/data/reference_records.json (do that only when a change of the numbers
 is intended and said so); ``python -m tests.reference together`` rewrites the cells trained together only (their
-step changed on 2026-11-26: one grouped model, flctl.stack, where a vmapped one rounded otherwise). tests/test_reference.py trains every case again and checks run ids, metrics and a digest
+step changed on 2026-11-26: one grouped model, flctl.grouped, where a vmapped one rounded otherwise). tests/test_reference.py trains every case again and checks run ids, metrics and a digest
 of every Parquet value against the file: records must stay bit-identical across refactors of the loop.
 
 Bit-identity holds on requirements.lock's versions of the libraries that compute a task's numbers (``ARITHMETIC``),

@@ -1,7 +1,7 @@
 """The captured engine on CUDA (marked gpu; skipped without CUDA): replayed steps equal eager ones bit for bit with
 deterministic kernels, K cells grouped on one GPU equal each cell alone, and an epoch's steps never sync. The last
 three tests are what the first real GPU run (an H200, 2026-11-26) found broken: replays across epochs read freed
-augmentation buffers, stacked small cells raced across streams, and checkpoints were written beside replays."""
+augmentation buffers, grouped small cells raced across streams, and checkpoints were written beside replays."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_replay_equals_eager_over_two_epochs(tmp_path: Path) -> None:
 
 
 def test_four_grouped_cells_replayed_equal_them_eager(tmp_path: Path) -> None:
-    """K = 4 CIFAR-10 cells as one grouped model (flctl.stack), its step captured: bit for bit the grouped eager
+    """K = 4 CIFAR-10 cells as one grouped model (flctl.grouped), its step captured: bit for bit the grouped eager
     step's records (the same kernels)."""
     data = str(write_cifar10(tmp_path / "data", per_batch=40))
     results = {}
@@ -70,8 +70,8 @@ def test_four_grouped_cells_replayed_equal_them_eager(tmp_path: Path) -> None:
 
 
 def test_four_grouped_cells_on_cuda_equal_each_alone_in_float64(tmp_path: Path, float64) -> None:
-    """Grouped kernels round differently from a cell's own (tests/test_stacked.py states why float64)."""
-    from tests.test_stacked import assert_close_to_alone
+    """Grouped kernels round differently from a cell's own (tests/test_grouped.py states why float64)."""
+    from tests.test_grouped import assert_close_to_alone
 
     data = str(write_cifar10(tmp_path / "data", per_batch=40))
     cfgs = cells(data, precision="fp32")
@@ -132,8 +132,8 @@ def test_a_checkpoint_written_during_replay_resumes_to_the_same_records(tmp_path
     assert digest(tmp_path / "parts", cfg.run_id) == digest(tmp_path / "whole", cfg.run_id)
 
 
-def test_two_stacked_two_moons_cells_on_cuda_equal_each_alone(tmp_path: Path) -> None:
-    """The grouped step of stacked small cells, on CUDA. Grouped kernels sum in another order than one cell's,
+def test_two_grouped_two_moons_cells_on_cuda_equal_each_alone(tmp_path: Path) -> None:
+    """The grouped step of small cells, on CUDA. Grouped kernels sum in another order than one cell's,
     so equal within float32 rounding grown over 3 epochs (rtol 1e-4, atol 1e-5), not bit for bit; fp32, so that
     autocast's bf16 rounding does not enter."""
     import numpy as np

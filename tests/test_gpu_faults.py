@@ -1,5 +1,5 @@
 """The faults of the first real GPU run (an H200, 2026-11-26), each caught on a CPU: a captured graph reading freed
-memory, stacked cells racing across CUDA streams, a checkpoint thread touching the device, and a worker that kept
+memory, grouped cells racing across CUDA streams, a checkpoint thread touching the device, and a worker that kept
 failing cells on a dead CUDA context. Each test failed on the code that ran there (3623c99)."""
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ def _cells(tmp_path: Path, name: str, k: int) -> tuple[list[Cell], object]:
     return cells, data
 
 
-@pytest.mark.parametrize("k,grouped", [(1, False), (2, False), (3, True)], ids=["alone", "stacked", "grouped"])
+@pytest.mark.parametrize("k,grouped", [(1, False), (2, False), (3, True)], ids=["alone", "interleaved", "grouped"])
 @pytest.mark.parametrize("name", AUGMENTED)
 def test_every_input_a_step_reads_keeps_its_storage_across_epochs(tmp_path: Path, name: str, k: int,
                                                                  grouped: bool) -> None:
     """What a CUDA graph needs: each tensor a step reads but does not make (parameters, optimizer and method state,
     the epoch's batch buffers and augmentation parameters, the data) is at the same address in every epoch. At
-    3623c99 the augmentation parameters were new tensors each epoch: 3 of the inputs moved. Grouped cells (flctl.stack,
+    3623c99 the augmentation parameters were new tensors each epoch: 3 of the inputs moved. Grouped cells (flctl.grouped,
     as on CUDA) are one captured step reading the grouped tensors."""
     cells, data = _cells(tmp_path, name, k)
     task = dataclasses.replace(get_task(name), batched=grouped)
@@ -106,7 +106,7 @@ def test_a_captured_step_watches_every_input_it_reads(tmp_path: Path, name: str)
 
 @pytest.mark.parametrize("name", AUGMENTED)
 def test_a_captured_grouped_step_watches_every_input_it_reads(tmp_path: Path, name: str) -> None:
-    from flctl.stack import group_inputs
+    from flctl.grouped.step import group_inputs
 
     cells, data = _cells(tmp_path, name, 3)
     stepper = Stepper(cells, dataclasses.replace(get_task(name), batched=True), data)
@@ -165,7 +165,7 @@ def _races(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cfgs: list) -> list:
     return rec.races
 
 
-def test_stacked_small_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
+def test_grouped_small_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
     """Two grouped two-moons cells as on CUDA: at 3623c99 their (then vmapped) step ran on the default stream while each
     cell's epoch set-up and end ran on its own stream, unordered (the H200's 1,000-cell sweep: 704 failed)."""
     cfgs = [config("two-moons", m, seed=s, epochs=3, eval_every=1) for s, m in enumerate(("fl", "erm"))]
@@ -173,7 +173,7 @@ def test_stacked_small_cells_use_their_tensors_in_stream_order(tmp_path: Path, m
     assert not races, f"{len(races)} unordered cross-stream uses, first: {races[:5]}"
 
 
-def test_stacked_image_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
+def test_grouped_image_cells_use_their_tensors_in_stream_order(tmp_path: Path, monkeypatch) -> None:
     data_dir = str(WRITERS["cifar10"](tmp_path / "data", per_batch=8))
     cfgs = [config("cifar10", m, seed=s, epochs=2, eval_every=1, batch_size=12, data_dir=data_dir,
                    options={"width": 4}) for s, m in enumerate(("fl", "erm"))]

@@ -12,7 +12,7 @@ import pytest
 from tests.data_writers import write_cifar10
 
 # Slow (pyproject.toml's markers; `pytest -m "not slow"` is the fast loop): CIFAR-10 steps counted, one cell and
-# stacked cells: 5 s of the suite's 904 s of test time (2 cores, xdist -n 2).
+# grouped cells: 5 s of the suite's 904 s of test time (2 cores, xdist -n 2).
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ def bench():
 
 
 @pytest.mark.parametrize("task", ["cifar10", "two-moons"])
-def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_waits(bench, task: str,
+def test_fl_costs_little_more_than_erm_grouped_cells_share_launches_and_no_step_waits(bench, task: str,
                                                                                      tmp_path: Path) -> None:
     data = str(write_cifar10(tmp_path / "data", per_batch=4)) if task == "cifar10" else None
     ops, syncs = {}, {}
@@ -44,8 +44,8 @@ def test_fl_costs_little_more_than_erm_stacked_cells_share_launches_and_no_step_
     assert syncs == {name: 0 for name in configs}, "a step or an epoch's set-up waits for the device"
     assert ops["fl"] <= 1.15 * ops["erm"], ops
     # K grouped: one launch per op of the shared model (CIFAR-10 K = 4: 1.26x; interleaved, 4x), one dual step and
-    # objective for the cells of one method (flctl.stack.stack_methods), one optimizer step for all
-    # (flctl.grouped_optim; it was 2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's samples
+    # objective for the cells of one method (flctl.grouped.methods), one optimizer step for all
+    # (flctl.grouped.optim; it was 2-4 ops a cell). Two-moons, a 3-layer MLP of 69 ops alone, keeps each cell's samples
     # apart, [K, F, B], from input to output: 1.22x at K = 4 and at K = 64 alike (2.34x at K = 4 with the cells'
     # features side by side and their methods and optimizers one by one).
     for many in [name for name in configs if name.endswith(("_k4", "_k64"))]:

@@ -160,7 +160,7 @@ def test_cancel_stops_workers_hands_cells_back_and_rerun_finishes(tmp_path: Path
     # 1000 epochs: a cell is still at about epoch 400 when cancel's signal lands (about 8 ms an epoch here)
     cell = ("two-moons", "--method", "fl", "--eps", "0.1", "--epochs", "1000", "--eval-every", "50")
     # one cell at a time (--batch-runs 1): a resumed cell's records equal its `flctl run` bit for bit (grouped cells
-    # equal it up to float rounding: tests/test_stacked.py)
+    # equal it up to float rounding: tests/test_grouped.py)
     args = ("sweep", *cell, "--seed", "0,1,2", "--workers", "2", "--threads", "1", "--executor", "local",
             "--checkpoint-every", "0.2", "--batch-runs", "1")
     results = tmp_path / "sweep"

@@ -12,9 +12,10 @@ from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, DeviceLost
+from flctl.grouped.policy import cells_together
 from flctl.launch.backends import Slot
 from flctl.launch.jobs import live_controllers, live_workers, private_folder
-from flctl.launch.settings import LaunchFlags, LaunchSettings, cells_together
+from flctl.launch.settings import LaunchFlags, LaunchSettings
 from flctl.launch.worker import Worker, WorkerRecipe, submit
 from flctl.layout import Layout
 from flctl.loggers import prepare as prepare_loggers
@@ -70,7 +71,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     log_to = prepare_loggers(settings.log_to, root, sid) if todo else settings.log_to
     recipe = WorkerRecipe(url, str(root), sid, settings.executor, settings.options, settings.max_attempts,
                           checkpoint_every=settings.checkpoint_every, per_gpu=settings.per_gpu,
-                          batch_runs=cells_together(settings, spec.task, len(todo), len(slots), device),
+                          batch_runs=cells_together(settings.batch_runs, spec.task, len(todo), len(slots), device),
                           linger_s=TUNE_LINGER_S if spec.tune and not launcher.in_process else 0.0,
                           db_inode=None if store.file is None else store.file.inode, log_to=log_to)
     here = None

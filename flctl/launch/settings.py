@@ -1,10 +1,9 @@
 """A sweep's launch settings: the spec's [launch] table, the command's flags and OMP_NUM_THREADS, checked once
-(LaunchSettings), with the launcher they name (flctl.launch.backends) and its own options; and how many cells each
-worker trains together."""
+(LaunchSettings), with the launcher they name (flctl.launch.backends) and its own options. How many cells each worker
+trains together is flctl.grouped.policy's."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass
@@ -12,13 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from flctl.config import PANELS
 from flctl.errors import ConfigError
-from flctl.knobs import (
-    AUTO_BATCH_RUNS,
-    DEFAULT_CHECKPOINT_EVERY_S,
-    DEFAULT_MAX_ATTEMPTS,
-    check_checkpoint_every,
-    check_count,
-)
+from flctl.grouped.policy import AUTO_TOGETHER, WHEN_GROUPED, cells_together
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, DEFAULT_MAX_ATTEMPTS, check_checkpoint_every, check_count
 from flctl.launch.backends import (  # Slot: where older workers' pickles look
     Launcher,
     Slot,
@@ -63,10 +57,9 @@ class _Flags:
                                 + "].")
     threads: int | None = _flag("torch threads per local worker [OMP_NUM_THREADS if set, else cores // workers].")
     per_gpu: int | None = _flag("Workers sharing one GPU [1].")
-    batch_runs: int | None = _flag("Cells a worker trains together in one process, each equal to the cell alone "
-                                   "(one grouped model on CUDA and for small models; others: step by step) [auto: for "
-                                   "small models an even share, at most "
-                                   f"{AUTO_BATCH_RUNS['cuda']} on a GPU, {AUTO_BATCH_RUNS['cpu']} on a CPU; else 1].")
+    batch_runs: int | None = _flag(f"Cells a worker trains together in one process, each its own run: {WHEN_GROUPED} "
+                                   "[auto: for small-model tasks an even share, at most "
+                                   f"{AUTO_TOGETHER['cuda']} on a GPU, {AUTO_TOGETHER['cpu']} on a CPU; else 1].")
     checkpoint_every: float | None = _flag("Seconds between a run's checkpoints (also at eval epochs) "
                                            f"[{DEFAULT_CHECKPOINT_EVERY_S:g}].")
     max_attempts: int | None = _flag(f"Give up on a cell after this many tries [{DEFAULT_MAX_ATTEMPTS}].")
@@ -108,7 +101,7 @@ class LaunchSettings:
     per_gpu: int = 1
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S
-    batch_runs: int | None = None        # None: batch_runs_for() chooses
+    batch_runs: int | None = None        # cells together (--batch-runs); None: flctl.grouped.policy chooses
     log_to: tuple[str, ...] = ()         # the loggers every run is logged to, live (flctl.loggers)
     options: Any = None                  # the launcher's own (its Options; None: their defaults)
 
@@ -162,31 +155,9 @@ class LaunchSettings:
             workers = len(self.slots(cells, device))
         except (ConfigError, ImportError):
             workers = self.workers or 1
-        return cells_together(self, task, cells, workers, device) * (
+        return cells_together(self.batch_runs, task, cells, workers, device) * (
             self.per_gpu if device.startswith("cuda") else max(1, min(workers, cells)))
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""
         return self.launcher.slots(cells, device, workers=self.workers, threads=self.threads, per_gpu=self.per_gpu)
-
-
-def cells_together(settings: LaunchSettings, task: str, cells: int, workers: int, device: str) -> int:
-    """Cells each worker trains together: --batch-runs, or the automatic choice for ``cells`` cells among ``workers``
-    workers (batch_runs_for). The launch (flctl.launch.plan) and the cost estimate both ask here."""
-    return settings.batch_runs or batch_runs_for(task, cells, max(workers, 1), device)
-
-
-def batch_runs_for(task: str, cells: int, workers: int, device: str) -> int:
-    """Cells a worker trains together when --batch-runs is not given: for a ``batched`` task (a small model), its
-    share of the cells, split into groups of about equal size of at most AUTO_BATCH_RUNS (so 50 cells a worker on a
-    CPU are groups of 13, not 16, 16, 16 and 2); otherwise 1. On a CPU, grouped cells trained 1.98x faster than alone
-    at K = 16 and 1.51x at 64 for two-moons, 1.05x and 0.89x for digits (benchmarks/bench_stacking.py, 2 cores,
-    2026-11-27): 16 is where both still gain. On a GPU 8, as the first leases ran it; 64 to 256 wait for one's
-    measure (benchmarks/bench_gpu.py moons). ResNet cells (cifar10, utkface) stack only when asked (--batch-runs K):
-    4 grouped trained no faster than 1 on an H100."""
-    from flctl.tasks import get_task
-
-    if not get_task(task).batched:
-        return 1
-    share = max(1, math.ceil(cells / workers))
-    return math.ceil(share / math.ceil(share / AUTO_BATCH_RUNS["cuda" if device.startswith("cuda") else "cpu"]))

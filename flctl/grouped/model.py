@@ -10,15 +10,16 @@ K copies of a network are one network whose channels are the K copies' channels 
 Cells share no number: each group of channels reads its own cell's inputs and parameters only, and the gradient of
 the sum of the cells' objectives is, row by row, each cell's own gradient. The grouped kernels sum in another order
 than the cells' own, so a cell's numbers equal those of the cell trained alone up to float rounding
-(tests/test_stacked.py states and holds the tolerances).
+(tests/test_grouped.py states and holds the tolerances).
 
 Each cell keeps its modules and optimizer: each of its parameters and buffers becomes a view of its row of a grouped
 tensor [K, ...], so its optimizer steps, checkpoint, evaluation and records read and change its own row in place. So
-do its epoch losses and, where its method's class ``stacks`` (flctl.methods.Method), its method's multipliers and
-hyper-parameters: the cells of one such class take their dual step and objective as one.
-(The earlier way, ``torch.vmap`` over stacked copies, dispatched 4.5× the ops of one cell for a ResNet: its batching
-rules move dimensions around every layer.)
+do its epoch losses and, where its method's class ``groups`` (flctl.methods.Method), its method's multipliers and
+hyper-parameters: the cells of one such class take their dual step and objective as one (flctl.grouped.methods).
+(The earlier way, ``torch.vmap`` over the cells' copies, dispatched 4.5× the ops of one cell for a ResNet: its
+batching rules move dimensions around every layer.)
 """
+
 
 from __future__ import annotations
 
@@ -26,23 +27,22 @@ import copy
 import itertools
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from flctl.data import Dataset, Normalize, Split
-from flctl.devices import ALONE_ENGINES
-from flctl.grouped_optim import grouped_optimizer
-from flctl.losses import model_output, per_sample_loss, split_records
-from flctl.step import public_tensors, step_inputs
+from flctl.data import Normalize
+from flctl.grouped.methods import group_key, group_methods, say_cell_by_cell
+from flctl.grouped.optim import grouped_optimizer
+from flctl.grouped.policy import groups_on
+from flctl.grouped.rows import side_by_side
+from flctl.losses import model_output
 from flctl.tasks import Task
 
 if TYPE_CHECKING:
     from flctl.cell import Cell
     from flctl.methods import Method
-    from flctl.step import EpochBatches
 
 # Layers whose work is per channel or per element, and containers whose forward only chains their children: a
 # grouped copy runs them as they are.
@@ -100,14 +100,15 @@ class GroupedLinear(nn.Module):
         return y.transpose(0, 1).reshape(-1, k * out_features)                            # [B, K·out]
 
 
+
 class Grouped:
     """The grouped model of ``cells`` (K cells' models of one architecture, ``groupable``), whose parameters and
     buffers the cells' own modules now view row by row."""
 
     def __init__(self, cells: Sequence[Cell]) -> None:
         self.given = list(cells)
-        # ordered by method, so that the cells of a class that stacks are a block of rows (``methods``)
-        self.cells = cells = sorted(cells, key=lambda c: _method_key(c.method))
+        # ordered by method, so that the cells of a class that groups are a block of rows (``methods``)
+        self.cells = cells = sorted(cells, key=lambda c: group_key(c.method))
         models = [c.model for c in cells]
         self.k = k = len(models)
         self.module = copy.deepcopy(models[0])        # the structure; every tensor of it is replaced below
@@ -151,18 +152,20 @@ class Grouped:
         for m in self.module.modules():
             if isinstance(m, GroupedLinear):
                 m.by_cell = self.by_cell
-        # the cells' optimizer steps as one where their optimizers allow (flctl.grouped_optim), else each its own
+        # the cells' optimizer steps as one where their optimizers allow (flctl.grouped.optim), else each its own
         self.optimizer = grouped_optimizer(cells, self.params)
         self.epoch_losses = side_by_side(cells, "epoch_losses")                           # [K, N]
-        # (method, its rows): a block of cells whose methods step as one (stack_methods), or one cell's own method
+        # (method, its rows): a block of cells whose methods step as one (group_methods), or one cell's own method
         self.methods: list[tuple[Method, slice | int | None]] = []
-        for key, block in itertools.groupby(range(k), lambda i: _method_key(cells[i].method)):
+        for key, block in itertools.groupby(range(k), lambda i: group_key(cells[i].method)):
             rows = list(block)
             if key[0]:
-                self.methods.append((stack_methods([cells[i].method for i in rows]),
+                self.methods.append((group_methods([cells[i].method for i in rows]),
                                      None if len(rows) == k else slice(rows[0], rows[-1] + 1)))
-            else:
-                self.methods += [(cells[i].method, i) for i in rows]
+            else:           # a class that does not say it groups: told once (a slow step should not go unexplained)
+                for i in rows:
+                    say_cell_by_cell(type(cells[i].method))
+                    self.methods.append((cells[i].method, i))
 
     def _alias(self, tensors: list[Tensor]) -> Tensor:
         """One grouped tensor of the cells' ``tensors`` (their values now), and each cell's tensor made a view of its
@@ -212,160 +215,12 @@ class Grouped:
         return out.view(b, k, -1).transpose(0, 1)                      # [K, B, out]
 
 
-class GroupBatches:
-    """The K cells' epoch buffers (flctl.step.EpochBatches) as one: each cell's buffer becomes a view of its row of a
-    group buffer, so each cell's ``fill`` (in place) writes the group's, and one ``take`` gathers all K cells' next
-    batch ids and augmentation parameters (a few ops whatever K, where K takes cost K times as many). A ``fill`` that
-    reallocates (a new epoch length) leaves the group behind: ``holds`` says so, and the stepper regroups."""
-
-    def __init__(self, batches: Sequence[EpochBatches]) -> None:
-        self.batches = list(batches)
-        self.full = side_by_side(batches, "full", 1)                                      # [S, K, B]
-        self.last = side_by_side(batches, "last", 0)                                      # [K, R]
-        self.full_params = {n: side_by_side([b.full_params for b in batches], n, 1) for n in batches[0].full_params}
-        self.last_params = {n: side_by_side([b.last_params for b in batches], n, 0) for n in batches[0].last_params}
-        self.counter = batches[0].counter
-        for b in batches:
-            b.counter = self.counter          # each cell's fill zeroes it: one counter for the group
-        self.views = [(b.full, b.last, b.counter, *b.full_params.values(), *b.last_params.values()) for b in batches]
-
-    def holds(self) -> bool:
-        """Whether every cell's buffers are still the views of the group's (no fill made new ones)."""
-        return all(all(a is b for a, b in zip(views, (bt.full, bt.last, bt.counter, *bt.full_params.values(),
-                                                       *bt.last_params.values())))
-                   for views, bt in zip(self.views, self.batches))
-
-    def take(self, last: bool) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every cell's next batch: ids [K, B] and augmentation parameters [K·B] each; a full batch moves the
-        counter on."""
-        if last:
-            return self.last, {n: v.view(-1) for n, v in self.last_params.items()}
-        ids = self.full.index_select(0, self.counter).squeeze(0)
-        params = {n: v.index_select(0, self.counter).view(-1) for n, v in self.full_params.items()}
-        self.counter.add_(1)
-        return ids, params
-
-
-def side_by_side(owners: Sequence[Any], name: str, dim: int = 0) -> Tensor:
-    """The owners' tensors ``name`` (attributes, or dict entries) stacked along ``dim``, each owner's replaced by a
-    view of its row. 0-dim tensors become [K, 1], to broadcast over a batch [K, B]; each owner keeps a 0-dim view."""
-    def get(o: Any) -> Tensor:
-        return o[name] if isinstance(o, dict) else getattr(o, name)
-    first = get(owners[0])
-    group = torch.stack([get(o) for o in owners], dim)
-    if first.dim() == 0:
-        group = group.unsqueeze(1)
-    for k, o in enumerate(owners):
-        row = group.select(dim, k).view(first.shape)
-        if isinstance(o, dict):
-            o[name] = row
-        else:
-            setattr(o, name, row)
-    return group
-
-
-def _method_key(method: Method) -> tuple[bool, str, str]:
-    """Methods with equal keys stack: one class that ``stacks``, with tensors of the same names, shapes and types
-    (e.g. all with nuPI or all without) and equal plain values (a setting kept as a Python number is the same for
-    every cell of a stacked block). Methods that do not stack sort first, each stepping alone."""
-    cls = type(method)
-    if not vars(cls).get("stacks", False):              # declared by the class itself, not inherited
-        return (False, "", "")
-    layout = [(n, tuple(t.shape), str(t.dtype), str(t.device)) for n, t in public_tensors(method)]
-    plain = sorted((n, repr(v)) for n, v in vars(method).items()
-                   if not n.startswith("_") and not isinstance(v, Tensor) and not hasattr(v, "__dict__"))
-    return (True, f"{cls.__module__}.{cls.__qualname__}", repr((layout, plain)))
-
-
-def stack_methods(methods: Sequence[Method]) -> Method:
-    """One method standing for ``methods`` (K of one class that ``stacks``, ``_method_key`` equal): each tensor of
-    theirs (``flctl.step.public_tensors``) side by side, [K, ...], and each method's own a view of its row, so that
-    the one's dual_step_ and primal_loss on losses and ids [K, B] move every cell's multipliers as its own would, and
-    each cell still checkpoints its own. Its scratch starts empty."""
-    def stacked(objs: Sequence[Any]) -> Any:
-        one = copy.copy(objs[0])
-        for name, value in vars(objs[0]).items():
-            if name.startswith("_"):
-                if isinstance(value, Tensor):
-                    setattr(one, name, None)
-            elif isinstance(value, Tensor):
-                setattr(one, name, side_by_side(objs, name))
-            elif hasattr(value, "__dict__") and not isinstance(value, type):
-                setattr(one, name, stacked([getattr(o, name) for o in objs]))
-        return one
-    return cast("Method", stacked(methods))
-
-
-def groups(task: Task, cells: Sequence[Cell]) -> bool:
-    """Whether cells that train together run as one grouped model (flctl.stack): on CUDA, whenever their model is
-    groupable (one launch per op for all instead of one per cell); on the CPU, for ``batched`` tasks only (small
-    models, where it measured faster; a CPU's arithmetic is not bound by launches). Not for compiled steps (compiled
-    per cell) nor micro-batches."""
+def trains_grouped(task: Task, cells: Sequence[Cell]) -> bool:
+    """Whether ``cells``, together in one process, train as one grouped model: when their configuration and task
+    allow it (flctl.grouped.policy.groups_on) and their model is ``groupable``."""
     c = cells[0]
-    return (c.cfg.engine not in ALONE_ENGINES and c.cfg.micro_batch == 0 and (c.device.type == "cuda" or task.batched)
-            and groupable(c.model))
-
-
-def group_inputs(group: Grouped, data: Dataset, batches: GroupBatches) -> list[Tensor]:
-    """Every tensor a grouped step reads (``flctl.step.step_inputs`` of each cell, and the grouped model's own)."""
-    return [*(t for c, b in zip(group.cells, batches.batches) for t in step_inputs(c, data, b)),
-            batches.full, batches.last, *batches.full_params.values(), *batches.last_params.values(),
-            *group.module.parameters(), *group.module.buffers(), group.epoch_losses,
-            *(t for method, _ in group.methods for _, t in public_tensors(method)),
-            *(group.optimizer.tensors() if group.optimizer is not None else [])]
-
+    return groups_on(task, c.cfg, c.device.type) and groupable(c.model)
 
 def _own(modules: Sequence[nn.Module], attr: str) -> list[Tensor]:
     """Each module's tensor ``attr`` (a parameter or buffer every one of them has)."""
     return [cast(Tensor, getattr(m, attr)) for m in modules]
-
-
-@torch.no_grad()
-def evaluate_together(task: Task, group: Grouped, split: Split, precision: str) -> list[dict[str, np.ndarray]]:
-    """``flctl.losses.evaluate`` of ``split`` for each of the group's cells (in ``group.cells``' order), through one
-    grouped forward per chunk of samples instead of one forward per cell; equal to each cell's own up to the grouped
-    kernels' rounding. In eval mode (BatchNorm's running statistics, each cell's rows), then back to training."""
-    group.module.eval()
-    chunk = max(1, task.eval_chunk // group.k)        # the chunk's memory is the cells' together
-    outs: list[list[Tensor]] = [[] for _ in range(group.k)]
-    try:
-        for start in range(0, len(split), chunk):
-            x = split.x[start:start + chunk]
-            for row, out in zip(outs, group.forward(x.expand(group.k, *x.shape), precision)):   # [K, b, ...]
-                row.append(out)
-    finally:
-        group.module.train()
-    return [split_records(task, split, row) for row in outs]
-
-
-def grouped_step(task: Task, group: Grouped, data: Dataset, batches: GroupBatches, last: bool) -> None:
-    """One step of each of the cells, as ``flctl.step.cell_step`` of each alone: their next batches gathered and
-    augmented as one, one grouped forward and backward, then each cell's own dual step, objective and optimizer
-    step. Graph-safe, as cell_step (flctl.step): a captured step replays it whole."""
-    cells = group.cells
-    ids, params = batches.take(last)                                        # [K, B], {name: [K·B]}
-    k, b = ids.shape
-    flat = ids.view(-1)
-    x = data.train.x.index_select(0, flat)                                  # [K·B, ...]
-    if task.augment is not None:
-        x = task.augment.apply(x, params)
-    out = group.forward(x.view(k, b, *x.shape[1:]), cells[0].cfg.precision)  # [K, B, out]
-    losses = per_sample_loss(task, out.reshape(k * b, *out.shape[2:]), data.train.y.index_select(0, flat))
-    g = losses.view(k, b)
-    objectives = []
-    for method, rows in group.methods:           # a block's methods as one ([K', B] -> [K']), or one cell's ([B])
-        g_rows, ids_rows = (g, ids) if rows is None else (g[rows], ids[rows])
-        method.dual_step_(g_rows, ids_rows)
-        objectives.append(method.primal_loss(g_rows, ids_rows))
-    group.zero_grad()
-    # cells share no parameter: each row gets its own objective's gradient
-    (objectives[0] if len(objectives) == 1 else torch.stack([o.sum() for o in objectives])).sum().backward()
-    if group.optimizer is not None:          # every cell's optimizer step as one, on the grouped gradients
-        group.optimizer.step()
-    else:
-        for c in cells:
-            c.optimizer.zero_grad(set_to_none=True)
-        group.hand_out_grads()
-        for c in cells:
-            c.optimizer.step()
-    group.epoch_losses.scatter_(1, ids, g.detach())

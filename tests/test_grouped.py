@@ -1,5 +1,5 @@
 """Cells trained together in one process (train_together) equal the same cells trained alone: bit for bit where the
-cells interleave step by step, up to float rounding where they run as one grouped model (flctl.stack), and the step
+cells interleave step by step, up to float rounding where they run as one grouped model (flctl.grouped), and the step
 is graph-safe.
 
 Tolerances of grouped cells. A grouped convolution, BatchNorm over K·C channels and a grouped linear layer sum in
@@ -134,9 +134,9 @@ def test_grouped_cells_equal_alone_in_float64_and_one_that_diverges_leaves_the_g
 
 @pytest.mark.slow    # seven cells together, six again alone: 8 s
 def test_cells_of_one_method_step_as_one_and_equal_alone_in_float64(tmp_path: Path, float64) -> None:
-    """Several cells of each method (a sweep's usual group: seeds, learning rates, ε, α), stacked by method
-    (flctl.stack.stack_methods): FL with nuPI, RFL, ERM and CSERM (which steps alone), and an RFL that diverges and
-    leaves its block. Each equals its cell alone; its model.pt holds its own weights only."""
+    """Several cells of each method (a sweep's usual group: seeds, learning rates, ε, α), grouped by method
+    (flctl.grouped.methods.group_methods): FL with nuPI, RFL, ERM and CSERM (which steps alone), and an RFL that
+    diverges and leaves its block. Each equals its cell alone; its model.pt holds its own weights only."""
     m = dict(epochs=6, eval_every=2)
     nupi = dict(dual_optimizer="nupi", kp=0.5, ki=0.8, nu=0.3)
     cfgs = [config("two-moons", "fl", seed=0, lr=0.02, eps=0.4, dual_lr=0.05, **nupi, **m),
@@ -172,7 +172,7 @@ def test_grouped_cells_resuming_from_different_epochs_equal_alone_in_float64(tmp
 def test_a_grouped_cells_tensors_are_views_of_its_row_and_its_checkpoint_its_own(tmp_path: Path) -> None:
     """After grouping, a cell's parameters and BatchNorm statistics live in its row of the grouped tensors (so its
     optimizer, evaluation and checkpoint see what the grouped step changed), and only there."""
-    from flctl.stack import Grouped
+    from flctl.grouped.model import Grouped
 
     models = [get_task("cifar10").build_model({"width": 4}, None) for _ in range(3)]
     before = [{k: v.clone() for k, v in m.state_dict().items()} for m in models]
@@ -201,12 +201,12 @@ def test_a_grouped_cells_tensors_are_views_of_its_row_and_its_checkpoint_its_own
 
 @pytest.mark.parametrize("cls", ["FL", "RFL"])
 @pytest.mark.parametrize("nupi", [False, True])
-def test_stacked_methods_step_each_cells_multipliers_as_its_own(cls: str, nupi: bool) -> None:
-    """K methods of a class that stacks, stepped as one on [K, B]: each cell's multipliers (and nuPI state) move
+def test_grouped_methods_step_each_cells_multipliers_as_its_own(cls: str, nupi: bool) -> None:
+    """K methods of a class that groups, stepped as one on [K, B]: each cell's multipliers (and nuPI state) move
     bit for bit as its own method's would alone, stay views of its row (its checkpoint is its own [N]), and the
-    stacked objective is each cell's within float rounding (a batched dot product)."""
+    grouped objective is each cell's within float rounding (a batched dot product)."""
     from flctl import methods
-    from flctl.stack import stack_methods
+    from flctl.grouped.methods import group_methods
 
     n, b = 7, 4
     hyper = [dict(eps=0.1 * i, dual_lr=0.3 + i / 10, alpha=1.0 + i) for i in range(3)]
@@ -216,14 +216,14 @@ def test_stacked_methods_step_each_cells_multipliers_as_its_own(cls: str, nupi: 
         return getattr(methods, cls)(n, eps=h["eps"], dual_lr=h["dual_lr"], alpha=h["alpha"], **extra)
 
     alone, grouped = [make(h) for h in hyper], [make(h) for h in hyper]
-    stacked = stack_methods(grouped)
-    assert stacked.multipliers.shape == (3, n) and stacked.eps.shape == (3, 1)
+    one = group_methods(grouped)
+    assert one.multipliers.shape == (3, n) and one.eps.shape == (3, 1)
     gen = torch.Generator().manual_seed(0)
     for _ in range(4):
         ids = torch.stack([torch.randperm(n, generator=gen)[:b] for _ in hyper])            # [K, B]
         losses = torch.rand(3, b, generator=gen) * 2
-        stacked.dual_step_(losses, ids)
-        objectives = stacked.primal_loss(losses, ids)                                      # [K]
+        one.dual_step_(losses, ids)
+        objectives = one.primal_loss(losses, ids)                                      # [K]
         for k, m in enumerate(alone):
             m.dual_step_(losses[k], ids[k])
             assert torch.allclose(objectives[k], m.primal_loss(losses[k], ids[k]), rtol=1e-6)
@@ -234,25 +234,53 @@ def test_stacked_methods_step_each_cells_multipliers_as_its_own(cls: str, nupi: 
             want = m.state_dict()[key]
             assert (torch.equal(value, want) if isinstance(value, torch.Tensor)
                     else all(torch.equal(value[i], want[i]) for i in want)), key
-    assert stacked.multipliers.data_ptr() == grouped[0].multipliers.data_ptr()    # the cells' rows, not copies
+    assert one.multipliers.data_ptr() == grouped[0].multipliers.data_ptr()    # the cells' rows, not copies
 
 
-def test_a_subclass_of_a_stacking_method_steps_alone_unless_it_says_it_stacks() -> None:
+def test_a_subclass_of_a_grouping_method_steps_alone_unless_it_says_it_groups() -> None:
     from flctl import methods
-    from flctl.stack import _method_key
+    from flctl.grouped.methods import group_key
 
     class Rewritten(methods.FL):          # its own rule, perhaps for one cell's [B] only
         pass
 
     class Declared(methods.FL):
+        groups = True
+
+    class DeclaredBefore(methods.FL):     # the name flctl read before `groups`
         stacks = True
 
-    assert _method_key(methods.FL(3, eps=0.1, dual_lr=0.1))[0] and _method_key(Declared(3, eps=0.1, dual_lr=0.1))[0]
-    assert not _method_key(Rewritten(3, eps=0.1, dual_lr=0.1))[0] and not _method_key(methods.CSERM(3))[0]
+    assert group_key(methods.FL(3, eps=0.1, dual_lr=0.1))[0] and group_key(Declared(3, eps=0.1, dual_lr=0.1))[0]
+    assert group_key(DeclaredBefore(3, eps=0.1, dual_lr=0.1))[0]
+    assert not group_key(Rewritten(3, eps=0.1, dual_lr=0.1))[0] and not group_key(methods.CSERM(3))[0]
     a, b = Declared(3, eps=0.1, dual_lr=0.1), Declared(3, eps=0.2, dual_lr=0.3)
-    assert _method_key(a) == _method_key(b)                  # tensors of one layout: their values may differ
+    assert group_key(a) == group_key(b)                      # tensors of one layout: their values may differ
     a.warmup, b.warmup = 0, 5                                # a setting kept as a Python number: one per block
-    assert _method_key(a) != _method_key(b)
+    assert group_key(a) != group_key(b)
+
+
+def test_a_method_class_that_does_not_say_it_groups_steps_cell_by_cell_and_is_told_once(capsys) -> None:
+    """Grouped cells of a method class that does not declare ``groups`` (a plugin's subclass of FL) take their dual
+    steps cell by cell, and the class is told so once per process, on stderr, with how to declare it; classes that
+    declare either way (FL, CSERM) are not told."""
+    from flctl import methods
+    from flctl.grouped.model import Grouped
+
+    class Quiet(methods.FL):
+        pass
+
+    def cells(*made: methods.Method) -> list:
+        return [SimpleNamespace(model=torch.nn.Sequential(torch.nn.Linear(2, 3)), method=m, epoch_losses=torch.zeros(4),
+                                optimizer=None) for m in made]
+
+    for _ in range(2):                # a second group of the class in this process: not told again
+        group = Grouped(cells(Quiet(4, eps=0.1, dual_lr=0.1), Quiet(4, eps=0.2, dual_lr=0.1),  # type: ignore[arg-type]
+                              methods.FL(4, eps=0.1, dual_lr=0.1), methods.CSERM(4)))
+        alone = sorted(type(m).__name__ for m, rows in group.methods if isinstance(rows, int))
+        assert alone == ["CSERM", "Quiet", "Quiet"]                 # FL's cell is a block of its own class
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("flctl: warning: method class ") and ".Quiet does not declare" in err[0]
+    assert "dual steps cell by cell" in err[0] and "`groups = True`" in err[0]
 
 
 def test_epoch_batches_visit_every_sample_once_with_a_partial_last_batch() -> None:
@@ -327,10 +355,10 @@ def test_the_compiled_engine_trains_close_to_eager_and_is_its_own_run(tmp_path: 
 @pytest.mark.parametrize("kind", ["adamw", "sgd-momentum", "sgd"])
 def test_grouped_optimizer_steps_each_row_as_the_cells_own_optimizer(kind: str) -> None:
     """K cells' optimizers (each its own lr and weight decay, momentum for SGD; one cell resuming with state of its
-    own) stepped as one (flctl.grouped_optim) move each cell's parameters and state as torch's optimizer of that
+    own) stepped as one (flctl.grouped.optim) move each cell's parameters and state as torch's optimizer of that
     cell moves a copy of them, over 5 steps of the same gradients; each cell's state stays a view of its row."""
     from flctl.cell import build_optimizer
-    from flctl.grouped_optim import grouped_optimizer
+    from flctl.grouped.optim import grouped_optimizer
 
     torch.manual_seed(0)
     k, shapes = 3, [(4, 3), (4,)]

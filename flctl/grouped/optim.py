@@ -1,6 +1,6 @@
-"""The optimizer steps of K grouped cells (flctl.stack) as one: a few multi-tensor ops over the group's [K, ...]
-tensors, whatever K, where each cell's own optimizer would take one call (and, on the CPU, a dozen host reads of
-its step counts) per cell. With 64 two-moons cells those per-cell calls were a third of a step.
+"""The optimizer steps of K grouped cells (flctl.grouped.model) as one: a few multi-tensor ops over the group's
+[K, ...] tensors, whatever K, where each cell's own optimizer would take one call (and, on the CPU, a dozen host
+reads of its step counts) per cell. With 64 two-moons cells those per-cell calls were a third of a step.
 
 Each row is one cell, with its own learning rate, weight decay and momentum ([K] tensors broadcast over its row), so
 every row moves as the cell's own torch optimizer would move it (torch's rules, written out below in torch's order
@@ -131,7 +131,7 @@ class GroupedOptimizer:
             self.factors["neg_lr"].copy_(-self.lr)
 
     def tensors(self) -> list[Tensor]:
-        """Every tensor a step reads (a captured step's inputs: flctl.stack.group_inputs)."""
+        """Every tensor a step reads (a captured step's inputs: flctl.grouped.step.group_inputs)."""
         found = [self.lr, self.wd, *(t for ts in self.state.values() for t in ts), *self.factors.values()]
         return found + ([self.steps, self.t] if self.kind == ("adamw",) else [])
 
@@ -139,8 +139,9 @@ class GroupedOptimizer:
     def step(self) -> None:
         grads = [g if leaf.dim() == r.dim() else g.unflatten(0, (self.k, -1))
                  for leaf, r in zip(self.leaves, self.rows) if (g := leaf.grad) is not None]
-        # A groupable model (flctl.stack.groupable: linear, convolution, BatchNorm, in sequence or a ResNet) uses every
-        # parameter in every step; one without a gradient would pair the others' gradients with the wrong rows.
+        # A groupable model (flctl.grouped.model.groupable: linear, convolution, BatchNorm, in sequence or a ResNet)
+        # uses every parameter in every step; one without a gradient would pair the others' gradients with the wrong
+        # rows.
         if len(grads) != len(self.rows):
             raise RuntimeError(f"{len(self.rows) - len(grads)} grouped parameter(s) got no gradient this step")
         if self.kind == ("adamw",):

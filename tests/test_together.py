@@ -1,4 +1,5 @@
-"""Cells trained together as one stacked model (train_together) equal the same cells trained alone."""
+"""Cells trained together (train_together; two-moons and digits: one grouped model) equal the same cells trained
+alone, and which cells may train together."""
 
 from __future__ import annotations
 
@@ -84,9 +85,9 @@ def test_cells_resumed_at_different_epochs_train_together(tmp_path: Path) -> Non
 
 
 def test_cells_that_differ_beyond_per_cell_fields_are_refused(tmp_path: Path) -> None:
-    """One rule (flctl.tasks.can_train_together) for the worker's claim and the trainer: per-cell fields may
+    """One rule (flctl.grouped.policy.can_train_together) for the worker's claim and the trainer: per-cell fields may
     differ, nothing else; a solver task's cells never group; a cell alone always trains."""
-    from flctl.tasks import can_train_together
+    from flctl.grouped.policy import can_train_together
 
     base = config("two-moons", "fl", epochs=2)
     assert can_train_together([base, config("two-moons", "rfl", seed=3, epochs=2, alpha=0.5)])
