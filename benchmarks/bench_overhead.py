@@ -52,7 +52,7 @@ MARKS = [("flctl.db.store", "Store.open", "configuration", "database"),
          ("flctl.cell", "Cell.build", "data", "model"),
          ("flctl.stepper", "Stepper.step", None, "first step"),
          ("flctl.stepper", "Stepper.evaluations", None, "rest of the epoch and its evaluation"),
-         ("flctl.train", "_finish", None, "records")]
+         ("flctl.outputs", "finish_run", None, "records")]
 
 
 def _child(argv: list[str]) -> None:
@@ -208,7 +208,7 @@ SPENT = [("claim (RunQueue.claim_next)", "flctl/db/queue.py", "claim_next"),
          ("model and optimizer (Cell.build)", "flctl/cell.py", "build"),
          ("optimizer steps (Stepper.step)", "flctl/stepper.py", "step"),
          ("evaluation (Stepper.evaluations)", "flctl/stepper.py", "evaluations"),
-         ("records and summary of a cell (train._finish)", "flctl/train.py", "_finish"),
+         ("records and summary of a cell (outputs.finish_run)", "flctl/outputs.py", "finish_run"),
          ("  of which task extras (decision grid)", "tasks/two_moons.py", "extras"),
          ("database writes (Store.write)", "flctl/db/store.py", "write"),
          ("provenance and claim bookkeeping (runner.train_claimed minus train)", "flctl/runner.py", "train_claimed")]

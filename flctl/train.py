@@ -2,8 +2,8 @@
 task in one process.
 
 Reads top to bottom: data -> cells (flctl.cell: model, optimizer, method, resumed from a checkpoint) -> epochs of
-[fill the epoch's batches, steps (flctl.step)] -> eval, records, checkpoint. No database, no submitit, no typer
-here: callers record what this returns.
+[fill the epoch's batches, steps (flctl.step)] -> eval, records, checkpoint (what is written of a run: flctl.outputs,
+flctl.run_files). No database, no submitit, no typer here: callers record what this returns.
 
 How cells step (``RunResult.trained_with``):
 - eager: each cell's step as Python calls it (the default off CUDA);
@@ -22,11 +22,9 @@ device (docs/design.md, "Streams and threads on CUDA").
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,19 +32,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from flctl import record_writing, records
-from flctl.cell import Cell, RunResult, atomic_save, host_copy, save_extras, trainable_state
+from flctl import records
+from flctl.cell import Cell, RunResult
 from flctl.config import RunConfig
 from flctl.fs import make_below
 from flctl.grouped.policy import can_train_together
-from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, cpu_threads
-from flctl.layout import RunFolder, records_of
+from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
+from flctl.layout import records_of
 from flctl.losses import evaluate
-from flctl.methods import LAMBDA_CAP
-from flctl.metrics import EPOCH_NUMBERS, flatten, split_summary
+from flctl.metrics import EPOCH_NUMBERS
+from flctl.outputs import finish_run, record_epoch
+from flctl.run_files import save_extras
 from flctl.status import Status
 from flctl.stepper import Stepper
 from flctl.tasks import Solution, Task, get_task
+from flctl.torch_settings import cpu_threads_while, set_cuda_math
 from flctl.writer import Writer
 
 __all__ = ["EpochStats", "RunResult", "train", "train_together"]
@@ -119,15 +119,7 @@ def train_together(
     if not can_train_together(cfgs):
         raise ValueError(f"these {len(cfgs)} cells cannot train together")
     device = torch.device(cfgs[0].device)
-    if device.type == "cuda":
-        # float32 on CUDA as torch has done since 1.12, set here so that a torch changing it cannot change a run's
-        # numbers unseen: convolutions in cuDNN's TF32, matmuls in full float32 (torch 2.9 began moving these
-        # switches to `fp32_precision`; the old names still set them).
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cuda.matmul.allow_tf32 = False
-        # Autotuned convolutions (a run's shapes are fixed), unless deterministic kernels were asked for.
-        torch.backends.cudnn.benchmark = not (torch.backends.cudnn.deterministic
-                                              or torch.are_deterministic_algorithms_enabled())
+    set_cuda_math(device)
 
     # ---- data: whole splits as tensors on the device; row i is sample id i (shared by the cells) ----
     data = task.load(cfgs[0].opts, cfgs[0].data_dir)
@@ -150,30 +142,9 @@ def train_together(
         if stale and _held(c, fence):
             for path in stale:
                 path.unlink(missing_ok=True)
-    with _threads(threads, cells[0], device) as chosen:
+    with cpu_threads_while(threads, cells[0], device) as chosen:
         return _loop(cells, Stepper(cells, task, data), task, data, records_root, on_epoch, checkpoint_every, stop,
                      on_done, fence, chosen)
-
-
-@contextlib.contextmanager
-def _threads(threads: int | str | None, c: Cell, device: torch.device) -> Iterator[dict[str, Any]]:
-    """torch's threads for CPU cells while they train (``train_together``'s ``threads``), put back after; yields
-    what ``trained_with`` records of them."""
-    before = torch.get_num_threads()
-    if device.type != "cpu":
-        yield {}
-        return
-    if threads is None:
-        yield {"threads": before, "threads_from": "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else
-               "the process"}
-        return
-    n = threads if isinstance(threads, int) else cpu_threads(
-        sum(p.numel() for p in c.model.parameters() if p.requires_grad), c.cfg.batch_size)
-    torch.set_num_threads(n)
-    try:
-        yield {"threads": n, "threads_from": "--threads" if isinstance(threads, int) else "auto"}
-    finally:
-        torch.set_num_threads(before)
 
 
 def _loop(cells: list[Cell], stepper: Stepper, task: Task, data, records_root: Path, on_epoch, checkpoint_every: float,
@@ -222,7 +193,7 @@ def _end(c: Cell, task: Task, data, records_root: Path, trained_with: dict[str, 
     c.result.trained_with = trained_with
     if c.result.status in (Status.STOPPED, Status.LOST) or not _held(c, fence):
         return c.result
-    return _finish(c, task, data, records_root)
+    return finish_run(c, task, data, records_root)
 
 
 def _held(c: Cell, fence: Callable[[str], bool] | None) -> bool:
@@ -231,39 +202,6 @@ def _held(c: Cell, fence: Callable[[str], bool] | None) -> bool:
         return True
     c.result.status = Status.LOST
     return False
-
-
-def _summarize_and_record(
-    cfg: RunConfig, task: Task, records_root: Path, epoch: int,
-    train_eval: dict[str, np.ndarray], test_eval: dict[str, np.ndarray], multipliers: np.ndarray | None,
-    writer: Writer | None = None, *, pruned: np.ndarray | None = None, samples_seen: int | None = None,
-    groups: dict[str, dict[str, np.ndarray]] | None = None, told: dict[str, Any] | None = None,
-) -> dict[str, float]:
-    """Write one eval epoch's per-sample records (through ``writer`` when given) and return its flattened
-    summary metrics. ``pruned``: the training samples left out of this epoch (--prune-after);
-    ``samples_seen``: per-sample losses back-propagated so far (``train.samples_seen``); ``groups``: the task's
-    group labels ({attribute: {split: labels by sample id}}) for ``worst_group_avg_loss``; ``told``: the epoch's
-    training-batch numbers (EPOCH_NUMBERS), kept in the file only (a logger is told them live; `flctl export` reads)."""
-    labels = {split: [v[split] for v in (groups or {}).values()] for split in ("train", "test")}
-    tables = [
-        record_writing.split_table(cfg.run_id, "train", epoch, multiplier=multipliers, pruned=pruned, **train_eval),
-        record_writing.split_table(cfg.run_id, "test", epoch, **test_eval),
-    ]
-    summary = {
-        "train": split_summary(train_eval["loss"], correct=train_eval.get("correct"), eps=cfg.eps,
-                               multipliers=multipliers, pruned=pruned, confidence=train_eval.get("confidence"),
-                               groups=labels["train"])
-        | ({} if samples_seen is None else {"samples_seen": float(samples_seen)}),
-        "test": split_summary(test_eval["loss"], correct=test_eval.get("correct"), eps=cfg.eps,
-                              confidence=test_eval.get("confidence"), groups=labels["test"]),
-    }
-    flat = flatten(summary)
-    kept = flat | flatten({"epoch": {k: float(v) for k, v in (told or {}).items() if v is not None}})
-    if writer is not None:      # the summary kept in the file: what a logger was told, for `flctl export`
-        writer.submit(cfg.run_id, record_writing.write_epoch, records_root, cfg.run_id, epoch, tables, kept)
-    else:
-        record_writing.write_epoch(records_root, cfg.run_id, epoch, tables, kept)
-    return flat
 
 
 def _epoch_numbers(cells: list[Cell]) -> dict[str, list[float]]:
@@ -320,7 +258,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
                                           evaluate(task, r.model, data.test, cfg.precision))
         pruned = None if r.pruner is None else r.pruner.pruned.cpu().numpy().copy()   # this epoch's set
         host_lam = None if lam is None else lam.cpu().numpy().copy()    # a copy: lam moves on while it is written
-        metrics = _summarize_and_record(
+        metrics = record_epoch(
             cfg, task, records_root, epoch + 1, train_eval, test_eval, host_lam, writer,
             pruned=pruned, samples_seen=r.samples_seen, groups=data.meta.get("groups"),
             told={k: stats[k] for k in EPOCH_NUMBERS})
@@ -353,27 +291,6 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
                             stats["max_multiplier"], metrics, cfg.run_id, host_lam))
 
 
-def _finish(r: Cell, task: Task, data, records_root: Path) -> RunResult:
-    """Final metrics, task extras, model weights; the checkpoint is no longer needed."""
-    result = r.result
-    if result.status == Status.TRAINING:      # every epoch done, none diverged
-        result.status = Status.COMPLETED
-    if result.status == Status.COMPLETED and not result.metrics:
-        result.metrics = next((h["metrics"] for h in reversed(result.history) if h.get("metrics")), {})
-    if r.method.multipliers is not None:
-        result.lambda_capped = int((r.method.multipliers >= LAMBDA_CAP).sum())
-    if result.status == Status.COMPLETED:
-        if task.extras is not None:
-            result.artifacts.update(save_extras(r.run_dir, task.extras(r.model, data, r.cfg.opts)))
-        model = RunFolder(r.run_dir).model
-        # host copies: a grouped cell's tensors are views of its group's, and torch.save writes a view's whole storage
-        atomic_save(host_copy(trainable_state(r.model)), model)
-        result.artifacts["model"] = str(model)
-    result.artifacts["records"] = str(records_of(records_root, r.cfg.run_id))
-    r.checkpoint.unlink(missing_ok=True)
-    return result
-
-
 def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: Path,
                 fence: Callable[[str], bool] | None = None,
                 on_epoch: Callable[[EpochStats], None] | None = None) -> RunResult:
@@ -384,7 +301,7 @@ def _run_solver(cfg: RunConfig, task: Task, data, records_root: Path, run_dir: P
     if fence is not None and not fence(cfg.run_id):
         return RunResult(cfg.run_id, Status.LOST, 0, {}, [])
     make_below(run_dir, 2)
-    metrics = _summarize_and_record(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
+    metrics = record_epoch(cfg, task, records_root, 1, sol.train, sol.test, sol.multipliers)
     result = RunResult(cfg.run_id, Status.COMPLETED, 1, metrics, [{"epoch": 1, "metrics": metrics}])
     result.artifacts.update(save_extras(run_dir, sol.extras))
     result.artifacts["records"] = str(records_of(records_root, cfg.run_id))
