@@ -45,7 +45,7 @@ class Inline(Launcher):
     def slots(self, cells, device, *, workers, threads, per_gpu):
         return [Slot(i) for i in range(min(2, cells))]
 
-    def start(self, worker, slots, folder, log, per_gpu=1):
+    def start(self, worker, slots, folder, log):
         for slot in slots:
             worker(slot)
         (folder / "inline-started.txt").write_text(str(len(slots)))
@@ -190,7 +190,9 @@ def test_a_worker_trains_cuda_n_on_the_device_its_slot_gives_it(tmp_path: Path, 
     does not exist. The worker trains the cell on the device it sees; the run is the same (device is not identity)."""
     import flctl.launch.worker as worker_module
     from flctl.db import Store
-    from flctl.launch import Worker, WorkerRecipe, local_slots
+    from flctl.launch.backends.local import local_slots
+    from flctl.launch.recipe import WorkerRecipe
+    from flctl.launch.worker import Worker
 
     assert local_slots(3, device="cuda:1", cores=4, gpus=["0", "1"]) == [Slot(0, 4, "1")]
     cfg = dataclasses.replace(config("two-moons", "fl", epochs=1), device="cuda:1")
@@ -232,7 +234,8 @@ def test_the_dry_runs_cost_counts_the_cells_together_the_launch_gives_its_worker
     import flctl.launch.backends.local as local
     import flctl.launch.plan as plan_module
     from flctl.db import Store
-    from flctl.launch import LaunchFlags, LaunchSettings, launch_sweep
+    from flctl.launch.plan import launch_sweep
+    from flctl.launch.settings import LaunchFlags, LaunchSettings
     from flctl.sweep import plan, spec_from_values
 
     monkeypatch.setattr(local, "cuda_devices", lambda: ["0", "1"])         # two GPUs, faked: nothing trains
@@ -255,7 +258,7 @@ def test_the_dry_runs_cost_counts_the_cells_together_the_launch_gives_its_worker
 def test_a_spec_moved_to_another_launcher_leaves_its_launchers_options_behind() -> None:
     """sweeps/cifar10-main.toml says executor = "slurm", gpus = 1: `--executor local` runs it here without them;
     the same options given on the command line, or in a spec of that launcher, are refused."""
-    from flctl.launch import LaunchFlags, LaunchSettings
+    from flctl.launch.settings import LaunchFlags, LaunchSettings
 
     spec = {"executor": "slurm", "gpus": 1, "cpus": 8, "time_min": 600, "workers": 2}
     moved = LaunchSettings.resolve(spec, LaunchFlags(executor="local"))
@@ -268,7 +271,7 @@ def test_a_spec_moved_to_another_launcher_leaves_its_launchers_options_behind() 
 
 
 def test_an_installed_launchers_options_stay_behind_too(installed_toy: Path) -> None:
-    from flctl.launch import LaunchFlags, LaunchSettings
+    from flctl.launch.settings import LaunchFlags, LaunchSettings
 
     spec = {"executor": "inline", "label": "hi", "workers": 2}
     assert LaunchSettings.resolve(spec).options.label == "hi"
@@ -287,7 +290,8 @@ def test_cells_on_cuda_n_still_train_together_on_the_workers_one_gpu(tmp_path: P
     together still do (their device is part of what may)."""
     import flctl.launch.worker as worker_module
     from flctl.db import Store
-    from flctl.launch import Worker, WorkerRecipe
+    from flctl.launch.recipe import WorkerRecipe
+    from flctl.launch.worker import Worker
 
     cfgs = [dataclasses.replace(config("two-moons", "fl", epochs=1, seed=s), device="cuda:1") for s in range(3)]
     url = f"sqlite:///{tmp_path / 'flctl.db'}"
@@ -309,8 +313,8 @@ def test_workers_sharing_a_gpu_are_told_whether_mps_runs(tmp_path: Path, monkeyp
     import os
 
     from flctl.cli.common import gpu_sharing_line
-    from flctl.launch import LaunchFlags, LaunchSettings
     from flctl.launch.backends.local import mps_daemon
+    from flctl.launch.settings import LaunchFlags, LaunchSettings
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     assert mps_daemon() is None

@@ -203,7 +203,7 @@ def test_a_worker_that_cannot_load_the_task_fails_its_cell_in_one_line(tmp_path:
     store.create_sweep("gone", "gone", "gone-blobs", {}, cfgs)
     store.close()
     # The worker of another node, where the task's module is not installed.
-    code = ("from flctl.launch import Slot, Worker, WorkerRecipe; "
+    code = ("from flctl.launch.backends import Slot; from flctl.launch.worker import Worker, WorkerRecipe; "
             f"print(Worker(WorkerRecipe({url!r}, {str(tmp_path)!r}, 'gone', plugins=('fl_gone_blobs',), "
             "sync_study=False))(Slot(0, 1)))")
     out = warm.run([sys.executable, "-c", code], capture_output=True, timeout=120,       # its own process

@@ -9,7 +9,9 @@ import typer
 from flctl.cli import app
 from flctl.errors import ConfigError
 from flctl.knobs import check_checkpoint_every, check_count
-from flctl.launch import LaunchFlags, LaunchSettings, local_slots, slurm_workers
+from flctl.launch.backends.local import local_slots
+from flctl.launch.backends.slurm import slurm_workers
+from flctl.launch.settings import LaunchFlags, LaunchSettings
 from flctl.status import DIVERGED_ERROR, LEDGER_COLUMNS, failed_for_good, ledger, settled
 
 pytestmark = pytest.mark.notorch
@@ -37,7 +39,7 @@ def test_the_launch_flags_are_declared_once_for_sweep_and_paper_and_cover_the_se
     and panel, a spec's [launch] table takes the same keys, and every one lands in LaunchSettings."""
     import dataclasses
 
-    from flctl.launch import SlurmOptions
+    from flctl.launch.backends.slurm import SlurmOptions
 
     group = typer.main.get_command(app)
     names = [f.name for f in dataclasses.fields(LaunchFlags)]

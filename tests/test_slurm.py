@@ -233,8 +233,9 @@ def test_cancelled_job_is_stale_and_rerun_resumes_it(tmp_path: Path, leftovers) 
 
 
 def test_preempted_job_requeues_and_resumes_to_identical_records(tmp_path: Path, leftovers) -> None:
-    from flctl.launch import Slot, Worker, WorkerRecipe
-    from flctl.launch.worker import submit
+    from flctl.launch.backends import Slot
+    from flctl.launch.recipe import WorkerRecipe
+    from flctl.launch.worker import Worker, submit
     from flctl.sweep import plan, spec_from_values
 
     epochs, every = 1000, 20

@@ -16,7 +16,8 @@ import torch
 from flctl import records
 from flctl.db import Store
 from flctl.errors import ConfigError
-from flctl.launch import Slot, local_slots
+from flctl.launch.backends import Slot
+from flctl.launch.backends.local import local_slots
 from tests import warm
 from tests.helpers import in_process, wait_until
 

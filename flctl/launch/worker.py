@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 import flctl.plugins
 from flctl.claimed import device_works, ground_moved
 from flctl.config import RunConfig
-from flctl.db import STALE_AFTER_S, Claim, RunQueue, Store, not_the_one
+from flctl.db import Claim, RunQueue, Store, not_the_one
 from flctl.errors import (
     DEVICE_LOST_EXIT,
     ConfigError,
@@ -41,9 +41,9 @@ from flctl.errors import (
     GroundMoved,
     is_fatal_device_error,
 )
-from flctl.launch.backends import Launcher, Slot, make_launcher
+from flctl.launch.backends import Slot
 from flctl.launch.jobs import private_folder, registered, remember_jobs
-from flctl.launch.settings import LaunchSettings
+from flctl.launch.recipe import WorkerRecipe
 from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
 from flctl.runner import git_revision, stop_on_signals, train_claimed
@@ -60,35 +60,6 @@ class TaskUnavailable(Exception):
     def __init__(self, run_id: str, why: str) -> None:
         super().__init__(why)
         self.run_id = run_id
-
-
-@dataclass(frozen=True)
-class WorkerRecipe:
-    """What a sweep's worker is made of, built once by the launch (flctl.launch.plan.launch_sweep) and handed as it is
-    to each worker, to the worker that replaces one after a device loss, and to a requeued one: plain, picklable
-    data. ``plugins``: the plugin task files and modules the launching process used (FLCTL_TASKS, a spec's
-    task_module), so that a worker on another node or under another environment loads the same ones."""
-
-    db_url: str
-    results_root: str
-    sweep_id: str
-    executor: str = "local"                     # the launcher (flctl.launch.backends) and its options
-    options: Any = None
-    max_attempts: int = LaunchSettings.max_attempts
-    stale_after: float = STALE_AFTER_S
-    checkpoint_every: float = LaunchSettings.checkpoint_every
-    batch_runs: int = 1
-    per_gpu: int = 1
-    linger_s: float = 0.0
-    sync_study: bool = True
-    plugins: tuple[str, ...] = field(default_factory=lambda: tuple(flctl.plugins.paths()))
-    losses_in_a_row: int = 0                    # workers before this one that lost their device with no cell done
-    db_inode: int | None = None                 # the SQLite file's, at launch (flctl.db.store.not_the_one)
-    log_to: tuple[str, ...] = ()                # the loggers its cells are logged to (flctl.loggers)
-
-    @property
-    def launcher(self) -> Launcher:
-        return make_launcher(self.executor, self.options)
 
 
 class Worker(submitit.helpers.Checkpointable):
@@ -125,67 +96,17 @@ class Worker(submitit.helpers.Checkpointable):
 
     def _work(self) -> dict[str, str]:
         r = self.recipe
-        try:
-            # not create: a worker that starts after its sweep's database was deleted must not make an empty one
-            store = Store.open(r.db_url, create=False)
-        except DatabaseDeleted as exc:
-            print(f"flctl worker: {exc}; this worker stops and writes no more", file=sys.stderr)
-            self.ground_moved = str(exc)
-            return {}
-        if (replaced := not_the_one(store, r.db_inode)) is not None:
-            store.close()
-            print(f"flctl worker: {replaced}; this worker stops and writes no more", file=sys.stderr)
-            self.ground_moved = replaced
+        if (store := self._open_store()) is None:
             return {}
         layout = Layout(Path(r.results_root))
-        job_id, git_sha = _job_id(), git_revision()
+        job_id, git_sha = r.launcher.current_job(), git_revision()
         outcome: dict[str, str] = {}
         with registered(Path(r.results_root), r.sweep_id, job_id, r.executor), \
                 DiskNote.reserved(Path(r.results_root), r.sweep_id) as self.disk_note, \
                 stop_on_signals(r.launcher.stop_signals) as stop:
             try:
-                while not stop.is_set():
-                    if (moved := ground_moved(store, layout.root)) is not None:     # claim nothing in a new file
-                        print(f"flctl worker: {moved}; this worker stops and writes no more", file=sys.stderr)
-                        self.ground_moved = moved
-                        break
-                    try:
-                        claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
-                    except TaskUnavailable as exc:   # the next cells would fail alike: leave them to other workers
-                        outcome[exc.run_id] = "failed: task unavailable"
-                        print(f"flctl worker: {exc}", file=sys.stderr)
-                        break
-                    except SQLAlchemyError as exc:  # the database's disk is full: one line, not a traceback
-                        if (full := store.disk_full(exc)) is None:
-                            raise
-                        self._stop_on_full_disk(full)
-                        break
-                    if not claimed:
-                        break
-                    cfgs = [c for c, _ in claimed]
-                    self.current = {c.run_id: token for c, token in claimed}
-                    try:
-                        results = train_claimed(cfgs, dict(self.current), store, layout,
-                                                checkpoint_every=r.checkpoint_every, stop=stop.is_set,
-                                                max_attempts=r.max_attempts, log_to=r.log_to, sweep_id=r.sweep_id)
-                    except DiskFull as exc:     # its cells were handed back; the next ones would fail alike
-                        self._stop_on_full_disk(exc)
-                        break
-                    except GroundMoved as exc:   # nothing was recorded: there is nowhere left to record it
-                        print(f"flctl worker: {exc}; this worker stops and writes no more", file=sys.stderr)
-                        self.ground_moved = str(exc)
-                        break
-                    except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells
-                        outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
-                        if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
-                            self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
-                            self.failed_cells = list(self.current)
-                            break
-                        continue
-                    finally:
-                        self.current = {}
-                    outcome.update((r.run_id, r.status) for r in results)
-                    self.trained_a_group = True
+                while not stop.is_set() and self._next_group(store, layout, job_id, git_sha, stop, outcome):
+                    pass
                 if r.sync_study and outcome and self.ground_moved is None:
                     _sync_study_once(store, r.db_url, r.sweep_id)
             except (KeyboardInterrupt, SystemExit):
@@ -200,6 +121,66 @@ class Worker(submitit.helpers.Checkpointable):
                 self.stopped = stop.exit_code if stop.is_set() else None
                 self.disk_note = None        # a worker is pickled (submitit's checkpoint): plain data only
         return outcome
+
+    def _open_store(self) -> Store | None:
+        """The sweep's database, as the launch left it; None (and why, said) where it was deleted or replaced."""
+        r = self.recipe
+        try:
+            # not create: a worker that starts after its sweep's database was deleted must not make an empty one
+            store = Store.open(r.db_url, create=False)
+        except DatabaseDeleted as exc:
+            return self._ground_gone(str(exc))
+        if (replaced := not_the_one(store, r.db_inode)) is not None:
+            store.close()
+            return self._ground_gone(replaced)
+        return store
+
+    def _ground_gone(self, why: str) -> None:
+        print(f"flctl worker: {why}; this worker stops and writes no more", file=sys.stderr)
+        self.ground_moved = why
+
+    def _next_group(self, store: Store, layout: Layout, job_id: str | None, git_sha: str | None, stop: Any,
+                    outcome: dict[str, str]) -> bool:
+        """Claim the next cells and train them, their outcomes into ``outcome``; False: this worker stops (nothing
+        left to claim, or what it met would stop the next cells alike)."""
+        r = self.recipe
+        if (moved := ground_moved(store, layout.root)) is not None:     # claim nothing in a new file
+            return bool(self._ground_gone(moved))
+        try:
+            claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
+        except TaskUnavailable as exc:   # the next cells would fail alike: leave them to other workers
+            outcome[exc.run_id] = "failed: task unavailable"
+            print(f"flctl worker: {exc}", file=sys.stderr)
+            return False
+        except SQLAlchemyError as exc:  # the database's disk is full: one line, not a traceback
+            if (full := store.disk_full(exc)) is None:
+                raise
+            self._stop_on_full_disk(full)
+            return False
+        if not claimed:
+            return False
+        self.current = {c.run_id: token for c, token in claimed}
+        try:
+            results = train_claimed([c for c, _ in claimed], dict(self.current), store, layout,
+                                    checkpoint_every=r.checkpoint_every, stop=stop.is_set,
+                                    max_attempts=r.max_attempts, log_to=r.log_to, sweep_id=r.sweep_id)
+        except DiskFull as exc:     # its cells were handed back; the next ones would fail alike
+            self._stop_on_full_disk(exc)
+            return False
+        except GroundMoved as exc:   # nothing was recorded: there is nowhere left to record it
+            return bool(self._ground_gone(str(exc)))
+        except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells ...
+            outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
+            if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
+                self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
+                self.failed_cells = list(self.current)
+                return False
+            return True
+        finally:
+            self.current = {}
+        outcome.update((result.run_id, result.status) for result in results)
+        self.trained_a_group = True
+        return True
 
     def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
         """The next cell, and up to ``batch_runs - 1`` more that can train together with it, with their claims'
@@ -270,7 +251,7 @@ class Worker(submitit.helpers.Checkpointable):
         message = (f"fatal device error in cells {', '.join(self.failed_cells) or '?'} ({self.device_lost}); this "
                    f"process's device context is dead: it stops claiming cells, {then}")
         print(f"flctl worker: {message} (exit {DEVICE_LOST_EXIT})", file=sys.stderr, flush=True)
-        if not in_process and _job_id() is not None:     # a job of its own (not in the launching process)
+        if not in_process and self.recipe.launcher.current_job() is not None:     # a job of its own (not in the launching process)
             sys.stdout.flush()
             # Not sys.exit: interpreter teardown would make CUDA calls on the dead context (and can hang in them).
             os._exit(DEVICE_LOST_EXIT)
@@ -288,7 +269,7 @@ class Worker(submitit.helpers.Checkpointable):
         """One worker like this one, for the same slot, through the same executor (a new process: a new context)."""
         try:
             # one worker, for this slot (a per-gpu Slurm job of K tasks would start K)
-            submit(Worker(replace(self.recipe, losses_in_a_row=self.losses_in_a_row, per_gpu=1)), [slot])
+            submit(Worker(replace(self.recipe, losses_in_a_row=self.losses_in_a_row)), [replace(slot, shared=1)])
         except Exception as exc:        # the sweep goes on with its other workers; `flctl sweep` again starts more
             print(f"flctl worker: could not start a worker in this one's place: {_first_line(exc)}", file=sys.stderr)
             return False
@@ -334,13 +315,6 @@ def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
               file=sys.stderr)
 
 
-def _job_id() -> str | None:
-    try:
-        return submitit.JobEnvironment().job_id
-    except RuntimeError:  # not inside a submitit job (debug executor runs in process)
-        return None
-
-
 @contextmanager
 def _torch_threads(threads: int | None) -> Iterator[None]:
     """torch's intra-op threads set to ``threads`` (when given) while the worker works, then put back: a worker may
@@ -368,7 +342,7 @@ def submit(worker: Worker, slots: Sequence[Slot]) -> list[Any]:
     recipe = worker.recipe
     launcher, layout, root = recipe.launcher, Layout(Path(recipe.results_root)), Path(recipe.results_root)
     folder = private_folder(root, layout.sweep_jobs(recipe.sweep_id))
-    jobs = launcher.start(worker, slots, folder, layout.controllers_log(recipe.sweep_id), recipe.per_gpu)
+    jobs = launcher.start(worker, slots, folder, layout.controllers_log(recipe.sweep_id))
     if not launcher.in_process:
         remember_jobs(layout.submitted(recipe.sweep_id), recipe.executor, jobs)
     return jobs

@@ -32,11 +32,13 @@ BUILT_IN = {"debug": "flctl.launch.backends.debug:Debug", "local": "flctl.launch
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one worker runs: its index, its torch intra-op threads and, on GPUs, its CUDA_VISIBLE_DEVICES."""
+    """Where one worker runs: its index, its torch intra-op threads and, on GPUs, its CUDA_VISIBLE_DEVICES and the
+    workers that share that GPU (--per-gpu: a Slurm job runs them as tasks of one job)."""
 
     index: int
     threads: int | None = None
     cuda: str | None = None
+    shared: int = 1
 
 
 class JobBody(Protocol):
@@ -100,11 +102,15 @@ class Launcher:
         asked for: --workers, --threads (None: not given) and --per-gpu."""
         raise NotImplementedError
 
-    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path) -> list[Any]:
         """Start ``worker`` once per slot; its jobs, each with a ``job_id`` (an in-process launcher returns after
-        they ran). ``folder``: the sweep's private jobs folder; ``log``: where workers' controllers may write;
-        ``per_gpu``: workers sharing a GPU (--per-gpu)."""
+        they ran). ``folder``: the sweep's private jobs folder; ``log``: where workers' controllers may write."""
         raise NotImplementedError
+
+    @staticmethod
+    def current_job() -> str | None:
+        """Asked inside one of its workers: the id of the job it runs in (None: not a job of this launcher's)."""
+        return None
 
     def active(self, job_ids: Sequence[str]) -> set[str]:
         """Of a queued launcher's ``job_ids``, those its scheduler still lists (pending or running)."""
@@ -129,17 +135,26 @@ class SubmititLauncher(Launcher):
 
     cluster: ClassVar[str]
 
-    def parameters(self, slots: Sequence[Slot], per_gpu: int) -> tuple[dict[str, Any], list[Slot]]:
+    def parameters(self, slots: Sequence[Slot]) -> tuple[dict[str, Any], list[Slot]]:
         """submitit's parameters for these slots' jobs, and the slots that get a job each."""
         return {}, list(slots)
 
-    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path) -> list[Any]:
         import submitit
 
         ex = submitit.AutoExecutor(folder=str(folder), cluster=self.cluster)
-        params, slots = self.parameters(slots, per_gpu)
+        params, slots = self.parameters(slots)
         ex.update_parameters(**{"name": worker.name, "timeout_min": 7 * 24 * 60, **params})
         return ex.map_array(worker, list(slots))
+
+    @staticmethod
+    def current_job() -> str | None:
+        import submitit
+
+        try:
+            return submitit.JobEnvironment().job_id
+        except RuntimeError:  # not inside a submitit job (the debug executor runs in process)
+            return None
 
 
 def built_in() -> list[type[Launcher]]:

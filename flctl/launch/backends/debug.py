@@ -21,8 +21,8 @@ class Debug(SubmititLauncher):
               ) -> list[Slot]:
         return [Slot(0)] if cells else []
 
-    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
-        jobs = super().start(worker, slots, folder, log, per_gpu)
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path) -> list[Any]:
+        jobs = super().start(worker, slots, folder, log)
         for job in jobs:            # submitit's debug jobs run in this process when their result is asked for
             job.result()
         return jobs

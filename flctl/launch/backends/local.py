@@ -27,9 +27,9 @@ class Local(SubmititLauncher):
               ) -> list[Slot]:
         return local_slots(cells, device=device, workers=workers, threads=threads, per_gpu=per_gpu)
 
-    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path, per_gpu: int = 1) -> list[Any]:
+    def start(self, worker: JobBody, slots: Sequence[Slot], folder: Path, log: Path) -> list[Any]:
         with _stdio_to(log):
-            return super().start(worker, slots, folder, log, per_gpu)
+            return super().start(worker, slots, folder, log)
 
 
 def cpu_count() -> int:
@@ -86,7 +86,7 @@ def local_slots(cells: int, *, device: str, workers: int | None = None, threads:
             raise ConfigError(f"--device {device}: no CUDA device is visible here (torch.cuda.device_count() is 0)")
         w = min(workers or len(gpus) * per_gpu, max(cells, 1))
         t = threads or max(1, cores // w)
-        return [Slot(i, t, gpus[(i // per_gpu) % len(gpus)]) for i in range(w)]
+        return [Slot(i, t, gpus[(i // per_gpu) % len(gpus)], per_gpu) for i in range(w)]
     w = min(workers or max(1, cores // (threads or 1)), max(cells, 1))
     t = threads or max(1, cores // w)     # the cores of workers a short sweep does not need go to the others
     return [Slot(i, t) for i in range(w)]

@@ -115,8 +115,9 @@ class Slurm(SubmititLauncher):
               ) -> list[Slot]:
         return slurm_workers(cells, workers, per_gpu)
 
-    def parameters(self, slots: Sequence[Slot], per_gpu: int) -> tuple[dict[str, Any], list[Slot]]:
+    def parameters(self, slots: Sequence[Slot]) -> tuple[dict[str, Any], list[Slot]]:
         params = self.options.parameters()
+        per_gpu = slots[0].shared if slots else 1
         if per_gpu > 1:                    # K workers per job, as K tasks sharing the job's GPUs
             params["tasks_per_node"] = per_gpu
         # Requeue on preemption/timeout through submitit's checkpointing; Slurm sends USR2 before the end.
@@ -153,7 +154,7 @@ def slurm_workers(cells: int, workers: int | None, per_gpu: int) -> list[Slot]:
     for name, value in (("--workers", workers), ("--per-gpu", per_gpu)):
         check_count(name, value)
     w = min(workers or DEFAULT_WORKERS, max(cells, 1))
-    return [Slot(i) for i in range(math.ceil(w / per_gpu) * per_gpu)]
+    return [Slot(i, shared=per_gpu) for i in range(math.ceil(w / per_gpu) * per_gpu)]
 
 
 def check_commands() -> None:
