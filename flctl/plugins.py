@@ -203,6 +203,32 @@ def _entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
     return sorted(importlib.metadata.entry_points(group=group), key=lambda ep: ep.name)
 
 
+def entry_names(group: str, built_in: Mapping[str, str]) -> list[str]:
+    """Every name of a kind of plugin whose own are ``built_in`` (name -> "module:attr"): flctl's own, then those
+    installed packages declare in the entry-point group ``group`` (flctl.launchers, flctl.loggers)."""
+    return list(built_in) + [ep.name for ep in _entry_points(group) if ep.name not in built_in]
+
+
+def entry_target(group: str, built_in: Mapping[str, str], name: str, kind: str) -> str | None:
+    """Where the plugin ``name`` of entry-point ``group`` lives ("module:attr"; None: no such name). flctl's own comes
+    first: an installed one of the same name is not used, and said once per process on stderr (the ``kind``, e.g.
+    "launcher", names it). The one reader of installed launchers and loggers; tasks and methods refuse such a clash
+    (flctl.tasks, flctl.method_info)."""
+    found = [ep for ep in _entry_points(group) if ep.name == name]
+    if name not in built_in:
+        return found[0].value if found else None
+    if (group, name) not in _CLASH_SAID:             # looked at once: entry points take ms to read
+        _CLASH_SAID.add((group, name))
+        for ep in found:
+            if ep.value != built_in[name]:
+                print(f"flctl: warning: the installed {kind} {name!r} ({ep.value}) is not used: flctl's own "
+                      f"{name!r} comes first; install it under another name", file=sys.stderr, flush=True)
+    return built_in[name]
+
+
+_CLASH_SAID: set[tuple[str, str]] = set()    # (group, built-in name) whose clash was looked for (and said)
+
+
 def _load_entry_point(ep: importlib.metadata.EntryPoint) -> Any:
     key = f"entry point {ep.name} = {ep.value}"
     if key in _problems:

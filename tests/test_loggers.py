@@ -243,6 +243,22 @@ def test_a_logger_that_fails_mid_run_never_fails_the_training(tmp_path: Path, in
     assert len(api.records([run], results_dir=root, split="train")) == 2 * 1000        # two evals, intact
 
 
+def test_an_installed_logger_named_like_flctls_own_is_said_to_be_unused_once(installed_loggers: None, monkeypatch,
+                                                                            capsys) -> None:
+    import flctl.plugins
+    from flctl.loggers import get_logger
+    from flctl.loggers.tensorboard import TensorBoard
+
+    monkeypatch.setattr(flctl.plugins, "_CLASH_SAID", set())     # once per process: this process may have looked
+    dist = next(p for p in sys.path if (Path(p) / "toy_loggers-0.1.dist-info").is_dir())
+    (Path(dist) / "toy_loggers-0.1.dist-info" / "entry_points.txt").write_text("[flctl.loggers]\ntensorboard = "
+                                                                               "toy_loggers:Flaky\n")
+    importlib.invalidate_caches()
+    assert get_logger("tensorboard") is TensorBoard and get_logger("tensorboard") is TensorBoard
+    said = capsys.readouterr().err
+    assert said.count("the installed logger 'tensorboard' (toy_loggers:Flaky) is not used: flctl's own") == 1, said
+
+
 @pytest.mark.parametrize("where", ["run", "sweep", "export"])
 def test_a_logger_not_installed_is_one_line_naming_the_pip_command(tmp_path: Path, installed_loggers: None,
                                                                    where: str) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flctl.errors import ConfigError
+from flctl.plugins import entry_names, entry_target
 
 GROUP = "flctl.loggers"
 BUILT_IN = {"tensorboard": "flctl.loggers.tensorboard:TensorBoard", "mlflow": "flctl.loggers.mlflow:MLflow",
@@ -85,7 +86,7 @@ class Logger:
 
 def names() -> list[str]:
     """Every logger's name: flctl's own, then installed ones."""
-    return list(BUILT_IN) + [ep.name for ep in _entry_points() if ep.name not in BUILT_IN]
+    return entry_names(GROUP, BUILT_IN)
 
 
 def get_logger(name: str) -> type[Logger]:
@@ -95,7 +96,7 @@ def get_logger(name: str) -> type[Logger]:
 
     if not isinstance(name, str):
         raise ConfigError(f"--log-to {name!r}: give a logger's name, one of: {', '.join(names())}")
-    target = BUILT_IN.get(name) or next((ep.value for ep in _entry_points() if ep.name == name), None)
+    target = entry_target(GROUP, BUILT_IN, name, "logger")
     if target is None:
         raise ConfigError(f"unknown logger {name!r}; choose one of: {', '.join(names())}")
     cls = load_object(target)
@@ -328,6 +329,3 @@ class Logging:
 # The loggers that gave no answer within FLCTL_TRACKER_TIMEOUT_S in this process: not called again (Logging._guard).
 _NO_ANSWER: set[str] = set()
 
-
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: ep.name)

@@ -14,15 +14,14 @@ scheduler (``queued`` True: alive while the scheduler lists their job ids, stopp
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from flctl.errors import ConfigError
+from flctl.plugins import entry_names, entry_target
 
 GROUP = "flctl.launchers"
 # flctl's own launchers, by name: their modules are imported on first use (the CLI reads the names at start-up).
@@ -164,29 +163,20 @@ def built_in() -> list[type[Launcher]]:
 
 def names() -> list[str]:
     """Every launcher's name: flctl's own, then installed ones."""
-    return list(BUILT_IN) + [ep.name for ep in _entry_points() if ep.name not in BUILT_IN]
+    return entry_names(GROUP, BUILT_IN)
 
 
 def get_launcher(name: str) -> type[Launcher]:
     """The launcher class named ``name`` (ConfigError naming the choices otherwise)."""
     from flctl.plugins import load_object
 
-    target = BUILT_IN.get(name) or next((ep.value for ep in _entry_points() if ep.name == name), None)
-    if name in BUILT_IN and name not in _CHECKED:       # looked at once: entry points take ms to read
-        _CHECKED.add(name)
-        for ep in _entry_points():
-            if ep.name == name and ep.value != target:      # flctl's own comes first
-                print(f"flctl: warning: the installed launcher {name!r} ({ep.value}) is not used: flctl's own "
-                      f"{name!r} comes first; install it under another name", file=sys.stderr, flush=True)
+    target = entry_target(GROUP, BUILT_IN, name, "launcher")
     if target is None:
         raise ConfigError(f"unknown executor {name!r}; choose one of: {', '.join(names())}")
     cls = load_object(target)
     if not (isinstance(cls, type) and issubclass(cls, Launcher) and getattr(cls, "name", None) == name):
         raise ConfigError(f"{target} is not a flctl.launch.backends.Launcher subclass named {name!r}")
     return cls
-
-
-_CHECKED: set[str] = set()     # built-in names whose clash with an installed launcher was looked for (and said)
 
 
 def make_launcher(name: str, options: Any = None) -> Launcher:
@@ -240,6 +230,3 @@ def _guarded(cls: type[Launcher], what: str, call: Any) -> Any:
 def _fault(cls: type[Launcher], what: str, why: str) -> ConfigError:
     return ConfigError(f"the installed launcher {cls.name!r} ({cls.__module__}.{cls.__qualname__}): {what} {why}")
 
-
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: ep.name)
