@@ -1,4 +1,4 @@
-"""Sweep planning: axes (``1e-4..1``, ``1e-4..1:9``, ``0,0.51``), spec files, the grid of resolved runs.
+"""Sweep planning: axes (``1e-4..1``, ``1e-4..1:9``, ``0,0.51``: flctl.axes), spec files, the grid of resolved runs.
 
 A sweep is the Cartesian product of its axes, resolved through the task defaults into RunConfigs and
 deduplicated by run id: a method that ignores an axis (ERM ignores eps and alpha) is not multiplied by it.
@@ -16,17 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flctl.config import AXIS_FIELDS, FIELDS, RunConfig, resolve
+from flctl.axes import AXES, FLOAT_AXES, MAX_AXIS_POINTS, axis_flag, parse_axis
+from flctl.config import FIELDS, RunConfig, resolve
 from flctl.errors import ConfigError
 from flctl.method_info import METHOD_INFO
 
-# The RunConfig fields a sweep may vary (flctl.config.FIELDS), plus p_min, which sets eps.
-AXES = (*AXIS_FIELDS, "p_min")
-FLOAT_AXES = tuple(a for a in AXES if a == "p_min" or FIELDS[a].kind is float)
-INT_AXES = tuple(a for a in AXES if a != "p_min" and FIELDS[a].kind is int)
-# A log range gives at most this many points, and a grid over MAX_CELLS cells needs an explicit yes: a typo
-# (1e-4..1:100000) should not plan for minutes or fill a cluster.
-MAX_AXIS_POINTS = 10_000
+# A grid over MAX_CELLS cells needs an explicit yes: a typo should not plan for minutes or fill a cluster.
 MAX_CELLS = 10_000
 # ... and no grid over this many is planned at all: about 0.1-0.25 ms and 1 KB a cell, so that planning takes at
 # most ~10 s and a few hundred MB (a grid of 10^6 cells is refused at once, not after minutes).
@@ -40,68 +35,6 @@ SPEC_KEYS = {"name", "task", "description", "seeds", "options", "launch", "tune"
 
 # The specs that come with flctl: the checkout's sweeps/ (flctl is installed editable, `pip install -e`).
 SHIPPED_SPECS = Path(__file__).resolve().parents[1] / "sweeps"
-
-
-def parse_float_axis(name: str, text: str) -> list[float]:
-    """``a..b`` one log-spaced point per decade, ``a..b:n`` n log-spaced points, ``x,y,z`` a list."""
-    text = str(text).strip()
-    if ".." in text:
-        lo_text, _, rest = text.partition("..")
-        hi_text, colon, n_text = rest.partition(":")
-        try:
-            lo, hi = float(lo_text), float(hi_text)
-        except ValueError:
-            raise ConfigError(f"--{_flag(name)} {text!r}: a range is LOW..HIGH[:N] with numbers, "
-                              "e.g. 1e-4..1 or 1e-4..1:9") from None
-        if not (lo > 0 and hi > 0 and math.isfinite(lo) and math.isfinite(hi)):
-            raise ConfigError(f"--{_flag(name)} {text!r}: a log range needs positive finite ends")
-        decades = abs(math.log10(hi / lo))
-        if colon:
-            try:
-                n = int(n_text)
-            except ValueError:
-                raise ConfigError(f"--{_flag(name)} {text!r}: the point count after ':' must be an integer") from None
-            if n > MAX_AXIS_POINTS:
-                raise ConfigError(f"--{_flag(name)} {text!r}: at most {MAX_AXIS_POINTS:,} points")
-            if n < 1 or (n == 1 and lo != hi):
-                raise ConfigError(f"--{_flag(name)} {text!r}: needs at least 2 points between different ends")
-        else:
-            n = max(1, round(decades) + 1) if lo != hi else 1
-        if n == 1:
-            return [lo]
-        step = math.log10(hi / lo) / (n - 1)
-        return [_round_sig(lo * 10 ** (k * step)) for k in range(n)]
-    return _parse_list(name, text, float, "numbers like 0,0.51 or a range 1e-4..1")
-
-
-def _parse_list(name: str, text: str, convert: Callable[[str], Any], expected: str) -> list[Any]:
-    """A comma-separated list of values of one type. An empty item (`0.1,,0.2`, `0.1,`) is an error: it is a value
-    left out by mistake more often than not, and the grid would quietly lose it."""
-    items = [v.strip() for v in str(text).split(",")]
-    if not any(items):
-        raise ConfigError(f"--{_flag(name)} is empty")
-    if not all(items):
-        raise ConfigError(f"--{_flag(name)} {text!r}: an empty item between commas; expected {expected}")
-    try:
-        return [convert(v) for v in items]
-    except ValueError:
-        raise ConfigError(f"--{_flag(name)} {text!r}: expected {expected}") from None
-
-
-def parse_axis(name: str, value: Any) -> list[Any]:
-    """One axis from CLI text or a spec value (a TOML list, number or string)."""
-    if name not in AXES:
-        raise ConfigError(f"unknown axis {name!r}; axes: {', '.join(AXES)}, seeds, options")
-    if isinstance(value, list):
-        if not value:
-            raise ConfigError(f"axis {name!r} is an empty list")
-        return [v for item in value for v in parse_axis(name, item)]
-    text = str(value)
-    if name in FLOAT_AXES:
-        return parse_float_axis(name, text)
-    if name in INT_AXES:
-        return _parse_list(name, text, int, "integers like 0,1,2")
-    return _parse_list(name, text, str, "names like erm,fl")  # the str fields
 
 
 @dataclass(frozen=True)
@@ -171,7 +104,7 @@ def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None =
     if "method" not in axes:
         axes["method"] = implied_methods(task, axes)
         if axes["method"] != (DEFAULT_METHOD,):
-            given = ", ".join(f"--{_flag(k)}" for k in _method_fields(axes) - METHOD_INFO[DEFAULT_METHOD].reads)
+            given = ", ".join(f"--{axis_flag(k)}" for k in _method_fields(axes) - METHOD_INFO[DEFAULT_METHOD].reads)
             notes = (f"no --method given: {given} is read by {', '.join(axes['method'])}, not by "
                      f"{DEFAULT_METHOD}, so the sweep trains {', '.join(axes['method'])} "
                      "(name the methods with --method to choose others)",)
@@ -180,7 +113,7 @@ def spec_from_values(task: str, raw_axes: Mapping[str, Any], seeds: int | None =
 
 
 def _method_fields(axes: Mapping[str, Any]) -> set[str]:
-    """The method knobs (flctl.config.FieldSpec.method_knob) the axes set; p_min sets eps."""
+    """The method knobs (flctl.fields.FieldSpec.method_knob) the axes set; p_min sets eps."""
     return {name for name in ("eps" if k == "p_min" else k for k in axes) if name in FIELDS and FIELDS[name].method_knob}
 
 
@@ -201,7 +134,7 @@ def implied_methods(task: str, axes: Mapping[str, Any]) -> tuple[str, ...]:
         methods = tuple(m for m in supported if needed <= METHOD_INFO[m].reads)
         if methods:
             return methods
-    flags = ", ".join(f"--{_flag(k)}" for k in sorted(given - default_reads))
+    flags = ", ".join(f"--{axis_flag(k)}" for k in sorted(given - default_reads))
     raise ConfigError(f"{flags}: no method of task {task!r} ({', '.join(supported)}) reads it")
 
 
@@ -345,7 +278,7 @@ def check_axes_read(spec: SweepSpec, configs: Sequence[RunConfig]) -> None:
             switch = FIELDS[field].switched_by
             why = ("every planned run ignores it" + (f" (it is read only with {FIELDS[switch].flag} other than "
                                                      f"{FIELDS[switch].default!r})" if switch else ""))
-        raise ConfigError(f"--{_flag(name)} sweeps {len(set(values))} values, but {why}")
+        raise ConfigError(f"--{axis_flag(name)} sweeps {len(set(values))} values, but {why}")
 
 
 def sweep_id(spec: SweepSpec, configs: list[RunConfig]) -> str:
@@ -362,12 +295,3 @@ def tune_id(spec: SweepSpec) -> str:
     `--tune 20` adds ten trials to the same sweep and study (``t`` + 11 hex digits: never a grid sweep's id)."""
     same = dataclasses.replace(spec, tune=None)
     return "t" + hashlib.sha256(f"{same.name}|{same.task}|{sorted(same.to_json().items())}".encode()).hexdigest()[:11]
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _round_sig(x: float, digits: int = 12) -> float:
-    """Round away float noise of 10**k so 1e-4..1 gives exactly 0.0001, 0.001, ... (stable run hashes)."""
-    return float(f"{x:.{digits}g}")

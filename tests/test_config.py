@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import typer
 
+from flctl.axes import AXES
 from flctl.cli import app
 from flctl.config import FIELDS, NOT_IDENTITY, RunConfig
 from flctl.study import PARAM_FIELDS
-from flctl.sweep import AXES
 from tests.helpers import config
 
 pytestmark = pytest.mark.notorch

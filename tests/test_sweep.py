@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from flctl.axes import parse_axis
 from flctl.cli import app
 from flctl.errors import ConfigError
-from flctl.sweep import load_spec, parse_axis, plan, spec_from_values
+from flctl.sweep import load_spec, plan, spec_from_values
 from tests.helpers import files_under
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"

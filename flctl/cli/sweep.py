@@ -214,7 +214,7 @@ PLAN_ROWS = 200     # a dry run's table shows this many runs: a terminal of 40,0
 def _print_plan(sid: str, spec, configs) -> None:
     from rich.table import Table
 
-    from flctl.sweep import AXES
+    from flctl.axes import AXES
 
     varying = [k for k in AXES if k != "p_min" and len({getattr(c, k) for c in configs}) > 1]   # p_min -> eps
     values: dict[str, set] = {}
