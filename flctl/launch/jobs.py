@@ -9,7 +9,7 @@ flctl signals the processes these files name and passes their job ids to Slurm's
 folders and files of its own user (a co-user who may write into results/ can create neither; results/jobs is
 0700) and checks every field before use: a pid is signalled only while the process of that pid is still the one
 recorded (start time, command line, owner) and one that flctl started for this sweep; a job id reaches scancel
-only if it is one."""
+only if it is one. Those checks are flctl.launch.trust's."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import contextlib
 import json
 import os
 import socket
-import stat
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,23 +24,19 @@ from typing import Any
 
 from flctl.errors import ConfigError
 from flctl.fs import write_text_atomic
-from flctl.launch.backends import BUILT_IN, get_launcher, names
+from flctl.launch.backends import get_launcher, names
+from flctl.launch.trust import (
+    bad_job,
+    bad_worker,
+    launched_here,
+    not_own_folder,
+    own_folder,
+    read_own_json,
+    warn_once,
+)
 from flctl.layout import Layout
 from flctl.procs import Process, children, end_without_collecting, process, recorded, still
 from flctl.text import shown
-
-_MAX_FILE_BYTES = 1 << 20
-
-
-_warned: set[str] = set()
-
-
-def _warn(message: str) -> None:
-    """One line on stderr, once per process (cancel reads the same files again while it waits)."""
-    line = " ".join(message.split())
-    if line not in _warned:
-        _warned.add(line)
-        print(f"warning: {line}", file=sys.stderr)
 
 
 def private_folder(results_root: Path, folder: Path) -> Path:
@@ -56,93 +50,12 @@ def private_folder(results_root: Path, folder: Path) -> Path:
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
         st = path.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            what = "a link or a file" if not stat.S_ISDIR(st.st_mode) else f"owned by user id {st.st_uid}"
+        if (what := not_own_folder(st)) is not None:
             raise ConfigError(f"{str(path)!r} is {what}, not a folder of this user (id {os.geteuid()}); flctl "
                               "runs the jobs it finds there: move it aside or use another --results-dir")
         if st.st_mode & 0o077:
             path.chmod(0o700)
     return Path(folder)
-
-
-def _own_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder of this user (not a link); a folder of someone else's is reported."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-        return True
-    what = "a link or a file" if not stat.S_ISDIR(st.st_mode) else f"owned by user id {st.st_uid}"
-    _warn(f"skipping {str(path)!r}: it is {what}, not a folder of this user's")
-    return False
-
-
-def _read_own_json(path: Path) -> Any:
-    """The JSON in ``path`` when it is a plain file of this user's (not a link) of at most 1 MiB; None (reported)
-    otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _warn(f"skipping {str(path)!r}: {exc.strerror or exc} (a link is not followed)")
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        why = ("not a plain file" if not stat.S_ISREG(st.st_mode) else
-               f"owned by user id {st.st_uid}, not this user" if st.st_uid != os.geteuid() else
-               "larger than 1 MiB" if st.st_size > _MAX_FILE_BYTES else None)
-        if why is None:
-            try:
-                return json.loads(f.read(_MAX_FILE_BYTES + 1))
-            except ValueError as exc:
-                why = f"not JSON ({exc})"
-    _warn(f"skipping {str(path)!r}: {why}")
-    return None
-
-
-def _launched_here(cmdline: Sequence[str], folder: Path) -> bool:
-    """Whether ``cmdline`` is one flctl starts for the sweep whose jobs folder is ``folder``: submitit's job
-    controller or job entry point (the local executor), which name that folder, or an `flctl sweep` command, whose
-    own process is a worker (debug executor, --wait)."""
-    args = list(cmdline)
-    module = args[args.index("-m") + 1] if "-m" in args[:-1] else None
-    if module in ("submitit.local._local", "submitit.core._submit"):
-        with contextlib.suppress(OSError):
-            return os.path.samefile(args[-1], folder)
-        return False
-    flctl = module == "flctl" or any(Path(a).name == "flctl" for a in args[:2])
-    return flctl and "sweep" in args
-
-
-def _bad_worker(info: Any, here: str) -> str | None:
-    """What is wrong with a worker file's contents (None: nothing)."""
-    if not isinstance(info, dict):
-        return "not a JSON object"
-    executor, job_id, pid = info.get("executor"), info.get("job_id"), info.get("pid")
-    if not (isinstance(info.get("host"), str) and info["host"]):
-        return "no host"
-    if (launcher := _launcher(executor)) is None:
-        return f"executor {shown(str(executor))} is not one of {', '.join(names())}"
-    if not (isinstance(pid, int) and not isinstance(pid, bool) and pid > 1):
-        return f"pid {shown(str(pid))} is not a process id above 1"
-    if not (job_id is None and not launcher.queued or isinstance(job_id, str) and launcher.job_id.fullmatch(job_id)):
-        return f"job id {shown(str(job_id))} is not a {launcher.title or launcher.name} job's"
-    if not launcher.queued and info["host"] == here and recorded(pid, info.get("start_time"),
-                                                                 info.get("cmdline")) is None:
-        return "it does not say which process registered (start_time, cmdline): not written by this flctl"
-    return None
-
-
-def _launcher(name: Any) -> Any:
-    """The launcher class named ``name`` (a field read from a file), or None when there is none of that name."""
-    if not isinstance(name, str) or not (name in BUILT_IN or name in names()):
-        return None
-    try:
-        return get_launcher(name)
-    except ConfigError:
-        return None
 
 
 @contextlib.contextmanager
@@ -172,14 +85,14 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
     found, active, here = [], {}, socket.gethostname()
     layout = Layout(results_root)
     folder, workers = layout.sweep_jobs(sweep_id), layout.workers(sweep_id)
-    if not all(_own_folder(f) for f in (layout.jobs, folder, workers)):
+    if not all(own_folder(f) for f in (layout.jobs, folder, workers)):
         return []
     for path in sorted(workers.glob("*.json")):
-        info = _read_own_json(path)
+        info = read_own_json(path)
         if info is None:
             continue
-        if (why := _bad_worker(info, here)) is not None:
-            _warn(f"skipping worker file {str(path)!r}: {why}")
+        if (why := bad_worker(info, here)) is not None:
+            warn_once(f"skipping worker file {str(path)!r}: {why}")
             continue
         launcher = get_launcher(info["executor"])
         if launcher.queued:                    # its scheduler says, for all the sweep's jobs of it at once
@@ -191,9 +104,9 @@ def live_workers(results_root: Path, sweep_id: str) -> list[dict[str, Any]]:
         else:
             registrant = recorded(info["pid"], info["start_time"], info["cmdline"])
             alive = registrant is not None and still(registrant)
-            if alive and not _launched_here(info["cmdline"], folder):
-                _warn(f"skipping worker file {str(path)!r}: pid {info['pid']} is not a process flctl started "
-                      f"for this sweep ({shown(' '.join(info['cmdline']), 60)})")
+            if alive and not launched_here(info["cmdline"], folder):
+                warn_once(f"skipping worker file {str(path)!r}: pid {info['pid']} is not a process flctl started "
+                          f"for this sweep ({shown(' '.join(info['cmdline']), 60)})")
                 continue
         if alive:
             found.append(info)
@@ -210,7 +123,7 @@ def live_controllers(results_root: Path, sweep_id: str) -> list[Process]:
     for job in submitted_jobs(results_root, sweep_id):
         if not get_launcher(job["executor"]).queued and job["host"] == here:
             controller = recorded(int(job["job_id"]), job["start_time"], job["cmdline"])
-            if controller is not None and still(controller) and _launched_here(controller.cmdline, folder):
+            if controller is not None and still(controller) and launched_here(controller.cmdline, folder):
                 found.append(controller)
     return found
 
@@ -284,42 +197,22 @@ def _after_exec(pid: int, within: float = 10.0) -> Process | None:
     return p
 
 
-def _bad_job(entry: Any) -> str | None:
-    """What is wrong with an entry of submitted.json (None: nothing)."""
-    if not isinstance(entry, dict):
-        return "not a JSON object"
-    executor, job_id = entry.get("executor"), entry.get("job_id")
-    if not (isinstance(entry.get("host"), str) and entry["host"]):
-        return "no host"
-    launcher = _launcher(executor)
-    if launcher is None or launcher.in_process:
-        return f"executor {shown(str(executor))} is not one whose jobs are recorded"
-    if launcher.queued:
-        ok = isinstance(job_id, str) and launcher.job_id.fullmatch(job_id) is not None
-        return None if ok else f"job id {shown(str(job_id))} is not a {launcher.title or launcher.name} job id"
-    pid = int(job_id) if isinstance(job_id, str) and job_id.isdigit() else None
-    if pid is None or recorded(pid, entry.get("start_time"), entry.get("cmdline")) is None:
-        return (f"{launcher.name} job {shown(str(job_id))} does not say which process it is (a process id above 1, "
-                "start_time, cmdline)")
-    return None
-
-
 def _read_jobs(path: Path) -> list[dict[str, Any]]:
     """The well-formed entries of a submitted.json; the rest are reported and skipped."""
-    if not _own_folder(path.parent.parent) or not _own_folder(path.parent):
+    if not own_folder(path.parent.parent) or not own_folder(path.parent):
         return []
-    data = _read_own_json(path)
+    data = read_own_json(path)
     if data is None:
         return []
     if not isinstance(data, list):
-        _warn(f"skipping {str(path)!r}: not a JSON list of jobs")
+        warn_once(f"skipping {str(path)!r}: not a JSON list of jobs")
         return []
     good = []
     for i, entry in enumerate(data):
-        if (why := _bad_job(entry)) is None:
+        if (why := bad_job(entry)) is None:
             good.append(entry)
         else:
-            _warn(f"skipping entry {i} of {str(path)!r}: {why}")
+            warn_once(f"skipping entry {i} of {str(path)!r}: {why}")
     return good
 
 
@@ -341,7 +234,7 @@ def local_workers(results_root: Path, sweep_id: str,
                 found[p.pid] = (p, w["job_id"])
     folder = Layout(results_root).sweep_jobs(sweep_id)
     for parent, p in children({c.pid for c in controllers if still(c)}):
-        if p.uid == os.geteuid() and _launched_here(p.cmdline, folder):
+        if p.uid == os.geteuid() and launched_here(p.cmdline, folder):
             found.setdefault(p.pid, (p, str(parent)))     # a local job's id is its controller's pid
     return list(found.values())
 
