@@ -95,7 +95,7 @@ class Task:
     # Samples per forward pass when evaluating per-sample losses (small for long token sequences).
     eval_chunk: int = 4096
     # A small model: on the CPU too, cells of this task together in a worker become one grouped model rather than
-    # step one by one, interleaved (it measured faster: benchmarks/bench_stacking.py), and a worker takes several by
+    # step one by one, interleaved (it measured faster: benchmarks/bench_together.py), and a worker takes several by
     # default. On CUDA cells of every groupable model are grouped. flctl.grouped.policy reads it.
     batched: bool = False
     # Inclusive (low, high) bounds of numeric options (None: open); checked before anything is written.

@@ -39,7 +39,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "bench_reports.py": ["--runs", "8", "--samples", "200", "--repeat", "1", "--dir", str(tmp / "reports")],
         "bench_sweep.py": ["loop", "--repeats", "1"],
         "bench_vision.py": ["--images", "128", "--steps", "1", "--rounds", "1"],
-        "bench_stacking.py": ["--tasks", "two-moons", "--rounds", "1", "--k", "2", "--out", str(tmp)],
+        "bench_together.py": ["--tasks", "two-moons", "--rounds", "1", "--k", "2", "--out", str(tmp)],
         "bench_step_cost.py": ["--rounds", "1", "--steps", "1", "--out", str(tmp)],
         "bench_open_directions.py": ["nupi", "--seeds", "1", "--kp", "1", "--epochs", "20"],
         "plain_two_moons.py": [],

@@ -43,7 +43,7 @@ def auto_together(task: str, cells: int, workers: int, device: str) -> int:
     """Cells a worker trains together when --batch-runs is not given: for a ``batched`` task (a small model), its
     share of the cells, split into groups of about equal size of at most AUTO_TOGETHER (so 50 cells a worker on a
     CPU are groups of 13, not 16, 16, 16 and 2); otherwise 1. On a CPU, grouped cells trained 1.98x faster than alone
-    at K = 16 and 1.51x at 64 for two-moons, 1.05x and 0.89x for digits (benchmarks/bench_stacking.py, 2 cores,
+    at K = 16 and 1.51x at 64 for two-moons, 1.05x and 0.89x for digits (benchmarks/bench_together.py, 2 cores,
     2026-11-27): 16 is where both still gain. On a GPU 8, as the first leases ran it; 64 to 256 wait for one's
     measure (benchmarks/bench_gpu.py moons). ResNet cells (cifar10, utkface) are grouped only when asked
     (--batch-runs K): 4 grouped trained no faster than 1 on an H100."""

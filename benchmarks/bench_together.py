@@ -9,10 +9,10 @@ For each task, K cells (mixed methods and seeds) train E epochs three ways, thro
 
 Rounds alternate the ways, so drift of the machine hits all alike; printed are the median wall seconds over rounds
 and each way's ratio to alone. The ``batched`` flag of a task (grouped or interleaved on the CPU) is chosen from these numbers.
-Writes benchmarks/results/stacking-<date>-<device>.json (or under --out; the printed table as .txt beside it).
+Writes benchmarks/results/together-<date>-<device>.json (or under --out; the printed table as .txt beside it).
 
-    python benchmarks/bench_stacking.py                          # two-moons, digits, cifar10 (fake, narrow)
-    python benchmarks/bench_stacking.py --device cuda --tasks cifar10 --k 1,2,4,8
+    python benchmarks/bench_together.py                          # two-moons, digits, cifar10 (fake, narrow)
+    python benchmarks/bench_together.py --device cuda --tasks cifar10 --k 1,2,4,8
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def main() -> None:
                     flush=True)
     device = torch.cuda.get_device_name().replace(" ", "-") if args.device.startswith("cuda") else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"stacking-{datetime.date.today()}-{device.lower()}.json"
+    out = args.out / f"together-{datetime.date.today()}-{device.lower()}.json"
     meta = {"device": device, "torch": torch.__version__, "threads": args.threads,
-            "command": "python benchmarks/bench_stacking.py " + " ".join(sys.argv[1:])}
+            "command": "python benchmarks/bench_together.py " + " ".join(sys.argv[1:])}
     out.write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     out.with_suffix(".txt").write_text("\n".join(
         f"{r['task']} K={r['k']} epochs={r['epochs']} rounds={r['rounds']}: " + ", ".join(
