@@ -7,7 +7,7 @@
   are not mirrored as a grid, whose categorical space is fixed when the study is created.
 
 What both kinds share is here: the objective and its direction, the lock every write of Optuna's tables holds, a
-run's parameters as a trial's.
+run's parameters as a trial's, and the space each searches (``varying``: the grid's; ``search_space``: the TPE's).
 """
 
 from __future__ import annotations
@@ -60,6 +60,25 @@ def varying(configs: list[RunConfig]) -> dict[str, list[Any]]:
         if len(values) > 1:
             space[n] = values
     return space
+
+
+def search_space(spec) -> dict[str, Any]:
+    """The TPE study's distributions: a log range is a log-uniform interval, a list of several values a choice."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    dists: dict[str, Any] = {}
+    for name, values in spec.axes.items():
+        if name in spec.ranges:
+            lo, hi = spec.ranges[name]
+            dists[name] = FloatDistribution(lo, hi, log=True)
+        elif len(values) > 1:
+            dists[name] = CategoricalDistribution(list(values))
+    for name, values in spec.options.items():
+        if len(values) > 1:
+            dists[f"opt.{name}"] = CategoricalDistribution(list(values))
+    if not dists:
+        raise ConfigError("--tune needs at least one axis with several values or a range")
+    return dists
 
 
 def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, direction: str = "min") -> int:

@@ -18,7 +18,7 @@ from flctl.db import existing_url
 from flctl.errors import ConfigError
 from flctl.launch.wait import poll_delays
 from flctl.status import TERMINAL, TO_DO, Status
-from flctl.study import OPTUNA_LOCK, optuna_direction
+from flctl.study import OPTUNA_LOCK, optuna_direction, search_space
 
 # `--tune`'s TPESampler, every argument that moves its suggestions given here rather than left to Optuna's
 # defaults: Optuna 5.0 turned multivariate TPE and the constant liar on, so the same seeded `--tune` asked other
@@ -211,25 +211,6 @@ class _Tuner:
             return True
         finished = row["finished_at"] if row["finished_at"].tzinfo else row["finished_at"].replace(tzinfo=UTC)
         return (datetime.now(UTC) - finished).total_seconds() <= STALE_AFTER_S
-
-
-def search_space(spec) -> dict[str, Any]:
-    """The TPE study's distributions: a log range is a log-uniform interval, a list of several values a choice."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
-
-    dists: dict[str, Any] = {}
-    for name, values in spec.axes.items():
-        if name in spec.ranges:
-            lo, hi = spec.ranges[name]
-            dists[name] = FloatDistribution(lo, hi, log=True)
-        elif len(values) > 1:
-            dists[name] = CategoricalDistribution(list(values))
-    for name, values in spec.options.items():
-        if len(values) > 1:
-            dists[f"opt.{name}"] = CategoricalDistribution(list(values))
-    if not dists:
-        raise ConfigError("--tune needs at least one axis with several values or a range")
-    return dists
 
 
 def _orphans(study, trials: list, resolve_cell: Callable, me: _Tuner,

@@ -79,8 +79,7 @@ def test_a_field_declared_once_is_everywhere(package: Path, results: Path, tmp_p
 
     study = flctl_with_field(package, tmp_path, "-c", """if True:
         import json
-        from flctl.study import varying
-        from flctl.tpe_search import search_space
+        from flctl.study import search_space, varying
         from flctl.sweep import plan, spec_from_values
         grid = plan(spec_from_values("two-moons", {"label_smoothing": "0,0.1"}), check_data=False)
         tune = search_space(spec_from_values("two-moons", {"label_smoothing": "0.01..0.1"}))["label_smoothing"]

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from flctl.cli import app
 from flctl.db import Store
-from flctl.tpe_search import tune
 from flctl.sweep import resolve_cell, spec_from_values
+from flctl.tpe_search import tune
 from tests import warm
 from tests.helpers import bound
 
@@ -121,7 +121,7 @@ def test_tune_starts_a_worker_for_a_trial_no_worker_holds(tmp_path: Path) -> Non
 def test_tune_finishes_the_trials_an_interrupted_tune_left_running(tmp_path: Path) -> None:
     results, url, store, spec, (rows, launch, revive, fetch) = _tune_setup(tmp_path)
     # A first --tune asked a trial, launched its run, and was stopped (Ctrl-C) before telling it.
-    from flctl.tpe_search import search_space
+    from flctl.study import search_space
 
     first = optuna.create_study(storage=url, study_name="flctl-tx")
     asked = first.ask(search_space(spec))

@@ -165,7 +165,7 @@ def _hooks(url: str, planned, root: Path):
 def _tune_line(planned, dry_run: str | None = None) -> None:
     """The --tune search's one line: its sweep, trials and axes; ``dry_run`` (its direction, min or max): what it
     would search, each axis's range or choices."""
-    from flctl.tpe_search import search_space
+    from flctl.study import search_space
 
     sid, space = planned.sweep_id, search_space(planned.spec)
     if not dry_run:

@@ -125,8 +125,7 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
     only with ``allow_large``), objective and search space, Slurm script path, and unless ``dry_run`` that the
     executor and the workers' devices are there. The objective and trial count fall back to the spec's.
     ConfigError (TypeError from a malformed [launch] table) before anything is written."""
-    from flctl.study import DEFAULT_OBJECTIVE, check_objective
-    from flctl.tpe_search import search_space
+    from flctl.study import DEFAULT_OBJECTIVE, check_objective, search_space
     from flctl.sweep import plan, sweep_id, tune_id
 
     settings = LaunchSettings.resolve(spec.launch, flags)

@@ -42,9 +42,9 @@ def run_tune(store: Store, url: str, root: Path, spec: Any, n_trials: int, objec
     trial's cell is launched through ``settings``. Returns the Optuna study, whose best trial has a value;
     ``told`` hears of each trial as it is told, ``launched`` of each launch (flctl.launch.flow.Hooks). TuneFailed
     when workers keep dying before they take a trial, or no trial ended with a value."""
-    from flctl.study import params_of
-    from flctl.tpe_search import search_space, tune
+    from flctl.study import params_of, search_space
     from flctl.sweep import resolve_cell, tune_id
+    from flctl.tpe_search import tune
 
     spec = dataclasses.replace(spec, tune=n_trials, objective=objective)
     sid = tune_id(spec)
