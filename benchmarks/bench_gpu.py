@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))          # the tests' writers of the real on-disk formats
 
 from flctl.config import resolve  # noqa: E402
+from flctl.db.urls import file_url  # noqa: E402
 from flctl.layout import Layout  # noqa: E402
 from flctl.tasks import get_task  # noqa: E402
 from flctl.train import EpochStats, train, train_together  # noqa: E402
@@ -182,7 +183,7 @@ def sweep_errors(results: Path) -> list[dict]:
     layout = Layout(results)
     if not layout.db.exists():
         return []
-    store = Store.open(layout.db_url, readonly=True)
+    store = Store.open(file_url(layout.db), readonly=True)
     try:
         failed = store.list_runs(status=Status.FAILED)
     finally:
@@ -416,7 +417,7 @@ def flctl_sweep(args, name: str, task_args: list[str], launch: list[str], timeou
         return {"command": "flctl sweep " + " ".join(task_args + launch), "not_measured": True, "rc": None,
                 "seconds": None, "ledger": {}, "timed_out": False}
     rc, seconds = run_logged(cmd, args.out / "sweeps.log", min(timeout, left(args)),
-                             env={"FLCTL_DB": layout.db_url, "TERM": "dumb"})
+                             env={"FLCTL_DB": file_url(layout.db), "TERM": "dumb"})
     ledger = _ledger(layout.db) if layout.db.exists() else {}
     row: dict = {"command": "flctl sweep " + " ".join(task_args + launch), "rc": rc, "seconds": seconds,
                  "ledger": ledger, "timed_out": rc is None}

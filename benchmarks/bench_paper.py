@@ -32,6 +32,7 @@ import numpy as np
 
 from flctl import record_writing
 from flctl.db import RunQueue, Store
+from flctl.db.urls import file_url
 from flctl.layout import Layout
 from flctl.paper.plan import plan_programme
 from flctl.paper.programme import ITEMS
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def synthesize(root: Path, n_runs: int, n_samples: int) -> int:
     layout = Layout(root)
     if layout.db.exists():
-        store = Store.open(layout.db_url, readonly=True)
+        store = Store.open(file_url(layout.db), readonly=True)
         n = store.count_runs()
         store.close()
         return n
@@ -58,7 +59,7 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> int:
             more = dataclasses.replace(c, seed=c.seed + extra_seed)
             configs.setdefault(more.run_id, more)
         extra_seed += 5
-    store = Store.open(layout.db_url)
+    store = Store.open(file_url(layout.db))
     store.add_runs(configs.values())
     rng = np.random.default_rng(0)
     n_train = int(n_samples * 0.8)

@@ -20,6 +20,7 @@ import numpy as np
 from flctl import record_writing
 from flctl.config import RunConfig
 from flctl.db import RunQueue, Store
+from flctl.db.urls import file_url
 from flctl.layout import Layout
 
 METHODS = ("erm", "fl", "rfl", "cserm")
@@ -29,7 +30,7 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> Store:
     """n_runs finished runs (methods x eps x seeds), each with one final epoch of records: 80 % train, 20 % test."""
     layout = Layout(root)
     fresh = not layout.db.exists()
-    store = Store.open(layout.db_url)
+    store = Store.open(file_url(layout.db))
     if not fresh:
         return store
     rng = np.random.default_rng(0)

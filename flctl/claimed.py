@@ -248,7 +248,7 @@ class ClaimedRuns:
                 for run_id in self.ids:
                     self.logging.finish(run_id, Status.INTERRUPTED if stopped or run_id in self.handed_back
                                         else Status.FAILED)
-        if ended is not exc:            # the ground went: whatever happened, nothing more is written
+        if ended is not None and ended is not exc:   # the ground went: whatever happened, nothing more is written
             raise ended from exc
 
     def finish(self, results: list) -> list:

@@ -83,11 +83,6 @@ class Layout:
     def db(self) -> Path:
         return self.root / "flctl.db"
 
-    @property
-    def db_url(self) -> str:
-        """The database a command uses when neither --db nor FLCTL_DB names one."""
-        return f"sqlite:///{self.db}"
-
     # ---- records and run folders ----
 
     @property

@@ -66,9 +66,9 @@ def database_url(db: str | None, root: Path) -> str:
     """The database: ``db``, else FLCTL_DB, else the results folder's flctl.db, checked without connecting. An
     in-memory database is a ConfigError: it would lose every row when the process exits, and no worker or report
     could see it."""
-    from flctl.db.urls import in_memory, url_problem
+    from flctl.db.urls import file_url, in_memory, url_problem
 
-    url = db or os.environ.get("FLCTL_DB") or Layout(root).db_url
+    url = db or os.environ.get("FLCTL_DB") or file_url(Layout(root).db)
     if in_memory(url):
         raise ConfigError(f"{'--db' if db else 'FLCTL_DB'} {url!r} is an in-memory database, gone when this "
                           "command exits; give a file (sqlite:///results/flctl.db) or a server "
@@ -142,11 +142,19 @@ def open_to_read(url: str, root: Path, voice: Voice, *, readonly: bool = True) -
     check_folder(root, voice)
     store = peek(url, readonly=readonly)
     if store is None:
-        from flctl.db.urls import database_file
+        from flctl.db.urls import database_file, file_url
 
-        said = voice.missing_here if url == Layout(root).db_url else voice.missing
+        said = voice.missing_here if url == file_url(Layout(root).db) else voice.missing
         raise ConfigError(said.format(root=str(root), file=database_file(url)))
     return store
+
+
+def open_sweep(url: str) -> Store:
+    """A sweep's run database as its workers open it: to write, never made. A worker that starts after its sweep's
+    database was deleted must not make an empty one (flctl.errors.DatabaseDeleted)."""
+    from flctl.db import Store
+
+    return Store.open(url, create=False)
 
 
 def peek(url: str, *, readonly: bool = True) -> Store | None:

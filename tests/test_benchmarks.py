@@ -151,6 +151,7 @@ def test_a_sweeps_failed_cells_come_back_counted_by_error(tmp_path: Path) -> Non
     from benchmarks import bench_gpu
     from flctl.db import Store
     from flctl.db.queue import RunQueue
+    from flctl.db.urls import file_url
     from flctl.layout import Layout
 
     def raised(fn, *a) -> str:
@@ -176,7 +177,7 @@ def test_a_sweeps_failed_cells_come_back_counted_by_error(tmp_path: Path) -> Non
     errors = [raised(cuda_assert), raised(out_of_bounds, 5), raised(chained), raised(out_of_bounds, 9),
               raised(cuda_assert), "worker lost (heartbeat stale); gave up after 3 attempts"]
     cfgs = [bench_gpu.config("two-moons", "fl", "cpu", seed=s) for s in range(len(errors) + 2)]
-    store = Store.open(Layout(tmp_path).db_url)
+    store = Store.open(file_url(Layout(tmp_path).db))
     try:
         store.add_runs(cfgs)              # the last two stay queued: not failed, not counted
         queue = RunQueue(store)

@@ -123,13 +123,13 @@ def test_run_states_are_named_through_the_status_module() -> None:
 
 
 def test_modules_stay_small_and_each_job_has_one_home() -> None:
-    """docs/design.md's layers, held: no module over 400 lines, no class over 250; the claim token, SQLite's locking
+    """docs/design.md's layers, held: no module over 350 lines, no class over 250; the claim token, SQLite's locking
     and the Slurm commands each in their own module; db/ and launch/ modules import few flctl modules outside their
     package."""
     import ast
 
     sources = {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted((ROOT / "flctl").rglob("*.py"))}
-    long = [f"{path}: {text.count(chr(10))} lines" for path, text in sources.items() if text.count("\n") > 400]
+    long = [f"{path}: {text.count(chr(10))} lines" for path, text in sources.items() if text.count("\n") > 350]
     big = [f"{path}: class {node.name} {node.end_lineno - node.lineno + 1} lines"
            for path, text in sources.items() for node in ast.walk(ast.parse(text))
            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250]

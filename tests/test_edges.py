@@ -17,8 +17,8 @@ import pytest
 
 from flctl import api, plugins, tasks
 from flctl.errors import ConfigError
-from flctl.tpe_search import tune
 from flctl.sweep import resolve_cell, spec_from_values
+from flctl.tpe_search import tune
 from tests.helpers import files_under, in_process
 from tests.test_plugins import task_source
 

@@ -412,7 +412,7 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
                                                                               clean_plugins) -> None:
     """An error that names CUDA but leaves the device working (a probe's kernel runs) is the cell's own failure,
     not retried; one whose device fails the probe queues the cell again, its attempt counted."""
-    import flctl.runner
+    import flctl.claimed
     from flctl import api
     from flctl.db import RunQueue, Store
     from flctl.layout import Layout
@@ -427,7 +427,7 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
     for works, status in ((True, "failed"), (False, "queued")):
         (tmp_path / "poison").touch()
         monkeypatch.setenv("POISON", str(tmp_path / "poison"))
-        monkeypatch.setattr(flctl.runner, "device_works", lambda works=works: works)
+        monkeypatch.setattr(flctl.claimed, "device_works", lambda works=works: works)
         cfg = api.config("poisoned-moons", "fl", epochs=2, seed=int(works))
         store.add_runs([cfg])
         token = RunQueue(store).claim_run(cfg.run_id)

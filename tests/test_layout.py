@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from flctl import records
 from flctl.cli import app
 from flctl.db import Store
+from flctl.db.urls import file_url
 from flctl.layout import Layout
 from flctl.runner import execute
 from tests.helpers import config
@@ -34,7 +35,7 @@ def test_the_names_are_those_every_release_wrote(tmp_path: Path) -> None:
     layout = Layout(str(tmp_path))      # a str root is held as a Path
     assert layout.root == tmp_path
     assert layout.db == tmp_path / "flctl.db"
-    assert layout.db_url == f"sqlite:///{tmp_path}/flctl.db"
+    assert file_url(layout.db) == f"sqlite:///{tmp_path}/flctl.db"
     assert layout.records == tmp_path / "records"
     assert layout.run_records("0123456789abcdef") == tmp_path / "records" / "run_id=0123456789abcdef"
     assert layout.run_dir("0123456789abcdef") == tmp_path / "runs" / "0123456789abcdef"
@@ -58,7 +59,7 @@ def test_the_default_database_url_is_the_layouts(tmp_path: Path, monkeypatch: py
     from flctl.cli.common import db_url
 
     monkeypatch.delenv("FLCTL_DB", raising=False)
-    assert db_url(None, tmp_path) == Layout(tmp_path).db_url
+    assert db_url(None, tmp_path) == file_url(Layout(tmp_path).db)
     assert db_url("sqlite:////elsewhere/x.db", tmp_path) == "sqlite:////elsewhere/x.db"
 
 
@@ -79,7 +80,7 @@ def test_every_file_a_results_folder_holds_is_one_layout_names(tmp_path: Path) -
     invoke(root, "report", "--samples", "diff", "--methods", "erm,fl")
     # A run stopped after its first epoch keeps its checkpoint (a finished one removes it).
     stopped = config("two-moons", "rfl", epochs=4, options={"n_train": "200", "n_test": "200"})
-    store = Store.open(layout.db_url)
+    store = Store.open(file_url(layout.db))
     try:
         result = execute(stopped, store, layout, stop=lambda: True)
         runs = {r.id: r for r in store.list_runs()}

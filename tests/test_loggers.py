@@ -44,6 +44,17 @@ def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+def every_scalar(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag's (step, value) pairs in a TensorBoard run folder, and each histogram's steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return {**{tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]},
+            **{f"histogram {tag}": [(e.step, e.histogram_value.num) for e in acc.Histograms(tag)]
+               for tag in acc.Tags()["histograms"]}}
+
+
 def histograms(folder: Path) -> list[str]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -134,7 +145,9 @@ def test_a_sweep_logged_live_to_mlflow_and_tensorboard_exports_the_same_numbers(
         assert [s for s, _ in row["loss"]] == EVERY
         assert row["loss"][-1][1] == pytest.approx(runs[rid].metrics["test.avg_loss"], rel=1e-6)
     sid = next(iter(live.values()))["tags"]["flctl.sweep_id"]
-    tb = {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs}
+    tb = {rid: every_scalar(root / "tensorboard" / sid / rid) for rid in runs}
+    assert all({"test.avg_loss", "epoch.train_avg_loss", "histogram multipliers"} <= set(tb[rid]) for rid in runs
+               if runs[rid].method == "fl")
     for _ in range(2):                 # after the fact, twice: the same numbers, and no run logged twice
         res = in_process("export", sid, "--to", "mlflow", "--to", "tensorboard", "--results-dir", str(root), env=env)
         assert res.returncode == 0 and f"exported {len(runs)} run(s) to mlflow ({mlflow_server}, experiment moons), " \
@@ -144,7 +157,7 @@ def test_a_sweep_logged_live_to_mlflow_and_tensorboard_exports_the_same_numbers(
         assert {rid: row["metrics"] for rid, row in exported.items()} == \
             {rid: row["metrics"] for rid, row in live.items()}
         assert all({"epoch.train_avg_loss", "epoch.train_max_loss"} <= set(row["metrics"]) for row in exported.values())
-        assert {rid: scalars(root / "tensorboard" / sid / rid, "test.avg_loss") for rid in runs} == tb
+        assert {rid: every_scalar(root / "tensorboard" / sid / rid) for rid in runs} == tb
 
 
 def wandb_records(run_dir: Path) -> list:
@@ -188,6 +201,30 @@ def test_a_run_logged_offline_to_wandb_holds_its_metrics_and_config(tmp_path: Pa
               for u in r.run.config.update}
     assert config["method"] == "fl" and config["flctl"]["flctl.run_id"] == run.id
     assert next(r for r in records if r.WhichOneof("record_type") == "run").run.project == "moons"
+
+
+def test_a_run_exported_to_wandb_is_its_live_log_key_for_key(tmp_path: Path) -> None:
+    needs("wandb")
+    root = tmp_path / "results"
+    env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "moons", "WANDB_SILENT": "true"}
+    res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "wandb", "--results-dir", str(root),
+                     env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = api.runs(results_dir=root)[0]
+
+    def history() -> list[dict]:
+        (folder,) = (root / "wandb" / "wandb").glob(f"offline-run-*-{run.id}")
+        steps = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+                 for r in wandb_records(folder) if r.WhichOneof("record_type") == "history"]
+        # what differs between two logs of one run is when they were made, not what they hold
+        return [{k: v for k, v in h.items() if k not in ("_timestamp", "_runtime") and not k.startswith("_wandb")}
+                for h in steps]
+
+    live = history()
+    assert [h["_step"] for h in live if "test.avg_loss" in h] == EVERY and "epoch.train_max_loss" in live[-1]
+    res = in_process("export", run.id, "--to", "wandb", "--results-dir", str(root), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert history() == live        # every key at every step: the histograms' bins too
 
 
 FAULTY = '''

@@ -17,6 +17,11 @@ DIALECTS: tuple[Dialect, ...] = (SQLite(), PostgreSQL())
 EXAMPLES = "(e.g. sqlite:///results/flctl.db, postgresql://user@host/db)"
 
 
+def file_url(path: Path) -> str:
+    """The URL of the SQLite database file at ``path`` (a results folder's flctl.db, MLflow's own store)."""
+    return f"sqlite:///{path}"
+
+
 def normalize_url(url: str) -> str:
     """``url`` as flctl connects to it: PostgreSQL's through the driver flctl ships."""
     return postgres.normalize(url)

@@ -58,6 +58,11 @@ def private_folder(results_root: Path, folder: Path) -> Path:
     return Path(folder)
 
 
+def sweep_jobs(results_root: Path, sweep_id: str) -> Path:
+    """The sweep's private jobs folder (results/jobs/<sweep>/, private_folder), where its workers' jobs live."""
+    return private_folder(results_root, Layout(results_root).sweep_jobs(sweep_id))
+
+
 @contextlib.contextmanager
 def registered(results_root: Path, sweep_id: str, job_id: str | None, executor: str):
     if job_id is not None:     # a job's process ends with its worker (not the waiting command's, nor a test's)

@@ -12,12 +12,10 @@ from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, DeviceLost
-from flctl.grouped.policy import cells_together
 from flctl.launch.backends import Slot
-from flctl.launch.jobs import live_controllers, live_workers, private_folder
+from flctl.launch.jobs import live_controllers, live_workers, sweep_jobs
 from flctl.launch.settings import LaunchFlags, LaunchSettings
 from flctl.launch.worker import Worker, WorkerRecipe, submit
-from flctl.layout import Layout
 from flctl.loggers import prepare as prepare_loggers
 from flctl.status import TRAINABLE, Status
 
@@ -51,7 +49,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it.
 
     ConfigError, before anything is written, when results/jobs cannot be made private (another user's folder)."""
-    private_folder(root, Layout(root).sweep_jobs(sid))
+    sweep_jobs(root, sid)
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
     requeued, gave_up = RunQueue(store).reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
@@ -70,8 +68,8 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     # what the workers would all make at once (an MLflow store), made here; nothing to train, nothing to set up
     log_to = prepare_loggers(settings.log_to, root, sid) if todo else settings.log_to
     recipe = WorkerRecipe(url, str(root), sid, settings.executor, settings.options, settings.max_attempts,
-                          checkpoint_every=settings.checkpoint_every, per_gpu=settings.per_gpu,
-                          batch_runs=cells_together(settings.batch_runs, spec.task, len(todo), len(slots), device),
+                          checkpoint_every=settings.checkpoint_every,
+                          batch_runs=settings.together(spec.task, len(todo), len(slots), device),
                           linger_s=TUNE_LINGER_S if spec.tune and not launcher.in_process else 0.0,
                           db_inode=None if store.file is None else store.file.inode, log_to=log_to)
     here = None

@@ -147,16 +147,20 @@ class LaunchSettings:
 
     def cells_per_device(self, task: str, cells: int, device: str) -> int:
         """Cells training at once on one device, as the cost estimate counts them: the cells each worker trains
-        together, as the launch decides them (``cells_together``: --batch-runs, else the automatic choice for these
-        workers), times the workers that share it: --per-gpu on a GPU, and on the CPU every worker (each on cores of its
+        together, as the launch decides them (``together``), times the workers that share it: --per-gpu on a GPU, and on the CPU every worker (each on cores of its
         own: two workers on two cores train two groups at once). Where the workers cannot be counted here (a GPU
         planned on a laptop, perhaps one without torch) the choice assumes the --workers given, else one."""
         try:
             workers = len(self.slots(cells, device))
         except (ConfigError, ImportError):
             workers = self.workers or 1
-        return cells_together(self.batch_runs, task, cells, workers, device) * (
+        return self.together(task, cells, workers, device) * (
             self.per_gpu if device.startswith("cuda") else max(1, min(workers, cells)))
+
+    def together(self, task: str, cells: int, workers: int, device: str) -> int:
+        """Cells each worker trains together: --batch-runs, else the automatic choice for ``cells`` cells among
+        ``workers`` workers (flctl.grouped.policy.cells_together). The launch and the cost estimate both ask here."""
+        return cells_together(self.batch_runs, task, cells, workers, device)
 
     def slots(self, cells: int, device: str) -> list[Slot]:
         """The workers to run for ``cells`` cells still to do (the launcher's)."""

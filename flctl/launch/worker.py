@@ -16,7 +16,6 @@ hands its cell back (interrupted, attempt not counted) and exits. Under Slurm, S
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -30,11 +29,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
 from flctl.claimed import device_works, ground_moved
-from flctl.config import RunConfig
-from flctl.db import Claim, RunQueue, Store, not_the_one
+from flctl.db import RunQueue, Store, not_the_one
 from flctl.errors import (
     DEVICE_LOST_EXIT,
-    ConfigError,
     DatabaseDeleted,
     DeviceLost,
     DiskFull,
@@ -42,24 +39,18 @@ from flctl.errors import (
     is_fatal_device_error,
 )
 from flctl.launch.backends import Slot
-from flctl.launch.jobs import private_folder, registered, remember_jobs
+from flctl.launch.claims import Claimed, TaskUnavailable, claim_group
+from flctl.launch.jobs import registered, remember_jobs, sweep_jobs
 from flctl.launch.recipe import WorkerRecipe
 from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
+from flctl.results import open_sweep
 from flctl.runner import git_revision, stop_on_signals, train_claimed
 from flctl.study import sync_sweep
 
 _LINGER_POLL_S = 0.2
 # Workers in a row (each the replacement of the last) that may lose their device before one of them finishes a cell.
 MAX_DEVICE_LOSSES_IN_A_ROW = 3
-
-
-class TaskUnavailable(Exception):
-    """A worker claimed a cell whose task it cannot load (a plugin missing on its node); the cell is failed."""
-
-    def __init__(self, run_id: str, why: str) -> None:
-        super().__init__(why)
-        self.run_id = run_id
 
 
 class Worker(submitit.helpers.Checkpointable):
@@ -126,18 +117,21 @@ class Worker(submitit.helpers.Checkpointable):
         """The sweep's database, as the launch left it; None (and why, said) where it was deleted or replaced."""
         r = self.recipe
         try:
-            # not create: a worker that starts after its sweep's database was deleted must not make an empty one
-            store = Store.open(r.db_url, create=False)
+            store = open_sweep(r.db_url)
         except DatabaseDeleted as exc:
-            return self._ground_gone(str(exc))
+            self._ground_gone(str(exc))
+            return None
         if (replaced := not_the_one(store, r.db_inode)) is not None:
             store.close()
-            return self._ground_gone(replaced)
+            self._ground_gone(replaced)
+            return None
         return store
 
-    def _ground_gone(self, why: str) -> None:
+    def _ground_gone(self, why: str) -> bool:
+        """Its database or results folder went away: said, and kept; False (this worker stops)."""
         print(f"flctl worker: {why}; this worker stops and writes no more", file=sys.stderr)
         self.ground_moved = why
+        return False
 
     def _next_group(self, store: Store, layout: Layout, job_id: str | None, git_sha: str | None, stop: Any,
                     outcome: dict[str, str]) -> bool:
@@ -145,7 +139,7 @@ class Worker(submitit.helpers.Checkpointable):
         left to claim, or what it met would stop the next cells alike)."""
         r = self.recipe
         if (moved := ground_moved(store, layout.root)) is not None:     # claim nothing in a new file
-            return bool(self._ground_gone(moved))
+            return self._ground_gone(moved)
         try:
             claimed = self._claim(store, job_id, git_sha) or self._linger(store, job_id, git_sha, stop)
         except TaskUnavailable as exc:   # the next cells would fail alike: leave them to other workers
@@ -168,7 +162,7 @@ class Worker(submitit.helpers.Checkpointable):
             self._stop_on_full_disk(exc)
             return False
         except GroundMoved as exc:   # nothing was recorded: there is nowhere left to record it
-            return bool(self._ground_gone(str(exc)))
+            return self._ground_gone(str(exc))
         except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells ...
             outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
             if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
@@ -182,39 +176,12 @@ class Worker(submitit.helpers.Checkpointable):
         self.trained_a_group = True
         return True
 
-    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> list[tuple[RunConfig, str]]:
-        """The next cell, and up to ``batch_runs - 1`` more that can train together with it, with their claims'
-        fencing tokens."""
-        from flctl.grouped.policy import can_train_together
-        from flctl.tasks import get_task
-
-        r = self.recipe
-
-        def claim(most: int = 1, together=None) -> list[Claim]:
-            got = RunQueue(store).claim_next(r.sweep_id, max_attempts=r.max_attempts, stale_after=r.stale_after,
-                                             job_id=job_id, git_sha=git_sha, most=most, together=together,
-                                             held=self.current)
-            return [c._replace(cfg=device_in_slot(c.cfg, self.slot)) for c in got]
-
+    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> Claimed:
+        """The next cell, and up to ``batch_runs - 1`` more that can train together with it (flctl.launch.claims)."""
         self.current = {}               # held from each claim on: a second signal hands them back (_work)
-        got = claim()
-        if not got:
-            return []
-        first = got[0]
-        try:
-            get_task(first.cfg.task)
-        except ConfigError as exc:      # a plugin this node cannot import: one line in the run, no traceback
-            why = f"task {first.cfg.task!r} cannot be loaded by the worker on {socket.gethostname()}: {exc}"
-            RunQueue(store).fail_run(first.cfg.run_id, first.token, why, 0.0)
-            self.current = {}
-            raise TaskUnavailable(first.cfg.run_id, why) from None
-        lead = first.cfg
-        # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone
-        more = [] if first.alone or r.batch_runs < 2 else \
-            claim(r.batch_runs - 1, lambda cfg: can_train_together([lead, device_in_slot(cfg, self.slot)]))
-        return [(c.cfg, c.token) for c in (first, *more)]
+        return claim_group(RunQueue(store), self.recipe, self.slot, self.current, job_id=job_id, git_sha=git_sha)
 
-    def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> list[tuple[RunConfig, str]]:
+    def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> Claimed:
         """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
         deadline = time.monotonic() + self.recipe.linger_s
         for delay in poll_delays(_LINGER_POLL_S):   # the next trial comes a tell and an ask after this cell's end
@@ -259,7 +226,7 @@ class Worker(submitit.helpers.Checkpointable):
             raise DeviceLost(message)
 
     def _cells_left(self) -> bool:
-        store = Store.open(self.recipe.db_url, create=False)
+        store = open_sweep(self.recipe.db_url)
         try:
             return RunQueue(store).has_to_do(self.recipe.sweep_id, max_attempts=self.recipe.max_attempts)
         finally:
@@ -279,22 +246,13 @@ class Worker(submitit.helpers.Checkpointable):
         # Called from submitit's signal handler on preemption/timeout, while runs train in this process: hand
         # them back (their epoch checkpoints are on disk) so the requeued worker, or any other, resumes them.
         if self.current:
-            store = Store.open(self.recipe.db_url, create=False)
+            store = open_sweep(self.recipe.db_url)
             try:
                 for run_id, token in self.current.items():
                     RunQueue(store).requeue(run_id, token, "preempted or timed out; job requeued")
             finally:
                 store.close()
         return submitit.helpers.DelayedSubmission(Worker(self.recipe), slot)
-
-
-def device_in_slot(cfg: RunConfig, slot: Slot | None) -> RunConfig:
-    """The config a worker trains: a slot that gives its worker one GPU (CUDA_VISIBLE_DEVICES, the local launcher's
-    --device cuda:N) makes that GPU the process's cuda:0, where cuda:N would not exist. The device is not part of a
-    run's identity: the run is the same."""
-    if slot is None or slot.cuda is None or "," in slot.cuda or not cfg.device.startswith("cuda:"):
-        return cfg
-    return replace(cfg, device="cuda")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -341,7 +299,7 @@ def submit(worker: Worker, slots: Sequence[Slot]) -> list[Any]:
         return []
     recipe = worker.recipe
     launcher, layout, root = recipe.launcher, Layout(Path(recipe.results_root)), Path(recipe.results_root)
-    folder = private_folder(root, layout.sweep_jobs(recipe.sweep_id))
+    folder = sweep_jobs(root, recipe.sweep_id)
     jobs = launcher.start(worker, slots, folder, layout.controllers_log(recipe.sweep_id))
     if not launcher.in_process:
         remember_jobs(layout.submitted(recipe.sweep_id), recipe.executor, jobs)

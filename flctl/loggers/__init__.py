@@ -287,6 +287,12 @@ class Logging:
                                                     stats.metrics, stats.multipliers), stats.multipliers)
 
     def log(self, run_id: str, epoch: int, numbers: dict[str, float], multipliers: Any = None) -> None:
+        """A run's numbers at ``epoch`` to each of its logs; the multipliers as float64 whatever they came as (a
+        live run's float32 tensor, an export's column), so that a histogram's bins are the same live and exported."""
+        if multipliers is not None:
+            import numpy as np
+
+            multipliers = np.asarray(multipliers, dtype=np.float64)
         for (rid, name), logger in list(self.open.items()):
             if rid == run_id:
                 self._guard(name, run_id, lambda logger=logger: logger.log(epoch, numbers, multipliers))

@@ -40,9 +40,10 @@ def _bounded_requests() -> None:
 
 def tracking_uri(results_root: Any) -> str:
     """Where MLflow logs: MLFLOW_TRACKING_URI, else a SQLite store in the results folder."""
+    from flctl.db.urls import file_url
     from flctl.layout import Layout
 
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Layout(results_root).mlflow_db.absolute()}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or file_url(Layout(results_root).mlflow_db.absolute())
 
 
 class MLflow(Logger):

@@ -39,6 +39,14 @@ class Slot:
     cuda: str | None = None
     shared: int = 1
 
+    def device(self, asked: str) -> str:
+        """The device a cell that asks for ``asked`` trains on in this slot: a slot that gives its worker one GPU
+        (CUDA_VISIBLE_DEVICES, the local launcher's --device cuda:N) makes that GPU the process's cuda:0, where
+        cuda:N would not exist. The device is not part of a run's identity: the run is the same."""
+        if self.cuda is None or "," in self.cuda or not asked.startswith("cuda:"):
+            return asked
+        return "cuda"
+
 
 class JobBody(Protocol):
     """What a launcher starts once per slot: a picklable callable (flctl.launch.worker.Worker) and the name its jobs

@@ -69,7 +69,7 @@ def local_slots(cells: int, *, device: str, workers: int | None = None, threads:
                 per_gpu: int = 1, cores: int | None = None, gpus: Sequence[str] | None = None) -> list[Slot]:
     """The local executor's workers. On the CPU: W = max(1, cores // threads) unless given, each with
     threads = cores // W (at least 1). On CUDA: W = GPUs x per_gpu, worker i on GPU i // per_gpu; ``cuda:N``: GPU N
-    only (the worker sees it alone, as its cuda:0: flctl.launch.worker.device_in_slot). Never more workers than cells
+    only (the worker sees it alone, as its cuda:0: Slot.device). Never more workers than cells
     (threads are then shared among the workers that run)."""
     for name, value in (("--workers", workers), ("--threads", threads), ("--per-gpu", per_gpu)):
         check_count(name, value)
