@@ -35,7 +35,7 @@ def export(
     from flctl.api import export_from
     from flctl.loggers import check, where
 
-    loggers = guarded(check, to)
+    loggers = tuple(found.name for found in guarded(check, to))
     root = results_root(results_dir)
     made = guarded(export_from, existing_store(db, root), root, ref, loggers)
     runs, finished, done = made.runs, made.finished, made.logging

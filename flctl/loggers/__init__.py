@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flctl.errors import ConfigError
-from flctl.plugins import entry_names, entry_target
+from flctl.plugins import entry_names, load_named
 
 GROUP = "flctl.loggers"
 BUILT_IN = {"tensorboard": "flctl.loggers.tensorboard:TensorBoard", "mlflow": "flctl.loggers.mlflow:MLflow",
@@ -92,16 +92,9 @@ def names() -> list[str]:
 def get_logger(name: str) -> type[Logger]:
     """The logger class named ``name``, its tool installed; ConfigError naming the choices, or the pip command that
     installs its tool."""
-    from flctl.plugins import load_object
-
     if not isinstance(name, str):
         raise ConfigError(f"--log-to {name!r}: give a logger's name, one of: {', '.join(names())}")
-    target = entry_target(GROUP, BUILT_IN, name, "logger")
-    if target is None:
-        raise ConfigError(f"unknown logger {name!r}; choose one of: {', '.join(names())}")
-    cls = load_object(target)
-    if not (isinstance(cls, type) and issubclass(cls, Logger) and getattr(cls, "name", None) == name):
-        raise ConfigError(f"{target} is not a flctl.loggers.Logger subclass named {name!r}")
+    cls = load_named(GROUP, BUILT_IN, name, "logger", Logger, "unknown logger")
     if cls.needs is not None and importlib.util.find_spec(cls.needs) is None:
         how = install_extra(cls.extra) if cls.extra else f"pip install {cls.needs}"
         raise ConfigError(f"--log-to {name} needs {cls.needs}, which is not installed here: {how}")
@@ -132,21 +125,19 @@ def install_extra(extra: str) -> str:
     return f"pip install 'flctl[{extra}]'"
 
 
-def check(chosen: Iterable[str]) -> tuple[str, ...]:
-    """The loggers named (each once, in order), each found with its tool installed, and FLCTL_TRACKER_TIMEOUT_S
-    read where any is (ConfigError otherwise): before anything is written or trained."""
+def check(chosen: Iterable[str]) -> tuple[type[Logger], ...]:
+    """The classes of the loggers named (each once, in order), each found with its tool installed, and
+    FLCTL_TRACKER_TIMEOUT_S read where any is (ConfigError otherwise): before anything is written or trained."""
     from flctl.knobs import tracker_timeout_s
 
     if isinstance(chosen, str):             # one name (a spec's `log_to = "mlflow"`, api's log_to="mlflow")
         chosen = [chosen]
     if not isinstance(chosen, Iterable) or isinstance(chosen, (bytes, dict)):
         raise ConfigError(f"log_to={chosen!r}: give a logger's name or a list of them, from: {', '.join(names())}")
-    chosen = tuple(dict.fromkeys(chosen))
-    for name in chosen:
-        get_logger(name)
-    if chosen:
+    found = tuple(get_logger(name) for name in dict.fromkeys(chosen))
+    if found:
         tracker_timeout_s()
-    return chosen
+    return found
 
 
 def guarded(name: str, call: Callable[[], Any]) -> BaseException | None:

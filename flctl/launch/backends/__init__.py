@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from flctl.errors import ConfigError
-from flctl.plugins import entry_names, entry_target
+from flctl.plugins import entry_names, load_named
 
 GROUP = "flctl.launchers"
 # flctl's own launchers, by name: their modules are imported on first use (the CLI reads the names at start-up).
@@ -176,15 +176,7 @@ def names() -> list[str]:
 
 def get_launcher(name: str) -> type[Launcher]:
     """The launcher class named ``name`` (ConfigError naming the choices otherwise)."""
-    from flctl.plugins import load_object
-
-    target = entry_target(GROUP, BUILT_IN, name, "launcher")
-    if target is None:
-        raise ConfigError(f"unknown executor {name!r}; choose one of: {', '.join(names())}")
-    cls = load_object(target)
-    if not (isinstance(cls, type) and issubclass(cls, Launcher) and getattr(cls, "name", None) == name):
-        raise ConfigError(f"{target} is not a flctl.launch.backends.Launcher subclass named {name!r}")
-    return cls
+    return load_named(GROUP, BUILT_IN, name, "launcher", Launcher, "unknown executor")
 
 
 def make_launcher(name: str, options: Any = None) -> Launcher:
