@@ -226,6 +226,30 @@ def _evaluates(c: Cell, numbers: list[float]) -> bool:
     return math.isfinite(numbers[1]) and _eval_epoch(c.cfg, c.epoch + 1)
 
 
+def _diverged(result: RunResult, epoch: int, step: int) -> None:
+    """The run stops, diverged at ``epoch`` and ``step`` (a non-finite loss or metric), instead of crashing."""
+    result.status = Status.DIVERGED
+    result.diverged_at = {"epoch": epoch, "step": step}
+    result.epochs_done = epoch
+
+
+def _checkpoint(r: Cell, writer: Writer, stop: Callable[[], bool] | None, fence: Callable[[str], bool] | None,
+                checkpoint_every: float, *, evaluated: bool) -> bool:
+    """A checkpoint after the epoch's records, by time, at eval epochs and when asked to stop; the last epoch needs
+    none (the run finishes). A resume redoes the epochs since the checkpoint, identically. False: the run stops here
+    (asked to, or its claim is gone)."""
+    stopping = stop is not None and stop()
+    if r.epoch < r.cfg.epochs and (stopping or evaluated or time.monotonic() - r.last_save >= checkpoint_every):
+        if not _held(r, fence):
+            return False
+        writer.checkpoint(r.cfg.run_id, r.state_dict(), r.checkpoint)     # host copies, after the epoch's steps
+        r.last_save = time.monotonic()
+        if stopping:
+            r.result.status = Status.STOPPED
+            return False
+    return True
+
+
 def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Path, writer: Writer,
                on_epoch: Callable[[EpochStats], None] | None, checkpoint_every: float,
                stop: Callable[[], bool] | None, fence: Callable[[str], bool] | None,
@@ -241,10 +265,7 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
     avg_loss, max_loss, *max_lam = numbers
     if not math.isfinite(max_loss):
         first_bad_position = int((~torch.isfinite(r.epoch_losses[order])).nonzero()[0, 0])
-        result.status = Status.DIVERGED
-        result.diverged_at = {"epoch": epoch + 1,
-                              "step": epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1}
-        result.epochs_done = epoch + 1
+        _diverged(result, epoch + 1, epoch * steps_per_epoch + first_bad_position // cfg.batch_size + 1)
         return
 
     stats: dict[str, Any] = {"epoch": epoch + 1, "train_avg_loss": avg_loss, "train_max_loss": max_loss,
@@ -265,27 +286,15 @@ def _end_epoch(r: Cell, task: Task, data, order: torch.Tensor, records_root: Pat
         if r.pruner is not None and cfg.eps is not None:      # pruning runs have an eps (validate)
             r.pruner.evaluated(train_eval["loss"], cfg.eps)
         if not all(math.isfinite(v) for v in metrics.values()):
-            result.status = Status.DIVERGED
-            result.diverged_at = {"epoch": epoch + 1, "step": (epoch + 1) * steps_per_epoch}
-            result.epochs_done = epoch + 1
+            _diverged(result, epoch + 1, (epoch + 1) * steps_per_epoch)
             return
         stats["metrics"] = metrics
         result.metrics = metrics
     result.history.append(stats)
     result.epochs_done = epoch + 1
 
-    # ---- checkpoint after the records, by time, at eval epochs and when asked to stop; the last epoch needs
-    # none (the run finishes). A resume redoes the epochs since the checkpoint, identically. ----
-    stopping = stop is not None and stop()
-    if epoch + 1 < cfg.epochs and (stopping or metrics is not None
-                                   or time.monotonic() - r.last_save >= checkpoint_every):
-        if not _held(r, fence):
-            return
-        writer.checkpoint(cfg.run_id, r.state_dict(), r.checkpoint)     # host copies, after the epoch's steps
-        r.last_save = time.monotonic()
-        if stopping:
-            result.status = Status.STOPPED
-            return
+    if not _checkpoint(r, writer, stop, fence, checkpoint_every, evaluated=metrics is not None):
+        return
     if on_epoch is not None:
         on_epoch(EpochStats(epoch + 1, cfg.epochs, stats["train_avg_loss"], stats["train_max_loss"],
                             stats["max_multiplier"], metrics, cfg.run_id, host_lam))
