@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.markup import escape
 
 from flctl.cli.common import console
-
-JSON_OPT = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+from flctl.cli.output import JSON_OPT, print_json
 
 
 def _problems(clashes: tuple[str, ...] = ()) -> None:
@@ -37,7 +34,7 @@ def tasks(as_json: JSON_OPT = False) -> None:
         for item in listing() for t in (item.task,)]
     clashes = tuple(r["clash"] for r in rows if r["clash"])
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         _problems(clashes)
         return
     from rich.table import Table
@@ -69,7 +66,7 @@ def methods(as_json: JSON_OPT = False) -> None:
              "from": method_source(m.name).where()}
             for m in sorted(METHOD_INFO.values(), key=lambda m: m.order)]
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         _problems()
         return
     from rich.table import Table

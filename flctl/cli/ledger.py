@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from flctl.cli.common import (
     safe,
 )
 from flctl.cli.completion import complete_sweep
-from flctl.cli.info import JSON_OPT
+from flctl.cli.output import JSON_OPT, print_json
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
@@ -150,7 +149,7 @@ def status(
         sweep_ref = sweeps[0]["id"]
     found = find(store.get_sweep, sweep_ref, "sweep")
     if as_json:
-        print(json.dumps(ledger(store, found["id"]), indent=2))
+        print_json(ledger(store, found["id"]))
         return
     if watch_:
         error_summary(watch(store, found["id"], until_done=True, root=results_root(results_dir)))
@@ -181,7 +180,7 @@ def sweeps(
     store = existing_store(db, results_root(results_dir))
     rows = store.list_sweeps()
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return
     from rich.table import Table
 
@@ -223,7 +222,7 @@ def cancel(
     queued = bool(queued_jobs(root, sid))
     if not (running or live_workers(root, sid) or live_controllers(root, sid) or queued):
         if as_json:
-            print(json.dumps({"sweep": sid, "stopped": [], "killed": [], "handed_back": []}))
+            print_json({"sweep": sid, "stopped": [], "killed": [], "handed_back": []})
         else:
             console.print(f"sweep {safe(sid)}: nothing to cancel (no live worker, no running cell)")
         return
@@ -234,7 +233,7 @@ def cancel(
     back = {r["id"] for r in store.sweep_runs(sid) if r["id"] in set(running) and r["status"] in TO_DO}
     outcome["handed_back"] = sorted(back | set(outcome["handed_back"]))
     if as_json:
-        print(json.dumps(outcome, indent=2))
+        print_json(outcome)
         return
     console.print(f"sweep [bold]{safe(sid)}[/]: stopped {len(outcome['stopped'])} worker(s)"
                   + (f" ({len(outcome['killed'])} killed after {timeout:g} s)" if outcome["killed"] else "")

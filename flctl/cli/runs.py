@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Optional
 
 import typer
@@ -21,7 +20,7 @@ from flctl.cli.common import (
     safe,
 )
 from flctl.cli.completion import complete_run, complete_task
-from flctl.cli.info import JSON_OPT
+from flctl.cli.output import JSON_OPT, print_json
 from flctl.errors import ConfigError
 from flctl.method_info import METHOD_INFO
 from flctl.status import STATUSES, Status, error_line
@@ -51,7 +50,7 @@ def runs(
 
         check_known(store, task, method, as_option=True)
     if as_json:
-        print(json.dumps([r.to_json() for r in rows], indent=2, default=str))
+        print_json([r.to_json() for r in rows])
         return
     from flctl.db.reads import run_ids
 
@@ -79,7 +78,7 @@ def show(
     store = existing_store(db, results_root(results_dir))
     run = find(store.get_run, run_id, "run")
     if as_json:
-        print(json.dumps(run.to_json(), indent=2, default=str))
+        print_json(run.to_json())
         return
     from rich.table import Table
 

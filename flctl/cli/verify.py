@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -19,7 +18,7 @@ from flctl.cli.common import (
     safe,
 )
 from flctl.cli.completion import complete_run
-from flctl.cli.info import JSON_OPT
+from flctl.cli.output import JSON_OPT, print_json
 from flctl.cli.runs import run_or_sweep
 from flctl.status import Status
 
@@ -70,7 +69,7 @@ def verify(
     rows = _check(runs, orphans, records_root)
     counts = {s: sum(r["records"] == s for r in rows) for s in _states()}
     if as_json:
-        print(json.dumps({"results": str(root), "runs": rows, "summary": counts}, indent=2))
+        print_json({"results": str(root), "runs": rows, "summary": counts})
     else:
         _print(rows, counts, root)
     if counts[FAILED]:

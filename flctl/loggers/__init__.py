@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flctl.errors import ConfigError
-from flctl.plugins import entry_names, load_named
+from flctl.registry import entry_names, load_named
 
 GROUP = "flctl.loggers"
 BUILT_IN = {"tensorboard": "flctl.loggers.tensorboard:TensorBoard", "mlflow": "flctl.loggers.mlflow:MLflow",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from flctl.errors import ConfigError
-from flctl.plugins import entry_names, load_named
+from flctl.registry import entry_names, load_named
 
 GROUP = "flctl.launchers"
 # flctl's own launchers, by name: their modules are imported on first use (the CLI reads the names at start-up).
