@@ -24,7 +24,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from flctl.config import RunConfig
-from flctl.db import HEARTBEAT_S, STALE_AFTER_S, RunQueue, Store
+from flctl.db import HEARTBEAT_S, STALE_AFTER_S, Ended, RunQueue, Store
 from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
 from flctl.layout import Layout
 from flctl.loggers import Logging
@@ -206,30 +206,34 @@ class ClaimedRuns:
             self.on_epoch(stats)
 
     def done(self, result: Any) -> None:
-        """A run's outcome (flctl.cell.RunResult) into the database as soon as it is known; its time is from the
-        claim to now. Stopped runs go back to the queue; a run whose claim was taken over ends LOST, unwritten."""
-        self.beat.epochs_done.pop(result.run_id, None)       # no more beats for it
-        self.logging.finish(result.run_id, result.status)
+        """A run's outcome (flctl.cell.RunResult) into the database as soon as it is known (a cell that leaves its
+        group early); ``finish`` records the rest of the group together."""
+        self._record([result])
+
+    def _record(self, results: list) -> None:
+        """Runs' outcomes into the database, those that finished in one transaction; their time is from the claim to
+        now. Stopped runs go back to the queue; a run whose claim was taken over ends LOST, unwritten."""
+        if not results:
+            return
+        for result in results:
+            self.beat.epochs_done.pop(result.run_id, None)       # no more beats for it
+            self.logging.finish(result.run_id, result.status)
         if (why := self.ground()) is not None:
             raise GroundMoved(why)
-        self.recorded.add(result.run_id)
-        token = self.tokens[result.run_id]
-        if result.status == Status.STOPPED:
-            self.queue.requeue(result.run_id, token, f"stopped at epoch {result.epochs_done}; resumes from its "
-                               "checkpoint", self.spent(), epochs_done=result.epochs_done)
-            return
+        self.recorded.update(r.run_id for r in results)
+        for result in (r for r in results if r.status == Status.STOPPED):
+            self.queue.requeue(result.run_id, self.tokens[result.run_id], f"stopped at epoch {result.epochs_done}; "
+                               "resumes from its checkpoint", self.spent(), epochs_done=result.epochs_done)
+        ended = {r.run_id: Ended(self.tokens[r.run_id], r.status, r.epochs_done, r.metrics, r.diverged_at,
+                                 r.lambda_capped, r.artifacts, self.spent(), r.trained_with)
+                 for r in results if r.status not in (Status.STOPPED, Status.LOST)}
         try:
-            if result.status == Status.LOST:
-                raise ClaimLost(f"run {result.run_id}: another worker holds it now")
-            self.queue.finish_run(result.run_id, token, status=result.status, epochs_done=result.epochs_done,
-                                  metrics=result.metrics, diverged_at=result.diverged_at,
-                                  lambda_capped=result.lambda_capped, artifacts=result.artifacts,
-                                  duration_s=self.spent(), trained_with=result.trained_with)
+            lost = self.queue.finish_runs(ended) | {r.run_id for r in results if r.status == Status.LOST}
         except SQLAlchemyError as exc:
             if (full := self.store.disk_full(exc)) is None:
                 raise
             raise full from exc
-        except ClaimLost:
+        for result in (r for r in results if r.run_id in lost):
             result.status = Status.LOST
             print(f"flctl: run {result.run_id} was taken over by another worker while this process was presumed "
                   f"lost (no heartbeat for over {STALE_AFTER_S:g} s); stopped without writing", file=sys.stderr)
@@ -254,9 +258,7 @@ class ClaimedRuns:
     def finish(self, results: list) -> list:
         """The runs' outcomes recorded (those ``done`` has not seen), and what the trackers could not log said on
         stderr: the results."""
-        for result in results:
-            if result.run_id not in self.recorded:
-                self.done(result)
+        self._record([r for r in results if r.run_id not in self.recorded])
         for line in self.logging.lines():
             print(f"flctl: {line}", file=sys.stderr)
         return results

@@ -99,6 +99,31 @@ def test_completed_runs_are_never_claimed_again(tmp_path: Path) -> None:
     assert store.get_run(rid).status == "completed"
 
 
+def test_a_groups_cells_finish_in_one_transaction_and_a_lost_claim_writes_nothing(tmp_path: Path) -> None:
+    from sqlalchemy import event
+
+    from flctl.db import Ended
+
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    cfgs = [config("two-moons", "fl", seed=s) for s in range(3)]
+    store.add_runs(cfgs)
+    queue = RunQueue(store)
+    tokens = {c.run_id: queue.claim_run(c.run_id) for c in cfgs}
+    taken = cfgs[2].run_id
+    age_heartbeat(store, taken, 10_000)
+    assert queue.claim_run(taken, stale_after=1)                 # another worker took the third over
+    commits: list[int] = []
+    event.listen(store.engine, "commit", lambda conn: commits.append(1))
+    lost = queue.finish_runs({c.run_id: Ended(tokens[c.run_id], "completed", 4, {"train.avg_loss": 0.5 + i}, None,
+                                              0, {"records": f"records/{c.run_id}"}, 2.0) for i, c in enumerate(cfgs)})
+    assert lost == {taken} and len(commits) == 1
+    done = [store.get_run(c.run_id) for c in cfgs]
+    assert [(r.status, r.epochs_done, r.metrics) for r in done[:2]] == \
+        [("completed", 4, {"train.avg_loss": 0.5}), ("completed", 4, {"train.avg_loss": 1.5})]
+    assert done[0].artifacts == {"records": f"records/{cfgs[0].run_id}"} and done[2].status == "running"
+    assert queue.finish_runs({}) == set()
+
+
 def test_run_record_fields_are_the_runs_table_columns() -> None:
     # RunRecord is what the store hands out; it mirrors the table, so a new column shows up in both or fails here.
     import dataclasses

@@ -1,11 +1,11 @@
 """The run database: readers get a ``Store`` (flctl.db.store), workers a ``RunQueue`` over it (flctl.db.queue)."""
 
 from flctl.db.liveness import HEARTBEAT_S, STALE_AFTER_S, check_stale_after
-from flctl.db.queue import Claim, RunQueue
+from flctl.db.queue import Claim, Ended, RunQueue
 from flctl.db.schema import RunRecord
 from flctl.db.store import Store, not_the_one
 from flctl.db.upgrade import SCHEMA_LOCK
 from flctl.db.urls import existing_url, normalize_url
 
-__all__ = ["HEARTBEAT_S", "SCHEMA_LOCK", "STALE_AFTER_S", "Claim", "RunQueue", "RunRecord", "Store",
+__all__ = ["HEARTBEAT_S", "SCHEMA_LOCK", "STALE_AFTER_S", "Claim", "Ended", "RunQueue", "RunRecord", "Store",
            "check_stale_after", "existing_url", "normalize_url", "not_the_one"]

@@ -35,12 +35,49 @@ class Claim(NamedTuple):
     alone: bool = False
 
 
+class Ended(NamedTuple):
+    """How a claimed run ended, as RunQueue.finish_runs records it, with the claim's fencing token."""
+
+    token: str
+    status: str
+    epochs_done: int
+    metrics: dict[str, float]
+    diverged_at: dict | None
+    lambda_capped: int
+    artifacts: dict[str, str]
+    duration_s: float
+    trained_with: dict[str, Any] | None = None
+
+
 def _fenced(s: Session, run_id: str, token: str, values: dict[str, Any]) -> bool:
     """Update the run with ``values`` only while the claim ``token`` holds it (running under that claim); whether it
     did. Every write of a claim's holder goes through here or checks the same in its transaction."""
     res = s.execute(update(Run).where(Run.id == run_id, Run.status == Status.RUNNING, Run.claim_token == token)
                     .values(**values).execution_options(synchronize_session=False))
     return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+
+
+def _take(s: Session, run_id: str, allow: Collection[str], stale_after: float, max_attempts: int | None,
+          job_id: str | None, git_sha: str | None, device: str | None) -> str | None:
+    """RunQueue.claim_run's compare-and-swap, in the transaction ``s``: the new claim's token, or None."""
+    run = s.get(Run, run_id)
+    if run is None:
+        return None
+    stamp = db_now(s)
+    if not (run.status in allow or (run.status == Status.RUNNING and _is_stale(run, stale_after, stamp))):
+        return None
+    if max_attempts is not None and run.attempts >= max_attempts:
+        return None
+    token = secrets.token_hex(16)
+    res = s.execute(
+        update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts,
+                          Run.claim_token.is_(None) if run.claim_token is None
+                          else Run.claim_token == run.claim_token)
+        .values(status=Status.RUNNING, attempts=run.attempts + 1, error=None, host=socket.gethostname(),
+                pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
+                heartbeat_at=stamp, finished_at=None, claim_token=token)
+        .execution_options(synchronize_session=False))
+    return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
 
 
 class RunQueue:
@@ -63,27 +100,7 @@ class RunQueue:
         """
         allow = set(allow)
         check_stale_after(stale_after)
-
-        def fn(s: Session) -> str | None:
-            run = s.get(Run, run_id)
-            if run is None:
-                return None
-            stamp = db_now(s)
-            if not (run.status in allow or (run.status == Status.RUNNING and _is_stale(run, stale_after, stamp))):
-                return None
-            if max_attempts is not None and run.attempts >= max_attempts:
-                return None
-            token = secrets.token_hex(16)
-            res = s.execute(
-                update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts,
-                                  Run.claim_token.is_(None) if run.claim_token is None
-                                  else Run.claim_token == run.claim_token)
-                .values(status=Status.RUNNING, attempts=run.attempts + 1, error=None, host=socket.gethostname(),
-                        pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
-                        heartbeat_at=stamp, finished_at=None, claim_token=token)
-                .execution_options(synchronize_session=False))
-            return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
-        return self.write(fn)
+        return self.write(lambda s: _take(s, run_id, allow, stale_after, max_attempts, job_id, git_sha, device))
 
     def held(self, tokens: dict[str, str]) -> set[str]:
         """The runs of ``tokens`` (run id -> claim token) whose claims still hold them: ``holds`` for a group of
@@ -107,11 +124,11 @@ class RunQueue:
         """Up to ``most`` of the sweep's cells still to do, claimed for a pull worker ([] when none is left). A claim
         without ``together`` takes one cell (``most`` 1), even one handed back to train alone (Claim.alone); with it,
         the cells join one this worker holds: only those it accepts, none to train alone. ``held`` (run id -> token)
-        gets each claim as it is made: a signal between two claims of a group finds them all. To do: queued or
+        gets the claims as soon as they are made: a signal after them finds them all. To do: queued or
         interrupted with attempts left, or running with a lost worker. A failed cell is not: its error (a task's
         exception) would come again; a new launch of the sweep queues it again (``retry_failed``). Candidates are
-        read once per call (not per cell of a group) and tried in id order through ``claim_run``'s compare-and-swap,
-        so workers racing for the same cell never both win."""
+        read once per call (not per cell of a group) and tried in id order through ``claim_run``'s compare-and-swap, all in
+        one transaction, so workers racing for the same cell never both win."""
         if together is None and most != 1:
             raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
         cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
@@ -121,22 +138,27 @@ class RunQueue:
                                     Run.status.in_((*TO_DO, Status.RUNNING)))
                              .order_by(Run.id)).all()
             at = db_now(s)
-        claimed: list[Claim] = []
-        for r in rows:
-            alone = r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)     # the reason it was handed back
-            if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and together is not None:
-                continue
-            cfg = RunConfig.from_json(r.config)
-            if together is not None and not together(cfg):
-                continue
-            token = self.claim_run(r.id, stale_after=stale_after, max_attempts=max_attempts, job_id=job_id,
-                                   git_sha=git_sha, device=cfg.device)
-            if token is not None:
-                claimed.append(Claim(cfg, token, alone))
-                if held is not None:
-                    held[r.id] = token
-                if len(claimed) >= most:
-                    break
+        check_stale_after(stale_after)
+
+        def fn(s: Session) -> list[Claim]:      # one transaction for a group's claims, not one each
+            claimed: list[Claim] = []
+            for r in rows:
+                alone = r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)   # why it was handed back
+                if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and together is not None:
+                    continue
+                cfg = RunConfig.from_json(r.config)
+                if together is not None and not together(cfg):
+                    continue
+                token = _take(s, r.id, TRAINABLE, stale_after, max_attempts, job_id, git_sha, cfg.device)
+                if token is not None:
+                    claimed.append(Claim(cfg, token, alone))
+                    if len(claimed) >= most:
+                        break
+            return claimed
+
+        claimed = self.write(fn)
+        if held is not None:
+            held.update((c.cfg.run_id, c.token) for c in claimed)
         return claimed
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
@@ -267,18 +289,31 @@ class RunQueue:
                    diverged_at: dict | None, lambda_capped: int, artifacts: dict[str, str],
                    duration_s: float, trained_with: dict[str, Any] | None = None) -> None:
         """Record how a run ended. ClaimLost (nothing written) when the claim ``token`` no longer holds it."""
-        def fn(s: Session) -> None:
-            run = s.get(Run, run_id)
-            assert run is not None, run_id     # a claimed run is never deleted
-            if run.status != Status.RUNNING or run.claim_token != token:
-                raise ClaimLost(f"run {run_id}: another worker holds it now; its outcome here is not recorded")
-            run.status, run.epochs_done, run.metrics = status, epochs_done, metrics
-            run.trained_with = trained_with or None
-            run.diverged_at, run.lambda_capped = diverged_at, lambda_capped
-            run.finished_at = run.heartbeat_at = now()
-            run.duration_s = (run.duration_s or 0.0) + duration_s
-            run.artifacts = [Artifact(kind=k, path=p) for k, p in sorted(artifacts.items())]
-        self.write(fn)
+        ended = Ended(token, status, epochs_done, metrics, diverged_at, lambda_capped, artifacts, duration_s,
+                      trained_with)
+        if self.finish_runs({run_id: ended}):
+            raise ClaimLost(f"run {run_id}: another worker holds it now; its outcome here is not recorded")
+
+    def finish_runs(self, ended: dict[str, Ended]) -> set[str]:
+        """Record how runs ended (run id -> Ended), in one transaction: a group's cells that end together are one
+        write, not one each. Returns the runs whose claims no longer held them: nothing is written for those."""
+        def fn(s: Session) -> set[str]:
+            lost = set()
+            runs = list(s.scalars(select(Run).where(Run.id.in_(list(ended)))))
+            assert len(runs) == len(ended), sorted(ended)      # a claimed run is never deleted
+            for run in runs:
+                end = ended[run.id]
+                if run.status != Status.RUNNING or run.claim_token != end.token:
+                    lost.add(run.id)
+                    continue
+                run.status, run.epochs_done, run.metrics = end.status, end.epochs_done, end.metrics
+                run.trained_with = end.trained_with or None
+                run.diverged_at, run.lambda_capped = end.diverged_at, end.lambda_capped
+                run.finished_at = run.heartbeat_at = now()
+                run.duration_s = (run.duration_s or 0.0) + end.duration_s
+                run.artifacts = [Artifact(kind=k, path=p) for k, p in sorted(end.artifacts.items())]
+            return lost
+        return self.write(fn) if ended else set()
 
     def fail_run(self, run_id: str, token: str, error: str, duration_s: float, *, epochs_done: int | None = None,
                  retry_below: int | None = None) -> bool:
