@@ -211,7 +211,8 @@ SPENT = [("claim (RunQueue.claim_next)", "flctl/db/queue.py", "claim_next"),
          ("records and summary of a cell (outputs.finish_run)", "flctl/outputs.py", "finish_run"),
          ("  of which task extras (decision grid)", "tasks/two_moons.py", "extras"),
          ("database writes (Store.write)", "flctl/db/store.py", "write"),
-         ("provenance and claim bookkeeping (runner.train_claimed minus train)", "flctl/runner.py", "train_claimed")]
+         ("claimed runs' bookkeeping (ClaimedRuns: provenance, beats, logs, outcomes)", "flctl/claimed.py",
+          ("__enter__", "epoch", "_record", "__exit__"))]
 
 
 def _profile(cells: int, cwd: Path) -> dict[str, float]:
@@ -236,11 +237,10 @@ def _profile(cells: int, cwd: Path) -> dict[str, float]:
         os.chdir(here)
     stats = pstats.Stats(prof, stream=io.StringIO()).stats    # {(file, line, name): (cc, nc, tt, ct, callers)}
     found: dict[str, float] = {}
-    for label, where, name in SPENT:
+    for label, where, names in SPENT:
+        names = (names,) if isinstance(names, str) else names
         found[label] = sum(ct for (file, _, fn), (_, _, _, ct, _) in stats.items()
-                           if fn == name and file.endswith(where)) * 1000 / cells
-    train = sum(ct for (file, _, fn), (*_, ct, _) in stats.items() if fn == "train" and file.endswith("flctl/runner.py"))
-    found[SPENT[-1][0]] -= train * 1000 / cells
+                           if fn in names and file.endswith(where)) * 1000 / cells
     return {k: round(v, 2) for k, v in found.items()}
 
 
