@@ -181,7 +181,18 @@ def wandb_records(run_dir: Path) -> list:
     return out
 
 
-def test_a_run_logged_offline_to_wandb_holds_its_metrics_and_config(tmp_path: Path) -> None:
+def wandb_history(root: Path, run_id: str) -> tuple[list, list[dict]]:
+    """A W&B offline run's records, and its history rows without what differs between two logs of one run (when
+    they were made, not what they hold)."""
+    (folder,) = (root / "wandb" / "wandb").glob(f"offline-run-*-{run_id}")
+    records = wandb_records(folder)
+    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    return records, [{k: v for k, v in h.items() if k not in ("_timestamp", "_runtime") and not k.startswith("_wandb")}
+                     for h in history]
+
+
+def test_a_run_logged_offline_to_wandb_holds_its_metrics_and_config_and_exports_the_same(tmp_path: Path) -> None:
     needs("wandb")
     root = tmp_path / "results"
     env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "moons", "WANDB_SILENT": "true"}
@@ -189,42 +200,19 @@ def test_a_run_logged_offline_to_wandb_holds_its_metrics_and_config(tmp_path: Pa
                      env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     run = api.runs(results_dir=root)[0]
-    (folder,) = (root / "wandb" / "wandb").glob(f"offline-run-*-{run.id}")
-    records = wandb_records(folder)
-    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
-    evaluated = [h for h in history if "train.avg_loss" in h]
-    assert [h["_step"] for h in evaluated] == EVERY
+    records, live = wandb_history(root, run.id)
+    evaluated = [h for h in live if "train.avg_loss" in h]
+    assert [h["_step"] for h in evaluated] == EVERY and "epoch.train_max_loss" in evaluated[-1]
     assert evaluated[-1]["train.avg_loss"] == pytest.approx(run.metrics["train.avg_loss"], rel=1e-6)
     assert evaluated[-1]["multipliers/_type"] == "histogram"
     config = {u.key: json.loads(u.value_json) for r in records if r.WhichOneof("record_type") == "run"
               for u in r.run.config.update}
     assert config["method"] == "fl" and config["flctl"]["flctl.run_id"] == run.id
     assert next(r for r in records if r.WhichOneof("record_type") == "run").run.project == "moons"
-
-
-def test_a_run_exported_to_wandb_is_its_live_log_key_for_key(tmp_path: Path) -> None:
-    needs("wandb")
-    root = tmp_path / "results"
-    env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "moons", "WANDB_SILENT": "true"}
-    res = in_process("run", "two-moons", "-m", "fl", *EPOCHS, "--log-to", "wandb", "--results-dir", str(root),
-                     env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    run = api.runs(results_dir=root)[0]
-
-    def history() -> list[dict]:
-        (folder,) = (root / "wandb" / "wandb").glob(f"offline-run-*-{run.id}")
-        steps = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-                 for r in wandb_records(folder) if r.WhichOneof("record_type") == "history"]
-        # what differs between two logs of one run is when they were made, not what they hold
-        return [{k: v for k, v in h.items() if k not in ("_timestamp", "_runtime") and not k.startswith("_wandb")}
-                for h in steps]
-
-    live = history()
-    assert [h["_step"] for h in live if "test.avg_loss" in h] == EVERY and "epoch.train_max_loss" in live[-1]
+    # exported after the fact: the live log key for key, step for step (the histograms' bins too)
     res = in_process("export", run.id, "--to", "wandb", "--results-dir", str(root), env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert history() == live        # every key at every step: the histograms' bins too
+    assert wandb_history(root, run.id)[1] == live
 
 
 FAULTY = '''
