@@ -190,12 +190,18 @@ class ClaimedRuns:
 
             self.started = time.perf_counter()
             self.queue.record_provenance({c.run_id: (self.tokens[c.run_id], provenance(c)) for c in self.cfgs})
-        except BaseException as exc:    # before any training began (an import, a task's data source): each run
-            self._fail_held(exc)        # fails with the error, not left running without a heartbeat until stale
+            self.beat.start()
+            for cfg in self.cfgs:
+                self.logging.start(cfg)
+        except BaseException as exc:    # before any training began: nothing is left running without a heartbeat
+            self.beat.stopped.set()
+            if isinstance(exc, Exception):      # an import, a task's data source: the same error for each run
+                self._fail_held(exc)
+            else:                               # a signal: back to the queue, resumable (HAND_BACK)
+                self._leave(exc)
+            for run_id in self.ids:
+                self.logging.finish(run_id, Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED)
             raise
-        self.beat.start()
-        for cfg in self.cfgs:
-            self.logging.start(cfg)
         return self
 
     def epoch(self, stats: Any) -> None:
@@ -258,14 +264,20 @@ class ClaimedRuns:
     def finish(self, results: list) -> list:
         """The runs' outcomes recorded (those ``done`` has not seen), and what the trackers could not log said on
         stderr: the results."""
-        self._record([r for r in results if r.run_id not in self.recorded])
+        try:
+            self._record([r for r in results if r.run_id not in self.recorded])
+        except (DiskFull, GroundMoved):     # the worker stops: the runs wait for a claim to see them lost
+            raise
+        except Exception as exc:            # the database failed under the outcomes: those not recorded fail with
+            self._fail_held(exc)            # it, not left running until the stale bound while a wait waits
+            raise
         for line in self.logging.lines():
             print(f"flctl: {line}", file=sys.stderr)
         return results
 
     def _fail_held(self, exc: BaseException) -> None:
         """Every run still held, failed with ``exc``: an error before training began is the same for all of them (they
-        share their task, method and data). Best-effort: where the database itself is what failed (its server
+        share their task, method and data), and so is a database that failed under their outcomes. Best-effort: where the database itself is what failed (its server
         stopped), they go stale as a lost worker's do, and ``exc`` is what is reported, not a second error."""
         error = "".join(traceback.format_exception(exc, limit=8))
         with contextlib.suppress(Exception):

@@ -149,10 +149,9 @@ def add_trials(storage: Any, study: Any, trials: list[Any]) -> None:
     would add it. Optuna adds a trial at a time, about eleven statements and a commit each: 15 ms a cell of a two-moons
     sweep, most of what flctl itself spent on a cell (benchmarks/bench_overhead.py). So they are written here with
     Optuna's own table models, numbered after the study's trials (under OPTUNA_LOCK: no other sync numbers beside
-    this one). tests/test_study_mirror.py holds them equal to add_trial's, field for field, on the newest Optuna and
-    the lowest the bounds allow; where the models are not as this expects, they go through add_trial."""
-    import json
-
+    this one, and the study's row locked as Optuna locks it). tests/test_study_mirror.py holds them equal to
+    add_trial's, field for field, on the newest Optuna and the lowest the bounds allow; where Optuna's models are not
+    there, they go through add_trial."""
     try:
         from optuna.distributions import distribution_to_json
         from optuna.storages._rdb import models
@@ -161,18 +160,31 @@ def add_trials(storage: Any, study: Any, trials: list[Any]) -> None:
         for trial in trials:
             study.add_trial(trial)
         return
-    if not trials:
-        return
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in range(3):        # Optuna retries its writes (a lock held past SQLite's wait); so does this
+        try:
+            return _write_trials(storage, study, trials, models, value_of, distribution_to_json) if trials else None
+        except OperationalError:
+            if attempt == 2:
+                raise
+
+
+def _write_trials(storage: Any, study: Any, trials: list[Any], models: Any, value_of: Any, to_json: Any) -> None:
+    import json
+
     session = storage.scoped_session()
     try:
         study_id = session.query(models.StudyModel.study_id).filter(
             models.StudyModel.study_name == study.study_name).scalar()
+        # the study's row locked while its trials are numbered, as Optuna's own add_trial locks it
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         first = session.query(models.TrialModel).filter(models.TrialModel.study_id == study_id).count()
         for number, t in enumerate(trials, start=first):
             row = models.TrialModel(study_id=study_id, number=number, state=t.state, datetime_start=t.datetime_start,
                                     datetime_complete=t.datetime_complete)
             row.params = [models.TrialParamModel(param_name=name, param_value=t.distributions[name].to_internal_repr(v),
-                                                 distribution_json=distribution_to_json(t.distributions[name]))
+                                                 distribution_json=to_json(t.distributions[name]))
                           for name, v in t.params.items()]
             row.values = [] if t.value is None else \
                 [models.TrialValueModel(objective=0, value=value_of(t.value)[0], value_type=value_of(t.value)[1])]

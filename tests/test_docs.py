@@ -138,7 +138,7 @@ def test_modules_stay_small_and_each_job_has_one_home() -> None:
     def holding(*needles: str) -> set[str]:
         return {path for path, text in sources.items() if any(n in text for n in needles)}
 
-    assert holding("claim_token") == {"flctl/db/queue.py", "flctl/db/schema.py",
+    assert holding("claim_token") == {"flctl/db/claims.py", "flctl/db/queue.py", "flctl/db/schema.py",
                                       "flctl/migrations/versions/0003_claim_token.py"}
     assert holding("F_OFD_SETLK", "journal_mode") <= {"flctl/db/sqlite.py", "flctl/db/store.py"}
     assert holding('"scancel"', '"squeue"', '"sinfo"') == {"flctl/launch/backends/slurm.py"}

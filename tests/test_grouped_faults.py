@@ -174,3 +174,35 @@ def test_a_disk_that_fills_under_a_grouped_wait_is_told_at_once_in_one_line(tmp_
     assert again.returncode == 0, again.stdout + again.stderr
     assert {r.status for r in by_seed(results).values()} == {"completed"}
     assert not list((results / "jobs").rglob("*.disk"))         # the note was read and is gone with its worker
+
+
+@pytest.mark.parametrize("raised, status", [(KeyboardInterrupt, "interrupted"), (RuntimeError, "failed"),
+                                            (OSError, "failed")])
+def test_a_group_stopped_before_it_trains_goes_back_on_a_signal_and_fails_on_an_error(tmp_path: Path, monkeypatch,
+                                                                                    raised, status) -> None:
+    """As a claimed group starts (provenance recorded, heartbeat, logs opened): a second Ctrl-C hands its runs back
+    to the queue, resumable; an error fails each with it. None is left running without a heartbeat."""
+    import flctl.claimed
+    from flctl.claimed import ClaimedRuns
+    from flctl.db import RunQueue
+    from flctl.layout import Layout
+    from flctl.loggers import Logging
+    from tests.helpers import config
+
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    cfgs = [config("two-moons", "fl", seed=s) for s in range(2)]
+    store.add_runs(cfgs)
+    tokens = {c.run_id: RunQueue(store).claim_run(c.run_id) for c in cfgs}
+
+    def provenance(cfg):
+        raise raised("stopped as the group started")
+
+    monkeypatch.setattr(flctl.claimed, "provenance", provenance)
+    claimed = ClaimedRuns(cfgs, tokens, store, Layout(tmp_path), Logging((), tmp_path))
+    with pytest.raises(raised):
+        with claimed:
+            pytest.fail("the group trained")
+    assert [store.get_run(c.run_id).status for c in cfgs] == [status] * 2
+    assert not claimed.beat.is_alive()
+    if status == "interrupted":         # claimable again, the attempt not counted
+        assert RunQueue(store).claim_run(cfgs[0].run_id, max_attempts=1)

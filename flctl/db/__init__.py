@@ -1,7 +1,8 @@
 """The run database: readers get a ``Store`` (flctl.db.store), workers a ``RunQueue`` over it (flctl.db.queue)."""
 
+from flctl.db.claims import Claim
 from flctl.db.liveness import HEARTBEAT_S, STALE_AFTER_S, check_stale_after
-from flctl.db.queue import Claim, Ended, RunQueue
+from flctl.db.queue import Ended, RunQueue
 from flctl.db.schema import RunRecord
 from flctl.db.store import Store, not_the_one
 from flctl.db.upgrade import SCHEMA_LOCK

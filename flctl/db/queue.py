@@ -8,31 +8,23 @@ the runner and sweep workers use it; readers get a Store.
 
 from __future__ import annotations
 
-import os
-import secrets
+import itertools
 import socket
 from collections.abc import Callable, Collection, Iterable
+from functools import partial
 from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from flctl.config import RunConfig
+from flctl.db.claims import Claim, claimable, take_claim, take_first
 from flctl.db.liveness import STALE_AFTER_S, _is_stale, check_stale_after, db_now
 from flctl.db.schema import Artifact, Run, SweepCell, now
 from flctl.db.sqlite import READ_ONLY
 from flctl.db.store import Store
 from flctl.errors import ClaimLost
-from flctl.status import TO_DO, TRAIN_ALONE, TRAINABLE, Status
-
-
-class Claim(NamedTuple):
-    """A cell a pull worker claimed (RunQueue.claim_next): its config, the claim's fencing token, and whether it is
-    to train alone (handed back as TRAIN_ALONE)."""
-
-    cfg: RunConfig
-    token: str
-    alone: bool = False
+from flctl.status import TO_DO, TRAINABLE, Status
 
 
 class Ended(NamedTuple):
@@ -57,29 +49,6 @@ def _fenced(s: Session, run_id: str, token: str, values: dict[str, Any]) -> bool
     return res.rowcount == 1  # type: ignore[attr-defined]  # an UPDATE's CursorResult
 
 
-def _take(s: Session, run_id: str, allow: Collection[str], stale_after: float, max_attempts: int | None,
-          job_id: str | None, git_sha: str | None, device: str | None) -> str | None:
-    """RunQueue.claim_run's compare-and-swap, in the transaction ``s``: the new claim's token, or None."""
-    run = s.get(Run, run_id)
-    if run is None:
-        return None
-    stamp = db_now(s)
-    if not (run.status in allow or (run.status == Status.RUNNING and _is_stale(run, stale_after, stamp))):
-        return None
-    if max_attempts is not None and run.attempts >= max_attempts:
-        return None
-    token = secrets.token_hex(16)
-    res = s.execute(
-        update(Run).where(Run.id == run_id, Run.status == run.status, Run.attempts == run.attempts,
-                          Run.claim_token.is_(None) if run.claim_token is None
-                          else Run.claim_token == run.claim_token)
-        .values(status=Status.RUNNING, attempts=run.attempts + 1, error=None, host=socket.gethostname(),
-                pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
-                heartbeat_at=stamp, finished_at=None, claim_token=token)
-        .execution_options(synchronize_session=False))
-    return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
-
-
 class RunQueue:
     """A worker's side of the run database: the claim protocol over a Store's transactions."""
 
@@ -100,7 +69,7 @@ class RunQueue:
         """
         allow = set(allow)
         check_stale_after(stale_after)
-        return self.write(lambda s: _take(s, run_id, allow, stale_after, max_attempts, job_id, git_sha, device))
+        return self.write(lambda s: take_claim(s, run_id, allow, stale_after, max_attempts, job_id, git_sha, device))
 
     def held(self, tokens: dict[str, str]) -> set[str]:
         """The runs of ``tokens`` (run id -> claim token) whose claims still hold them: ``holds`` for a group of
@@ -127,8 +96,8 @@ class RunQueue:
         gets the claims as soon as they are made: a signal after them finds them all. To do: queued or
         interrupted with attempts left, or running with a lost worker. A failed cell is not: its error (a task's
         exception) would come again; a new launch of the sweep queues it again (``retry_failed``). Candidates are
-        read once per call (not per cell of a group) and tried in id order through ``claim_run``'s compare-and-swap, all in
-        one transaction, so workers racing for the same cell never both win."""
+        read once per call (not per cell of a group) and tried in id order through ``claim_run``'s compare-and-swap, a
+        batch in one transaction, so workers racing for the same cell never both win."""
         if together is None and most != 1:
             raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
         cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
@@ -140,25 +109,14 @@ class RunQueue:
             at = db_now(s)
         check_stale_after(stale_after)
 
-        def fn(s: Session) -> list[Claim]:      # one transaction for a group's claims, not one each
-            claimed: list[Claim] = []
-            for r in rows:
-                alone = r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)   # why it was handed back
-                if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and together is not None:
-                    continue
-                cfg = RunConfig.from_json(r.config)
-                if together is not None and not together(cfg):
-                    continue
-                token = _take(s, r.id, TRAINABLE, stale_after, max_attempts, job_id, git_sha, cfg.device)
-                if token is not None:
-                    claimed.append(Claim(cfg, token, alone))
-                    if len(claimed) >= most:
-                        break
-            return claimed
-
-        claimed = self.write(fn)
-        if held is not None:
-            held.update((c.cfg.run_id, c.token) for c in claimed)
+        # tried in batches of twice what is still needed, so a lost race costs a batch, not the group
+        found, claimed = claimable(rows, stale_after, at, together), list[Claim]()
+        while len(claimed) < most and (batch := list(itertools.islice(found, 2 * (most - len(claimed))))):
+            need = most - len(claimed)
+            claimed += self.write(partial(take_first, batch=batch, need=need, claim=(stale_after, max_attempts,
+                                                                                          job_id, git_sha)))
+            if held is not None:
+                held.update((c.cfg.run_id, c.token) for c in claimed)
         return claimed
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
@@ -299,7 +257,9 @@ class RunQueue:
         write, not one each. Returns the runs whose claims no longer held them: nothing is written for those."""
         def fn(s: Session) -> set[str]:
             lost = set()
-            runs = list(s.scalars(select(Run).where(Run.id.in_(list(ended)))))
+            # locked as read (PostgreSQL; SQLite's writer holds the database): a claim taken over between the read and
+            # the write would otherwise be overwritten by this outcome
+            runs = list(s.scalars(select(Run).where(Run.id.in_(list(ended))).order_by(Run.id).with_for_update()))
             assert len(runs) == len(ended), sorted(ended)      # a claimed run is never deleted
             for run in runs:
                 end = ended[run.id]

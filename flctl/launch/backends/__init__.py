@@ -116,8 +116,14 @@ class Launcher:
 
     @staticmethod
     def current_job() -> str | None:
-        """Asked inside one of its workers: the id of the job it runs in (None: not a job of this launcher's)."""
-        return None
+        """Asked inside one of its workers: the id of the job it runs in (None: not inside a job). By default
+        submitit's, which most launchers start their workers through."""
+        import submitit
+
+        try:
+            return submitit.JobEnvironment().job_id
+        except RuntimeError:  # not inside a submitit job (the debug executor runs in process)
+            return None
 
     def active(self, job_ids: Sequence[str]) -> set[str]:
         """Of a queued launcher's ``job_ids``, those its scheduler still lists (pending or running)."""
@@ -153,15 +159,6 @@ class SubmititLauncher(Launcher):
         params, slots = self.parameters(slots)
         ex.update_parameters(**{"name": worker.name, "timeout_min": 7 * 24 * 60, **params})
         return ex.map_array(worker, list(slots))
-
-    @staticmethod
-    def current_job() -> str | None:
-        import submitit
-
-        try:
-            return submitit.JobEnvironment().job_id
-        except RuntimeError:  # not inside a submitit job (the debug executor runs in process)
-            return None
 
 
 def built_in() -> list[type[Launcher]]:
