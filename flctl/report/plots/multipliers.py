@@ -21,12 +21,17 @@ if TYPE_CHECKING:
     from flctl.db import RunRecord
 
 
-GRID_KEYS = ("grid_x", "grid_y", "grid_prob1", "train_x", "train_y")
+# The extras keys the figure draws a run from (docs/design.md): the grid's axes and the 2-D training inputs, with the
+# class-1 probability on the grid (PROBABILITY: runs before 2026-11-29 saved it) or the classifier it comes from, a
+# ReLU MLP's layers (mlp_weight_<i> [out, in], mlp_bias_<i>), evaluated on the grid for the runs drawn only.
+GRID_KEYS = ("grid_x", "grid_y", "train_x", "train_y")
+PROBABILITY = "grid_prob1"
 
 
 def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     candidates = [r for r in runs if method_info(r.method).has_multipliers and r.status == Status.COMPLETED]
-    with_grid = [(r, e) for r in candidates if (e := load_extras(r, GRID_KEYS)) is not None]
+    with_grid = [(r, e) for r in candidates if (e := load_extras(r, GRID_KEYS)) is not None
+                 and (PROBABILITY in e or _layer(e, 0) is not None)]
     if not with_grid:
         raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "
                           "e.g. `flctl sweep two-moons -m fl,rfl`; select them with --task two-moons")
@@ -44,9 +49,10 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     for ax, run in zip(axes, chosen):
         e = extras[run.id]
         lam = _aligned_multipliers(table, run.id, len(e["train_x"]))
-        contours = ax.contourf(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=np.linspace(0, 1, 11),
-                               cmap="RdBu_r", alpha=0.35)
-        ax.contour(e["grid_x"], e["grid_y"], e["grid_prob1"], levels=[0.5], colors="k", linewidths=1.2)
+        prob = class1_probability(e, run)
+        contours = ax.contourf(e["grid_x"], e["grid_y"], prob, levels=np.linspace(0, 1, 11), cmap="RdBu_r",
+                               alpha=0.35)
+        ax.contour(e["grid_x"], e["grid_y"], prob, levels=[0.5], colors="k", linewidths=1.2)
         _multiplier_scatter(ax, e["train_x"], e["train_y"], lam)
         ax.set_title(wrap(f"{labels[run.id]}, seed {run.seed} (max λ = {np.nanmax(lam):.2g})", 4.4, 10))
         ax.set_xlabel("$x_1$")
@@ -62,6 +68,37 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     fig.suptitle(wrap(f"{chosen[0].task}: final multipliers (marker area ∝ λ / max λ of the panel) over the "
                       "predicted probabilities", fig.get_figwidth() - 0.2, 10))
     return fig
+
+
+def class1_probability(extras: dict[str, np.ndarray], run: RunRecord) -> np.ndarray:
+    """P(class 1) on the grid, [len(grid_y), len(grid_x)]: the saved one, else the run's MLP evaluated at each grid
+    point as flctl.models.mlp computes it (its linear layers in order, a ReLU between each two, then the softmax), in
+    numpy: reports run where torch is not installed."""
+    if PROBABILITY in extras:
+        return extras[PROBABILITY]
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
+    while (layer := _layer(extras, len(layers))) is not None:
+        layers.append(layer)
+    xx, yy = np.meshgrid(extras["grid_x"], extras["grid_y"])
+    h = np.stack([xx.ravel(), yy.ravel()], axis=1).astype(layers[0][0].dtype)
+    for i, (weight, bias) in enumerate(layers):
+        if weight.ndim != 2 or weight.shape[1] != h.shape[1] or bias.shape != weight.shape[:1]:
+            raise ConfigError(f"run {run.id}: layer {i} of the MLP in its extras ({run.artifacts.get('extras')}) "
+                              f"takes {weight.shape} and {bias.shape} to {h.shape[1]} inputs; not a 2-D classifier")
+        h = h @ weight.T + bias
+        if i < len(layers) - 1:
+            np.maximum(h, 0, out=h)
+    if h.shape[1] < 2:
+        raise ConfigError(f"run {run.id}: the MLP in its extras ({run.artifacts.get('extras')}) has "
+                          f"{h.shape[1]} output; a classifier's class 1 needs two")
+    p = np.exp(h - h.max(axis=1, keepdims=True))
+    return (p[:, 1] / p.sum(axis=1)).reshape(xx.shape)
+
+
+def _layer(extras: dict[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The MLP's ``i``-th linear layer (weight [out, in], bias [out]) in the extras; None past the last."""
+    weight, bias = extras.get(f"mlp_weight_{i}"), extras.get(f"mlp_bias_{i}")
+    return None if weight is None or bias is None else (weight, bias)
 
 
 def _one_seed_per_group(runs: list[RunRecord], limit: int) -> list[RunRecord]:
