@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from flctl.config import AXIS_FIELDS, RunConfig
-from flctl.db import SCHEMA_LOCK, existing_url
+from flctl.db import SCHEMA_LOCK, existing_storage
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.status import REPORTABLE, Status
@@ -106,7 +106,7 @@ def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str,
     space = varying(configs) or {"seed": [configs[0].seed]}
     # Its own engine, disposed at the end: a worker of the debug executor syncs inside a process that lives on (the
     # Python API, `flctl sweep --executor debug`), and a connection left open there keeps SQLite's -wal file.
-    storage = optuna.storages.RDBStorage(existing_url(url))
+    storage = existing_storage(url)
     try:
         study = optuna.create_study(storage=storage, study_name=f"flctl-{sweep_id}", load_if_exists=True,
                                     direction=optuna_direction(direction),

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flctl.config import RunConfig
-from flctl.db import existing_url
+from flctl.db import existing_storage
 from flctl.errors import ConfigError
 from flctl.launch.wait import poll_delays
 from flctl.status import TERMINAL, TO_DO, Status
@@ -53,7 +53,7 @@ def tune(spec, sweep_id: str, n_trials: int, objective: str, direction: str, *, 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists = search_space(spec)
     with store.exclusive(OPTUNA_LOCK):        # creating the schema and the study races other syncs otherwise
-        study = optuna.create_study(storage=existing_url(url), study_name=f"flctl-{sweep_id}",
+        study = optuna.create_study(storage=existing_storage(url), study_name=f"flctl-{sweep_id}",
                                     load_if_exists=True, direction=optuna_direction(direction),
                                     sampler=optuna.samplers.TPESampler(**TPE_SETTINGS))
     study.set_user_attr("objective", objective)

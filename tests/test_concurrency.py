@@ -1,4 +1,5 @@
-"""Many processes writing the run database at once: SQLite (WAL, busy timeout, retries) and PostgreSQL.
+"""Many processes writing the run database at once: SQLite (WAL, busy timeout, retries), PostgreSQL, and PostgreSQL
+through PgBouncer in transaction pooling (each transaction of a client on any of the server's connections).
 
 16 worker processes race to claim the same 64 queued runs, heartbeat them and finish them, and each bumps a
 shared counter 20 times. Every run must be claimed exactly once and no increment may be lost. The processes are
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flctl.db import RunQueue, Store
+from flctl.db import RunQueue, Store, existing_storage
 from tests import warm
 from tests.helpers import config
 
@@ -63,9 +64,33 @@ def pg_database() -> str:
     return base.rsplit("/", 1)[0] + "/" + name
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def bouncer_database() -> str:
+    """A fresh database on the test PostgreSQL server reached through PgBouncer in transaction pooling
+    (FLCTL_TEST_PGBOUNCER, .ci/pgbouncer.sh: it routes every database name to the server); skipped without one,
+    except in CI."""
+    bouncer = os.environ.get("FLCTL_TEST_PGBOUNCER")
+    if not bouncer:
+        if os.environ.get("CI"):
+            pytest.fail("CI must provide a PgBouncer (FLCTL_TEST_PGBOUNCER, see .ci/pgbouncer.sh)")
+        pytest.skip("no PgBouncer: run .ci/pgbouncer.sh and export FLCTL_TEST_PGBOUNCER")
+    return bouncer.rsplit("/", 1)[0] + "/" + pg_database().rsplit("/", 1)[1]
+
+
+def database_url(backend: str, tmp_path: Path) -> str:
+    """A fresh run database of ``backend``: "sqlite" (a file under ``tmp_path``), "postgresql" (the test server) or
+    "pgbouncer" (the test server through PgBouncer in transaction pooling, as clusters run it)."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'flctl.db'}"
+    return pg_database() if backend == "postgresql" else bouncer_database()
+
+
+# Each database engine a test of many writers runs on.
+BACKENDS = ["sqlite", "postgresql", "pgbouncer"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_concurrent_writers_lose_no_update(tmp_path: Path, backend: str) -> None:
-    url = f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    url = database_url(backend, tmp_path)
     store = Store.open(url)
     configs = [config("two-moons", "fl", seed=s) for s in range(RUNS)]
     store.add_runs(configs)
@@ -100,7 +125,7 @@ print(sync_sweep(store, url, sweep_id))
 """
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend: str) -> None:
     # Three processes sync one sweep's finished cells into its (not yet existing) Optuna study at the same moment,
     # on a database without Optuna's tables: the schema is created once, and each cell becomes exactly one trial.
@@ -108,7 +133,7 @@ def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend:
 
     import optuna
 
-    url = f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    url = database_url(backend, tmp_path)
     store = Store.open(url)
     configs = [config("two-moons", "fl", seed=s, lr=lr) for s in range(3) for lr in (1e-3, 1e-2)]
     store.create_sweep("grid", "grid", "two-moons", {}, configs)
@@ -126,7 +151,7 @@ def test_concurrent_first_syncs_give_one_trial_per_cell(tmp_path: Path, backend:
         assert p.returncode == 0, err
         added.append(int(out.strip().splitlines()[-1]))
     assert sorted(added) == [0, 0, len(configs)]               # one process added them all, the others none
-    study = optuna.load_study(study_name="flctl-grid", storage=url.replace("postgresql://", "postgresql+psycopg://"))
+    study = optuna.load_study(study_name="flctl-grid", storage=existing_storage(url))
     assert sorted(t.user_attrs["run_id"] for t in study.get_trials()) == sorted(c.run_id for c in configs)
     store.close()
 
@@ -141,11 +166,11 @@ Store.open(url).close()
 """
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_concurrent_first_opens_create_the_schema_once(tmp_path: Path, backend: str) -> None:
     import time
 
-    url = f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    url = database_url(backend, tmp_path)
     start_at = time.time() + 3
     procs = [warm.Popen([sys.executable, "-c", OPEN, url, str(start_at)], stdout=warm.PIPE, stderr=warm.PIPE)
              for _ in range(4)]

@@ -6,7 +6,7 @@ from flctl.db.queue import Ended, RunQueue
 from flctl.db.schema import RunRecord
 from flctl.db.store import Store, not_the_one
 from flctl.db.upgrade import SCHEMA_LOCK
-from flctl.db.urls import existing_url, normalize_url
+from flctl.db.urls import existing_storage, normalize_url
 
 __all__ = ["HEARTBEAT_S", "SCHEMA_LOCK", "STALE_AFTER_S", "Claim", "Ended", "RunQueue", "RunRecord", "Store",
-           "check_stale_after", "existing_url", "normalize_url", "not_the_one"]
+           "check_stale_after", "existing_storage", "normalize_url", "not_the_one"]

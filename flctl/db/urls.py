@@ -5,6 +5,7 @@ it names). No engine's URL form is read anywhere else."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 
@@ -40,12 +41,16 @@ def parsed(url: str) -> URL | None:
         return None
 
 
-def existing_url(url: str) -> str:
-    """``url`` for a library that opens flctl's database with an engine of its own (Optuna): normalized, and such
-    that it never makes the database (Dialect.for_others), which must exist already: an Optuna sync after a SQLite
-    database was deleted would otherwise leave an empty one in its place."""
+def existing_storage(url: str) -> Any:
+    """An Optuna storage (RDBStorage) on flctl's database at ``url``, which must exist already: its URL is such that
+    it never makes the database (Dialect.for_others; an Optuna sync after a SQLite database was deleted would
+    otherwise leave an empty one in its place), and its engine gets the arguments flctl's own stores get
+    (Dialect.engine_args: PostgreSQL's work behind PgBouncer)."""
+    import optuna
+
     parsed_url = make_url(normalize_url(url))
-    return dialect_of(parsed_url).for_others(parsed_url)
+    dialect = dialect_of(parsed_url)
+    return optuna.storages.RDBStorage(dialect.for_others(parsed_url), engine_kwargs=dialect.engine_args(readonly=False))
 
 
 def in_memory(url: str) -> bool:
