@@ -76,7 +76,7 @@ class Task:
     # epoch from the cell's own generator, then applied batch by batch inside the step).
     augment: Augment | None = None
     # extras(model, dataset, options) -> {name: ndarray}, saved next to the records after training
-    # (e.g. two-moons class probabilities on a grid, so reports can draw contours without torch).
+    # (e.g. two-moons' MLP layers, which reports evaluate on a grid in numpy: they draw without torch).
     extras: Callable[..., dict] | None = None
     # solve(config, dataset) -> Solution for tasks with their own solver (polyfit: CVXPY).
     solve: Callable[..., Any] | None = None

@@ -212,10 +212,76 @@ def test_plotting_never_imports_torch(made: Path, tmp_path: Path) -> None:
         f"root = Path({str(made)!r})\n"
         "store = Store.open(f'sqlite:///{root}/flctl.db')\n"
         f"plot('top-multipliers', select_runs(store, task='digits'), root / 'records', Path({str(tmp_path)!r}) / 't')\n"
+        # two-moons' decision grid, computed from the MLP's layers as the figure draws
+        f"plot('multipliers', select_runs(store, task='two-moons'), root / 'records', Path({str(tmp_path)!r}) / 'm')\n"
         "assert 'torch' not in sys.modules, 'plotting imported torch'\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_multipliers_draws_new_runs_from_their_mlp_as_old_runs_from_their_saved_grid(made: Path, tmp_path: Path) -> None:
+    # A cell keeps its MLP's layers and evaluates no grid; the figure evaluates them as it draws. The same runs as
+    # flctl saved them before 2026-11-29 (the grid's probabilities, computed with torch, and no layers) draw the same
+    # picture, read from what they saved.
+    import dataclasses
+
+    import torch
+
+    from flctl.cell import load_trainable_state
+    from flctl.tasks import get_task
+
+    task = get_task("two-moons")
+    runs, as_before = runs_of(made, "two-moons"), []
+    for r in runs:
+        if "extras" not in r.artifacts:
+            as_before.append(r)
+            continue
+        kept = dict(np.load(r.artifacts["extras"]))
+        assert "grid_prob1" not in kept and "mlp_weight_0" in kept
+        data = task.load(r.cfg.opts, None)
+        model = task.build_model(r.cfg.opts, data)
+        load_trainable_state(model, torch.load(r.artifacts["model"], weights_only=True))
+        xx, yy = np.meshgrid(kept["grid_x"], kept["grid_y"])
+        with torch.no_grad():
+            prob = torch.softmax(model(torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], axis=1))), dim=-1)[:, 1]
+        old = tmp_path / f"{r.id}.npz"
+        np.savez(old, **{k: v for k, v in kept.items() if not k.startswith("mlp_")},
+                 grid_prob1=prob.numpy().reshape(xx.shape))
+        as_before.append(dataclasses.replace(r, artifacts={**r.artifacts, "extras": str(old)}))
+    new_pixels, old_pixels = (rendered(figure("multipliers", rs, made / "records")) for rs in (runs, as_before))
+    assert new_pixels.shape == old_pixels.shape
+    differ = np.abs(new_pixels.astype(int) - old_pixels.astype(int)).max(axis=-1)
+    assert differ.max() <= 2 and (differ > 0).mean() < 1e-3      # rounding at a contour's edge, a pixel here and there
+
+
+@pytest.mark.notorch
+def test_class1_probability_is_the_mlps_softmax_and_a_layer_that_does_not_fit_is_one_line() -> None:
+    from flctl.report.plots.multipliers import class1_probability
+
+    axes = {"grid_x": np.linspace(-2, 2, 5, dtype=np.float32), "grid_y": np.linspace(-1, 1, 3, dtype=np.float32)}
+    x1 = np.broadcast_to(axes["grid_x"], (3, 5))
+    # (x1, x2) -> ReLU(x1), ReLU(-x1) -> logits (0, ReLU(-x1) - ReLU(x1)) = (0, -x1): P(class 1) = sigmoid(-x1), which
+    # a ReLU after the last layer would cut to 1/2 where x1 > 0.
+    layers = {"mlp_weight_0": np.array([[1, 0], [-1, 0]], np.float32), "mlp_bias_0": np.zeros(2, np.float32),
+              "mlp_weight_1": np.array([[0, 0], [-1, 1]], np.float32), "mlp_bias_1": np.zeros(2, np.float32)}
+    np.testing.assert_allclose(class1_probability(axes | layers, "here"), 1 / (1 + np.exp(x1)), rtol=1e-6)
+    saved = np.full((3, 5), 0.25)
+    assert class1_probability(axes | layers | {"grid_prob1": saved}, "here") is saved     # a run that saved its grid
+    for bad, says in ((layers | {"mlp_weight_1": np.ones((2, 3), np.float32)}, "does not take 2 inputs"),
+                      (layers | {"mlp_weight_1": np.ones((1, 2), np.float32), "mlp_bias_1": np.zeros(1, np.float32)},
+                       "has 1 output")):
+        with pytest.raises(ConfigError, match=f"^run r's extras: .*{says}") as err:
+            class1_probability(axes | bad, "run r's extras")
+        assert "\n" not in str(err.value)
+
+
+def rendered(fig: Figure) -> np.ndarray:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())
 
 
 def test_heatmap_without_sweep_takes_the_latest_lr_sweep_or_asks_for_one(made: Path, tmp_path: Path) -> None:

@@ -193,12 +193,33 @@ def test_records_are_ordered_complete_and_atomic(tmp_path: Path) -> None:
         assert result.metrics[f"{split}.accuracy"] == pytest.approx(acc)
 
 
-def test_two_moons_saves_grid_probabilities(tmp_path: Path) -> None:
+def test_two_moons_keeps_its_mlp_not_a_grid_and_the_figure_evaluates_it_as_torch_does(tmp_path: Path) -> None:
+    # A cell evaluates no decision grid (40,000 forward passes, a quarter of a 1-epoch cell): it keeps the MLP's
+    # layers, and the multipliers figure evaluates them on the grid in numpy, as the trained model computes.
+    from flctl.cell import load_trainable_state
+    from flctl.report.plots.multipliers import GRID_KEYS, PROBABILITY, class1_probability
+    from flctl.tasks import get_task
+
     cfg = config("two-moons", "erm", epochs=2)
     result = run(cfg, tmp_path)
-    extras = np.load(result.artifacts["extras"])
-    assert extras["grid_prob1"].shape == (200, 200)
-    assert ((extras["grid_prob1"] >= 0) & (extras["grid_prob1"] <= 1)).all()
+    extras = dict(np.load(result.artifacts["extras"]))
+    assert PROBABILITY not in extras and set(GRID_KEYS) <= set(extras)
+    assert extras["grid_x"].shape == extras["grid_y"].shape == (200,)
+    task = get_task("two-moons")
+    data = task.load(cfg.opts, None)
+    model = task.build_model(cfg.opts, data)
+    load_trainable_state(model, torch.load(result.artifacts["model"], weights_only=True))
+    calls: list[int] = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    assert set(task.extras(model, data, cfg.opts)) == set(extras) and not calls     # no forward pass in a cell
+
+    xx, yy = np.meshgrid(extras["grid_x"], extras["grid_y"])
+    with torch.no_grad():
+        logits = model(torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], axis=1)))
+    want = torch.softmax(logits, dim=-1)[:, 1].numpy().reshape(xx.shape)
+    got = class1_probability(extras, "a two-moons run")
+    assert got.shape == (200, 200) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("degree", [10, 20, 30])

@@ -49,7 +49,7 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     for ax, run in zip(axes, chosen):
         e = extras[run.id]
         lam = _aligned_multipliers(table, run.id, len(e["train_x"]))
-        prob = class1_probability(e, run)
+        prob = class1_probability(e, f"run {run.id}'s extras ({run.artifacts.get('extras')})")
         contours = ax.contourf(e["grid_x"], e["grid_y"], prob, levels=np.linspace(0, 1, 11), cmap="RdBu_r",
                                alpha=0.35)
         ax.contour(e["grid_x"], e["grid_y"], prob, levels=[0.5], colors="k", linewidths=1.2)
@@ -70,10 +70,10 @@ def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     return fig
 
 
-def class1_probability(extras: dict[str, np.ndarray], run: RunRecord) -> np.ndarray:
+def class1_probability(extras: dict[str, np.ndarray], source: str) -> np.ndarray:
     """P(class 1) on the grid, [len(grid_y), len(grid_x)]: the saved one, else the run's MLP evaluated at each grid
     point as flctl.models.mlp computes it (its linear layers in order, a ReLU between each two, then the softmax), in
-    numpy: reports run where torch is not installed."""
+    numpy: reports run where torch is not installed. ``source`` names the extras in an error."""
     if PROBABILITY in extras:
         return extras[PROBABILITY]
     layers: list[tuple[np.ndarray, np.ndarray]] = []
@@ -83,14 +83,13 @@ def class1_probability(extras: dict[str, np.ndarray], run: RunRecord) -> np.ndar
     h = np.stack([xx.ravel(), yy.ravel()], axis=1).astype(layers[0][0].dtype)
     for i, (weight, bias) in enumerate(layers):
         if weight.ndim != 2 or weight.shape[1] != h.shape[1] or bias.shape != weight.shape[:1]:
-            raise ConfigError(f"run {run.id}: layer {i} of the MLP in its extras ({run.artifacts.get('extras')}) "
-                              f"takes {weight.shape} and {bias.shape} to {h.shape[1]} inputs; not a 2-D classifier")
+            raise ConfigError(f"{source}: MLP layer {i} ({weight.shape}, bias {bias.shape}) does not take "
+                              f"{h.shape[1]} inputs; not a classifier of 2-D points")
         h = h @ weight.T + bias
         if i < len(layers) - 1:
             np.maximum(h, 0, out=h)
     if h.shape[1] < 2:
-        raise ConfigError(f"run {run.id}: the MLP in its extras ({run.artifacts.get('extras')}) has "
-                          f"{h.shape[1]} output; a classifier's class 1 needs two")
+        raise ConfigError(f"{source}: the MLP has {h.shape[1]} output; a classifier's class 1 needs two")
     p = np.exp(h - h.max(axis=1, keepdims=True))
     return (p[:, 1] / p.sum(axis=1)).reshape(xx.shape)
 
