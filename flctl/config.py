@@ -133,7 +133,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, ``options`` as a dict: what the run database stores (``from_json`` reads it back)."""
-        d = dataclasses.asdict(self)
+        # Not dataclasses.asdict: its deep copy of values that are all scalars was half of planning a sweep's cell
+        # (the id hashes this dict, and the database stores it).
+        d = {name: getattr(self, name) for name in _NAMES}
         d["options"] = dict(self.options)
         return d
 
@@ -171,6 +173,12 @@ class RunConfig:
         alone = self.run_id if self.prune_after > 0 else None
         return json.dumps([shared, self.device, self.data_dir, alone, self.engine], sort_keys=True, default=str)
 
+    @property
+    def together_id(self) -> str:
+        """``together_key`` as 16 hex digits: stored with the run (Run.together), so a worker's claim finds the cells
+        that train with its first one in SQL, through an index, instead of parsing every cell's config."""
+        return hashlib.sha256(self.together_key().encode()).hexdigest()[:16]
+
 
 def _spec(f: dataclasses.Field) -> FieldSpec:
     kind = {"float": float, "int": int, "str": str}[str(f.type).split("|")[0].strip()]
@@ -180,6 +188,7 @@ def _spec(f: dataclasses.Field) -> FieldSpec:
                      m["per_cell"], m["switched_by"], f.name in METHOD_FIELDS)
 
 
+_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig))     # RunConfig.to_dict's keys
 # Every field but task and options (the command's argument and its -o KEY=VALUE pairs), in declaration order.
 FIELDS: dict[str, FieldSpec] = {f.name: _spec(f) for f in dataclasses.fields(RunConfig) if f.metadata}
 AXIS_FIELDS = tuple(name for name, f in FIELDS.items() if f.axis)

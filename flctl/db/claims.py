@@ -1,21 +1,25 @@
-"""A claim's compare-and-swap (RunQueue.claim_run, claim_next): which of a sweep's cells a claim may try, and taking
-one in a transaction, so that two workers never both win a cell."""
+"""A claim's compare-and-swap (RunQueue.claim_run) and a pull worker's claim of a sweep's next cells (take_next,
+RunQueue.claim_next): one transaction that reads at most the cells it takes, through an index, and takes them, so
+that two workers never both win a cell and a claim costs the same whatever the sweep's size."""
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import socket
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection
+from datetime import timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import update
+from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from flctl.config import RunConfig
 from flctl.db.liveness import _is_stale, db_now
-from flctl.db.schema import Run
-from flctl.status import TO_DO, TRAIN_ALONE, TRAINABLE, Status
+from flctl.db.schema import Run, SweepCell
+from flctl.procs import pid_alive
+from flctl.status import TO_DO, TRAIN_ALONE, Status
 
 
 class Claim(NamedTuple):
@@ -50,29 +54,81 @@ def take_claim(s: Session, run_id: str, allow: Collection[str], stale_after: flo
     return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
 
 
-def claimable(rows: Iterable[Any], stale_after: float, at: Any,
-                together: Callable[[RunConfig], bool] | None) -> Iterator[Claim]:
-    """RunQueue.claim_next's cells that a claim may try, unclaimed (token ""), read outside the write lock: a config
-    parsed, ``together`` asked."""
+class Want(NamedTuple):
+    """What RunQueue.claim_next takes: up to ``need`` cells of ``sweep_id``, with attempts left below ``max_attempts``;
+    ``with_run``: only cells that train together with that run (its Run.together key), none handed back to train
+    alone; ``stale_after``: a running cell whose heartbeat is older is its lost worker's, and may be taken back."""
+
+    sweep_id: str
+    need: int
+    max_attempts: int
+    stale_after: float
+    with_run: str | None = None
+
+
+def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -> list[Claim]:
+    """The cells ``want`` names that this transaction wins, claimed, with their tokens: RunQueue.claim_next.
+
+    Reads only what it takes. The cells still to do are read through the index ix_runs_claim (status, together, id)
+    a status at a time, interrupted first (they resume from a checkpoint), at most ``need`` of them, so a claim costs
+    the same on a sweep of a thousand cells or of a hundred thousand. On PostgreSQL the read locks them FOR UPDATE
+    SKIP LOCKED: a worker racing for the same rows skips to the next free ones instead of waiting, and never wins a
+    row another holds. On SQLite the whole transaction holds the one write lock (flctl.db.sqlite, BEGIN IMMEDIATE),
+    so nobody moves between the read and the write either. Cells of lost workers are taken back only when nothing
+    is left to do (a queue drains before it retries), as each worker's own claims find them."""
+    rows = []
+    for status in (Status.INTERRUPTED, Status.QUEUED):
+        if len(rows) < want.need:
+            rows += s.execute(_candidates(s, want, Run.status == status).limit(want.need - len(rows))).all()
+    if len(rows) < want.need:
+        rows += _lost(s, want, want.need - len(rows))
+    if not rows:
+        return []
+    token, stamp, won = secrets.token_hex(16), db_now(s), []
+    by_device: dict[str | None, list[str]] = {}
     for r in rows:
-        alone = r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)   # why it was handed back
-        if r.status == Status.RUNNING and not _is_stale(r, stale_after, at) or alone and together is not None:
-            continue
         cfg = RunConfig.from_json(r.config)
-        if together is None or together(cfg):
-            yield Claim(cfg, "", alone)
-
-
-def take_first(s: Session, *, batch: list[Claim], need: int,
-                claim: tuple[float, int | None, str | None, str | None]) -> list[Claim]:
-    """The first ``need`` of ``batch`` this transaction wins (``take_claim`` each, with ``claim``: the stale bound, the
-    most attempts, the job id and git revision it records), with their tokens."""
-    stale_after, max_attempts, job_id, git_sha = claim
-    won: list[Claim] = []
-    for c in batch:
-        token = take_claim(s, c.cfg.run_id, TRAINABLE, stale_after, max_attempts, job_id, git_sha, c.cfg.device)
-        if token is not None:
-            won.append(c._replace(token=token))
-            if len(won) >= need:
-                break
+        by_device.setdefault(cfg.device, []).append(r.id)
+        won.append(Claim(cfg, token, r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)))
+    for device, ids in by_device.items():   # one statement a device (one, in any sweep flctl plans)
+        s.execute(update(Run).where(Run.id.in_(ids))
+                  .values(status=Status.RUNNING, attempts=Run.attempts + 1, error=None, host=socket.gethostname(),
+                          pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
+                          heartbeat_at=stamp, finished_at=None, claim_token=token)
+                  .execution_options(synchronize_session=False))
     return won
+
+
+_READ = (Run.id, Run.status, Run.config, Run.error)
+
+
+def _candidates(s: Session, want: Want, which: Any) -> Any:
+    """The statement that reads ``which`` of ``want``'s cells in the index's order, locked where the engine can
+    (PostgreSQL's FOR UPDATE SKIP LOCKED; SQLAlchemy leaves it out on SQLite, whose writer holds the database)."""
+    q = (select(*_READ).where(which, Run.attempts < want.max_attempts,
+                              exists().where(SweepCell.sweep_id == want.sweep_id, SweepCell.run_id == Run.id)))
+    if want.with_run is not None:     # cells that train with it, none handed back to train alone
+        q = q.where(Run.together == select(Run.together).where(Run.id == want.with_run).scalar_subquery(),
+                    or_(Run.error.is_(None), ~Run.error.startswith(TRAIN_ALONE, autoescape=True)))
+    return q.order_by(Run.together, Run.id).with_for_update(of=Run, skip_locked=True)
+
+
+def _lost(s: Session, want: Want, need: int) -> list[Any]:
+    """Up to ``need`` of ``want``'s running cells whose worker is lost: a heartbeat older than the stale bound at the
+    database's clock (found through the index), or a worker of this host whose process has exited. Both read only
+    running cells, which are as many as the workers hold, not as many as the sweep has."""
+    if math.isinf(want.stale_after):
+        beat_lost: Any = Run.heartbeat_at.is_(None)
+    else:
+        beat_lost = or_(Run.heartbeat_at.is_(None),
+                        Run.heartbeat_at < db_now(s) - timedelta(seconds=want.stale_after))
+    rows = s.execute(_candidates(s, want, and_(Run.status == Status.RUNNING, beat_lost)).limit(need)).all()
+    if len(rows) < need:
+        here = s.execute(select(Run.id, Run.pid).where(Run.status == Status.RUNNING,
+                                                       Run.host == socket.gethostname())).all()
+        gone = [run_id for run_id, pid in here if pid is not None and not pid_alive(pid)
+                and run_id not in {r.id for r in rows}]
+        if gone:
+            rows += s.execute(_candidates(s, want, and_(Run.status == Status.RUNNING, Run.id.in_(gone)))
+                              .limit(need - len(rows))).all()
+    return rows

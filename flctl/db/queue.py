@@ -8,17 +8,14 @@ the runner and sweep workers use it; readers get a Store.
 
 from __future__ import annotations
 
-import itertools
 import socket
-from collections.abc import Callable, Collection, Iterable
-from functools import partial
+from collections.abc import Collection, Iterable
 from typing import Any, NamedTuple
 
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
-from flctl.config import RunConfig
-from flctl.db.claims import Claim, claimable, take_claim, take_first
+from flctl.db.claims import Claim, Want, take_claim, take_next
 from flctl.db.liveness import STALE_AFTER_S, _is_stale, check_stale_after, db_now
 from flctl.db.schema import Artifact, Run, SweepCell, now
 from flctl.db.sqlite import READ_ONLY
@@ -89,34 +86,22 @@ class RunQueue:
 
     def claim_next(self, sweep_id: str, *, max_attempts: int, stale_after: float = STALE_AFTER_S,
                    job_id: str | None = None, git_sha: str | None = None, most: int = 1,
-                   together: Callable[[RunConfig], bool] | None = None, held: dict[str, str] | None = None) -> list[Claim]:
+                   together: str | None = None, held: dict[str, str] | None = None) -> list[Claim]:
         """Up to ``most`` of the sweep's cells still to do, claimed for a pull worker ([] when none is left). A claim
-        without ``together`` takes one cell (``most`` 1), even one handed back to train alone (Claim.alone); with it,
-        the cells join one this worker holds: only those it accepts, none to train alone. ``held`` (run id -> token)
-        gets the claims as soon as they are made: a signal after them finds them all. To do: queued or
-        interrupted with attempts left, or running with a lost worker. A failed cell is not: its error (a task's
-        exception) would come again; a new launch of the sweep queues it again (``retry_failed``). Candidates are
-        read once per call (not per cell of a group) and tried in id order through ``claim_run``'s compare-and-swap, a
-        batch in one transaction, so workers racing for the same cell never both win."""
+        without ``together`` takes one cell (``most`` 1), even one handed back to train alone (Claim.alone); with it
+        (a run id this worker holds), the cells that train together with that run (RunConfig.together_id), none to
+        train alone. ``held`` (run id -> token) gets the claims as soon as they are made: a signal after them finds
+        them all. To do: interrupted or queued with attempts left, then running with a lost worker. A failed cell is
+        not: its error (a task's exception) would come again; a new launch of the sweep queues it again
+        (``retry_failed``). One transaction that reads only the cells it takes (flctl.db.claims.take_next), so
+        workers racing for the same cells never both win one, and a claim costs the same whatever the sweep's size."""
         if together is None and most != 1:
             raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
-        cols = (Run.id, Run.status, Run.attempts, Run.host, Run.pid, Run.heartbeat_at, Run.config, Run.error)
-        with self.session() as s:
-            rows = s.execute(select(*cols).join(SweepCell, SweepCell.run_id == Run.id)
-                             .where(SweepCell.sweep_id == sweep_id, Run.attempts < max_attempts,
-                                    Run.status.in_((*TO_DO, Status.RUNNING)))
-                             .order_by(Run.id)).all()
-            at = db_now(s)
         check_stale_after(stale_after)
-
-        # tried in batches of twice what is still needed, so a lost race costs a batch, not the group
-        found, claimed = claimable(rows, stale_after, at, together), list[Claim]()
-        while len(claimed) < most and (batch := list(itertools.islice(found, 2 * (most - len(claimed))))):
-            need = most - len(claimed)
-            claimed += self.write(partial(take_first, batch=batch, need=need, claim=(stale_after, max_attempts,
-                                                                                          job_id, git_sha)))
-            if held is not None:
-                held.update((c.cfg.run_id, c.token) for c in claimed)
+        want = Want(sweep_id, most, max_attempts, stale_after, together)
+        claimed = self.write(lambda s: take_next(s, want, job_id, git_sha))
+        if held is not None:
+            held.update((c.cfg.run_id, c.token) for c in claimed)
         return claimed
 
     def has_to_do(self, sweep_id: str, *, max_attempts: int) -> bool:
@@ -220,15 +205,31 @@ class RunQueue:
 
     def heartbeat(self, run_id: str, token: str, epochs_done: int | None = None) -> bool:
         """Refresh the claim's heartbeat (the database's clock); False when the claim no longer holds the run."""
-        values: dict[str, Any] = {}
-        if epochs_done is not None:
-            values["epochs_done"] = epochs_done
-        return self._fenced_update(run_id, token, values, beat=True)
+        return run_id in self.beat({run_id: token}, {run_id: epochs_done})
 
-    def _fenced_update(self, run_id: str, token: str, values: dict[str, Any], beat: bool = False) -> bool:
-        def fn(s: Session) -> bool:
-            return _fenced(s, run_id, token, {**values, **({"heartbeat_at": db_now(s)} if beat else {})})
+    def beat(self, tokens: dict[str, str], epochs: dict[str, int | None] | None = None) -> set[str]:
+        """Refresh the heartbeats of the runs of ``tokens`` (run id -> claim token) at the database's clock, each with
+        its latest epoch count where ``epochs`` gives one, in one statement whatever their number; the runs whose
+        claims still hold them (nothing is written for the others: taken over). The ids and the tokens are matched
+        as two sets: a token is random and new at each claim, so no run carries one of ours unless we claimed it."""
+        if not tokens:
+            return set()
+        counts = {run_id: n for run_id, n in (epochs or {}).items() if n is not None and run_id in tokens}
+
+        def fn(s: Session) -> set[str]:
+            mine = (Run.id.in_(list(tokens)), Run.claim_token.in_(set(tokens.values())), Run.status == Status.RUNNING)
+            values: dict[str, Any] = {"heartbeat_at": db_now(s)}
+            if counts:
+                values["epochs_done"] = case(counts, value=Run.id, else_=Run.epochs_done)
+            stmt = update(Run).where(*mine).values(**values).execution_options(synchronize_session=False)
+            if s.get_bind().dialect.update_returning:      # SQLite from 3.35, PostgreSQL
+                return set(s.scalars(stmt.returning(Run.id)))
+            s.execute(stmt)
+            return set(s.scalars(select(Run.id).where(*mine)))
         return self.write(fn)
+
+    def _fenced_update(self, run_id: str, token: str, values: dict[str, Any]) -> bool:
+        return self.write(lambda s: _fenced(s, run_id, token, values))
 
     def start_afresh(self, run_id: str, token: str) -> bool:
         """The claimed run starts from scratch (--rerun, a diverged run trained again): the earlier life's time and

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, inspect
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, false, inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from flctl.config import RunConfig
@@ -70,8 +70,15 @@ class Run(Base):
     # The fencing token of the current claim: new at every claim, so a worker that lost its claim (stale, taken
     # over) finds another token here and writes nothing (flctl.runner checks it before every write that matters).
     claim_token: Mapped[str | None] = mapped_column(String(32))
+    # RunConfig.together_id: cells of equal keys may train together in one process. A worker's claim filters on it
+    # in SQL (flctl.db.claims); None for a row written before revision 0008 whose config could not be read.
+    together: Mapped[str | None] = mapped_column(String(16))
     artifacts: Mapped[list[Artifact]] = relationship(back_populates="run", cascade="all, delete-orphan",
                                                        lazy="selectin")
+
+    # What a claim reads (flctl.db.claims): the cells of a status, of one together key, in id order, so that taking
+    # the next n costs the same on a table of a thousand rows or of a million.
+    __table_args__ = (Index("ix_runs_claim", "status", "together", "id"),)
 
     def record(self) -> RunRecord:
         d = {c.key: getattr(self, c.key) for c in inspect(Run).column_attrs}
@@ -120,6 +127,7 @@ class RunRecord:
     trained_with: dict[str, Any] | None   # engine, cells_together, device (flctl.cell.RunResult)
     provenance: dict[str, Any] | None     # task and method code: origin, module, file, sha256, distribution, version
     claim_token: str | None            # the current claim's fencing token (Run.claim_token)
+    together: str | None               # the key of the cells it may train together with (RunConfig.together_id)
     artifacts: dict[str, str]          # kind (records, model, extras) -> path
 
     @property
@@ -156,6 +164,12 @@ class SweepCell(Base):
     __tablename__ = "sweep_cells"
     sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True, index=True)
+    # The Optuna mirror is done with the cell (flctl.study): its trial is in the sweep's study, written in the same
+    # transaction as this, or its sweep is a --tune search's, whose study its tuner keeps. A mirror reads the
+    # finished cells not mirrored through the index, not the whole sweep.
+    mirrored: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(), nullable=False)
+
+    __table_args__ = (Index("ix_sweep_cells_mirror", "mirrored", "sweep_id", "run_id"),)
 
 
 def now() -> datetime:

@@ -23,6 +23,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAl
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from flctl.db.bulk import insert_cells, insert_runs
+from flctl.db.counts import SweepCounts, list_sweeps, sweep_counts
 from flctl.db.dialect import Connect, DatabaseFile, Dialect
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell, now
@@ -227,19 +229,7 @@ class Store:
     def add_runs(self, configs: Iterable[Any]) -> int:
         """Insert the configs (RunConfig objects) not yet in the database as queued runs; returns how many."""
         configs = list({c.run_id: c for c in configs}.values())   # one row per distinct run
-
-        def fn(s: Session) -> int:
-            have: set[str] = set()
-            ids = [c.run_id for c in configs]
-            for chunk in range(0, len(ids), 500):
-                have.update(s.scalars(select(Run.id).where(Run.id.in_(ids[chunk:chunk + 500]))).all())
-            new = [c for c in configs if c.run_id not in have]
-            stamp = now()
-            s.add_all(Run(id=c.run_id, config_hash=c.config_hash, task=c.task, method=c.method, seed=c.seed,
-                          config=c.to_dict(), status=Status.QUEUED,
-                          created_at=stamp, attempts=0) for c in new)
-            return len(new)
-        return self.write(fn)
+        return self.write(lambda s: len(insert_runs(s, configs)))
 
     @contextmanager
     def exclusive(self, name: str) -> Iterator[None]:
@@ -249,20 +239,29 @@ class Store:
         with self.dialect.exclusive(self.engine, name):
             yield
 
+    @contextmanager
+    def try_exclusive(self, name: str) -> Iterator[bool]:
+        """The lock ``name`` of ``exclusive`` if no one holds it, without waiting: yields whether it was taken (and
+        is held through the block). For work that the holder does for everyone (the Optuna mirror, flctl.study)."""
+        with self.dialect.try_exclusive(self.engine, name) as got:
+            yield got
+
     # ---- sweeps ----
 
     def create_sweep(self, sweep_id: str, name: str | None, task: str, spec: dict[str, Any],
                      configs: list[Any]) -> int:
-        """Record the sweep and its cells (runs inserted as queued when new). Idempotent; returns new runs."""
-        added = self.add_runs(configs)
+        """Record the sweep and its cells (runs inserted as queued when new), in one transaction and in bulk
+        (flctl.db.bulk). Idempotent; returns new runs."""
+        configs = list({c.run_id: c for c in configs}.values())
 
-        def fn(s: Session) -> None:
+        def fn(s: Session) -> int:
+            added = insert_runs(s, configs)
             if s.get(Sweep, sweep_id) is None:
                 s.add(Sweep(id=sweep_id, name=name, task=task, spec=spec, created_at=now(), submissions=0))
-            have = set(s.scalars(select(SweepCell.run_id).where(SweepCell.sweep_id == sweep_id)).all())
-            s.add_all(SweepCell(sweep_id=sweep_id, run_id=c.run_id) for c in configs if c.run_id not in have)
-        self.write(fn)
-        return added
+                s.flush()                       # before its cells, which refer to it
+            insert_cells(s, sweep_id, [c.run_id for c in configs])
+            return len(added)
+        return self.write(fn)
 
     def count_submission(self, sweep_id: str) -> None:
         self.write(lambda s: s.execute(update(Sweep).where(Sweep.id == sweep_id)
@@ -281,15 +280,14 @@ class Store:
             return {"id": sweep.id, "name": sweep.name, "task": sweep.task, "spec": sweep.spec,
                     "created_at": sweep.created_at.isoformat(), "submissions": sweep.submissions}
 
-    def list_sweeps(self) -> list[dict[str, Any]]:
-        with self.session() as s:
-            sweeps = s.scalars(select(Sweep).order_by(Sweep.created_at.desc())).all()
-            counts = dict(s.execute(select(SweepCell.sweep_id, func.count()).group_by(SweepCell.sweep_id)).all())
-            done = dict(s.execute(select(SweepCell.sweep_id, func.count()).join(Run, Run.id == SweepCell.run_id)
-                                  .where(Run.status == Status.COMPLETED).group_by(SweepCell.sweep_id)).all())
-            return [{"id": w.id, "name": w.name, "task": w.task, "created_at": w.created_at.isoformat(),
-                     "cells": counts.get(w.id, 0), Status.COMPLETED: done.get(w.id, 0), "submissions": w.submissions}
-                    for w in sweeps]
+    def list_sweeps(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The sweeps, newest first (the ``limit`` newest), with their cells counted (flctl.db.counts.list_sweeps)."""
+        return list_sweeps(self, limit)
+
+    def sweep_counts(self, sweep_id: str, stale_after: float = STALE_AFTER_S) -> SweepCounts:
+        """The sweep's cells counted by method and state, its failures by error (flctl.db.counts.sweep_counts): what
+        its ledger shows (flctl.status.ledger)."""
+        return sweep_counts(self, sweep_id, stale_after)
 
     def sweep_runs(self, sweep_id: str, stale_after: float = STALE_AFTER_S) -> list[dict[str, Any]]:
         """The runs of a sweep's cells (status, attempts, heartbeat, metrics), without their artifacts;

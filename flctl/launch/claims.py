@@ -35,7 +35,7 @@ def claim_group(queue: RunQueue, recipe: WorkerRecipe, slot: Slot | None, held: 
     def here(cfg: RunConfig) -> RunConfig:     # on the device its slot gives it (Slot.device)
         return cfg if slot is None else replace(cfg, device=slot.device(cfg.device))
 
-    def claim(most: int = 1, together=None) -> list[Claim]:
+    def claim(most: int = 1, together: str | None = None) -> list[Claim]:
         got = queue.claim_next(recipe.sweep_id, max_attempts=recipe.max_attempts, stale_after=recipe.stale_after,
                                job_id=job_id, git_sha=git_sha, most=most, together=together, held=held)
         return [c._replace(cfg=here(c.cfg)) for c in got]
@@ -51,8 +51,9 @@ def claim_group(queue: RunQueue, recipe: WorkerRecipe, slot: Slot | None, held: 
         queue.fail_run(first.cfg.run_id, first.token, why, 0.0)
         held.clear()
         raise TaskUnavailable(first.cfg.run_id, why) from None
-    lead = first.cfg
-    # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone
-    more = [] if first.alone or recipe.batch_runs < 2 else \
-        claim(recipe.batch_runs - 1, lambda cfg: can_train_together([lead, here(cfg)]))
+    # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone; the others come
+    # with their run's together key (RunConfig.together_id, in SQL), which holds the rule of can_train_together but
+    # whether the task trains a model at all
+    alone = first.alone or recipe.batch_runs < 2 or not can_train_together([first.cfg, first.cfg])
+    more = [] if alone else claim(recipe.batch_runs - 1, together=first.cfg.run_id)
     return [(c.cfg, c.token) for c in (first, *more)]
