@@ -3,16 +3,23 @@ ledger and when it is settled (flctl.status)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from pathlib import Path
+
 import pytest
 import typer
+from sqlalchemy import update
 
 from flctl.cli import app
+from flctl.db import Store
+from flctl.db.schema import Run, now
 from flctl.errors import ConfigError
 from flctl.knobs import check_checkpoint_every, check_count
 from flctl.launch.backends.local import local_slots
 from flctl.launch.backends.slurm import slurm_workers
 from flctl.launch.settings import LaunchFlags, LaunchSettings
-from flctl.status import DIVERGED_ERROR, LEDGER_COLUMNS, failed_for_good, ledger, settled
+from flctl.status import DIVERGED_ERROR, LEDGER_COLUMNS, Status, failed_for_good, ledger, settled
+from tests.helpers import config
 
 pytestmark = pytest.mark.notorch
 
@@ -103,44 +110,44 @@ def test_checkpoint_every_is_seconds_at_least_zero(value) -> None:
     assert LaunchSettings.resolve({}).checkpoint_every == 60.0
 
 
-class _Store:
-    def __init__(self, rows: list[dict]) -> None:
-        self.rows = rows
+def _sweep(tmp_path: Path, rows: list[tuple[str, str, str | None]], sweep_id: str = "s1") -> tuple[Store, list[str]]:
+    """A sweep in a real database whose cells are ``rows`` (method, state, error; state "stale": running, its
+    heartbeat an hour old; any other's is now), each a run of its own; the store and the cells' ids in the order of ``rows``."""
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    seeds = len(store.list_runs())
+    configs = [config("two-moons", method, seed=seeds + k) for k, (method, _, _) in enumerate(rows)]
+    store.create_sweep(sweep_id, None, "two-moons", {}, configs)
+    with store.session() as s:
+        for cfg, (_, state, error) in zip(configs, rows):
+            beat = now() - timedelta(hours=1 if state == "stale" else 0)
+            s.execute(update(Run).where(Run.id == cfg.run_id).values(
+                status=Status.RUNNING if state == "stale" else state, error=error, heartbeat_at=beat))
+    return store, [c.run_id for c in configs]
 
-    def sweep_runs(self, sweep_id: str) -> list[dict]:
-        return self.rows
 
-
-def _row(method: str, status: str, stale: bool = False, error: str | None = None) -> dict:
-    _row.made += 1    # type: ignore[attr-defined]
-    return {"id": f"run{_row.made}", "method": method, "status": status, "stale": stale, "error": error}  # type: ignore[attr-defined]
-
-
-_row.made = 0    # type: ignore[attr-defined]
-
-
-def test_the_ledger_counts_states_per_method_and_settles_when_no_cell_is_held_or_to_do() -> None:
-    finished = [_row("fl", "completed"), _row("fl", "failed"), _row("erm", "diverged")]
-    data = ledger(_Store(finished), "s1")
+def test_the_ledger_counts_states_per_method_and_settles_when_no_cell_is_held_or_to_do(tmp_path: Path) -> None:
+    finished = [("fl", "completed", None), ("fl", "failed", None), ("erm", "diverged", None)]
+    store, _ = _sweep(tmp_path, finished)
+    data = ledger(store, "s1")
     assert data["cells"] == 3 and list(data["total"]) == list(LEDGER_COLUMNS)
     assert data["methods"]["fl"]["completed"] == 1 and data["methods"]["fl"]["failed"] == 1
     assert settled(data)
-    for pending in (_row("fl", "queued"), _row("fl", "interrupted"), _row("fl", "running"),
-                    _row("fl", "running", stale=True)):
-        data = ledger(_Store([*finished, pending]), "s1")
-        assert not settled(data), pending
-    assert ledger(_Store([_row("fl", "running", stale=True)]), "s1")["total"]["stale"] == 1
+    for k, pending in enumerate(("queued", "interrupted", "running", "stale")):
+        store, _ = _sweep(tmp_path, [*finished, ("fl", pending, None)], sweep_id=f"s{k + 2}")
+        assert not settled(ledger(store, f"s{k + 2}")), pending
+        assert ledger(store, f"s{k + 2}")["total"]["stale"] == (pending == "stale")
 
 
-def test_the_ledger_counts_failed_and_diverged_cells_by_error() -> None:
+def test_the_ledger_counts_failed_and_diverged_cells_by_error(tmp_path: Path) -> None:
     """The error of a failed cell is its traceback's exception line, counted with what differs between occurrences
     (numbers, ids, paths) set aside; a diverged cell counts as its own kind."""
     trace = "Traceback (most recent call last):\n  File \"x.py\", line 3, in f\n    g()\nValueError: bad step {}\n"
-    rows = [_row("fl", "failed", error=trace.format(3)), _row("fl", "failed", error=trace.format(7)),
-            _row("erm", "failed", error="worker lost (heartbeat stale); gave up after 3 attempts"),
-            _row("erm", "diverged"), _row("erm", "completed")]
-    data = ledger(_Store(rows), "s1")
+    lost = "worker lost (heartbeat stale); gave up after 3 attempts"
+    store, ids = _sweep(tmp_path, [("fl", "failed", trace.format(3)), ("fl", "failed", trace.format(7)),
+                                   ("erm", "failed", lost), ("erm", "diverged", None), ("erm", "completed", None)])
+    data = ledger(store, "s1")
+    first = min(ids[:2])         # of the two tracebacks, the cell of the lower id is the one shown
     assert [(e["count"], e["message"], e["run"]) for e in data["errors"]] == [
-        (2, "ValueError: bad step 3", rows[0]["id"]), (1, DIVERGED_ERROR, rows[3]["id"]),
-        (1, "worker lost (heartbeat stale); gave up after 3 attempts", rows[2]["id"])]
+        (2, f"ValueError: bad step {(3, 7)[ids.index(first)]}", first), (1, DIVERGED_ERROR, ids[3]),
+        (1, lost, ids[2])]
     assert [e["count"] for e in data["method_errors"]["fl"]] == [2] and failed_for_good(data) == 4

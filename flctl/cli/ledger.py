@@ -30,6 +30,11 @@ from flctl.knobs import (
 )
 from flctl.status import CELLS_FAILED_EXIT, LEDGER_COLUMNS, TO_DO, Status, failed_for_good, ledger, settled
 
+# What a person's terminal is shown of lists that may run to thousands (--json gives them whole): the error kinds
+# after a wait, the sweeps listed.
+ERRORS_SHOWN = 20
+SWEEPS_SHOWN = 200
+
 
 def _ledger_table(data: dict):
     from rich.table import Table
@@ -59,9 +64,12 @@ def error_summary(*ledgers: dict) -> None:
     for data in bad:
         console.print(f"[red]{failed_for_good(data)} of {data['cells']} cell(s) failed or diverged[/] "
                       f"(sweep {safe(data['sweep'])}):", highlight=False)
-        for e in data["errors"]:
+        for e in data["errors"][:ERRORS_SHOWN]:
             console.print(f"  {e['count']} × {safe(e['message'])}  [dim](flctl show {safe(e['run'][:12])})[/]",
                           highlight=False)
+        if (more := data["errors"][ERRORS_SHOWN:]):
+            console.print(f"  and {len(more):,} more kind(s) of error in {sum(e['count'] for e in more):,} cell(s): "
+                          f"`flctl status {safe(data['sweep'])} --json` lists them all", highlight=False)
     if bad:
         raise typer.Exit(CELLS_FAILED_EXIT)
 
@@ -143,7 +151,7 @@ def status(
     """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
     store = existing_store(db, results_root(results_dir))
     if sweep_ref is None:
-        sweeps = store.list_sweeps()
+        sweeps = store.list_sweeps(limit=1)
         if not sweeps:
             fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
         sweep_ref = sweeps[0]["id"]
@@ -178,17 +186,21 @@ def sweeps(
 ) -> None:
     """List sweeps with their cell counts."""
     store = existing_store(db, results_root(results_dir))
-    rows = store.list_sweeps()
     if as_json:
-        print_json(rows)
+        print_json(store.list_sweeps())
         return
     from rich.table import Table
 
+    from flctl.db.counts import count_sweeps
+
+    rows = store.list_sweeps(limit=SWEEPS_SHOWN)
     table = Table("id", "name", "task", "cells", Status.COMPLETED, "submissions", "created")
     for r in rows:
         table.add_row(safe(r["id"]), safe(r["name"] or ""), safe(r["task"]), str(r["cells"]), str(r[Status.COMPLETED]),
                       str(r["submissions"]), safe(r["created_at"][:19]))
     console.print(table)
+    if len(rows) == SWEEPS_SHOWN and (more := count_sweeps(store) - SWEEPS_SHOWN) > 0:
+        console.print(f"and {more:,} more sweep(s), older: `flctl sweeps --json` lists them all")
 
 
 def cancel(
@@ -205,6 +217,7 @@ def cancel(
     Workers finish the epoch they are in, checkpoint and exit (killed after --timeout); the cells they held
     are marked interrupted without counting an attempt.
     """
+    from flctl.db import counts as cells
     from flctl.launch.cancel import cancel as cancel_sweep
     from flctl.launch.jobs import live_controllers, live_workers, missing_launchers, queued_jobs
 
@@ -217,7 +230,7 @@ def cancel(
     if missing := missing_launchers(root, sid):
         fail(f"sweep {safe(sid)}'s workers were started through the launcher {safe(', '.join(missing))}, which is "
              "not installed here: this flctl can neither see nor stop them; run `flctl cancel` where it is installed")
-    running = [r["id"] for r in reader.sweep_runs(sid) if r["status"] == Status.RUNNING]
+    running = [run_id for run_id, _, _ in cells.running(reader, sid)]
     reader.close()
     queued = bool(queued_jobs(root, sid))
     if not (running or live_workers(root, sid) or live_controllers(root, sid) or queued):
@@ -230,7 +243,7 @@ def cancel(
     outcome = cancel_sweep(store, root, sid, timeout=timeout)
     # A worker that stops cleanly hands its own cell back before cancel_sweep looks, which then finds nothing left
     # to hand back: count every cell that was running and is now to do again, whoever handed it back.
-    back = {r["id"] for r in store.sweep_runs(sid) if r["id"] in set(running) and r["status"] in TO_DO}
+    back = {run_id for run_id, (state, _) in cells.run_states(store, running).items() if state in TO_DO}
     outcome["handed_back"] = sorted(back | set(outcome["handed_back"]))
     if as_json:
         print_json(outcome)

@@ -18,7 +18,28 @@ from sqlalchemy.engine import URL, Engine
 # A function that makes a DBAPI connection (a creator): its connections are not pooled, each session decides afresh.
 Connect = Callable[[], Any]
 
-_PROCESS_LOCK = threading.Lock()
+# The locks of an engine without a dialect of its own (Dialect.exclusive), by name: this process only.
+_PROCESS_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def process_lock(name: str, locks: dict[str, threading.Lock] | None = None) -> threading.Lock:
+    """This process's lock ``name`` in ``locks`` (made at first use): a lock of one name does not hold another, so
+    a holder of one may take another (a mirror makes Optuna's schema under the schema lock)."""
+    locks = _PROCESS_LOCKS if locks is None else locks
+    with _LOCKS_LOCK:
+        return locks.setdefault(name, threading.Lock())
+
+
+@contextmanager
+def try_lock(lock: threading.Lock) -> Iterator[bool]:
+    """``lock`` taken if it is free, held through the block: yields whether it was."""
+    got = lock.acquire(blocking=False)
+    try:
+        yield got
+    finally:
+        if got:
+            lock.release()
 
 
 class DatabaseFile(NamedTuple):
@@ -57,8 +78,15 @@ class Dialect:
     def exclusive(self, engine: Engine, name: str) -> Iterator[None]:
         """Hold the database-wide lock ``name``: one holder at a time. Here, within this process only: an engine
         without a dialect of its own has no lock that other processes see."""
-        with _PROCESS_LOCK:
+        with process_lock(name):
             yield
+
+    @contextmanager
+    def try_exclusive(self, engine: Engine, name: str) -> Iterator[bool]:
+        """The lock ``name`` of ``exclusive`` if no one holds it, without waiting: yields whether it was taken (and
+        is held through the block)."""
+        with try_lock(process_lock(name)) as got:
+            yield got
 
     def file(self, url: URL) -> Path | None:
         """The file the database lives in (None: a server's, or in memory): a file can be deleted or replaced under

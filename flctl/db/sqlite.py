@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine
 
-from flctl.db.dialect import Connect, Dialect
+from flctl.db.dialect import Connect, Dialect, process_lock, try_lock
 from flctl.errors import DatabaseDeleted, StoreError
 
-_MEMORY_LOCK = threading.Lock()        # the lock of an in-memory database: this process only
+_MEMORY_LOCKS: dict[str, threading.Lock] = {}     # the locks of an in-memory database, by name: this process only
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -129,6 +129,14 @@ def never_made_again(url: URL, create: bool = True) -> URL:
     return url.set(database=f"file:{quote(str(path))}", query={**url.query, "mode": "rw", "uri": "true"})
 
 
+def _lock_file(engine: Engine, name: str) -> Path | None:
+    """The file beside the database whose lock is the database-wide lock ``name`` (None: a database in memory)."""
+    if (database := file_of(engine.url)) is None:
+        return None
+    path = Path(database)
+    return path.with_name(f"{path.name}.{name}.lock")
+
+
 def file_of(url: URL) -> str | None:
     """The file path of a SQLite ``url`` (one ``never_made_again`` wrote as a ``file:`` URI too); None for memory."""
     from urllib.parse import unquote
@@ -233,14 +241,31 @@ class SQLite(Dialect):
         """The database is one machine's file: an exclusive file lock beside it (an in-memory one: this process)."""
         import fcntl
 
-        if (database := file_of(engine.url)) is None:
-            with _MEMORY_LOCK:
+        if (path := _lock_file(engine, name)) is None:
+            with process_lock(name, _MEMORY_LOCKS):
                 yield
             return
-        path = Path(database)
-        with open(path.with_name(f"{path.name}.{name}.lock"), "a") as handle:
+        with open(path, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
+
+    @contextmanager
+    def try_exclusive(self, engine: Engine, name: str) -> Iterator[bool]:
+        """``exclusive``'s lock file taken without waiting (LOCK_NB): yields whether it was."""
+        import fcntl
+
+        if (path := _lock_file(engine, name)) is None:
+            with try_lock(process_lock(name, _MEMORY_LOCKS)) as got:
+                yield got
+            return
+        with open(path, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                got = False
+            else:
+                got = True
+            yield got       # closing the file releases the lock
 
     def file(self, url: URL) -> Path | None:
         database = file_of(url)

@@ -10,6 +10,7 @@ from typing import Any
 
 from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
+from flctl.db.counts import chunks, run_states
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.backends import Slot
@@ -52,11 +53,8 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     sweep_jobs(root, sid)
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
-    requeued, gave_up = RunQueue(store).reap(run_ids=ids, max_attempts=settings.max_attempts, stale_after=STALE_AFTER_S)
-    RunQueue(store).retry_failed(ids, max_attempts=settings.max_attempts)    # a new launch tries them again
-    cells = {r["id"]: r for r in store.sweep_runs(sid)}
-    todo = [i for i in ids if cells[i]["status"] in TRAINABLE
-            and cells[i]["attempts"] < settings.max_attempts]
+    cells, requeued, gave_up = _requeued(store, ids, settings.max_attempts)
+    todo = [i for i in ids if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
     registered = live_workers(root, sid)
     # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
     started = {w["job_id"] for w in registered}
@@ -80,8 +78,29 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     jobs = submit(Worker(recipe), slots)
     if jobs or here:
         store.count_submission(sid)
-    return Launched(len(configs), added, sum(cells[i]["status"] == Status.COMPLETED for i in ids), requeued,
+    return Launched(len(configs), added, sum(cells[i][0] == Status.COMPLETED for i in ids), requeued,
                     gave_up, len(todo), live, jobs, here)
+
+
+def _requeued(store: Store, ids: list[str], max_attempts: int) -> tuple[dict[str, tuple[str, int]], list[str],
+                                                                       list[str]]:
+    """The launch's cells made ready: those of lost workers re-queued (or failed, their attempts used up: reap) and
+    the failed ones with attempts left queued again (a new launch tries them again: retry_failed). Returns each
+    cell's (status, attempts) after that, the re-queued cells and those given up on. The cells are read by id in
+    chunks, three columns each, and only the running and failed ones are handed to the queue: a sweep of 100,000
+    cells is not loaded with its configs."""
+    cells = run_states(store, ids)
+    queue, requeued, gave_up = RunQueue(store), list[str](), list[str]()
+    for chunk in chunks([i for i in ids if cells[i][0] == Status.RUNNING]):
+        back, lost = queue.reap(run_ids=chunk, max_attempts=max_attempts, stale_after=STALE_AFTER_S)
+        requeued, gave_up = requeued + back, gave_up + lost
+    failed = [i for i in ids if cells[i][0] == Status.FAILED and cells[i][1] < max_attempts]
+    retried = [run_id for chunk in chunks(failed) for run_id in queue.retry_failed(chunk, max_attempts=max_attempts)]
+    for run_id in (*requeued, *retried):
+        cells[run_id] = (Status.QUEUED, cells[run_id][1])
+    for run_id in gave_up:
+        cells[run_id] = (Status.FAILED, cells[run_id][1])
+    return cells, requeued, gave_up
 
 
 @dataclass

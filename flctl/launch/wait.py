@@ -67,10 +67,12 @@ def stopped_line(root: Path, sid: str, store: Any = None) -> str:
         time.sleep(0.2)
         going = live_workers(root, sid)
     if store is not None:               # a dead worker's cell is re-queued whether or not others go on
+        from flctl.db.counts import stale_ids
         from flctl.db.queue import RunQueue
 
         with contextlib.suppress(Exception):         # a line about how the command ended: never a second error
-            RunQueue(store).reap(run_ids=[r["id"] for r in store.sweep_runs(sid) if r["stale"]])
+            if lost := stale_ids(store, sid):
+                RunQueue(store).reap(run_ids=lost)
     if not going:
         return (f"sweep {sid}'s workers were stopped; their cells went back to the queue, and `flctl sweep` with the "
                 "same axes resumes it")
@@ -205,7 +207,7 @@ class Settling:
         check_ground(self.store, self.folder, self.sid)     # a query now would make an empty database
         data = ledger(self.store, self.sid)
         waiting = self.until_done and not settled(data)
-        if waiting and (full := self._disk_full()) is not None:
+        if waiting and (full := self._disk_full(data)) is not None:
             raise full
         if not (waiting and no_worker_left(self.root, self.sid, data)):
             self.idle_since = None
@@ -215,26 +217,28 @@ class Settling:
             raise self._stopped(data)
         return data
 
-    def _disk_full(self) -> SweepStopped | None:
+    def _disk_full(self, data: dict) -> SweepStopped | None:
         """SweepStopped (exit 1) once a worker told that the disk filled up under it (DiskNote) and nothing else
         trains the sweep's cells: at once, though the cells it held may still be marked running (its database could
-        not be written) under a pid that lives on (this process's own worker)."""
+        not be written) under a pid that lives on (this process's own worker). ``data``: the sweep's ledger."""
+        from flctl.db.counts import running
+
         if not (notes := disk_notes(self.root, self.sid)):       # a look at a folder: no query while there is none
             return None
-        rows = self.store.sweep_runs(self.sid)
-        held = {(r["host"], r["pid"]) for r in rows if r["status"] == Status.RUNNING}
+        held = {(host, pid) for _, host, pid in running(self.store, self.sid)}
         news = [n for n in notes if (n["host"], n["pid"]) in held or n["at"] >= self.since]
         if not news or others_at_work(self.root, self.sid, {(n["host"], n["pid"]) for n in notes}):
             return None
-        left = sum(r["status"] in (Status.RUNNING, *TO_DO) for r in rows)
+        left = sum(data["total"][k] for k in (Status.RUNNING, "stale", *TO_DO))
         return SweepStopped(f"the disk filled up under sweep {self.sid} ({news[0]['disk_full']}): its workers "
                             f"stopped with {left} cell(s) to do; free some space, then `flctl sweep` with the same "
                             "axes resumes them from their checkpoints", 1)
 
     def _stopped(self, data: dict) -> SweepStopped:
         back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))
-        errors = [r["error"] or "" for r in self.store.sweep_runs(self.sid) if r["status"] == Status.INTERRUPTED]
-        if any(e.startswith(DISK_FILLED) for e in errors):
+        from flctl.db.counts import has_error
+
+        if has_error(self.store, self.sid, Status.INTERRUPTED, DISK_FILLED):
             return SweepStopped(f"the disk filled up under sweep {self.sid}: its workers stopped, {back} cell(s) handed "
                                 "back; free some space, then `flctl sweep` with the same axes resumes them from their "
                                 "checkpoints", 1)

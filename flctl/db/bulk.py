@@ -1,0 +1,48 @@
+"""Rows written in bulk, inside the caller's transaction: a sweep's new runs and its cells, as plain dicts through
+Core ``insert()`` in chunks (an executemany; on PostgreSQL SQLAlchemy sends each chunk as multi-row INSERTs). ORM
+objects cost several times as much a row, and a sweep of 100,000 cells is recorded in one go."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from flctl.db.counts import chunks
+from flctl.db.schema import Run, SweepCell, now
+from flctl.status import Status
+
+# Rows per executemany: the dicts of one chunk are made just before it is sent, not all 100,000 at once.
+ROWS = 5000
+
+
+def existing_runs(s: Session, run_ids: Sequence[str]) -> set[str]:
+    """Those of ``run_ids`` that are in the database."""
+    have: set[str] = set()
+    for chunk in chunks(run_ids):
+        have.update(s.scalars(select(Run.id).where(Run.id.in_(chunk))).all())
+    return have
+
+
+def insert_runs(s: Session, configs: Iterable[Any]) -> list[str]:
+    """Insert the configs (RunConfig objects, one per run id) not yet in the database as queued runs; their ids."""
+    configs = list(configs)
+    have = existing_runs(s, [c.run_id for c in configs])
+    new = [c for c in configs if c.run_id not in have]
+    stamp = now()
+    for chunk in chunks(new, ROWS):
+        s.execute(insert(Run.__table__), [
+            {"id": c.run_id, "config_hash": c.config_hash, "task": c.task, "method": c.method, "seed": c.seed,
+             "config": c.to_dict(), "status": Status.QUEUED.value, "together": c.together_id, "created_at": stamp,
+             "attempts": 0, "epochs_done": 0} for c in chunk])
+    return [c.run_id for c in new]
+
+
+def insert_cells(s: Session, sweep_id: str, run_ids: Sequence[str]) -> None:
+    """Make ``run_ids`` cells of the sweep (its row written already), those that are not yet."""
+    have = set(s.scalars(select(SweepCell.run_id).where(SweepCell.sweep_id == sweep_id)).all())
+    new = [run_id for run_id in run_ids if run_id not in have]
+    for chunk in chunks(new, ROWS):
+        s.execute(insert(SweepCell.__table__), [{"sweep_id": sweep_id, "run_id": run_id} for run_id in chunk])
