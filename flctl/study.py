@@ -6,28 +6,38 @@
   id, flctl.sweep.tune_id) is the sweep's only study: its cells (one per trial, the set growing as trials are asked)
   are not mirrored as a grid, whose categorical space is fixed when the study is created.
 
-What both kinds share is here: the objective and its direction, the lock every write of Optuna's tables holds, a
+What both kinds share is here: the objective and its direction, the lock under which Optuna's tables are made, a
 run's parameters as a trial's, and the space each searches (``varying``: the grid's; ``search_space``: the TPE's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from itertools import groupby
+from typing import Any, Literal, NamedTuple
 
 from flctl.config import AXIS_FIELDS, RunConfig
 from flctl.db import SCHEMA_LOCK, existing_storage
+from flctl.db.schema import Run, SweepCell
+from flctl.db.sqlite import READ_ONLY
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
 from flctl.status import REPORTABLE, Status
 
 # The metric a sweep's study records when its spec and command line name none.
 DEFAULT_OBJECTIVE = "train.avg_loss"
-# Everything that writes Optuna's tables holds the database-wide lock that flctl's own schema is created under
-# (Store.exclusive(SCHEMA_LOCK)): Optuna creates its schema under it, and each sync reads the study's trials and adds
-# the missing ones under it, so a cell is one trial however many workers and waiting sweeps sync at once, and
-# concurrent first syncs (or a sync beside a first `flctl run`) cannot both create tables.
+# Optuna's schema is created under the database-wide lock that flctl's own is created under (Store.exclusive): two
+# first syncs, a tuner and a sync, or a sync beside a first `flctl run`, cannot both create tables. A tuner asks
+# under it too (flctl.tpe_search).
 OPTUNA_LOCK = SCHEMA_LOCK
+# One grid mirror at a time (sync_sweep): a cell is one trial however many workers sync at once. Its own lock, not
+# OPTUNA_LOCK, so that whoever holds it is a mirror, which takes the cells of a worker that found it held.
+MIRROR_LOCK = "mirror"
+# The finished cells a mirror reads and adds at a time (a transaction of trials each), and the most times a mirror
+# takes the lock again for cells that finished while it held it: a worker exits, however busy the database.
+PAGE, ROUNDS = 500, 10
 # A trial's parameters: every field a sweep may vary (flctl.config.FIELDS), so distinct runs are distinct trials.
 PARAM_FIELDS = AXIS_FIELDS
 # The grid's sampler orders the grid only when it samples (flctl adds the cells as trials); seeded all the same.
@@ -81,100 +91,235 @@ def search_space(spec) -> dict[str, Any]:
     return dists
 
 
-def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, direction: str = "min") -> int:
-    """Mirror a sweep's finished cells into its Optuna study (optuna-dashboard reads the same database): called by
-    `flctl sweep` and by each worker as it exits, one at a time (OPTUNA_LOCK). Returns how many trials were added."""
-    with store.exclusive(OPTUNA_LOCK):
-        sweep_row = store.get_sweep(sweep_id)
-        if sweep_row is None or sweep_row["spec"].get("tune"):    # a --tune sweep's study is its TPE study (tune)
-            return 0
-        rows = store.sweep_runs(sweep_id)
-        configs = [RunConfig.from_json(r["config"]) for r in rows]
-        if not configs:
-            return 0
-        return sync_grid(url, sweep_id, configs, {r["id"]: r for r in rows},
-                         objective or sweep_row["spec"].get("objective") or DEFAULT_OBJECTIVE, direction)
+def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, direction: str = "min", *,
+               wait: bool = True) -> int:
+    """Mirror the finished cells of grid sweeps into their Optuna studies (optuna-dashboard reads the same database);
+    returns how many trials this call added. Called by `flctl sweep` (``wait``) and by each worker as it exits.
 
+    One mirror at a time in a database (MIRROR_LOCK), and its holder mirrors the finished cells not mirrored yet of
+    every grid sweep (SweepCell.mirrored), a page at a time: it reads neither the whole sweep nor the study's trials.
+    A worker (``wait`` False) that finds the lock held returns at once and leaves its cells to the holder. Having
+    let the lock go, a mirror looks once more and goes again while a cell is waiting, so a cell that finished before
+    a sync began (its worker's, which may have found the lock held) is mirrored by a sync that ends after it: the
+    holder it found, or one that took the lock after that holder let it go, and read the cell then. What is left:
+    a cell whose worker died before its sync, a mirror that failed or was killed, and a mirror that went ROUNDS
+    times (other workers finishing cells all the while: theirs sync as they exit). The next sync of any sweep of the
+    database takes them: a later worker's, `flctl sweep` again, and `flctl sweep --wait`'s final one.
 
-def sync_grid(url: str, sweep_id: str, configs: list[RunConfig], runs: dict[str, dict], objective: str,
-              direction: str = "min") -> int:
-    """Add the sweep's newly finished cells to its study (add_trials); returns how many trials were added. Only under
-    OPTUNA_LOCK (sync_sweep): the check for a cell's trial and its addition are one critical section."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = varying(configs) or {"seed": [configs[0].seed]}
-    # Its own engine, disposed at the end: a worker of the debug executor syncs inside a process that lives on (the
-    # Python API, `flctl sweep --executor debug`), and a connection left open there keeps SQLite's -wal file.
-    storage = existing_storage(url)
+    ``wait``: `flctl sweep`'s sync, which waits for the lock and makes ``sweep_id``'s study (``direction``; its grid
+    read from every cell, once) before any cell finished. ``objective``: that sweep's (else its spec's)."""
+    studies = _Studies(store, url, sweep_id, objective, direction)
+    added = 0
     try:
-        study = optuna.create_study(storage=storage, study_name=f"flctl-{sweep_id}", load_if_exists=True,
-                                    direction=optuna_direction(direction),
-                                    sampler=optuna.samplers.GridSampler(space, seed=GRID_SEED))
-        study.set_user_attr("objective", objective)
-        known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)}
-        trials = _new_trials(configs, runs, space, objective, known)
-        add_trials(storage, study, trials)
-        return len(trials)
+        for _ in range(ROUNDS):
+            with _mirror_lock(store, wait) as held:
+                if not held:
+                    break
+                if wait:
+                    studies.grid(sweep_id)
+                added += _drain(store, studies)
+            if not _pending(store, None, 1):
+                break
+        return added
     finally:
-        storage.engine.dispose()
+        studies.close()
 
 
-def _new_trials(configs: list[RunConfig], runs: dict[str, dict], space: dict[str, list], objective: str,
-                known: set[str | None]) -> list[Any]:
-    """The trials (Optuna's FrozenTrial, checked by create_trial) of the sweep's finished cells not in ``known``."""
-    from optuna.distributions import BaseDistribution, CategoricalDistribution
+@contextmanager
+def _mirror_lock(store, wait: bool) -> Iterator[bool]:
+    if wait:
+        with store.exclusive(MIRROR_LOCK):
+            yield True
+    else:
+        with store.try_exclusive(MIRROR_LOCK) as held:
+            yield held
+
+
+def _drain(store, studies: _Studies) -> int:
+    """One pass over the finished cells not mirrored, in (sweep, run) order, a page at a time; under MIRROR_LOCK."""
+    added, after = 0, None
+    while page := _pending(store, after, PAGE):
+        for sid, rows in groupby(page, key=lambda row: row.sweep_id):
+            added += studies.add(sid, list(rows))
+        if len(page) < PAGE:
+            return added
+        after = (page[-1].sweep_id, page[-1].run_id)
+    return added
+
+
+def _pending(store, after: tuple[str, str] | None, limit: int) -> list[Any]:
+    """Up to ``limit`` finished cells not mirrored (after the cell ``after``), with what their trials need. A read
+    that takes no write lock (SQLite's READ_ONLY): workers finishing their cells do not wait for it."""
+    from sqlalchemy import false, select, tuple_
+
+    q = (select(SweepCell.sweep_id, SweepCell.run_id, Run.status, Run.metrics, Run.config, Run.finished_at,
+                Run.duration_s).join(Run, Run.id == SweepCell.run_id)
+         .where(SweepCell.mirrored == false(), Run.status.in_(REPORTABLE))
+         .order_by(SweepCell.sweep_id, SweepCell.run_id).limit(limit))
+    if after is not None:
+        q = q.where(tuple_(SweepCell.sweep_id, SweepCell.run_id) > tuple_(*after))
+    with store.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
+        return list(conn.execute(q).all())
+
+
+class _Grid(NamedTuple):
+    study: Any                   # optuna.Study
+    dists: dict[str, Any]        # the grid's axes, each a CategoricalDistribution of its values
+    objective: str
+
+
+class _Studies:
+    """The Optuna side of one sync: its storage (made at first need; Optuna's tables under OPTUNA_LOCK) and each
+    grid sweep's study, opened once."""
+
+    def __init__(self, store, url: str, sweep_id: str, objective: str | None, direction: str) -> None:
+        self.store, self.url, self.sweep_id = store, url, sweep_id
+        self.objective, self.direction = objective, direction
+        self.storage: Any = None
+        self.grids: dict[str, _Grid | None] = {}
+
+    def add(self, sweep_id: str, rows: list[Any]) -> int:
+        """The trials of ``rows`` (finished cells of ``sweep_id``) into its study, and the cells marked mirrored, in
+        one transaction (add_trials): a cell is marked if and only if its trial is there. A --tune sweep's cells
+        are only marked: its tuner keeps their trials."""
+        cells = (sweep_id, [row.run_id for row in rows])
+        if (grid := self.grid(sweep_id)) is None:
+            self.store.write(lambda s: s.execute(_marking(cells)))
+            return 0
+        add_trials(self.storage, grid.study, [_trial(grid, row) for row in rows], cells)
+        return len(rows)
+
+    def grid(self, sweep_id: str) -> _Grid | None:
+        """``sweep_id``'s study, made where there is none (None: a --tune sweep's, or a sweep without cells)."""
+        if sweep_id not in self.grids:
+            row = self.store.get_sweep(sweep_id)
+            grid = None
+            if row is not None and not row["spec"].get("tune"):
+                own = sweep_id == self.sweep_id
+                objective = (self.objective if own else None) or row["spec"].get("objective") or DEFAULT_OBJECTIVE
+                grid = self._open(sweep_id, objective, self.direction if own else "min")
+            self.grids[sweep_id] = grid
+        return self.grids[sweep_id]
+
+    def _open(self, sweep_id: str, objective: str, direction: str) -> _Grid | None:
+        import optuna
+        from optuna.distributions import CategoricalDistribution
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage, name = self._storage(), f"flctl-{sweep_id}"
+        try:
+            attrs: dict[str, Any] | None = storage.get_study_user_attrs(storage.get_study_id_from_name(name))
+        except KeyError:
+            attrs = None
+        # The grid is kept in the study when it is made (a study made before it was: at its first sync since), so
+        # that a sync reads the cells it adds, not every cell's config.
+        if (space := (attrs or {}).get("grid")) is None and (space := _grid_of(self.store, sweep_id)) is None:
+            return None
+        sampler = optuna.samplers.GridSampler(space, seed=GRID_SEED)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler) if attrs is not None else \
+            optuna.create_study(storage=storage, study_name=name, load_if_exists=True, sampler=sampler,
+                                direction=optuna_direction(direction))
+        for key, value in (("grid", space), ("objective", objective)):
+            if (attrs or {}).get(key) != value:
+                study.set_user_attr(key, value)
+        return _Grid(study, {k: CategoricalDistribution(v) for k, v in space.items()}, objective)
+
+    def _storage(self) -> Any:
+        # Its own engine, disposed at the end (close): a worker of the debug executor syncs inside a process that
+        # lives on (the Python API, `flctl sweep --executor debug`), and a connection left open keeps SQLite's -wal.
+        if self.storage is None:
+            from sqlalchemy import inspect
+
+            with self.store.engine.connect() as conn:     # Optuna's schema is whole once its version table is there
+                made = inspect(conn).has_table("alembic_version")
+            with self.store.exclusive(OPTUNA_LOCK) if not made else nullcontext():
+                self.storage = existing_storage(self.url)
+        return self.storage
+
+    def close(self) -> None:
+        if self.storage is not None:
+            self.storage.engine.dispose()
+
+
+def _grid_of(store, sweep_id: str) -> dict[str, list[Any]] | None:
+    """The grid of the sweep's cells (``varying``, in run id order; None: no cells): every config, read once."""
+    from sqlalchemy import select
+
+    with store.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
+        configs = [RunConfig.from_json(c) for c in conn.scalars(
+            select(Run.config).join(SweepCell, SweepCell.run_id == Run.id).where(SweepCell.sweep_id == sweep_id)
+            .order_by(Run.id))]
+    return (varying(configs) or {"seed": [configs[0].seed]}) if configs else None
+
+
+def _trial(grid: _Grid, row: Any) -> Any:
+    """The trial (Optuna's FrozenTrial, checked by create_trial) of a finished cell: FAIL without the objective."""
     from optuna.trial import TrialState, create_trial
 
-    dists: dict[str, BaseDistribution] = {k: CategoricalDistribution(v) for k, v in space.items()}
-    made = []
-    for cfg in configs:
-        run = runs.get(cfg.run_id)
-        if run is None or cfg.run_id in known or run["status"] not in REPORTABLE:
-            continue
-        value = (run.get("metrics") or {}).get(objective)
-        ok = run["status"] == Status.COMPLETED and value is not None
-        trial = create_trial(params=params_of(cfg, list(space)), distributions=dists, value=value if ok else None,
-                             state=TrialState.COMPLETE if ok else TrialState.FAIL,
-                             user_attrs={"run_id": cfg.run_id, "status": run["status"]})
-        if run.get("finished_at") is not None:       # the run's own times, not those of this sync
-            trial.datetime_complete = _optuna_time(run["finished_at"])
-            trial.datetime_start = trial.datetime_complete - timedelta(seconds=run.get("duration_s") or 0.0)
-        made.append(trial)
-    return made
+    value = (row.metrics or {}).get(grid.objective)
+    ok = row.status == Status.COMPLETED and value is not None
+    trial = create_trial(params=params_of(RunConfig.from_json(row.config), list(grid.dists)),
+                         distributions=grid.dists, value=value if ok else None,
+                         state=TrialState.COMPLETE if ok else TrialState.FAIL,
+                         user_attrs={"run_id": row.run_id, "status": row.status})
+    if row.finished_at is not None:       # the run's own times, not those of this sync
+        trial.datetime_complete = _optuna_time(row.finished_at)
+        trial.datetime_start = trial.datetime_complete - timedelta(seconds=row.duration_s or 0.0)
+    return trial
 
 
-def add_trials(storage: Any, study: Any, trials: list[Any]) -> None:
+def _marking(cells: tuple[str, list[str]]) -> Any:
+    """The statement that marks ``cells`` (a sweep id, its run ids) mirrored."""
+    from sqlalchemy import update
+
+    sweep_id, run_ids = cells
+    table = SweepCell.__table__
+    return update(table).where(table.c.sweep_id == sweep_id, table.c.run_id.in_(run_ids)).values(mirrored=True)
+
+
+def add_trials(storage: Any, study: Any, trials: list[Any], cells: tuple[str, list[str]] | None = None) -> None:
     """``trials`` into ``study`` (kept by the RDBStorage ``storage``) in one transaction, each as ``study.add_trial``
-    would add it. Optuna adds a trial at a time, about eleven statements and a commit each: 15 ms a cell of a two-moons
-    sweep, most of what flctl itself spent on a cell (benchmarks/bench_overhead.py). So they are written here with
-    Optuna's own table models, numbered after the study's trials (under OPTUNA_LOCK: no other sync numbers beside
-    this one, and the study's row locked as Optuna locks it). tests/test_study_mirror.py holds them equal to
-    add_trial's, field for field, on the newest Optuna and the lowest the bounds allow; where Optuna's models are not
-    there, they go through add_trial."""
+    would add it, and ``cells`` (a sweep id, run ids) marked mirrored in the same one: a mirror killed midway leaves
+    both or neither, never a trial whose cell the next mirror adds again. Optuna adds a trial at a time, about eleven
+    statements and a commit each: 15 ms a cell of a two-moons sweep, most of what flctl itself spent on a cell
+    (benchmarks/bench_overhead.py). So they are written here with Optuna's own table models, numbered after the
+    study's trials (under MIRROR_LOCK: no other sync numbers beside this one, and the study's row locked as Optuna
+    locks it). tests/test_study_mirror.py holds them equal to add_trial's, field for field, on the newest Optuna
+    and the lowest the bounds allow. Where Optuna's models are not there, they go through add_trial, the cells
+    marked after; the run ids the study has are skipped, so a mirror killed in between adds nothing twice."""
     try:
         from optuna.distributions import distribution_to_json
         from optuna.storages._rdb import models
         value_of = models.TrialValueModel.value_to_stored_repr
     except (ImportError, AttributeError):
+        known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)} if cells else set()
         for trial in trials:
-            study.add_trial(trial)
+            if trial.user_attrs.get("run_id") not in known:
+                study.add_trial(trial)
+        if cells:
+            with storage.scoped_session() as session:
+                session.execute(_marking(cells))
+                session.commit()
         return
     from sqlalchemy.exc import OperationalError
 
     for attempt in range(3):        # Optuna retries its writes (a lock held past SQLite's wait); so does this
         try:
-            return _write_trials(storage, study, trials, models, value_of, distribution_to_json) if trials else None
+            return _write_trials(storage, study, trials, cells, models, value_of, distribution_to_json) \
+                if trials else None
         except OperationalError:
             if attempt == 2:
                 raise
 
 
-def _write_trials(storage: Any, study: Any, trials: list[Any], models: Any, value_of: Any, to_json: Any) -> None:
+def _write_trials(storage: Any, study: Any, trials: list[Any], cells: tuple[str, list[str]] | None, models: Any,
+                  value_of: Any, to_json: Any) -> None:
     import json
 
     session = storage.scoped_session()
     try:
+        if cells:
+            session.execute(_marking(cells))
         study_id = session.query(models.StudyModel.study_id).filter(
             models.StudyModel.study_name == study.study_name).scalar()
         # the study's row locked while its trials are numbered, as Optuna's own add_trial locks it

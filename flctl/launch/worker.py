@@ -260,10 +260,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _sync_study_once(store: Store, url: str, sweep_id: str) -> None:
-    """The sweep's finished cells into its Optuna study (flctl.study.sync_sweep: one sync at a time per database).
-    A failed sync is not the worker's failure."""
+    """The sweep's finished cells into its Optuna study (flctl.study.sync_sweep: one sync at a time per database;
+    while another runs, this one returns at once and leaves them to it). A failed sync is not the worker's failure."""
     try:
-        sync_sweep(store, url, sweep_id)
+        sync_sweep(store, url, sweep_id, wait=False)
     except Exception as exc:
         # the database not answering (its server gone, SQLite's lock held past its wait): the next sync catches up,
         # and a database that is gone for good is told by the worker's next write, in one line
