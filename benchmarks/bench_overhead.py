@@ -152,17 +152,16 @@ def _cpu_of(cmd: list[str], cwd: Path) -> tuple[float, float]:
 
 def _math_ms(rounds: int = 20) -> float:
     """One 1-epoch two-moons FL cell's math in plain torch (this process): the model and optimizer built, the epoch's
-    steps, both splits evaluated and the decision grid; the median of ``rounds``, in ms."""
-    import numpy as np
+    steps and both splits evaluated (the decision grid is the multipliers figure's, made as it draws); the median of
+    ``rounds``, in ms."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    from flctl_tasks.two_moons import GRID_POINTS, make_moons
+    from flctl_tasks.two_moons import make_moons
 
     x, y = (torch.tensor(a) for a in make_moons(1000, 0.1, 0))
     x = x.float()
-    grid = torch.from_numpy(np.random.default_rng(0).random((GRID_POINTS ** 2, 2), dtype=np.float32))
     took = []
     with _threads(1):
         for seed in range(rounds):
@@ -180,7 +179,6 @@ def _math_ms(rounds: int = 20) -> float:
             with torch.no_grad():
                 for _ in range(2):
                     F.cross_entropy(model(x), y, reduction="none")
-                model(grid).softmax(-1)
             took.append(1000 * (time.perf_counter() - began))
     return statistics.median(took)
 
@@ -202,14 +200,15 @@ class _threads:
 
 
 # What a profiled worker's time per cell is spent on: (label, module path fragment, function name); cumulative times,
-# so a row includes what it calls (rows may overlap: `records` holds the decision grid of `task extras`).
+# so a row includes what it calls (rows may overlap: `records` holds `task extras` and its file).
 SPENT = [("claim (RunQueue.claim_next)", "flctl/db/queue.py", "claim_next"),
          ("optuna trials of the grid (study.sync_sweep)", "flctl/study.py", "sync_sweep"),
          ("model and optimizer (Cell.build)", "flctl/cell.py", "build"),
          ("optimizer steps (Stepper.step)", "flctl/stepper.py", "step"),
          ("evaluation (Stepper.evaluations)", "flctl/stepper.py", "evaluations"),
          ("records and summary of a cell (outputs.finish_run)", "flctl/outputs.py", "finish_run"),
-         ("  of which task extras (decision grid)", "tasks/two_moons.py", "extras"),
+         ("  of which task extras (the MLP's layers)", "tasks/two_moons.py", "extras"),
+         ("  of which the extras file (run_files.save_extras)", "flctl/run_files.py", "save_extras"),
          ("database writes (Store.write)", "flctl/db/store.py", "write"),
          ("claimed runs' bookkeeping (ClaimedRuns: provenance, beats, logs, outcomes)", "flctl/claimed.py",
           ("__enter__", "epoch", "_record", "__exit__"))]
