@@ -5,6 +5,7 @@ notorch leg runs this module there)."""
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -58,3 +59,252 @@ def test_trials_added_in_one_transaction_are_those_add_trial_adds(tmp_path: Path
     assert _seen(optuna.load_study(study_name="ours", storage=storage)) == \
         _seen(optuna.load_study(study_name="theirs", storage=storage))
     assert [t.number for t in ours.get_trials()] == [0, 1, 2, 3]
+
+
+# ---- the mirror of a grid sweep (flctl.study.sync_sweep) ----
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def _url(backend: str, tmp_path: Path) -> str:
+    from tests.test_concurrency import pg_database
+
+    return f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+
+
+def _grid(url: str, cells: int) -> tuple:
+    """A store on ``url`` holding the grid sweep "grid" of ``cells`` queued cells (seeds x two learning rates)."""
+    from flctl.db import Store
+    from tests.helpers import config
+
+    store = Store.open(url)
+    configs = [config("two-moons", "fl", seed=s, lr=lr) for s in range(cells // 2) for lr in (1e-3, 1e-2)]
+    store.create_sweep("grid", "grid", "two-moons", {}, configs)
+    return store, configs
+
+
+def _finish(store, configs: list, status: str = "completed") -> None:
+    """The cells of ``configs`` claimed and finished as workers finish them, train.avg_loss = seed + lr."""
+    from flctl.db import RunQueue
+    from flctl.db.queue import Ended
+
+    queue = RunQueue(store)
+    tokens = {c.run_id: queue.claim_run(c.run_id) for c in configs}
+    assert all(tokens.values())
+    diverged = {"epoch": 1} if status == "diverged" else None
+    assert not queue.finish_runs({c.run_id: Ended(tokens[c.run_id], status, 1, {"train.avg_loss": c.seed + c.lr},
+                                                  diverged, 0, {}, 2.5) for c in configs})
+
+
+def _mirrored(url: str) -> list:
+    """The trials of the study of the sweep "grid"."""
+    import optuna
+
+    from flctl.db import existing_storage
+
+    storage = existing_storage(url)
+    try:
+        return optuna.load_study(study_name="flctl-grid", storage=storage).get_trials(deepcopy=False)
+    finally:
+        storage.engine.dispose()
+
+
+def _marked(store) -> set[str]:
+    from sqlalchemy import select
+
+    from flctl.db.schema import SweepCell
+
+    with store.session() as s:
+        return set(s.scalars(select(SweepCell.run_id).where(SweepCell.mirrored)).all())
+
+
+def _limit(context) -> int | None:
+    """The LIMIT an executed statement was sent with (None: none), read from the values it was sent with: the
+    compiled statement is cached, with the LIMIT of the first one compiled."""
+    compiled = getattr(context, "compiled", None)
+    clause = getattr(getattr(compiled, "statement", None), "_limit_clause", None)
+    if clause is None:
+        return None
+    return context.compiled_parameters[0][compiled.bind_names[clause]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sync_reads_and_adds_only_the_cells_finished_since_the_last(tmp_path: Path, backend: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import optuna
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from flctl import study
+    from flctl.study import sync_sweep
+
+    url = _url(backend, tmp_path)
+    store, configs = _grid(url, 40)
+    assert sync_sweep(store, url, "grid", direction="max") == 0        # the launcher's: the study, before any cell
+    _finish(store, configs[:30])
+    assert sync_sweep(store, url, "grid", wait=False) == 30
+    _finish(store, configs[30:36])
+    _finish(store, configs[36:37], status="diverged")
+    monkeypatch.setattr(study, "PAGE", 3)
+    seen: list[tuple[str, int | None]] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany) -> None:
+        seen.append((statement, _limit(context)))
+
+    event.listen(Engine, "before_cursor_execute", note)          # every engine: flctl's and Optuna's
+    try:
+        assert sync_sweep(store, url, "grid", wait=False) == 7
+    finally:
+        event.remove(Engine, "before_cursor_execute", note)
+    selects = [(text, limit) for text, limit in seen if text.lstrip().upper().startswith("SELECT")]
+    limits = [limit for text, limit in selects if re.search(r"\bruns\b", text)]
+    # the 7 in pages of 3 (3, 3, 1) and one look after the lock: at most 10 rows of the 40 cells' runs
+    assert limits and None not in limits and sum(limits) <= 3 * 3 + 1, limits
+    assert not [text for text, _ in selects if re.search(r"\btrial_(user_attributes|params|values)\b", text)]
+
+    trials = _mirrored(url)
+    assert sorted(t.user_attrs["run_id"] for t in trials) == sorted(c.run_id for c in configs[:37])  # each once
+    assert [t.number for t in trials] == list(range(37))
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert [t.user_attrs["run_id"] for t in failed] == [configs[36].run_id] and failed[0].value is None
+    best = optuna.load_study(study_name="flctl-grid", storage=url.replace("postgresql://", "postgresql+psycopg://"))
+    assert best.direction == optuna.study.StudyDirection.MAXIMIZE
+    top = max(configs[:36], key=lambda c: c.seed + c.lr)
+    assert (best.best_trial.value, best.best_trial.params) == (top.seed + top.lr, {"lr": top.lr, "seed": top.seed})
+    assert {k: sorted(v) for k, v in best.user_attrs["grid"].items()} == {"lr": [1e-3, 1e-2], "seed": list(range(20))}
+    assert _marked(store) == {c.run_id for c in configs[:37]}
+    assert sync_sweep(store, url, "grid", wait=False) == 0
+    store.close()
+
+
+# A worker's exit sync in a process of its own: prints what it added and how long it took.
+WORKER_SYNC = r"""
+import sys, time
+from flctl.db import Store
+from flctl.study import sync_sweep
+url, start_at = sys.argv[1], float(sys.argv[2])
+store = Store.open(url)
+while time.time() < start_at:      # every process is connected and past its imports: they sync at once
+    time.sleep(0.001)
+began = time.monotonic()
+added = sync_sweep(store, url, "grid", wait=False)
+print(added, time.monotonic() - began)
+"""
+
+
+def _worker_syncs(url: str, n: int, start_at: float = 0.0) -> list[tuple[int, float]]:
+    import sys
+
+    from tests import warm
+
+    procs = [warm.Popen([sys.executable, "-c", WORKER_SYNC, url, str(start_at)], stdout=warm.PIPE, stderr=warm.PIPE)
+             for _ in range(n)]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        added, took = out.split()
+        done.append((int(added), float(took)))
+    return done
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_worker_that_finds_a_mirror_running_returns_at_once_and_nothing_is_mirrored_twice(tmp_path: Path,
+                                                                                           backend: str) -> None:
+    import time
+
+    from flctl.study import MIRROR_LOCK, sync_sweep
+
+    url = _url(backend, tmp_path)
+    store, configs = _grid(url, 24)
+    sync_sweep(store, url, "grid")
+    _finish(store, configs[:8])
+    with store.exclusive(MIRROR_LOCK):        # a mirror running: a worker waiting for it would wait here for good
+        [(added, took)] = _worker_syncs(url, 1)
+    assert added == 0 and took < 5 and _mirrored(url) == [] and not _marked(store)
+    _finish(store, configs[8:])
+    # three workers at the same moment: the one that takes the lock mirrors every finished cell, the others leave
+    done = _worker_syncs(url, 3, start_at=time.time() + 3)
+    assert sorted(added for added, _ in done) == [0, 0, 24], done
+    assert sorted(t.user_attrs["run_id"] for t in _mirrored(url)) == sorted(c.run_id for c in configs)
+    assert _marked(store) == {c.run_id for c in configs}
+    store.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cell_finished_while_a_mirror_held_the_lock_is_mirrored_by_that_mirror(
+        tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from flctl import study
+    from flctl.db import Store
+    from flctl.study import sync_sweep
+
+    url = _url(backend, tmp_path)
+    store, configs = _grid(url, 6)
+    sync_sweep(store, url, "grid")
+    _finish(store, configs[:2])
+    drained, go_on, added = threading.Event(), threading.Event(), []
+    real_drain = study._drain
+
+    def drain_then_hold(*args) -> int:        # the holder, between its last read and letting the lock go
+        found = real_drain(*args)
+        if not drained.is_set():
+            drained.set()
+            assert go_on.wait(120)
+        return found
+
+    monkeypatch.setattr(study, "_drain", drain_then_hold)
+    holder = threading.Thread(target=lambda: added.append(sync_sweep(Store.open(url), url, "grid", wait=False)))
+    holder.start()
+    assert drained.wait(120)
+    _finish(store, configs[2:3])                       # a worker finishes a cell, and its exit sync finds the lock held
+    assert sync_sweep(store, url, "grid", wait=False) == 0
+    go_on.set()
+    holder.join(120)
+    assert added == [3]                                # the holder looked again after letting go, and took it
+    assert sorted(t.user_attrs["run_id"] for t in _mirrored(url)) == sorted(c.run_id for c in configs[:3])
+    store.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_study_mirrored_before_the_upgrade_gets_no_trial_twice(tmp_path: Path, backend: str) -> None:
+    import sqlalchemy as sa
+
+    from flctl.db import Store
+    from flctl.study import sync_sweep
+
+    url = _url(backend, tmp_path)
+    store, configs = _grid(url, 8)
+    _finish(store, configs[:5])
+    assert sync_sweep(store, url, "grid") == 5
+    grid = _study_attrs(url)["grid"]
+    store.close()
+    # The database as a flctl before revision 0009 left it: the trials there, no mark on their cells, no grid kept.
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP INDEX ix_sweep_cells_mirror"))
+        conn.execute(sa.text("ALTER TABLE sweep_cells DROP COLUMN mirrored"))
+        conn.execute(sa.text("DELETE FROM study_user_attributes WHERE key = 'grid'"))
+        conn.execute(sa.text("UPDATE flctl_alembic_version SET version_num = '0008'"))
+    engine.dispose()
+
+    store = Store.open(url)                            # upgraded: the cells with a trial marked (revision 0009)
+    assert _marked(store) == {c.run_id for c in configs[:5]}
+    _finish(store, configs[5:7])
+    assert sync_sweep(store, url, "grid", wait=False) == 2
+    assert sorted(t.user_attrs["run_id"] for t in _mirrored(url)) == sorted(c.run_id for c in configs[:7])
+    assert _study_attrs(url)["grid"] == grid           # kept again, read from every cell once
+    store.close()
+
+
+def _study_attrs(url: str) -> dict:
+    import optuna
+
+    from flctl.db import existing_storage
+
+    storage = existing_storage(url)
+    try:
+        return optuna.load_study(study_name="flctl-grid", storage=storage).user_attrs
+    finally:
+        storage.engine.dispose()
