@@ -63,13 +63,13 @@ def test_trials_added_in_one_transaction_are_those_add_trial_adds(tmp_path: Path
 
 # ---- the mirror of a grid sweep (flctl.study.sync_sweep) ----
 
-BACKENDS = ["sqlite", "postgresql"]
+BACKENDS = ["sqlite", "postgresql", "pgbouncer"]       # tests.test_concurrency.database_url's
 
 
 def _url(backend: str, tmp_path: Path) -> str:
-    from tests.test_concurrency import pg_database
+    from tests.test_concurrency import database_url
 
-    return f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    return database_url(backend, tmp_path)
 
 
 def _grid(url: str, cells: int) -> tuple:
