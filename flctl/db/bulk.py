@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
 from flctl.db.counts import chunks
@@ -16,6 +16,17 @@ from flctl.status import Status
 
 # Rows per executemany: the dicts of one chunk are made just before it is sent, not all 100,000 at once.
 ROWS = 5000
+# New rows past which PostgreSQL's statistics are brought up to date at once (see fresh_statistics).
+ANALYZE_AFTER = 1000
+
+
+def fresh_statistics(s: Session, table: str, added: int) -> None:
+    """Bring PostgreSQL's planner statistics of ``table`` up to date after ``added`` new rows. Until autovacuum's next
+    pass (a minute or more) the planner believes the table as it was: at 100,000 new queued cells it expected a few
+    hundred and sorted them for every claim (160 ms a claim) instead of reading the claim's index in order (8 ms).
+    ANALYZE samples the table (about 0.1 s at 100,000 rows) and sees this transaction's own rows."""
+    if added >= ANALYZE_AFTER and s.get_bind().dialect.name == "postgresql":
+        s.execute(text(f"ANALYZE {table}"))
 
 
 def existing_runs(s: Session, run_ids: Sequence[str]) -> set[str]:
@@ -37,6 +48,7 @@ def insert_runs(s: Session, configs: Iterable[Any]) -> list[str]:
             {"id": c.run_id, "config_hash": c.config_hash, "task": c.task, "method": c.method, "seed": c.seed,
              "config": c.to_dict(), "status": Status.QUEUED.value, "together": c.together_id, "created_at": stamp,
              "attempts": 0, "epochs_done": 0} for c in chunk])
+    fresh_statistics(s, "runs", len(new))
     return [c.run_id for c in new]
 
 
@@ -46,3 +58,4 @@ def insert_cells(s: Session, sweep_id: str, run_ids: Sequence[str]) -> None:
     new = [run_id for run_id in run_ids if run_id not in have]
     for chunk in chunks(new, ROWS):
         s.execute(insert(SweepCell.__table__), [{"sweep_id": sweep_id, "run_id": run_id} for run_id in chunk])
+    fresh_statistics(s, "sweep_cells", len(new))
