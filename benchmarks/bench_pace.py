@@ -1,0 +1,118 @@
+"""A worker's pace as its sweep grows: cells a second of one local worker on a 2,000-cell and on a 40,000-cell sweep of
+1-epoch two-moons cells (`--lr 1e-4..1:N --epochs 1`), grouped (the task's default, up to 16 cells a claim on a CPU)
+and one cell a claim (`--batch-runs 1 --threads 1`), through the CLI as a researcher runs it.
+
+Each measurement plans the sweep with `flctl sweep ... --workers 1` (one background worker, the local executor), waits
+until its first cells are done (the worker's start-up and first claims are not the pace), then counts the cells
+completed in the database over the next --seconds, and cancels the sweep. The target (issue 68): the pace at 40,000
+cells at least 0.9x the pace at 2,000, grouped and one a claim. With --before REV the same is measured with commit
+REV's flctl (a worktree of it on PYTHONPATH) in the same rounds, alternated, so the machine's drift hits both alike.
+Writes benchmarks/results/pace-<date>-cpu.{json,txt}.
+
+    python benchmarks/bench_pace.py                         # ~6 min on 2 cores
+    python benchmarks/bench_pace.py --before c4e18af~1 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sweep import ROOT, _git, trees  # noqa: E402  (a sibling script, not a package)
+
+FLCTL = [sys.executable, "-m", "flctl"]
+MODES = {"grouped": [], "one a claim": ["--batch-runs", "1", "--threads", "1"]}
+
+
+def completed(db: Path) -> int:
+    """Cells completed so far, read without a lock the worker waits for (SQLite's read-only mode reads the -wal)."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+            return conn.execute("SELECT count(*) FROM runs WHERE status = 'completed'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def pace(tree: Path, cells: int, mode: list[str], folder: Path, warmup: int, seconds: float) -> dict:
+    """Plan the sweep, let one worker train ``warmup`` cells, then count its cells over ``seconds``; cancel it."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env.pop("FLCTL_DB", None)
+    args = [*FLCTL, "sweep", "two-moons", "--lr", f"1e-4..1:{cells}", "--epochs", "1", "--workers", "1",
+            "--executor", "local", *mode, "--results-dir", str(folder)]
+    start = time.perf_counter()
+    subprocess.run(args, check=True, cwd=tree, env=env, capture_output=True)
+    planned = time.perf_counter() - start
+    db = folder / "flctl.db"
+    try:
+        while (first := completed(db)) < warmup:
+            if time.perf_counter() - start > 600:
+                raise RuntimeError(f"no {warmup} cells done in 10 minutes: {folder}")
+            time.sleep(0.2)
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        done, t1 = completed(db), time.perf_counter()
+    finally:
+        sid = next((folder / "jobs").iterdir()).name
+        subprocess.run([*FLCTL, "cancel", sid, "--results-dir", str(folder)], cwd=tree, env=env, capture_output=True)
+    return {"plan_s": round(planned, 2), "cells_per_s": round((done - first) / (t1 - t0), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs=2, default=[2000, 40000], metavar=("SMALL", "LARGE"))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=30.0, help="how long the pace is counted")
+    ap.add_argument("--warmup", type=int, default=40, help="cells done before the count starts")
+    ap.add_argument("--before", metavar="REV", help="also time commit REV's flctl, in the same rounds")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    a = ap.parse_args()
+    raw: dict[str, dict[str, dict[str, list[float]]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, trees(a.before, Path(tmp)) as checkouts:
+        for r in range(a.repeats):
+            for mode, flags in MODES.items():
+                for name, tree in checkouts.items():
+                    for cells in a.sizes:
+                        folder = Path(tmp) / f"{name}-{r}-{cells}"
+                        got = pace(tree, cells, flags, folder, a.warmup, a.seconds)
+                        shutil.rmtree(folder, ignore_errors=True)
+                        raw.setdefault(name, {}).setdefault(mode, {}).setdefault(str(cells), []).append(
+                            got["cells_per_s"])
+                        raw[name][mode].setdefault(f"plan_s_{cells}", []).append(got["plan_s"])
+                        print(f"round {r + 1}: {name}: {mode}: {cells} cells: {got['cells_per_s']} cells/s "
+                              f"(planned in {got['plan_s']} s)", flush=True)
+    small, large = (str(n) for n in a.sizes)
+    out: dict = {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(), "sizes": a.sizes,
+                 "seconds": a.seconds, "warmup_cells": a.warmup, "repeats": a.repeats, "results": {}}
+    lines = [f"A worker's pace (cells/s, median of {a.repeats}), 1-epoch two-moons, {small} vs {large} cells; "
+             "target: the large at least 0.9x the small"]
+    for name, modes in raw.items():
+        commit = _git("describe", "--always", "--dirty", "--abbrev=7") if name == "now" else a.before
+        for mode, got in modes.items():
+            p_small, p_large = statistics.median(got[small]), statistics.median(got[large])
+            ratio = round(p_large / p_small, 2) if p_small else None
+            out["results"].setdefault(name, {"commit": commit})[mode] = {
+                "small": p_small, "large": p_large, "ratio": ratio, "raw": got}
+            lines.append(f"{name} ({commit}) {mode}: {p_small} -> {p_large} cells/s, {ratio}x "
+                         f"(planning {statistics.median(got['plan_s_' + small])} s -> "
+                         f"{statistics.median(got['plan_s_' + large])} s)")
+    print("\n".join(lines))
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = a.out / f"pace-{out['date']}-cpu"
+    stem.with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
+    stem.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print(f"wrote {stem}.json and .txt")
+
+
+if __name__ == "__main__":
+    main()
