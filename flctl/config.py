@@ -121,6 +121,10 @@ class RunConfig:
     def identity(self) -> dict[str, Any]:
         """The fields that define what the run computes, as plain JSON-able values: what ``config_hash`` hashes.
         A ``later`` field at its default is left out, so ids recorded before it existed stay valid."""
+        return dict(self._identity)
+
+    @functools.cached_property   # config_hash and together_key both read it: a sweep's cell makes it once
+    def _identity(self) -> dict[str, Any]:
         d = self.to_dict()
         for name, f in FIELDS.items():
             if not f.identity or (f.later and d[name] == f.default):
@@ -151,7 +155,7 @@ class RunConfig:
 
     @functools.cached_property   # the loop asks for run_id every epoch; a frozen config hashes once
     def config_hash(self) -> str:
-        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        canonical = json.dumps(self._identity, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
@@ -168,7 +172,7 @@ class RunConfig:
 
     def together_key(self) -> str:
         """Cells with equal keys may train together in one process (flctl.grouped.policy.can_train_together)."""
-        shared = {k: v for k, v in self.identity().items() if k not in FIELDS or not FIELDS[k].per_cell}
+        shared = {k: v for k, v in self._identity.items() if k not in FIELDS or not FIELDS[k].per_cell}
         # A pruned epoch order is the run's own (its batches are not the others' in length): it trains alone.
         alone = self.run_id if self.prune_after > 0 else None
         return json.dumps([shared, self.device, self.data_dir, alone, self.engine], sort_keys=True, default=str)
@@ -189,6 +193,7 @@ def _spec(f: dataclasses.Field) -> FieldSpec:
 
 
 _NAMES = tuple(f.name for f in dataclasses.fields(RunConfig))     # RunConfig.to_dict's keys
+_NAME_SET = frozenset(_NAMES)
 # Every field but task and options (the command's argument and its -o KEY=VALUE pairs), in declaration order.
 FIELDS: dict[str, FieldSpec] = {f.name: _spec(f) for f in dataclasses.fields(RunConfig) if f.metadata}
 AXIS_FIELDS = tuple(name for name, f in FIELDS.items() if f.axis)
@@ -241,7 +246,7 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
             bounds = f"at least {lo}" if hi is None else f"at most {hi}" if lo is None else f"in [{lo}, {hi}]"
             raise ConfigError(f"-o {k}={v}: task {task_name!r} needs {k} {bounds}")
 
-    unknown_fields = set(overrides) - {f.name for f in dataclasses.fields(RunConfig)}
+    unknown_fields = set(overrides) - _NAME_SET
     if unknown_fields:
         raise ConfigError(f"unknown run field(s): {', '.join(sorted(unknown_fields))}")
 

@@ -14,18 +14,22 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flctl.axes import AXES, FLOAT_AXES, MAX_AXIS_POINTS, axis_flag, parse_axis
 from flctl.config import FIELDS, RunConfig, resolve
 from flctl.errors import ConfigError
 from flctl.method_info import METHOD_INFO
 
+if TYPE_CHECKING:
+    from flctl.tasks import Task
+
 # A grid over MAX_CELLS cells needs an explicit yes: a typo should not plan for minutes or fill a cluster.
 MAX_CELLS = 10_000
-# ... and no grid over this many is planned at all: about 0.1-0.25 ms and 1 KB a cell, so that planning takes at
-# most ~10 s and a few hundred MB (a grid of 10^6 cells is refused at once, not after minutes).
-MAX_CELLS_ANYWAY = 40_000
+# ... and no grid over this many is planned at all: about 0.1 ms and 1 KB a cell planned and written (in bulk:
+# flctl.db.bulk), so that a launch takes at most ~15 s and a few hundred MB (a grid of 10^6 cells is refused at
+# once, not after minutes; benchmarks/bench_reads.py).
+MAX_CELLS_ANYWAY = 100_000
 PROGRESS_EVERY = 10_000
 # The method of a sweep that names none (as `flctl run`'s), unless its axes set a field it ignores (implied_methods).
 DEFAULT_METHOD = "fl"
@@ -212,11 +216,12 @@ def load_spec(path: Path) -> SweepSpec:
         raise ConfigError(f"spec {str(path)!r}: {exc}") from None
 
 
-def resolve_cell(spec: SweepSpec, values: Mapping[str, Any]) -> RunConfig:
-    """One cell: the spec's first value of each axis, overridden by ``values`` (axis or ``opt.KEY`` names)."""
+def resolve_cell(spec: SweepSpec, values: Mapping[str, Any], task: Task | None = None) -> RunConfig:
+    """One cell: the spec's first value of each axis, overridden by ``values`` (axis or ``opt.KEY`` names).
+    ``task``: the spec's, looked up once by a caller that resolves many cells (plan)."""
     from flctl.tasks import get_task
 
-    task = get_task(spec.task)
+    task = task or get_task(spec.task)
     cell: dict[str, Any] = {k: v[0] for k, v in spec.axes.items()}
     opts: dict[str, Any] = {k: v[0] for k, v in spec.options.items()}
     for k, v in values.items():
@@ -244,18 +249,18 @@ def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False,
                           "--yes (planning them would take minutes and gigabytes); split it into several sweeps")
     if cells > MAX_CELLS and not allow_large:
         raise ConfigError(f"the grid has {cells:,} cells (over {MAX_CELLS:,}); pass --yes if you mean it")
+    from flctl.tasks import check_task_data, get_task
+
+    task = get_task(spec.task)
     seen: dict[str, RunConfig] = {}
     for done, values in enumerate(itertools.product(*choices), 1):
-        cfg = resolve_cell(spec, dict(zip(names, values)))
+        cfg = resolve_cell(spec, dict(zip(names, values)), task)
         seen.setdefault(cfg.run_id, cfg)
         if progress is not None and cells > MAX_CELLS and (done % PROGRESS_EVERY == 0 or done == cells):
             progress(done, cells)
     if not seen:
         raise ConfigError("the sweep's grid is empty")
     check_axes_read(spec, list(seen.values()))
-    from flctl.tasks import check_task_data, get_task
-
-    task = get_task(spec.task)
     # a missing dataset or model fails the plan, before anything is written; once per distinct option set
     for options in {c.options: c for c in seen.values()}.values():
         check_task_data(task, options.opts, spec.data_dir, look=check_data)

@@ -159,7 +159,7 @@ def test_a_huge_grid_is_refused_at_once_even_with_yes_and_a_large_one_says_how_f
     a gigabyte, printing nothing); 20,000 with --yes: planned, with a progress line every 10,000 cells."""
     huge = flctl(tmp_path, "sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1:1000", "--dual-lr", "1e-3..1:1000",
                  "--yes", "--dry-run")
-    assert huge.returncode == 2 and huge.stderr.startswith("error: the grid has 1,000,000 cells, over the 40,000 "), \
+    assert huge.returncode == 2 and huge.stderr.startswith("error: the grid has 1,000,000 cells, over the 100,000 "), \
         huge.stderr
     assert huge.stderr.count("\n") == 1
     large = flctl(tmp_path, "sweep", "two-moons", "-m", "fl", "--lr", "1e-4..1:200", "--dual-lr", "1e-3..1:100",
