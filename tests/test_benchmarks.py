@@ -48,6 +48,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "bench_estimates.py": ["--sweeps", "1", "--executor", "debug", "--out", str(tmp)],
         "bench_loggers.py": ["--repeats", "1", "--epochs", "2", "--out", str(tmp)],
         "bench_overhead.py": ["start", "--repeats", "1", "--out", str(tmp)],   # cells: minutes even at its least
+        "bench_mirror.py": ["--cells", "40", "--new", "4", "--repeats", "1", "--out", str(tmp)],
     }
 
 
