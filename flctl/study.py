@@ -273,8 +273,8 @@ def _marking(cells: tuple[str, list[str]]) -> Any:
     from sqlalchemy import update
 
     sweep_id, run_ids = cells
-    table = SweepCell.__table__
-    return update(table).where(table.c.sweep_id == sweep_id, table.c.run_id.in_(run_ids)).values(mirrored=True)
+    return (update(SweepCell).where(SweepCell.sweep_id == sweep_id, SweepCell.run_id.in_(run_ids))
+            .values(mirrored=True).execution_options(synchronize_session=False))
 
 
 def add_trials(storage: Any, study: Any, trials: list[Any], cells: tuple[str, list[str]] | None = None) -> None:
