@@ -53,8 +53,10 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
 
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:
-    # bench_gpu.py runs through the script a GPU lease runs (the last test)
-    assert set(smoke(Path("."))) | {"bench_gpu.py"} == {p.name for p in (ROOT / "benchmarks").glob("*.py")}
+    # bench_gpu.py runs through the script a GPU lease runs (the last test); bench_scale.py in its own test, which
+    # reads what it found
+    assert set(smoke(Path("."))) | {"bench_gpu.py", "bench_scale.py"} == \
+        {p.name for p in (ROOT / "benchmarks").glob("*.py")}
 
 
 @pytest.mark.parametrize("script", sorted(smoke(Path("."))))
@@ -66,6 +68,28 @@ def test_the_benchmark_runs(script: str, tmp_path: Path) -> None:
                    capture_output=True, timeout=240, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert sorted((ROOT / "benchmarks" / "results").iterdir()) == before    # a smoke run writes no results
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "pgbouncer"])
+def test_the_scale_simulation_claims_no_cell_twice_and_loses_none(backend: str, tmp_path: Path) -> None:
+    """benchmarks/bench_scale.py at its smoke size (300 cells, 6 simulated workers in 3 processes, one killed -9
+    half-way): the harness runs against today's claim, and finds no cell claimed twice and none lost, the killed
+    worker's cells taken back by the others (the script exits 1 where it finds either)."""
+    env = {"postgresql": "FLCTL_TEST_PG", "pgbouncer": "FLCTL_TEST_PGBOUNCER"}.get(backend)
+    if env and not os.environ.get(env):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must provide {env} (.ci/postgres.sh, .ci/pgbouncer.sh)")
+        pytest.skip(f"no {env}")
+    res = warm.run([sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--quick", "--backend", backend,
+                    "--out", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    [run] = json.loads(next(tmp_path.glob("scale-*-cpu.json")).read_text())["runs"]
+    assert run["backend"] == backend and run["drained"] and run["errors"] == 0
+    assert run["claimed_twice"] == 0 and run["lost"] == 0
+    assert run["killed_processes"] == 1 and run["taken_back"] == run["killed_cells"]
+    assert run["claims_per_s"] > 0 and run["claim_p99_ms"] >= run["claim_p50_ms"] > 0
+    if backend != "sqlite":     # each worker's one connection, and the launcher's
+        assert run["max_connections"] <= 6 + 1 and run["server_cpu_s"] > 0
 
 
 def test_the_gpu_lease_script_packs_what_it_measured_and_names_what_it_had_no_time_for(tmp_path: Path) -> None:

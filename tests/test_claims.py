@@ -27,13 +27,13 @@ from flctl.db.schema import Run
 from flctl.status import TRAIN_ALONE, Status
 from tests import warm
 from tests.helpers import config
-from tests.test_concurrency import pg_database
+from tests.test_concurrency import BACKENDS, database_url
 
 SID = "claimsweep01"
 
 
 def url_of(backend: str, tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'flctl.db'}" if backend == "sqlite" else pg_database()
+    return database_url(backend, tmp_path)
 
 
 def sweep(store: Store, cfgs: list[RunConfig], sid: str = SID) -> list[str]:
@@ -146,7 +146,7 @@ print(json.dumps(mine))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_at_100000_cells_a_claim_reads_through_the_index_and_16_racing_processes_never_both_win_one(
         tmp_path: Path, backend: str) -> None:
     """The plan of a claim's read at 100,000 cells: the index ix_runs_claim, in its order (no sort of the cells to
@@ -204,7 +204,7 @@ freeze()      # "claimed": the claims are committed, the worker dies before it t
 
 
 @pytest.mark.parametrize("where", ["claim-read", "claim-write", "beat", "claimed"])
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_worker_killed_inside_a_claim_or_a_heartbeat_loses_nothing_and_trains_nothing_twice(
         tmp_path: Path, backend: str, where: str) -> None:
     url = url_of(backend, tmp_path)
