@@ -5,15 +5,17 @@ objects cost several times as much a row, and a sweep of 100,000 cells is record
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import Table, insert, select, text
 from sqlalchemy.orm import Session
 
 from flctl.db.counts import chunks
 from flctl.db.schema import Run, SweepCell, now
 from flctl.status import Status
 
+# The tables themselves (Core: no ORM bookkeeping a row), typed as Table for insert().
+RUNS, CELLS = cast(Table, Run.__table__), cast(Table, SweepCell.__table__)
 # Rows per executemany: the dicts of one chunk are made just before it is sent, not all 100,000 at once.
 ROWS = 5000
 # New rows past which PostgreSQL's statistics are brought up to date at once (see fresh_statistics).
@@ -44,7 +46,7 @@ def insert_runs(s: Session, configs: Iterable[Any]) -> list[str]:
     new = [c for c in configs if c.run_id not in have]
     stamp = now()
     for chunk in chunks(new, ROWS):
-        s.execute(insert(Run.__table__), [
+        s.execute(insert(RUNS), [
             {"id": c.run_id, "config_hash": c.config_hash, "task": c.task, "method": c.method, "seed": c.seed,
              "config": c.to_dict(), "status": Status.QUEUED.value, "together": c.together_id, "created_at": stamp,
              "attempts": 0, "epochs_done": 0} for c in chunk])
@@ -57,5 +59,5 @@ def insert_cells(s: Session, sweep_id: str, run_ids: Sequence[str]) -> None:
     have = set(s.scalars(select(SweepCell.run_id).where(SweepCell.sweep_id == sweep_id)).all())
     new = [run_id for run_id in run_ids if run_id not in have]
     for chunk in chunks(new, ROWS):
-        s.execute(insert(SweepCell.__table__), [{"sweep_id": sweep_id, "run_id": run_id} for run_id in chunk])
+        s.execute(insert(CELLS), [{"sweep_id": sweep_id, "run_id": run_id} for run_id in chunk])
     fresh_statistics(s, "sweep_cells", len(new))

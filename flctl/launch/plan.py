@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.config import RunConfig
-from flctl.db import STALE_AFTER_S, RunQueue, Store
-from flctl.db.counts import chunks, run_states
+from flctl.db import STALE_AFTER_S, RunQueue, Store, chunks, run_states
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.backends import Slot
