@@ -268,6 +268,21 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     return cfg
 
 
+# Field values that passed every check of their field (flctl.fields.FieldSpec: type, bounds, choices, which read the
+# value alone), as (field, type, value): a sweep's cells repeat a few values of each field, and these checks were
+# half of planning a cell. Its type is in the key: 1, 1.0 and True are equal and hash alike, and only some fields
+# take each. Emptied past _GOOD_MOST entries.
+_GOOD: set[tuple[str, type, Any]] = set()
+_GOOD_MOST = 100_000
+
+
+def _known_good(name: str, value: Any) -> bool:
+    try:
+        return (name, type(value), value) in _GOOD
+    except TypeError:        # unhashable (a list where a number belongs): its checks say what is wrong with it
+        return False
+
+
 def validate(cfg: RunConfig) -> None:
     def bad(msg: str) -> NoReturn:
         raise ConfigError(msg)
@@ -276,24 +291,32 @@ def validate(cfg: RunConfig) -> None:
         bad(problem)
 
     # Types first, from each field's declared kind: an integer field holds an integer, not 2.5, "3" or True; then
-    # each number against its bounds, then each text against its choices.
-    for f in FIELDS.values():
-        if (problem := f.type_problem(getattr(cfg, f.name))) is not None:
+    # each number against its bounds, then each text against its choices. A value that passed them all before is
+    # not checked again (_GOOD): those checks read the value alone.
+    values = [(f, getattr(cfg, f.name)) for f in FIELDS.values()]
+    new = [(f, v) for f, v in values if not _known_good(f.name, v)]
+    for f, v in new:
+        if (problem := f.type_problem(v)) is not None:
             bad(problem)
     used = METHOD_INFO[cfg.method].reads if cfg.method in METHOD_INFO else frozenset()   # else: a choice problem
     if "eps" in used and cfg.eps is None:
         bad(f"method {cfg.method!r} needs a constraint level: pass {FIELDS['eps'].flag} (or --p-min)")
-    for f in FIELDS.values():
-        v = getattr(cfg, f.name)
+    fresh, bounded = {f.name for f, _ in new}, []
+    for f, v in values:
         if f.method_knob and f.name not in used:    # not read: resolve stored it as None
             continue
         if v is None and f.method_knob and f.bounds is not None:   # read but not given
             bad(f"{f.flag} must be {f.bounds.words(v, f.kind)}, got {v}")
-        if (problem := f.bound_problem(v)) is not None:
+        if f.name in fresh:
+            if (problem := f.bound_problem(v)) is not None:
+                bad(problem)
+            bounded.append((f, v))
+    for f, v in new:
+        if (problem := f.choice_problem(v)) is not None:
             bad(problem)
-    for f in FIELDS.values():
-        if (problem := f.choice_problem(getattr(cfg, f.name))) is not None:
-            bad(problem)
+    if len(_GOOD) > _GOOD_MOST:
+        _GOOD.clear()
+    _GOOD.update((f.name, type(v), v) for f, v in bounded)
     engine, device, prune_after = FIELDS["engine"].flag, FIELDS["device"].flag, FIELDS["prune_after"].flag
     if cfg.engine in CAPTURED_ENGINES and not cfg.device.startswith("cuda"):
         bad(f"{engine} {cfg.engine} replays CUDA graphs; it needs {device} cuda (the run's device is {cfg.device!r})")

@@ -149,7 +149,7 @@ def test_an_older_database_gets_full_configs_and_keeps_its_ids(tmp_path: Path, b
     assert all(set(old_stored(c)) < set(c.to_dict()) for c in cfgs[:2])     # the defaults of later fields were left out
 
     store = Store.open(url)
-    assert revision(url) == migrations.head() == "0007"
+    assert revision(url) == migrations.head()
     for c in cfgs + fillers[::250]:
         r = store.get_run(c.run_id)
         # every field, at the value the run used: before revision 0004 a run's engine was eager (the default then;

@@ -4,8 +4,8 @@ objects cost several times as much a row, and a sweep of 100,000 cells is record
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Table, insert, select, text
 from sqlalchemy.orm import Session
@@ -14,6 +14,7 @@ from flctl.db.counts import chunks
 from flctl.db.schema import Run, SweepCell, now
 from flctl.status import Status
 
+T = TypeVar("T")
 # The tables themselves (Core: no ORM bookkeeping a row), typed as Table for insert().
 RUNS, CELLS = cast(Table, Run.__table__), cast(Table, SweepCell.__table__)
 # Rows per executemany: the dicts of one chunk are made just before it is sent, not all 100,000 at once.
@@ -31,6 +32,14 @@ def fresh_statistics(s: Session, table: str, added: int) -> None:
         s.execute(text(f"ANALYZE {table}"))
 
 
+def _in_order(s: Session, rows: list[T], key: Callable[[T], str]) -> list[T]:
+    """``rows`` in run id order on SQLite: each index of its tables (a run's id, config hash, status and id, ...; a
+    cell's sweep and run) then grows at its end, not at random places (3.4 s -> 1.7 s for 100,000 runs and their
+    cells). As they come on PostgreSQL: a table in id order leads its planner (ANALYZE's correlation) to read a
+    claim's cells by primary key instead of ix_runs_claim."""
+    return sorted(rows, key=key) if s.get_bind().dialect.name == "sqlite" else rows
+
+
 def existing_runs(s: Session, run_ids: Sequence[str]) -> set[str]:
     """Those of ``run_ids`` that are in the database."""
     have: set[str] = set()
@@ -43,7 +52,7 @@ def insert_runs(s: Session, configs: Iterable[Any]) -> list[str]:
     """Insert the configs (RunConfig objects, one per run id) not yet in the database as queued runs; their ids."""
     configs = list(configs)
     have = existing_runs(s, [c.run_id for c in configs])
-    new = [c for c in configs if c.run_id not in have]
+    new = _in_order(s, [c for c in configs if c.run_id not in have], key=lambda c: c.run_id)
     stamp = now()
     for chunk in chunks(new, ROWS):
         s.execute(insert(RUNS), [
@@ -57,7 +66,7 @@ def insert_runs(s: Session, configs: Iterable[Any]) -> list[str]:
 def insert_cells(s: Session, sweep_id: str, run_ids: Sequence[str]) -> None:
     """Make ``run_ids`` cells of the sweep (its row written already), those that are not yet."""
     have = set(s.scalars(select(SweepCell.run_id).where(SweepCell.sweep_id == sweep_id)).all())
-    new = [run_id for run_id in run_ids if run_id not in have]
+    new = _in_order(s, [run_id for run_id in run_ids if run_id not in have], key=lambda run_id: run_id)
     for chunk in chunks(new, ROWS):
         s.execute(insert(CELLS), [{"sweep_id": sweep_id, "run_id": run_id} for run_id in chunk])
     fresh_statistics(s, "sweep_cells", len(new))

@@ -249,18 +249,18 @@ class Store:
     # ---- sweeps ----
 
     def create_sweep(self, sweep_id: str, name: str | None, task: str, spec: dict[str, Any],
-                     configs: list[Any]) -> int:
+                     configs: list[Any]) -> list[str]:
         """Record the sweep and its cells (runs inserted as queued when new), in one transaction and in bulk
-        (flctl.db.bulk). Idempotent; returns new runs."""
+        (flctl.db.bulk). Idempotent; returns the ids of the runs it added (queued, no attempt yet)."""
         configs = list({c.run_id: c for c in configs}.values())
 
-        def fn(s: Session) -> int:
+        def fn(s: Session) -> list[str]:
             added = insert_runs(s, configs)
             if s.get(Sweep, sweep_id) is None:
                 s.add(Sweep(id=sweep_id, name=name, task=task, spec=spec, created_at=now(), submissions=0))
                 s.flush()                       # before its cells, which refer to it
             insert_cells(s, sweep_id, [c.run_id for c in configs])
-            return len(added)
+            return added
         return self.write(fn)
 
     def count_submission(self, sweep_id: str) -> None:

@@ -52,7 +52,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     sweep_jobs(root, sid)
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
     ids = [c.run_id for c in configs]
-    cells, requeued, gave_up = _requeued(store, ids, settings.max_attempts)
+    cells, requeued, gave_up = _requeued(store, ids, set(added), settings.max_attempts)
     todo = [i for i in ids if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
     registered = live_workers(root, sid)
     # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
@@ -77,18 +77,18 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     jobs = submit(Worker(recipe), slots)
     if jobs or here:
         store.count_submission(sid)
-    return Launched(len(configs), added, sum(cells[i][0] == Status.COMPLETED for i in ids), requeued,
+    return Launched(len(configs), len(added), sum(cells[i][0] == Status.COMPLETED for i in ids), requeued,
                     gave_up, len(todo), live, jobs, here)
 
 
-def _requeued(store: Store, ids: list[str], max_attempts: int) -> tuple[dict[str, tuple[str, int]], list[str],
-                                                                       list[str]]:
+def _requeued(store: Store, ids: list[str], added: set[str], max_attempts: int) -> tuple[
+        dict[str, tuple[str, int]], list[str], list[str]]:
     """The launch's cells made ready: those of lost workers re-queued (or failed, their attempts used up: reap) and
     the failed ones with attempts left queued again (a new launch tries them again: retry_failed). Returns each
-    cell's (status, attempts) after that, the re-queued cells and those given up on. The cells are read by id in
-    chunks, three columns each, and only the running and failed ones are handed to the queue: a sweep of 100,000
-    cells is not loaded with its configs."""
-    cells = run_states(store, ids)
+    cell's (status, attempts) after that, the re-queued cells and those given up on. Those just ``added`` are queued
+    with no attempt; the others are read by id in chunks, three columns each, and only the running and failed ones
+    are handed to the queue: a sweep of 100,000 cells is not loaded with its configs."""
+    cells = dict.fromkeys(added, (Status.QUEUED, 0)) | run_states(store, [i for i in ids if i not in added])
     queue, requeued, gave_up = RunQueue(store), list[str](), list[str]()
     for chunk in chunks([i for i in ids if cells[i][0] == Status.RUNNING]):
         back, lost = queue.reap(run_ids=chunk, max_attempts=max_attempts, stale_after=STALE_AFTER_S)
