@@ -165,13 +165,14 @@ def peek(url: str, *, readonly: bool = True) -> Store | None:
     return Store.open_existing(url, readonly=readonly)
 
 
-def stored_runs(url: str, tasks: Sequence[str]) -> list[RunRecord]:
-    """The runs of ``tasks`` recorded at ``url``, read-only (none where there is no database yet): their finished
-    ones price a plan (flctl.cost.estimate_cost) and say what a programme has (flctl.paper.plan)."""
+def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:
+    """The runs of ``tasks`` recorded at ``url`` (those in ``status``; None: all), read-only (none where there is no
+    database yet): their finished ones price a plan (flctl.cost.estimate_cost) and say what a programme has
+    (flctl.paper.plan)."""
     store = peek(url)
     if store is None:
         return []
     try:
-        return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t)]
+        return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t, status=status)]
     finally:
         store.close()

@@ -212,11 +212,15 @@ PLAN_ROWS = 200     # a dry run's table shows this many runs: a terminal of 40,0
 
 
 def _print_plan(sid: str, spec, configs) -> None:
+    import operator
+
     from rich.table import Table
 
     from flctl.axes import AXES
 
-    varying = [k for k in AXES if k != "p_min" and len({getattr(c, k) for c in configs}) > 1]   # p_min -> eps
+    names = [k for k in AXES if k != "p_min"]       # p_min -> eps
+    # each config's values of them as one tuple (attrgetter, in C), then each axis's column: 100,000 cells in 0.2 s
+    varying = [k for k, column in zip(names, zip(*map(operator.attrgetter(*names), configs))) if len(set(column)) > 1]
     values: dict[str, set] = {}
     for c in configs:
         for k, v in c.options:
@@ -238,10 +242,12 @@ def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> s
     from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost
     from flctl.errors import StoreError
     from flctl.results import stored_runs
+    from flctl.status import Status
 
     device, task = safe(configs[0].device), safe(configs[0].task)
     try:
-        runs = stored_runs(db_url(db, results_root(results_dir)), [configs[0].task])
+        # the completed ones, all the estimate reads: not every queued cell of the task's sweeps (100,000: 13 s)
+        runs = stored_runs(db_url(db, results_root(results_dir)), [configs[0].task], Status.COMPLETED)
     except StoreError:      # a database that cannot be read has no history to price the plan by
         runs = []
     per_device = settings.cells_per_device(configs[0].task, len(configs), configs[0].device)
