@@ -279,7 +279,7 @@ _GOOD_MOST = 100_000
 def _known_good(name: str, value: Any) -> bool:
     try:
         return (name, type(value), value) in _GOOD
-    except TypeError:        # unhashable (a list where a number belongs): its checks say what is wrong with it
+    except TypeError:
         return False
 
 
@@ -294,7 +294,10 @@ def validate(cfg: RunConfig) -> None:
     # each number against its bounds, then each text against its choices. A value that passed them all before is
     # not checked again (_GOOD): those checks read the value alone.
     values = [(f, getattr(cfg, f.name)) for f in FIELDS.values()]
-    new = [(f, v) for f, v in values if not _known_good(f.name, v)]
+    try:
+        new = [(f, v) for f, v in values if (f.name, type(v), v) not in _GOOD]
+    except TypeError:        # an unhashable value (a list where a number belongs): its checks say what is wrong
+        new = [(f, v) for f, v in values if not _known_good(f.name, v)]
     for f, v in new:
         if (problem := f.type_problem(v)) is not None:
             bad(problem)
