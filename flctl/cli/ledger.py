@@ -149,12 +149,11 @@ def status(
     results_dir: ResultsDirOption = None,
 ) -> None:
     """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
+    from flctl.db.counts import newest_sweep
+
     store = existing_store(db, results_root(results_dir))
-    if sweep_ref is None:
-        sweeps = store.list_sweeps(limit=1)
-        if not sweeps:
-            fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
-        sweep_ref = sweeps[0]["id"]
+    if sweep_ref is None and (sweep_ref := newest_sweep(store)) is None:
+        fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
     found = find(store.get_sweep, sweep_ref, "sweep")
     if as_json:
         print_json(ledger(store, found["id"]))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import and_, func, or_, select, true
+from sqlalchemy import and_, case, func, or_, select, true
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -90,34 +90,50 @@ def _dead_here(s: Session, sweep_id: str, cutoff: datetime | None) -> list[tuple
     return [(run_id, method) for run_id, method, pid in rows if pid is not None and not pid_alive(pid)]
 
 
+def _rare(sweep_id: str, cutoff: datetime | None) -> Any:
+    """The sweep's running, failed and diverged cells grouped by what the ledger tells apart: a running cell lost by
+    its heartbeat, the pid of one of this host's (its process may have exited), a failed cell's error text; each
+    group with its cells and first id. Grouped over a subquery: PostgreSQL would not take a GROUP BY of expressions
+    whose parameters are their own."""
+    here = and_(Run.status == Status.RUNNING, Run.host == socket.gethostname())
+    rows = (select(Run.id, Run.method, Run.status, case((lost_by_heartbeat(cutoff), 1), else_=0).label("lost"),
+                   case((here, Run.pid)).label("pid"), case((Run.status == Status.FAILED, Run.error)).label("error"))
+            .where(Run.status.in_((Status.RUNNING, Status.FAILED, Status.DIVERGED)), Run.id.in_(_cells(sweep_id)))
+            .subquery())
+    keys = (rows.c.method, rows.c.status, rows.c.lost, rows.c.pid, rows.c.error)
+    return select(*keys, func.count(), func.min(rows.c.id)).group_by(*keys)
+
+
 def sweep_counts(store: Store, sweep_id: str, stale_after: float = STALE_AFTER_S) -> SweepCounts:
-    """The sweep's cells by method and state, and its failed and diverged cells by error text (SweepCounts): four
-    grouped queries and a read of this host's running cells, in one transaction."""
-    cells = _cells(sweep_id)
+    """The sweep's cells by method and state, and its failed and diverged cells by error text (SweepCounts): two
+    grouped queries in one transaction, each reading the sweep's cell ids once (an IN list: 30 ms at 100,000)."""
     with store.session() as s:
         cutoff = stale_cutoff(s, stale_after)
         grouped = s.execute(select(Run.status, Run.method, func.count(), func.min(Run.id))
-                            .where(Run.status.in_(STATUSES), Run.id.in_(cells)).group_by(Run.status, Run.method)).all()
-        lost = dict(s.execute(select(Run.method, func.count()).where(lost_by_heartbeat(cutoff), Run.id.in_(cells))
-                              .group_by(Run.method)).all())
-        dead = _dead_here(s, sweep_id, cutoff)
-        failed = s.execute(select(Run.method, func.min(Run.id), Run.error, func.count())
-                           .where(Run.status == Status.FAILED, Run.id.in_(cells)).group_by(Run.method, Run.error)).all()
-        diverged = s.execute(select(Run.method, func.min(Run.id), func.count())
-                             .where(Run.status == Status.DIVERGED, Run.id.in_(cells)).group_by(Run.method)).all()
+                            .where(Run.status.in_(STATUSES), Run.id.in_(_cells(sweep_id)))
+                            .group_by(Run.status, Run.method)).all()
+        rare = s.execute(_rare(sweep_id, cutoff)).all()
     states: dict[str, dict[str, int]] = {}
     for status, method, n, _ in sorted(grouped, key=lambda g: g[3]):      # methods in the order of their first cell
         states.setdefault(method, {})[status] = n
-    for _, method in dead:
-        lost[method] = lost.get(method, 0) + 1
+    lost: dict[str, int] = {}
+    bad: list[tuple[str, str, str | None, int]] = []
+    diverged: dict[str, tuple[str, int]] = {}
+    for method, status, by_beat, pid, error, n, first in rare:
+        if status == Status.RUNNING and (by_beat or pid is not None and not pid_alive(pid)):
+            lost[method] = lost.get(method, 0) + n
+        elif status == Status.FAILED:
+            bad.append((method, first, error, n))
+        elif status == Status.DIVERGED:
+            low, cells = diverged.get(method, (first, 0))
+            diverged[method] = (min(low, first), cells + n)
     for method, n in lost.items():
         # PostgreSQL reads each query at its own moment: a cell may have moved between them
         stale = min(n, states.get(method, {}).get(Status.RUNNING, 0))
         if stale:
             states[method][Status.RUNNING] -= stale
             states[method]["stale"] = stale
-    bad = [(m, first, text, n) for m, first, text, n in failed]
-    bad += [(m, first, DIVERGED_ERROR, n) for m, first, n in diverged]
+    bad += [(m, first, DIVERGED_ERROR, n) for m, (first, n) in diverged.items()]
     lead: dict[str, str] = {}
     for method, first, _, _ in sorted(bad, key=lambda b: b[1]):
         lead.setdefault(method, first)
@@ -173,6 +189,12 @@ def list_sweeps(store: Store, limit: int | None = None) -> list[dict[str, Any]]:
         return [{"id": w.id, "name": w.name, "task": w.task, "created_at": w.created_at.isoformat(),
                  "cells": cells.get(w.id, 0), Status.COMPLETED: done.get(w.id, 0), "submissions": w.submissions}
                 for w in sweeps]
+
+
+def newest_sweep(store: Store) -> str | None:
+    """The id of the sweep made last (`flctl status` without one named); None where there is none."""
+    with store.session() as s:
+        return s.scalars(select(Sweep.id).order_by(Sweep.created_at.desc()).limit(1)).first()
 
 
 def count_sweeps(store: Store) -> int:
