@@ -96,11 +96,11 @@ def _rare(sweep_id: str, cutoff: datetime | None) -> Any:
     group with its cells and first id. Grouped over a subquery: PostgreSQL would not take a GROUP BY of expressions
     whose parameters are their own."""
     here = and_(Run.status == Status.RUNNING, Run.host == socket.gethostname())
-    rows = (select(Run.id, Run.method, Run.status, case((lost_by_heartbeat(cutoff), 1), else_=0).label("lost"),
+    rows = (select(Run.id, Run.method, Run.status, case((lost_by_heartbeat(cutoff), 1), else_=0).label("by_beat"),
                    case((here, Run.pid)).label("pid"), case((Run.status == Status.FAILED, Run.error)).label("error"))
             .where(Run.status.in_((Status.RUNNING, Status.FAILED, Status.DIVERGED)), Run.id.in_(_cells(sweep_id)))
             .subquery())
-    keys = (rows.c.method, rows.c.status, rows.c.lost, rows.c.pid, rows.c.error)
+    keys = (rows.c.method, rows.c.status, rows.c.by_beat, rows.c.pid, rows.c.error)
     return select(*keys, func.count(), func.min(rows.c.id)).group_by(*keys)
 
 
