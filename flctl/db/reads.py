@@ -67,8 +67,10 @@ def runs_of(store: Store, ref: str) -> tuple[list[RunRecord], dict[str, str | No
     latest sweep that holds it, None for a run of its own); ConfigError as run_or_sweep."""
     run, sweep = run_or_sweep(store, ref)
     if sweep is not None:
-        ids = {r["id"] for r in store.sweep_runs(sweep["id"])}
-        runs = [r for r in store.list_runs() if r.id in ids]
+        cells = select(SweepCell.run_id).where(SweepCell.sweep_id == sweep["id"])
+        with store.session() as s:       # the sweep's runs alone, newest first as list_runs lists them
+            runs = [r.record() for r in s.scalars(select(Run).where(Run.id.in_(cells))
+                                                  .order_by(Run.created_at.desc())).all()]
         return runs, {r.id: sweep["id"] for r in runs}
     assert run is not None
     return [run], {run.id: sweep_of(store, run.id)}
