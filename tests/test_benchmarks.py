@@ -49,6 +49,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "bench_loggers.py": ["--repeats", "1", "--epochs", "2", "--out", str(tmp)],
         "bench_overhead.py": ["start", "--repeats", "1", "--out", str(tmp)],   # cells: minutes even at its least
         "bench_mirror.py": ["--cells", "40", "--new", "4", "--repeats", "1", "--out", str(tmp)],
+        "bench_reads.py": ["--cells", "1000", "--repeats", "1", "--out", str(tmp)],
     }
 
 
