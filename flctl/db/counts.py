@@ -1,10 +1,10 @@
 """A sweep's cells read as aggregates: what `flctl status`, `flctl sweeps`, a wait and a launch need to know of a
 sweep of 100,000 cells, without loading its rows.
 
-States are counted in SQL by method (GROUP BY). A running cell is stale (flctl.db.liveness._is_stale) when its
-heartbeat is missing or older than the stale bound at the database's clock, which the same query counts by a
-cutoff; or when it runs on this host and its process has exited, which only the running cells of this host with a
-fresh heartbeat are read for (as many as this host's workers hold, not as many as the sweep has). Failed and diverged
+States are counted in SQL by method (GROUP BY), through an index of status, method and id. A running cell is stale
+(flctl.db.liveness._is_stale) when its heartbeat is missing or older than the stale bound at the database's clock,
+which SQL counts by a cutoff; or when it runs on this host and its process has exited, which is asked of each pid of
+this host's running cells (as many as this host's workers, not as many as the sweep has cells). Failed and diverged
 cells are counted by error text (GROUP BY), each text with its first run id: flctl.status.count_errors groups the
 texts by what they say. Rows are read where a person sees them (running cells, stale ones), and of given ids in chunks.
 """
