@@ -270,11 +270,33 @@ def _watch(watcher: Watcher, children: list, size: int, start: float,
 
 # ---- what the logs and the database say ----
 
-def judge(logs: Path, seen: dict, url: str, size: int, stale_s: float) -> dict:
-    """The run's numbers from the workers' logs (a line cut by kill -9 is skipped) and the database's end state."""
+def judge(logs: Path, seen: dict, url: str, stale_s: float) -> dict:
+    """The run's numbers from the workers' logs and the database's end state."""
+    claims, latencies, finished, counts = _read(logs, seen["start"], seen["end"])
+    twice, held = _twice(claims, finished, set(seen["killed"]))
+    seconds = seen["end"] - seen["start"]
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else [0.0] * 99
+    return {"seconds": round(seconds, 2), "state": seen["state"], "drained": seen["state"] == "drained",
+            "claims_per_s": counts["claims"] / seconds, "claim_p50_ms": q[49], "claim_p99_ms": q[98],
+            "pairs_per_s": counts["pairs"] / seconds, "server_cpu_s": seen["cpu_s"], "server_core_ms_per_pair":
+                None if seen["cpu_s"] is None else 1000 * seen["cpu_s"] / max(1, counts["pairs"]),
+            "workers_cpu_s": round(seen["workers_cpu_s"], 2),
+            "workers_core_ms_per_pair": 1000 * seen["workers_cpu_s"] / max(1, counts["pairs"]),
+            "max_connections": seen["max_connections"], "claimed_twice": twice,
+            "killed_processes": len(seen["killed"]), **_left(url, seen["state"], stale_s, held),
+            "empty_claims": counts["e"], "beats": counts["b"], "errors": counts["x"],
+            "taken_from_live": counts["taken_from_live"]}
+
+
+def _read(logs: Path, start: float, end: float) -> tuple[dict, list[float], Counter, Counter]:
+    """The workers' logs read (a line cut by kill -9 skipped): each claim (run id, token) -> when it was granted,
+    when the database last confirmed it (the start of its last beat or finish that found its token), whether it
+    finished, its process; the latencies (ms) of the claims granted in [start, end]; the cells' recorded finishes;
+    counts of each kind of line, and of claims and pairs in [start, end]."""
     claims: dict[tuple[str, str], dict] = {}
-    latencies, finished, counts = [], Counter(), Counter()
-    start, end = seen["start"], seen["end"]
+    latencies: list[float] = []
+    finished: Counter = Counter()
+    counts: Counter = Counter()
     for path in sorted(logs.glob("w*.jsonl")):
         for text in path.read_text().splitlines():
             try:
@@ -296,46 +318,33 @@ def judge(logs: Path, seen: dict, url: str, size: int, stale_s: float) -> dict:
                     counts["pairs"] += start <= ev[3] <= end
             elif kind in ("b", "f"):
                 counts["taken_from_live"] += 1
-    twice, killed_cells, back = _twice(claims, finished, set(seen["killed"]))
-    seconds = end - start
-    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else [0.0] * 99
-    left, lost = _left(url, size, seen["state"], stale_s)
-    return {"seconds": round(seconds, 2), "state": seen["state"], "drained": seen["state"] == "drained",
-            "unfinished": left, "claims_per_s": counts["claims"] / seconds, "claim_p50_ms": q[49],
-            "claim_p99_ms": q[98], "pairs_per_s": counts["pairs"] / seconds,
-            "server_cpu_s": seen["cpu_s"], "server_core_ms_per_pair":
-                None if seen["cpu_s"] is None else 1000 * seen["cpu_s"] / max(1, counts["pairs"]),
-            "workers_cpu_s": round(seen["workers_cpu_s"], 2),
-            "workers_core_ms_per_pair": 1000 * seen["workers_cpu_s"] / max(1, counts["pairs"]),
-            "max_connections": seen["max_connections"],
-            "claimed_twice": twice, "lost": lost, "killed_processes": len(seen["killed"]),
-            "killed_cells": killed_cells, "taken_back": back, "empty_claims": counts["e"],
-            "beats": counts["b"], "errors": counts["x"], "taken_from_live": counts["taken_from_live"]}
+    return claims, latencies, finished, counts
 
 
-def _twice(claims: dict, finished: Counter, killed: set[str]) -> tuple[int, int, int]:
-    """(cells claimed twice, cells a killed process held, of those the ones another claim completed). Twice: a
-    cell finished twice, or whose claim the database confirmed (a beat or a finish that found its token, begun
-    after) while a later claim of it had been granted (its call returned): two live claims at once."""
+def _twice(claims: dict, finished: Counter, killed: set[str]) -> tuple[int, dict[str, int]]:
+    """(cells claimed twice, the cells a killed process held when it died: run id -> which of the cell's logged
+    claims that was, 1 the first). Twice: a cell finished twice, or whose claim the database confirmed (a beat or a
+    finish that found its token, begun after) while a later claim of it had been granted (its call returned): two
+    live claims at once."""
     by_run: dict[str, list[dict]] = {}
     for (run_id, _), c in claims.items():
         by_run.setdefault(run_id, []).append(c)
     twice = {run_id for run_id, n in finished.items() if n > 1}
-    held_by_killed = taken_back = 0
+    held: dict[str, int] = {}
     for run_id, cs in by_run.items():
         cs.sort(key=lambda c: c["granted"])
         if any(a["confirmed"] is not None and a["confirmed"] > b["granted"] for a, b in zip(cs, cs[1:])):
             twice.add(run_id)
-        if any(c["proc"] in killed and not c["ok"] for c in cs):
-            held_by_killed += 1
-            taken_back += any(c["ok"] for c in cs)
-    return len(twice), held_by_killed, taken_back
+        held.update((run_id, k) for k, c in enumerate(cs, 1) if c["proc"] in killed and not c["ok"])
+    return len(twice), held
 
 
-def _left(url: str, size: int, state: str, stale_s: float) -> tuple[int, int]:
-    """(cells not completed, cells lost). Lost: not completed though the workers had time (drained or stalled); when
-    the time ran out, those that no claim could take any more (failed, out of attempts, or running under a
-    heartbeat not yet stale a stale bound after every worker stopped)."""
+def _left(url: str, state: str, stale_s: float, held: dict[str, int]) -> dict[str, int]:
+    """What the database says at the end, a stale bound after every worker stopped (each killed worker's heartbeat is
+    stale by then): cells not completed; lost: not completed though the workers had time (drained or stalled), or,
+    when the time ran out, that no claim could take any more (failed, out of attempts, or running under a fresh
+    heartbeat); of the cells killed workers held (``held``), those another claim took back (more attempts than the
+    killed one's) and those the killed worker had finished as it died (its log line lost with it)."""
     from datetime import UTC
 
     from sqlalchemy import select
@@ -345,19 +354,22 @@ def _left(url: str, size: int, state: str, stale_s: float) -> tuple[int, int]:
     from flctl.db.schema import Run
     from flctl.status import TO_DO, Status
 
-    time.sleep(stale_s + 0.5)           # every killed worker's heartbeat is stale by now
+    time.sleep(stale_s + 0.5)
     store = Store.open(url, readonly=True)
     with store.session() as s:
         rows = s.execute(select(Run.status, Run.attempts, Run.heartbeat_at).where(Run.status != Status.COMPLETED)).all()
+        killed = {run_id: (status, attempts) for run_id, status, attempts in s.execute(
+            select(Run.id, Run.status, Run.attempts).where(Run.id.in_(list(held))))}
         at = db_now(s)
     store.close()
-    if state != "time":
-        return len(rows), len(rows)
 
     def claimable(status: str, attempts: int, beat: Any) -> bool:
         stale = beat is None or (at - (beat if beat.tzinfo else beat.replace(tzinfo=UTC))).total_seconds() > stale_s
         return attempts < MAX_ATTEMPTS and (status in TO_DO or status == Status.RUNNING and stale)
-    return len(rows), sum(not claimable(*r) for r in rows)
+    back = sum(killed[run_id][1] > k for run_id, k in held.items())
+    finished = sum(killed[run_id] == (Status.COMPLETED, k) for run_id, k in held.items())
+    return {"unfinished": len(rows), "lost": len(rows) if state != "time" else sum(not claimable(*r) for r in rows),
+            "killed_cells": len(held) - finished, "taken_back": back, "finished_as_killed": finished}
 
 
 def configs(n: int) -> list:
@@ -424,14 +436,14 @@ def run_one(dbs: Databases, backend: str, size: int, workers: int, args: argpars
         store.close()
         with tempfile.TemporaryDirectory(prefix="scale-logs-") as logs:
             seen = run_workers(url, direct, size, workers, args, Path(logs))
-            row = judge(Path(logs), seen, url, size, args.stale_s)
+            row = judge(Path(logs), seen, url, args.stale_s)
     finally:
         dbs.drop(direct)
     return {"backend": backend, "cells": size, "workers": workers, "create_sweep_s": round(created_s, 2), **row}
 
 
 def call_costs(dbs: Databases, n: int) -> dict:
-    """What one claim, one beat and one finish cost the PostgreSQL server (its backend's CPU from /proc) and the
+    """What one claim, one beat, one fence read (RunQueue.held) and one finish cost the PostgreSQL server (its backend's CPU from /proc) and the
     worker (its process's CPU), one worker alone on a sweep of ``n`` cells: with flctl's engine arguments (no
     statement prepared on the server, for PgBouncer) and with psycopg's default (prepared after 5 runs)."""
     import sqlalchemy as sa
@@ -452,6 +464,7 @@ def call_costs(dbs: Databases, n: int) -> dict:
                 backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
             calls = {"claim": lambda _: queue.claim_next(SWEEP, max_attempts=MAX_ATTEMPTS)[0],
                      "beat": lambda c: queue.beat({c.cfg.run_id: c.token}),
+                     "held": lambda c: queue.held({c.cfg.run_id: c.token}),     # the fence: a write's check
                      "finish": lambda c: queue.finish_runs({c.cfg.run_id: Ended(c.token, "completed", 1, {}, None, 0,
                                                                                  {"records": "r"}, 0.1)})}
             claims: list[Any] = list(range(n))
