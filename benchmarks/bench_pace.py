@@ -1,5 +1,5 @@
 """A worker's pace as its sweep grows: cells a second of one local worker on a 2,000-cell and on a 40,000-cell sweep of
-1-epoch two-moons cells (`--lr 1e-4..1:N --epochs 1`), grouped (the task's default, up to 16 cells a claim on a CPU)
+1-epoch two-moons cells (`--lr 1e-4..1:N/4 --seed 0,1,2,3 --epochs 1`), grouped (the task's default, up to 16 cells a claim on a CPU)
 and one cell a claim (`--batch-runs 1 --threads 1`), through the CLI as a researcher runs it.
 
 Each measurement plans the sweep with `flctl sweep ... --workers 1` (one background worker, the local executor), waits
@@ -48,7 +48,9 @@ def pace(tree: Path, cells: int, mode: list[str], folder: Path, warmup: int, sec
     """Plan the sweep, let one worker train ``warmup`` cells, then count its cells over ``seconds``; cancel it."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop("FLCTL_DB", None)
-    args = [*FLCTL, "sweep", "two-moons", "--lr", f"1e-4..1:{cells}", "--epochs", "1", "--workers", "1",
+    # four seeds: an axis holds at most 10,000 points
+    args = [*FLCTL, "sweep", "two-moons", "--lr", f"1e-4..1:{cells // 4}", "--seed", "0,1,2,3", "--epochs", "1",
+            "--workers", "1",
             "--executor", "local", *mode, "--results-dir", str(folder)]
     start = time.perf_counter()
     subprocess.run(args, check=True, cwd=tree, env=env, capture_output=True)
