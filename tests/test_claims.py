@@ -157,7 +157,7 @@ def test_at_100000_cells_a_claim_reads_through_the_index_and_16_racing_processes
     ids = sweep(store, cells(50_000, epochs=1) + cells(50_000, epochs=2))
     for want in (Want(SID, 1, 3, 300.0), Want(SID, 7, 3, 300.0, ids[0])):
         with store.session() as s:
-            stmt = _candidates(s, want, Run.status == Status.QUEUED).limit(want.need)
+            stmt = _candidates(want, Run.status == Status.QUEUED).limit(want.need)
             sql = str(stmt.compile(dialect=s.get_bind().dialect, compile_kwargs={"literal_binds": True}))
             plan = "\n".join(str(r) for r in s.execute(text(("EXPLAIN QUERY PLAN " if backend == "sqlite"
                                                               else "EXPLAIN ") + sql)))

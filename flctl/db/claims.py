@@ -76,10 +76,10 @@ def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -
     row another holds. On SQLite the whole transaction holds the one write lock (flctl.db.sqlite, BEGIN IMMEDIATE),
     so nobody moves between the read and the write either. Cells of lost workers are taken back only when nothing
     is left to do (a queue drains before it retries), as each worker's own claims find them."""
-    rows = []
+    rows: list[Any] = []
     for status in (Status.INTERRUPTED, Status.QUEUED):
         if len(rows) < want.need:
-            rows += s.execute(_candidates(s, want, Run.status == status).limit(want.need - len(rows))).all()
+            rows += s.execute(_candidates(want, Run.status == status).limit(want.need - len(rows))).all()
     if len(rows) < want.need:
         rows += _lost(s, want, want.need - len(rows))
     if not rows:
@@ -102,7 +102,7 @@ def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -
 _READ = (Run.id, Run.status, Run.config, Run.error)
 
 
-def _candidates(s: Session, want: Want, which: Any) -> Any:
+def _candidates(want: Want, which: Any) -> Any:
     """The statement that reads ``which`` of ``want``'s cells in the index's order, locked where the engine can
     (PostgreSQL's FOR UPDATE SKIP LOCKED; SQLAlchemy leaves it out on SQLite, whose writer holds the database)."""
     q = (select(*_READ).where(which, Run.attempts < want.max_attempts,
@@ -122,13 +122,13 @@ def _lost(s: Session, want: Want, need: int) -> list[Any]:
     else:
         beat_lost = or_(Run.heartbeat_at.is_(None),
                         Run.heartbeat_at < db_now(s) - timedelta(seconds=want.stale_after))
-    rows = s.execute(_candidates(s, want, and_(Run.status == Status.RUNNING, beat_lost)).limit(need)).all()
+    rows = list(s.execute(_candidates(want, and_(Run.status == Status.RUNNING, beat_lost)).limit(need)).all())
     if len(rows) < need:
         here = s.execute(select(Run.id, Run.pid).where(Run.status == Status.RUNNING,
                                                        Run.host == socket.gethostname())).all()
         gone = [run_id for run_id, pid in here if pid is not None and not pid_alive(pid)
                 and run_id not in {r.id for r in rows}]
         if gone:
-            rows += s.execute(_candidates(s, want, and_(Run.status == Status.RUNNING, Run.id.in_(gone)))
+            rows += s.execute(_candidates(want, and_(Run.status == Status.RUNNING, Run.id.in_(gone)))
                               .limit(need - len(rows))).all()
     return rows
