@@ -580,3 +580,196 @@ def test_a_mirror_stopped_holding_its_lock_keeps_no_worker_waiting_for_the_mirro
     assert trials == ids and marked == set(ids)
     assert mirror_state(store, url, "laterone0001")[0] == [late[0]]
     store.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A frozen process (SIGSTOP): holding a claim, or in the middle of a claim's transaction.
+
+# Claims one cell, says so, and writes (a beat, then the cell's end) once the file ``go`` is there.
+HOLDER = r"""
+import json, os, sys, time
+from flctl.db import RunQueue, Store
+from flctl.db.queue import Ended
+url, sid, go = sys.argv[1:4]
+queue = RunQueue(Store.open(url))
+held = {}
+[claim] = queue.claim_next(sid, max_attempts=3, stale_after=2, held=held)
+print("claimed", claim.cfg.run_id, flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+beat = queue.beat(held, dict.fromkeys(held, 9))
+lost = queue.finish_runs({r: Ended(t, "completed", 1, {"x": 1.0}, None, 0, {}, 0.0) for r, t in held.items()})
+print(json.dumps({"beat": sorted(beat), "lost": sorted(lost)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_worker_stopped_while_it_holds_a_claim_is_taken_over_and_then_writes_nothing(tmp_path: Path,
+                                                                                      backend: str) -> None:
+    url = database_url(backend, tmp_path)
+    store = Store.open(url)
+    [cell] = sweep(store, cells(1))
+    proc = warm.Popen([sys.executable, "-c", HOLDER, url, SID, str(tmp_path / "go")], stdout=warm.PIPE,
+                      stderr=warm.PIPE)
+    try:
+        wait_for(proc, "claimed")
+        proc.send_signal(signal.SIGSTOP)
+        queue, held = RunQueue(store), {}
+        deadline = time.monotonic() + 60            # the stale bound (2 s) by the database's clock
+        while not queue.claim_next(SID, max_attempts=3, stale_after=2, held=held):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert list(held) == [cell]
+        (tmp_path / "go").touch()
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(60)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"beat": [], "lost": [cell]}     # fenced: nothing written
+    run = store.get_run(cell)
+    assert (run.status, run.attempts, run.epochs_done, run.pid) == (Status.RUNNING, 2, 0, os.getpid())
+    store.close()
+
+
+# Stops itself (SIGSTOP) inside its claim's transaction: the cells' UPDATE sent, not committed.
+FROZEN_CLAIM = r"""
+import os, signal, sys
+from sqlalchemy import event
+from flctl.db import RunQueue, Store
+url, sid = sys.argv[1:3]
+store = Store.open(url)
+def hold(conn, cursor, statement, *rest):
+    if statement.lstrip().upper().startswith("UPDATE RUNS SET STATUS"):
+        print("in-claim", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+event.listen(store.engine, "after_cursor_execute", hold)
+[claim] = RunQueue(store).claim_next(sid, max_attempts=3)
+print("claimed", claim.cfg.run_id, flush=True)
+"""
+
+CLAIM_ONE = r"""
+import sys
+from flctl.db import RunQueue, Store
+[claim] = RunQueue(Store.open(sys.argv[1])).claim_next(sys.argv[2], max_attempts=3)
+print("claimed", claim.cfg.run_id, flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "pgbouncer"])
+def test_a_worker_stopped_inside_its_claims_transaction(tmp_path: Path, backend: str) -> None:
+    """PostgreSQL (and through PgBouncer): the others skip its locked cells and go on at once. SQLite: its one
+    writer is stopped, so the others' claims wait (silently, up to busy_timeout 30 s x Store.write's 8 tries) and
+    go on when it is continued; readers (`flctl status`) are not held up."""
+    url = database_url(backend, tmp_path)
+    store = Store.open(url)
+    ids = sweep(store, cells(4))
+    frozen = warm.Popen([sys.executable, "-c", FROZEN_CLAIM, url, SID], stdout=warm.PIPE, stderr=warm.PIPE)
+    other = None
+    try:
+        wait_for(frozen, "in-claim")
+        wait_stopped(frozen)
+        started = time.monotonic()
+        res = flctl("status", SID, "--json", "--db", url, env=env_of(tmp_path / "r"))
+        assert res.returncode == 0 and json.loads(res.stdout)["total"]["queued"] == 4, res.stderr
+        assert time.monotonic() - started < bound(15)
+        other = warm.Popen([sys.executable, "-c", CLAIM_ONE, url, SID], stdout=warm.PIPE, stderr=warm.PIPE)
+        if backend == "sqlite":
+            time.sleep(3)                              # a negative: nothing to wait on but time
+            assert other.poll() is None and "claimed" not in other.peek()
+            frozen.send_signal(signal.SIGCONT)
+        mine = wait_for(other, "claimed", timeout=bound(10) if backend != "sqlite" else 120).split()[-1]
+        frozen.send_signal(signal.SIGCONT)
+        theirs = wait_for(frozen, "claimed ").split()[-1]
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        for p in (frozen, other):
+            if p is not None:
+                p.wait(60)
+    assert mine != theirs and {mine, theirs} <= set(ids)
+    running = {r.id for r in store.list_runs() if r.status == Status.RUNNING}
+    assert running == {mine, theirs}
+    store.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A second process at the same moment.
+
+@pytest.mark.parametrize("backend,size", [pytest.param("sqlite", 50_000, marks=pytest.mark.slow),
+                                          pytest.param("postgresql", 5_000, marks=pytest.mark.slow),
+                                          ("postgresql", 300)])
+def test_two_launches_of_the_same_grid_at_once_record_it_once(tmp_path: Path, noop_site: Path, backend: str,
+                                                              size: int) -> None:
+    url = database_url(backend, tmp_path)
+    Store.open(url).close()                    # the schema made: the race is the plan's, not the first open's
+    axes = ["two-moons", "--lr", f"1e-4..1:{size // 10}", "--seeds", "10", "--yes", "--executor", "noop",
+            "--db", url]
+    procs = [warm.Popen([sys.executable, "-m", "flctl", "sweep", *axes], env=env_of(tmp_path / f"r{k}", noop_site),
+                        stdout=warm.PIPE, stderr=warm.PIPE, cwd=str(ROOT)) for k in range(2)]
+    said = [p.communicate(600) for p in procs]
+    for p, (out, err) in zip(procs, said):
+        no_traceback(err)
+        assert p.returncode == 0, out + err
+    store = Store.open(url)
+    [row] = store.list_sweeps()
+    assert row["cells"] == size and len(store.list_runs()) == size
+    store.close()
+
+
+def test_status_watch_beside_a_sweep_follows_it_and_ends_when_it_settles(tmp_path: Path) -> None:
+    url = database_url("sqlite", tmp_path)
+    store = Store.open(url)
+    ids = sweep(store, cells(6))
+    queue, held = RunQueue(store), {}
+    for _ in ids:
+        queue.claim_next(SID, max_attempts=3, held=held)
+    from flctl.db.queue import Ended
+
+    def finish_some(run_ids: list[str]) -> None:
+        assert not queue.finish_runs({r: Ended(held[r], "completed", 1, {"x": 1.0}, None, 0, {}, 0.0)
+                                      for r in run_ids})
+
+    watch = warm.Popen([sys.executable, "-m", "flctl", "status", SID, "--watch", "--db", url],
+                       env=env_of(tmp_path / "r"), stdout=warm.PIPE, stderr=warm.PIPE, cwd=str(ROOT))
+    try:
+        wait_for(watch, f"sweep {SID}:")
+        finish_some(ids[:3])
+        wait_for(watch, "completed 3 · running 3")
+        finish_some(ids[3:])
+        out, err = watch.communicate(bound(60))
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, out + err
+    no_traceback(err)
+    assert "completed 6\n" in out and "│ all    │ 6 " in out, out
+    store.close()
+
+
+# Two mirrors that start at the same moment, each waiting for the lock (as two `flctl sweep` of one grid).
+TWO_MIRRORS = r"""
+import sys, time
+from flctl.db import Store
+from flctl.study import sync_sweep
+url, sid, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+store = Store.open(url)
+time.sleep(max(0.0, at - time.time()))
+print("added", sync_sweep(store, url, sid), flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_mirrors_at_once_give_each_cell_one_trial(tmp_path: Path, backend: str) -> None:
+    url = database_url(backend, tmp_path)
+    store, ids = finished_sweep(url, 1_200)                   # several pages each
+    at = time.time() + 3
+    procs = [warm.Popen([sys.executable, "-c", TWO_MIRRORS, url, SID, str(at)], stdout=warm.PIPE, stderr=warm.PIPE)
+             for _ in range(2)]
+    added = []
+    for p in procs:
+        out, err = p.communicate(300)
+        assert p.returncode == 0, err
+        added.append(int(out.split()[-1]))
+    assert sorted(added) == [0, len(ids)]
+    trials, marked = mirror_state(store, url)
+    assert trials == ids and marked == set(ids)
+    store.close()
