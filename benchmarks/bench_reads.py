@@ -168,7 +168,20 @@ def databases(checkouts: dict[str, Path], tmp: Path, cells: int, pg: str | None)
         upgrade = "from flctl.db import Store; import sys; [Store.open(u).close() for u in sys.argv[1:]]"
         subprocess.run([sys.executable, "-c", upgrade, *made[name].values()],
                        env={**os.environ, "PYTHONPATH": str(tree)}, check=True, cwd=tree)
+        if "postgresql" in made[name]:
+            _settle(made[name]["postgresql"])
     return made, created
+
+
+def _settle(url: str) -> None:
+    """VACUUM ANALYZE a PostgreSQL database, as autovacuum leaves it a minute later: an upgrade rewrites every run
+    (revision 0008's together key) and the planner would read the table as it was, twice its size, until then."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE")
+    engine.dispose()
 
 
 def status(checkouts: dict[str, Path], made: dict, repeats: int) -> dict:
@@ -190,7 +203,7 @@ def dry_run(checkouts: dict[str, Path], made: dict, repeats: int, cells: int) ->
     took: dict[str, list[float]] = {name: [] for name in checkouts}
     for r in range(repeats):
         for name, tree in checkouts.items():
-            took[name].append(_run(tree, [*grid(cells), "--dry-run", "--db", made[name]["sqlite"]])[0])
+            took[name].append(_run(tree, [*grid(cells), "--dry-run", "--db", made[name]["sqlite"]], child=True)[0])
             print(f"round {r + 1}: {name}: dry run {took[name][-1]} s", flush=True)
     return {name: {"dry_run_s": statistics.median(t), "raw": t} for name, t in took.items()}
 
@@ -233,7 +246,8 @@ def main() -> None:
     commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     out: dict = {"date": datetime.date.today().isoformat(), "commit": commit, "before": args.before,
-                 "cells": args.cells, "repeats": args.repeats, "cores": len(os.sched_getaffinity(0))}
+                 "cells": args.cells, "repeats": args.repeats, "cores": len(os.sched_getaffinity(0)),
+                 "load_at_start": os.getloadavg()[0]}     # the machine is shared: what else ran, as a number
     lines: list[str] = []
 
     def say(line: str) -> None:
@@ -266,6 +280,9 @@ def main() -> None:
                         f"target <= 15 s; medians of {args.repeats})")
         finally:
             _pg_drop(created)
+    out["load_at_end"] = os.getloadavg()[0]
+    say(f"1-minute load average {out['load_at_start']:.1f} at the start, {out['load_at_end']:.1f} at the end "
+        f"({out['cores']} cores)")
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"reads-{out['date']}-cpu"
     stem.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")

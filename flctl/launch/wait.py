@@ -235,9 +235,9 @@ class Settling:
                             "axes resumes them from their checkpoints", 1)
 
     def _stopped(self, data: dict) -> SweepStopped:
-        back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))
         from flctl.db.counts import has_error
 
+        back, stale, queued = (data["total"][k] for k in (Status.INTERRUPTED, "stale", Status.QUEUED))
         if has_error(self.store, self.sid, Status.INTERRUPTED, DISK_FILLED):
             return SweepStopped(f"the disk filled up under sweep {self.sid}: its workers stopped, {back} cell(s) handed "
                                 "back; free some space, then `flctl sweep` with the same axes resumes them from their "
