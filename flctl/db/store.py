@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import os
 import random
@@ -61,6 +62,21 @@ def _by_prefix(s: Session, table: Any, prefix: str, what: str) -> Any:
         raise ConfigError(f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); "
                           "give more digits")
     return matches[0] if matches else None
+
+
+def _let_go(interrupt: BaseException) -> None:
+    """Free what a transaction ended by a KeyboardInterrupt or SystemExit (Ctrl-C, a stop signal) still holds.
+    SQLAlchemy then closes the driver's connection without a rollback (no I/O under an interrupt), but SQLite
+    closes a connection with a statement still active (an UPDATE ... RETURNING not yet read, a SELECT mid-way) only
+    once that statement is finalized: until its cursor, referenced from the interrupt's traceback, is collected, the
+    transaction and its write lock live on, and every other worker's write waited minutes for it. The finished
+    frames of the traceback (the database library's) let their cursors go; the caller's frames are left alone."""
+    tb = interrupt.__traceback__
+    while tb is not None:
+        with contextlib.suppress(RuntimeError):       # a frame still running (this one, its callers) is not cleared
+            tb.tb_frame.clear()
+        tb = tb.tb_next
+    gc.collect()
 
 
 def _one_line(exc: BaseException, url: str | None = None) -> str:
@@ -211,6 +227,10 @@ class Store:
         except json.JSONDecodeError as exc:
             raise StoreError(f"the database is damaged: a row holds invalid JSON ({exc}); restore it from a "
                              "backup or delete that row") from None
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                _let_go(exc)
+            raise
 
     def write(self, fn: Callable[[Session], T], attempts: int = 8) -> T:
         """Run ``fn`` in a transaction, retrying lock/serialization conflicts with jittered backoff."""
