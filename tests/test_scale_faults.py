@@ -409,13 +409,7 @@ time.sleep(3600)
 """
 
 
-@pytest.mark.parametrize("backend", [pytest.param("sqlite", marks=pytest.mark.xfail(strict=True, reason=(
-    "a KeyboardInterrupt inside a write transaction on SQLite (Ctrl-C during a heartbeat, a claim or a finish), "
-    "caught by the caller, leaves the write lock held: SQLAlchemy invalidates the connection but the sqlite3 "
-    "connection is closed only when the garbage collector finds it (flctl/db/store.py Store.session closes nothing "
-    "on a BaseException). Every other writer waits: another process's claim waited 253 s (busy_timeout 30 s x "
-    "Store.write's 8 tries) and failed 'database is locked'; the worker's own hand-back after a second Ctrl-C "
-    "(Worker._work's requeue_all) took 90 s"))), "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_ctrl_c_inside_a_heartbeat_rolls_it_back_and_keeps_no_lock(tmp_path: Path, backend: str) -> None:
     url = database_url(backend, tmp_path)
     store = Store.open(url)
@@ -773,3 +767,233 @@ def test_two_mirrors_at_once_give_each_cell_one_trial(tmp_path: Path, backend: s
     trials, marked = mirror_state(store, url)
     assert trials == ids and marked == set(ids)
     store.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Damaged or foreign state.
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_cell_without_its_together_key_is_claimed_alone_and_never_grouped(tmp_path: Path, backend: str) -> None:
+    store = Store.open(database_url(backend, tmp_path))
+    ids = sweep(store, cells(5))
+    bare = ids[2]
+    set_rows(store, [bare], together=None)          # a row 0008 could not fill, or one written by another tool
+    queue, groups = RunQueue(store), []
+    while True:
+        held: dict[str, str] = {}
+        if not queue.claim_next(SID, max_attempts=3, held=held):
+            break
+        queue.claim_next(SID, max_attempts=3, most=8, together=next(iter(held)), held=held)
+        groups.append(sorted(held))
+    assert sorted(i for g in groups for i in g) == ids
+    assert [bare] in groups and sorted(len(g) for g in groups) == [1, 4]
+    store.close()
+
+
+# A sweep's worker as a local job runs it, on every cell it can claim; with batch_runs cells a group.
+WORKER = r"""
+import sys
+from flctl.launch.backends import Slot
+from flctl.launch.recipe import WorkerRecipe
+from flctl.launch.worker import Worker
+url, root, sid, batch = sys.argv[1:5]
+worker = Worker(WorkerRecipe(url, root, sid, executor="local", batch_runs=int(batch), sync_study=False))
+print("outcome", worker(Slot(0, threads=1)), flush=True)
+"""
+
+
+def test_a_cell_with_another_kinds_together_key_is_not_trained_with_the_wrong_cells(tmp_path: Path) -> None:
+    """A row whose together key is wrong (an epochs=2 cell carrying the epochs=1 cells' key): a grouped claim takes it
+    with them, the trainer refuses the group (flctl.train: can_train_together), and each cell trains alone."""
+    results = tmp_path / "results"
+    results.mkdir()
+    url = f"sqlite:///{results / 'flctl.db'}"
+    store = Store.open(url)
+    one, two = cells(2, epochs=1), cells(2, start=10, epochs=2)
+    sweep(store, one + two)
+    set_rows(store, [two[0].run_id], together=one[0].together_id)
+    proc = warm.Popen([sys.executable, "-c", WORKER, url, str(results), SID, "4"], stdout=warm.PIPE, stderr=warm.PIPE,
+                      env=env_of(results))
+    out, err = proc.communicate(600)
+    assert proc.returncode == 0, err
+    runs = {r.id: r for r in store.list_runs()}
+    assert {r.status for r in runs.values()} == {"completed"}, {r.id: (r.status, r.error) for r in runs.values()}
+    assert {r.id: r.epochs_done for r in runs.values()} == {c.run_id: c.epochs for c in one + two}
+    store.close()
+
+
+DAMAGED_CONFIG = ("a queued cell whose config cannot be read stalls its whole sweep: the claim parses every config it "
+                  "takes inside its transaction (flctl/db/claims.py take_next, RunConfig.from_json(r.config)), so the "
+                  "damaged row, first in the index's order, makes every claim raise (SQLite: StoreError 'a row holds "
+                  "invalid JSON'; PostgreSQL, a JSON that is no config: TypeError) and roll back: no worker ever gets "
+                  "the good cells, and revision 0008's promise ('a row whose config this flctl cannot read ... is "
+                  "claimed alone') does not hold")
+
+
+@pytest.mark.xfail(strict=True, reason=DAMAGED_CONFIG)
+@pytest.mark.parametrize("backend,damage", [("sqlite", "{not json"), ("postgresql", "{}")])
+def test_a_queued_cell_whose_config_is_damaged_does_not_stall_the_others(tmp_path: Path, backend: str,
+                                                                          damage: str) -> None:
+    url = database_url(backend, tmp_path)
+    store = Store.open(url)
+    ids = sweep(store, cells(3))
+    store.write(lambda s: s.execute(text("UPDATE runs SET config = :c WHERE id = :i"
+                                         if backend == "sqlite" else
+                                         "UPDATE runs SET config = CAST(:c AS json) WHERE id = :i"),
+                                    {"c": damage, "i": ids[0]}))
+    queue, taken = RunQueue(store), []
+    for _ in range(3):
+        try:
+            taken += [c.cfg.run_id for c in queue.claim_next(SID, max_attempts=3)]
+        except Exception:           # the damaged cell may be refused in one line; the others must still come
+            pass
+    assert sorted(taken) == ids[1:]
+    store.close()
+
+
+@pytest.mark.xfail(strict=True, reason=DAMAGED_CONFIG + ". What a person sees: `flctl sweep --wait` exits 2 with "
+                   "'error: the database is damaged: a row holds invalid JSON (Expecting property name ...); restore "
+                   "it from a backup or delete that row', naming no row, and trains nothing (flctl/db/store.py "
+                   "Store.session's StoreError)")
+def test_sweep_wait_over_a_damaged_cell_trains_the_others_and_names_it(tmp_path: Path, noop_site: Path) -> None:
+    results = tmp_path / "results"
+    axes = ["two-moons", "-m", "erm", "--lr", "0.01,0.02,0.03", "--epochs", "1"]
+    assert flctl("sweep", *axes, "--executor", "noop", env=env_of(results, noop_site)).returncode == 0
+    bad = sorted(r.id for r in Store.open(f"sqlite:///{results / 'flctl.db'}").list_runs())[0]
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET config = '{not json' WHERE id = ?", (bad,))
+    res = flctl("sweep", *axes, "--wait", "--workers", "1", env=env_of(results), timeout=600)
+    no_traceback(res.stderr)
+    assert res.returncode != 2 and bad in res.stdout + res.stderr, res.stdout + res.stderr
+    done = [r for r in Store.open(f"sqlite:///{results / 'flctl.db'}").list_runs() if r.status == "completed"]
+    assert len(done) == 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a sweep_cells row whose run is gone (written with foreign keys off) is counted by `flctl sweeps` (4 cells) and "
+    "not by `flctl status` (3 cells, its 'missing' column 0): the ledger's counts inner-join runs "
+    "(flctl/db/counts.py sweep_counts) and nothing ever fills the 'missing' column (flctl/status.py LEDGER_COLUMNS); "
+    "the two commands disagree and neither names the dangling cell"))
+def test_a_cell_whose_run_is_gone_is_counted_alike_by_status_and_sweeps(tmp_path: Path) -> None:
+    url = database_url("sqlite", tmp_path)
+    store = Store.open(url)
+    ids = sweep(store, cells(3))
+    store.close()
+    with sqlite3.connect(tmp_path / "flctl.db") as conn:     # foreign keys are off in a plain connection
+        conn.execute("INSERT INTO sweep_cells (sweep_id, run_id, mirrored) VALUES (?, 'deadbeefdeadbeef', 0)", (SID,))
+    store = Store.open(url)
+    queue = RunQueue(store)        # the claim and the mirror step over it
+    assert sorted(c.cfg.run_id for _ in ids for c in queue.claim_next(SID, max_attempts=3)) == ids
+    env = env_of(tmp_path / "r")
+    listed = json.loads(flctl("sweeps", "--json", "--db", url, env=env).stdout)
+    ledger = json.loads(flctl("status", SID, "--json", "--db", url, env=env).stdout)
+    assert listed[0]["cells"] == ledger["cells"] == 4 and ledger["total"]["missing"] == 1
+    store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_without_the_new_indexes_claims_and_counts_are_the_same(tmp_path: Path, backend: str) -> None:
+    """ix_runs_claim and ix_runs_ledger dropped (a DBA's cleanup, a restore without indexes): slower, still right."""
+    store = Store.open(database_url(backend, tmp_path))
+    ids = sweep(store, cells(8))
+    set_rows(store, ids[5:6], status=Status.INTERRUPTED, attempts=1)
+    set_rows(store, ids[6:7], status=Status.FAILED, attempts=1, error="boom")
+    set_rows(store, ids[7:8], status=Status.COMPLETED, attempts=1)
+    from flctl.status import ledger
+
+    before = ledger(store, SID)
+    store.write(lambda s: [s.execute(text(f"DROP INDEX {name}")) for name in ("ix_runs_claim", "ix_runs_ledger")])
+    assert ledger(store, SID) == before
+    queue = RunQueue(store)
+    taken = [c.cfg.run_id for _ in ids for c in queue.claim_next(SID, max_attempts=3)]
+    assert taken == [ids[5], *ids[:5]]                 # interrupted first, then queued in the index's order
+    store.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an Optuna study deleted (optuna.delete_study, optuna-dashboard's delete) is made again by the next sync with only "
+    "the cells finished since: the cells mirrored before stay marked (sweep_cells.mirrored) and are never added to "
+    "the new study (flctl/study.py _pending reads `mirrored == false` only; _open makes a missing study without "
+    "clearing its cells' marks). Before this round (acee7cc) a sync compared the study's own trials and added them "
+    "all again"))
+def test_a_deleted_optuna_study_is_made_again_with_every_finished_cell(tmp_path: Path) -> None:
+    import optuna
+
+    from flctl.db import existing_storage
+    from flctl.study import sync_sweep
+
+    url = database_url("sqlite", tmp_path)
+    store = Store.open(url)
+    ids = sweep(store, cells(6))
+    queue = RunQueue(store)
+    for i, run_id in enumerate(ids[:3]):
+        finish(queue, run_id, float(i))
+    assert sync_sweep(store, url, SID) == 3
+    storage = existing_storage(url)
+    optuna.delete_study(study_name=f"flctl-{SID}", storage=storage)
+    storage.engine.dispose()
+    for run_id in ids[3:]:
+        finish(queue, run_id)
+    sync_sweep(store, url, SID)
+    assert mirror_state(store, url)[0] == ids
+    store.close()
+
+
+def damaged_study(url: str, grid) -> tuple[Store, list[str]]:
+    """Sweep SID with a finished cell mirrored, its study's grid attribute replaced by ``grid``, and a cell finished
+    since (waiting for a mirror)."""
+    import optuna
+
+    from flctl.db import existing_storage
+    from flctl.study import sync_sweep
+
+    store = Store.open(url)
+    ids = sweep(store, cells(4))
+    queue = RunQueue(store)
+    finish(queue, ids[0])
+    sync_sweep(store, url, SID)
+    storage = existing_storage(url)
+    optuna.load_study(study_name=f"flctl-{SID}", storage=storage).set_user_attr("grid", grid)
+    storage.engine.dispose()
+    finish(queue, ids[1])
+    return store, ids
+
+
+MIRROR_STALLS = ("one study whose 'grid' attribute is damaged ({grid}) stops the mirror of every sweep of the "
+                 "database: the holder of the mirror's lock drains all sweeps' waiting cells in (sweep, run) order "
+                 "(flctl/study.py _drain) and the damaged grid raises ({error}) out of _Studies._open / _trial, so no "
+                 "later sweep's cell is ever mirrored again; a worker says one line per exit, `flctl sweep` of any "
+                 "sweep ends in a traceback after its launch")
+
+
+GRIDS = [('"garbage"', "AttributeError: 'str' object has no attribute 'items'"),
+         ('{"lr": [1]}', "ValueError: '<the cell's lr>' not in (1,)"),
+         ('{"nosuch": [1, 2]}', "AttributeError: 'RunConfig' object has no attribute 'nosuch'")]
+
+
+@pytest.mark.parametrize("grid", [pytest.param(g, marks=pytest.mark.xfail(strict=True, reason=MIRROR_STALLS.format(
+    grid=g, error=e))) for g, e in GRIDS], ids=["garbage", "an-axis-of-other-values", "an-unknown-axis"])
+def test_a_damaged_grid_in_one_study_does_not_stop_the_mirror_of_the_others(tmp_path: Path, grid: str) -> None:
+    from flctl.errors import ConfigError
+    from flctl.study import sync_sweep
+
+    url = database_url("sqlite", tmp_path)
+    store, _ = damaged_study(url, json.loads(grid))
+    other, ids = finished_sweep(url, 3, sid="zzotherswee1", start=50)       # after SID in the mirror's order
+    try:
+        sync_sweep(store, url, "zzotherswee1")
+    except ConfigError:              # the damaged study may be named in one line; the other sweep's cells go on
+        pass
+    assert mirror_state(store, url, "zzotherswee1")[0] == ids
+    store.close()
+
+
+@pytest.mark.xfail(strict=True, reason=MIRROR_STALLS.format(grid="'garbage'", error="AttributeError") +
+                   ". Here: `flctl sweep` of a new grid launches it, then dies in AttributeError's traceback, exit 1")
+def test_sweep_beside_a_damaged_study_ends_without_a_traceback(tmp_path: Path, noop_site: Path) -> None:
+    url = database_url("sqlite", tmp_path)
+    damaged_study(url, "garbage")[0].close()
+    res = flctl("sweep", "two-moons", "--lr", "0.1,0.2", "--executor", "noop", "--db", url,
+                env=env_of(tmp_path / "r", noop_site))
+    no_traceback(res.stderr)
+    assert res.returncode == 0, res.stderr
