@@ -997,3 +997,92 @@ def test_sweep_beside_a_damaged_study_ends_without_a_traceback(tmp_path: Path, n
                 env=env_of(tmp_path / "r", noop_site))
     no_traceback(res.stderr)
     assert res.returncode == 0, res.stderr
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Two-moons' extras.npz (the MLP's layers the multipliers figure computes the decision grid from), damaged.
+
+@pytest.fixture(scope="module")
+def moons(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, bytes]:
+    """A results folder with one completed two-moons fl run: (its root, its extras.npz, that file's bytes)."""
+    root = tmp_path_factory.mktemp("moons") / "results"
+    res = in_process("run", "two-moons", "-m", "fl", "--epochs", "2", "--results-dir", str(root))
+    assert res.returncode == 0, res.stdout + res.stderr
+    [run] = Store.open(f"sqlite:///{root / 'flctl.db'}").list_runs()
+    extras = Path(run.artifacts["extras"])
+    return root, extras, extras.read_bytes()
+
+
+@pytest.fixture
+def extras_of(moons):
+    """Writes a damaged extras.npz in place of the run's (``extras_of(arrays)``, or raw bytes); put back after."""
+    import numpy as np
+
+    root, path, original = moons
+    kept = dict(np.load(path))
+
+    def write(change) -> tuple[Path, dict]:
+        if isinstance(change, bytes):
+            path.write_bytes(change)
+        else:
+            with open(path, "wb") as f:
+                np.savez(f, **change(dict(kept)))
+        return root, kept
+    yield write
+    path.write_bytes(original)
+
+
+def multipliers_figure(root: Path, out: Path) -> subprocess.CompletedProcess:
+    return in_process("report", "--plot", "multipliers", "--results-dir", str(root), "--out", str(out))
+
+
+def last_layer(kept: dict) -> int:
+    return max(int(k.rsplit("_", 1)[1]) for k in kept if k.startswith("mlp_weight_"))
+
+
+def test_the_undamaged_run_draws(extras_of, tmp_path: Path) -> None:
+    root, kept = extras_of(lambda e: e)
+    assert last_layer(kept) >= 2                       # an MLP with a hidden layer between two others
+    res = multipliers_figure(root, tmp_path / "m")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "m.png").stat().st_size > 10_000
+
+
+MISSING_LAYER = ("an MLP whose layers in extras.npz are incomplete is drawn without a word: class1_probability "
+                 "(flctl/report/plots/multipliers.py) reads mlp_weight_<i>/mlp_bias_<i> until the first that is "
+                 "missing and takes the hidden activations of the last layer it found for logits (its 'does not take "
+                 "2 inputs' and 'has 1 output' checks pass at a hidden width of 2 or more): a missing middle or last "
+                 "layer (or only its bias) draws a wrong decision region, exit 0")
+
+
+@pytest.mark.xfail(strict=True, reason=MISSING_LAYER)
+@pytest.mark.parametrize("missing", ["the last layer's bias", "a middle layer"])
+def test_extras_with_a_layer_missing_are_refused_in_one_line(extras_of, tmp_path: Path, missing: str) -> None:
+    def drop(e: dict) -> dict:
+        n = last_layer(e)
+        names = [f"mlp_bias_{n}"] if missing == "the last layer's bias" else [f"mlp_weight_1", "mlp_bias_1"]
+        return {k: v for k, v in e.items() if k not in names}
+
+    root, _ = extras_of(drop)
+    res = multipliers_figure(root, tmp_path / "m")
+    assert res.returncode == 2 and "layer" in one_line(res.stderr), (res.returncode, res.stderr)
+
+
+@pytest.mark.parametrize("damage", ["a first layer of 3 inputs", "a weight of one dimension", "no layers and no grid",
+                                    "not a zip file"])
+def test_extras_that_cannot_be_drawn_are_one_line_and_exit_2(extras_of, tmp_path: Path, damage: str) -> None:
+    import numpy as np
+
+    def change(e: dict):
+        if damage == "a first layer of 3 inputs":
+            e["mlp_weight_0"] = np.ones((e["mlp_weight_0"].shape[0], 3), np.float32)
+        elif damage == "a weight of one dimension":
+            e["mlp_weight_0"] = e["mlp_weight_0"].ravel()
+        else:
+            e = {k: v for k, v in e.items() if not k.startswith("mlp_")}
+        return e
+
+    root, _ = extras_of(b"PK\x03\x04 truncated" if damage == "not a zip file" else change)
+    res = multipliers_figure(root, tmp_path / "m")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert one_line(res.stderr).startswith("error: ") and not (tmp_path / "m.png").exists()
