@@ -12,7 +12,7 @@ from sqlalchemy import JSON, Table, insert, select, text
 from sqlalchemy.orm import Session
 
 from flctl.db.counts import chunks
-from flctl.db.schema import Run, SweepCell, now
+from flctl.db.schema import Run, Sweep, SweepCell, now
 from flctl.status import Status
 
 # The tables themselves (Core: no ORM bookkeeping a row), typed as Table for insert().
@@ -100,3 +100,15 @@ def insert_cells(s: Session, sweep_id: str, run_ids: Sequence[str]) -> None:
     for chunk in chunks(new, ROWS):
         _write(s, CELLS, [{"sweep_id": sweep_id, "run_id": run_id} for run_id in chunk])
     fresh_statistics(s, "sweep_cells", len(new))
+
+
+def record_sweep(s: Session, sweep: Sweep, configs: Sequence[Any]) -> list[str]:
+    """``sweep`` (a new row: written unless its id is there), its new runs (insert_runs: their ids returned) and its
+    cells (insert_cells), in the transaction ``s``."""
+    added = insert_runs(s, configs)
+    if s.get(Sweep, sweep.id) is None:
+        sweep.created_at, sweep.submissions = now(), 0
+        s.add(sweep)
+        s.flush()                       # before its cells, which refer to it
+    insert_cells(s, sweep.id, [c.run_id for c in configs])
+    return added

@@ -24,11 +24,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAl
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from flctl.db.bulk import insert_cells, insert_runs
+from flctl.db.bulk import insert_runs, record_sweep
 from flctl.db.counts import SweepCounts, list_sweeps, sweep_counts
 from flctl.db.dialect import Connect, DatabaseFile, Dialect
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
-from flctl.db.schema import Run, RunRecord, Sweep, SweepCell, now
+from flctl.db.schema import Run, RunRecord, Sweep, SweepCell
 from flctl.db.upgrade import check_schema
 from flctl.db.urls import dialect_of, normalize_url, parsed
 from flctl.errors import ConfigError, DiskFull, StoreError
@@ -271,17 +271,9 @@ class Store:
     def create_sweep(self, sweep_id: str, name: str | None, task: str, spec: dict[str, Any],
                      configs: list[Any]) -> list[str]:
         """Record the sweep and its cells (runs inserted as queued when new), in one transaction and in bulk
-        (flctl.db.bulk). Idempotent; returns the ids of the runs it added (queued, no attempt yet)."""
+        (flctl.db.bulk.record_sweep). Idempotent; returns the ids of the runs it added (queued, no attempt yet)."""
         configs = list({c.run_id: c for c in configs}.values())
-
-        def fn(s: Session) -> list[str]:
-            added = insert_runs(s, configs)
-            if s.get(Sweep, sweep_id) is None:
-                s.add(Sweep(id=sweep_id, name=name, task=task, spec=spec, created_at=now(), submissions=0))
-                s.flush()                       # before its cells, which refer to it
-            insert_cells(s, sweep_id, [c.run_id for c in configs])
-            return added
-        return self.write(fn)
+        return self.write(lambda s: record_sweep(s, Sweep(id=sweep_id, name=name, task=task, spec=spec), configs))
 
     def count_submission(self, sweep_id: str) -> None:
         self.write(lambda s: s.execute(update(Sweep).where(Sweep.id == sweep_id)
