@@ -2,9 +2,11 @@
 1-epoch two-moons cells (`--lr 1e-4..1:N/4 --seed 0,1,2,3 --epochs 1`), grouped (the task's default, up to 16 cells a claim on a CPU)
 and one cell a claim (`--batch-runs 1 --threads 1`), through the CLI as a researcher runs it.
 
-Each measurement plans the sweep with `flctl sweep ... --workers 1` (one background worker, the local executor), waits
-until its first cells are done (the worker's start-up and first claims are not the pace), then counts the cells
-completed in the database over the next --seconds, and cancels the sweep. The target (issue 68): the pace at 40,000
+Each measurement plans both sweeps with `flctl sweep ... --workers 1` (one background worker each, the local executor),
+waits until the first cells of each are done (the worker's start-up and first claims are not the pace), then counts
+the cells each completed in its database over the same --seconds, and cancels both: the two workers train at the same
+time, so a shared machine's load hits both alike (measured one after the other, minutes apart, the same code gave
+0.43x and 1.8x). The target (issue 68): the pace at 40,000
 cells at least 0.9x the pace at 2,000, grouped and one a claim. With --before REV the same is measured with commit
 REV's flctl (a worktree of it on PYTHONPATH) in the same rounds, alternated, so the machine's drift hits both alike.
 Writes benchmarks/results/pace-<date>-cpu.{json,txt}.
@@ -44,37 +46,49 @@ def completed(db: Path) -> int:
         return 0
 
 
-def pace(tree: Path, cells: int, mode: list[str], folder: Path, warmup: int, seconds: float) -> dict:
-    """Plan the sweep, let one worker train ``warmup`` cells, then count its cells over ``seconds``; cancel it."""
+def plan(tree: Path, cells: int, mode: list[str], folder: Path) -> tuple[dict, float]:
+    """Plan the sweep with one background worker: its environment and the seconds the launch took."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop("FLCTL_DB", None)
     # four seeds: an axis holds at most 10,000 points
     args = [*FLCTL, "sweep", "two-moons", "--lr", f"1e-4..1:{cells // 4}", "--seed", "0,1,2,3", "--epochs", "1",
-            "--workers", "1",
-            "--executor", "local", *mode, "--results-dir", str(folder)]
+            "--workers", "1", "--yes", "--executor", "local", *mode, "--results-dir", str(folder)]
     start = time.perf_counter()
     subprocess.run(args, check=True, cwd=tree, env=env, capture_output=True)
-    planned = time.perf_counter() - start
-    db = folder / "flctl.db"
+    return env, time.perf_counter() - start
+
+
+def paces(tree: Path, sizes: list[int], mode: list[str], folder: Path, warmup: int, seconds: float) -> dict:
+    """The sweeps of ``sizes`` planned, each with one worker, trained at the same time (so the machine's load, on a
+    shared machine, hits them alike), counted over the same ``seconds`` once each has ``warmup`` cells done;
+    cancelled after. Cells a second and planning seconds by size."""
+    folders = {n: folder / str(n) for n in sizes}
+    planned = {n: plan(tree, n, mode, folders[n]) for n in sizes}
     try:
-        while (first := completed(db)) < warmup:
+        start = time.perf_counter()
+        while min(completed(f / "flctl.db") for f in folders.values()) < warmup:
             if time.perf_counter() - start > 600:
                 raise RuntimeError(f"no {warmup} cells done in 10 minutes: {folder}")
             time.sleep(0.2)
+        first = {n: completed(f / "flctl.db") for n, f in folders.items()}
         t0 = time.perf_counter()
         time.sleep(seconds)
-        done, t1 = completed(db), time.perf_counter()
+        done = {n: completed(f / "flctl.db") for n, f in folders.items()}
+        elapsed = time.perf_counter() - t0
     finally:
-        sid = next((folder / "jobs").iterdir()).name
-        subprocess.run([*FLCTL, "cancel", sid, "--results-dir", str(folder)], cwd=tree, env=env, capture_output=True)
-    return {"plan_s": round(planned, 2), "cells_per_s": round((done - first) / (t1 - t0), 2)}
+        for n, f in folders.items():
+            sid = next((f / "jobs").iterdir()).name
+            subprocess.run([*FLCTL, "cancel", sid, "--results-dir", str(f)], cwd=tree, env=planned[n][0],
+                           capture_output=True)
+    return {n: {"plan_s": round(planned[n][1], 2), "cells_per_s": round((done[n] - first[n]) / elapsed, 2)}
+            for n in sizes}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs=2, default=[2000, 40000], metavar=("SMALL", "LARGE"))
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--seconds", type=float, default=30.0, help="how long the pace is counted")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long the pace is counted")
     ap.add_argument("--warmup", type=int, default=40, help="cells done before the count starts")
     ap.add_argument("--before", metavar="REV", help="also time commit REV's flctl, in the same rounds")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -84,15 +98,14 @@ def main() -> None:
         for r in range(a.repeats):
             for mode, flags in MODES.items():
                 for name, tree in checkouts.items():
-                    for cells in a.sizes:
-                        folder = Path(tmp) / f"{name}-{r}-{cells}"
-                        got = pace(tree, cells, flags, folder, a.warmup, a.seconds)
-                        shutil.rmtree(folder, ignore_errors=True)
+                    folder = Path(tmp) / f"{name}-{r}"
+                    for cells, got in paces(tree, a.sizes, flags, folder, a.warmup, a.seconds).items():
                         raw.setdefault(name, {}).setdefault(mode, {}).setdefault(str(cells), []).append(
                             got["cells_per_s"])
                         raw[name][mode].setdefault(f"plan_s_{cells}", []).append(got["plan_s"])
                         print(f"round {r + 1}: {name}: {mode}: {cells} cells: {got['cells_per_s']} cells/s "
                               f"(planned in {got['plan_s']} s)", flush=True)
+                    shutil.rmtree(folder, ignore_errors=True)
     small, large = (str(n) for n in a.sizes)
     out: dict = {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(), "sizes": a.sizes,
                  "seconds": a.seconds, "warmup_cells": a.warmup, "repeats": a.repeats, "results": {}}
