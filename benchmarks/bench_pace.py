@@ -84,12 +84,22 @@ def paces(tree: Path, sizes: list[int], mode: list[str], folder: Path, warmup: i
             for n in sizes}
 
 
+def at_least(low: float, kind=int):
+    """An argparse type: a number of ``kind`` no smaller than ``low`` (a bad one is argparse's one line, exit 2)."""
+    def parse(text: str):
+        value = kind(text)
+        if not value >= low:
+            raise argparse.ArgumentTypeError(f"must be at least {low:g}, got {text}")
+        return value
+    return parse
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs=2, default=[2000, 40000], metavar=("SMALL", "LARGE"))
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--seconds", type=float, default=60.0, help="how long the pace is counted")
-    ap.add_argument("--warmup", type=int, default=40, help="cells done before the count starts")
+    ap.add_argument("--sizes", type=at_least(4), nargs=2, default=[2000, 40000], metavar=("SMALL", "LARGE"))
+    ap.add_argument("--repeats", type=at_least(1), default=1)
+    ap.add_argument("--seconds", type=at_least(0.1, float), default=60.0, help="how long the pace is counted")
+    ap.add_argument("--warmup", type=at_least(1), default=40, help="cells done before the count starts")
     ap.add_argument("--before", metavar="REV", help="also time commit REV's flctl, in the same rounds")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     a = ap.parse_args()

@@ -26,6 +26,7 @@ def run(method: str, seed: int, eps=None, alpha=None, status="completed", task="
                      device=None, created_at="", started_at=None, finished_at=None, heartbeat_at=None,
                      duration_s=None, metrics={f"{k.replace('__', '.')}": v for k, v in metrics.items()},
                      diverged_at=None, lambda_capped=None, error=None, trained_with=None, provenance=None, claim_token=None,
+                     together=None,
                      artifacts={})
 
 
