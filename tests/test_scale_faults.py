@@ -515,7 +515,8 @@ print("added", sync_sweep(store, url, sid), flush=True)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGKILL],
+                         ids=lambda s: s.name)
 def test_a_mirror_killed_inside_its_trials_write_leaves_no_trial_twice_and_none_lost(tmp_path: Path,
                                                                                      sig: signal.Signals) -> None:
     url = database_url("sqlite", tmp_path)
@@ -545,8 +546,9 @@ def wait_stopped(proc: warm.Popen) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("backend,where", [("sqlite", "read"), ("sqlite", "write"), ("postgresql", "write"),
-                                           ("pgbouncer", "write")])
+@pytest.mark.parametrize("backend,where", [("sqlite", "read"), ("sqlite", "write"),
+                                           pytest.param("postgresql", "write", marks=pytest.mark.slow),
+                                           pytest.param("pgbouncer", "write", marks=pytest.mark.slow)])
 def test_a_mirror_stopped_holding_its_lock_keeps_no_worker_waiting_for_the_mirror(tmp_path: Path, backend: str,
                                                                                   where: str) -> None:
     """SIGSTOP while it holds MIRROR_LOCK: reading its page, or inside the transaction that writes its trials. A
@@ -820,10 +822,10 @@ print("added", sync_sweep(store, url, sid), flush=True)
 """
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def test_two_mirrors_at_once_give_each_cell_one_trial(tmp_path: Path, backend: str) -> None:
     url = database_url(backend, tmp_path)
-    store, ids = finished_sweep(url, 1_200)                   # several pages each
+    store, ids = finished_sweep(url, 600)                     # two pages each (flctl.study.PAGE)
     at = time.time() + 3
     procs = [warm.Popen([sys.executable, "-c", TWO_MIRRORS, url, SID, str(at)], stdout=warm.PIPE, stderr=warm.PIPE)
              for _ in range(2)]
@@ -1233,7 +1235,7 @@ print("runs", len(store.list_runs()), flush=True)
 """
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def test_a_previous_release_database_opened_by_two_processes_at_once_is_upgraded_whole(
         tmp_path: Path, previous_release: Path, backend: str) -> None:
     """Every to-do and lost cell still claimable (and no other), the ledger as the previous release counted it, the
