@@ -32,7 +32,7 @@ from flctl.db.schema import Run
 from flctl.status import Status
 from tests import warm
 from tests.helpers import bound, config, in_process
-from tests.test_concurrency import bouncer_database, database_url, pg_database
+from tests.test_concurrency import bouncer_database, database_url
 
 ROOT = Path(__file__).resolve().parents[1]
 SID = "faultsweep01"
@@ -108,18 +108,6 @@ def finish(queue: RunQueue, run_id: str, value: float = 1.0) -> None:
     assert token
     queue.finish_run(run_id, token, status="completed", epochs_done=1, metrics={"train.avg_loss": value},
                      diverged_at=None, lambda_capped=0, artifacts={}, duration_s=1.0)
-
-
-def counts_of(url: str, sid: str) -> tuple[int, int, int]:
-    """(runs, cells of ``sid``, sweeps named ``sid``) as they are in the database."""
-    store = Store.open(url)
-    try:
-        with store.session() as s:
-            return tuple(s.execute(text(q), {"sid": sid}).scalar_one() for q in (
-                "SELECT count(*) FROM runs", "SELECT count(*) FROM sweep_cells WHERE sweep_id = :sid",
-                "SELECT count(*) FROM sweeps WHERE id = :sid")) 
-    finally:
-        store.close()
 
 
 def wait_for(proc: warm.Popen, word: str, timeout: float = 120) -> str:
@@ -1131,7 +1119,7 @@ MISSING_LAYER = ("an MLP whose layers in extras.npz are incomplete is drawn with
 def test_extras_with_a_layer_missing_are_refused_in_one_line(extras_of, tmp_path: Path, missing: str) -> None:
     def drop(e: dict) -> dict:
         n = last_layer(e)
-        names = [f"mlp_bias_{n}"] if missing == "the last layer's bias" else [f"mlp_weight_1", "mlp_bias_1"]
+        names = [f"mlp_bias_{n}"] if missing == "the last layer's bias" else ["mlp_weight_1", "mlp_bias_1"]
         return {k: v for k, v in e.items() if k not in names}
 
     root, _ = extras_of(drop)
@@ -1363,7 +1351,7 @@ def test_status_watch_of_a_settled_100000_cell_sweep_caps_its_error_list(hundred
 
 
 @pytest.mark.slow
-def test_sweeps_of_100000_cells_and_250_more_counts_right_and_caps_its_list(hundred_k: str, tmp_path: Path) -> None:
+def test_sweeps_of_100000_cells_counts_them_right(hundred_k: str, tmp_path: Path) -> None:
     listed = json.loads(flctl("sweeps", "--json", "--db", hundred_k, env=env_of(tmp_path / "r")).stdout)
     assert [(r["cells"], r["completed"]) for r in listed] == [(100_000, BIG[Status.COMPLETED])]
 
