@@ -4,6 +4,7 @@ that two workers never both win a cell and a claim costs the same whatever the s
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -12,7 +13,7 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import Text, and_, exists, or_, select, type_coerce, update
 from sqlalchemy.orm import Session
 
 from flctl.config import RunConfig
@@ -76,20 +77,32 @@ def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -
     row another holds. On SQLite the whole transaction holds the one write lock (flctl.db.sqlite, BEGIN IMMEDIATE),
     so nobody moves between the read and the write either. Cells of lost workers are taken back only when nothing
     is left to do (a queue drains before it retries), as each worker's own claims find them."""
-    rows: list[Any] = []
-    for status in (Status.INTERRUPTED, Status.QUEUED):
-        if len(rows) < want.need:
-            rows += s.execute(_candidates(want, Run.status == status).limit(want.need - len(rows))).all()
-    if len(rows) < want.need:
-        rows += _lost(s, want, want.need - len(rows))
-    if not rows:
-        return []
-    token, stamp, won = secrets.token_hex(16), db_now(s), []
+    won: list[Claim] = []
     by_device: dict[str | None, list[str]] = {}
-    for r in rows:
-        cfg = RunConfig.from_json(r.config)
-        by_device.setdefault(cfg.device, []).append(r.id)
-        won.append(Claim(cfg, token, r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)))
+    token, stamp = secrets.token_hex(16), db_now(s)
+    for _ in range(want.need + MOST_DAMAGED):      # a damaged cell is failed and the next one read in its place
+        rows: list[Any] = []
+        for status in (Status.INTERRUPTED, Status.QUEUED):
+            if len(rows) < want.need - len(won):
+                rows += s.execute(_candidates(want, Run.status == status).limit(want.need - len(won) - len(rows))).all()
+        if len(rows) < want.need - len(won):
+            rows += _lost(s, want, want.need - len(won) - len(rows))
+        if not rows:
+            break
+        damaged = {}
+        for r in rows:
+            try:
+                cfg = RunConfig.from_json(json.loads(r.config) if isinstance(r.config, str) else r.config)
+            except Exception as exc:      # noqa: BLE001  (any way a stored config can be unreadable)
+                damaged[r.id] = f"{DAMAGED}: {type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            by_device.setdefault(cfg.device, []).append(r.id)
+            won.append(Claim(cfg, token, r.status in TO_DO and (r.error or "").startswith(TRAIN_ALONE)))
+        for run_id, why in damaged.items():   # failed now: one unreadable row must not stall every claim after it
+            s.execute(update(Run).where(Run.id == run_id).values(status=Status.FAILED, error=why, finished_at=stamp)
+                      .execution_options(synchronize_session=False))
+        if not damaged:
+            break
     for device, ids in by_device.items():   # one statement a device (one, in any sweep flctl plans)
         s.execute(update(Run).where(Run.id.in_(ids))
                   .values(status=Status.RUNNING, attempts=Run.attempts + 1, error=None, host=socket.gethostname(),
@@ -99,7 +112,12 @@ def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -
     return won
 
 
-_READ = (Run.id, Run.status, Run.config, Run.error)
+# The config read as its stored text where the engine keeps JSON as text (SQLite), so that a row that is not JSON is
+# one failed cell here, not a decoding error of the whole read (PostgreSQL's driver hands JSON over parsed).
+_READ = (Run.id, Run.status, type_coerce(Run.config, Text).label("config"), Run.error)
+# Damaged cells a claim fails before it gives up looking further (the rest wait for the next claim).
+MOST_DAMAGED = 16
+DAMAGED = "its stored config cannot be read (the database row was damaged; restore it from a backup)"
 
 
 def _candidates(want: Want, which: Any) -> Any:
