@@ -310,7 +310,9 @@ def test_a_signal_during_the_bulk_write_of_100000_cells_leaves_the_sweep_whole_o
     said = log.read_text()
     no_traceback(said)
     expected = {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGHUP: -signal.SIGHUP}[sig]
-    assert proc.returncode == expected, said                  # it came while the rows went in
+    # it came while the rows went in; on a loaded machine it may land once the launch is done (exit 0): then the
+    # sweep must be whole, as below
+    assert proc.returncode in (expected, 0), said
     if proc.returncode > 0:
         assert said.strip().splitlines()[-1] == f"flctl: interrupted ({sig.name})", said
     store = Store.open(url)
