@@ -34,6 +34,21 @@ def test_api_sweep_fills_a_grid_and_is_the_cli_sweep(tmp_path: Path) -> None:
     assert again["sweep"] == done["sweep"] and again["total"][Status.COMPLETED] == 4
 
 
+def test_a_study_a_background_worker_fills_has_the_direction_asked_for(tmp_path: Path) -> None:
+    """--direction max with a worker in the background: the launch makes the study before any worker can (a worker
+    that made it gave Optuna's default, and best_trial was the worst cell)."""
+    import optuna
+
+    results = tmp_path / "results"
+    done = api.sweep("two-moons", method="fl", lr=[1e-3, 3e-1], seeds=2, epochs=1, results_dir=results,
+                     objective="test.accuracy", direction="max", launch={"workers": 2, "batch_runs": 1})
+    assert done["total"][Status.COMPLETED] == 4
+    study = optuna.load_study(study_name=f"flctl-{done['sweep']}", storage=f"sqlite:///{results / 'flctl.db'}")
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE and len(study.trials) == 4
+    best = max(api.runs(results_dir=results), key=lambda r: r.metrics["test.accuracy"])
+    assert study.best_value == best.metrics["test.accuracy"]
+
+
 @pytest.mark.parametrize("call,message", [
     (dict(method="fl", lr=[1e-3], launch={"executr": "debug"}), r"^unknown \[launch\] key\(s\) executr; valid: "),
     (dict(method="nope"), r"unknown method 'nope'"),

@@ -177,6 +177,34 @@ def test_a_sync_reads_and_adds_only_the_cells_finished_since_the_last(tmp_path: 
     store.close()
 
 
+def test_the_launch_makes_the_study_from_its_configs_with_its_direction(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_study (the launch's, before any worker) reads no config back; a worker's sync after it finds the study
+    with the launch's direction and grid, however the cells are listed."""
+    import optuna
+
+    from flctl import study
+    from flctl.study import make_study, sync_sweep
+
+    url = _url("sqlite", tmp_path)
+    store, configs = _grid(url, 6)
+    monkeypatch.setattr(study, "_grid_of", lambda *a: pytest.fail("a config read back"))
+    make_study(store, url, "grid", list(reversed(configs)), "train.avg_loss", "max")
+    _finish(store, configs)
+    assert sync_sweep(store, url, "grid", wait=False) == 6          # a worker's: it makes no study of its own
+    best = optuna.load_study(study_name="flctl-grid", storage=f"sqlite:///{tmp_path / 'flctl.db'}")
+    assert best.direction == optuna.study.StudyDirection.MAXIMIZE
+    grid = best.user_attrs["grid"]
+    assert grid == study._space(configs) and {k: sorted(v) for k, v in grid.items()} == {"lr": [1e-3, 1e-2],
+                                                                                        "seed": [0, 1, 2]}
+    top = max(configs, key=lambda c: c.seed + c.lr)
+    assert best.best_trial.user_attrs["run_id"] == top.run_id
+    make_study(store, url, "grid", configs, "train.avg_loss", "min")    # a study there is kept as it is
+    assert optuna.load_study(study_name="flctl-grid", storage=f"sqlite:///{tmp_path / 'flctl.db'}").direction == \
+        optuna.study.StudyDirection.MAXIMIZE
+    store.close()
+
+
 # A worker's exit sync in a process of its own: prints what it added and how long it took.
 WORKER_SYNC = r"""
 import sys, time

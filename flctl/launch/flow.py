@@ -43,14 +43,15 @@ def fill_sweep(planned: SweepPlan, store: Any, url: str, root: Path, *, wait: bo
     returns once the sweep settles), or run its --tune search; then sync the sweep's Optuna study. SweepStopped
     where its database or results folder moved meanwhile."""
     from flctl.launch.tune import run_tune
-    from flctl.study import sync_sweep
+    from flctl.study import make_study, sync_sweep
 
     if planned.tune is not None:
         study = run_tune(store, url, root, planned.spec, planned.tune, planned.objective, direction,
                          planned.parallel, planned.settings, told=hooks.told, launched=hooks.launched)
         return Filled(study.study_name.removeprefix("flctl-"), study=study)
     sid = planned.sweep_id
-    launched = launch_sweep(store, url, root, sid, planned.spec, planned.configs, planned.settings, join=wait)
+    launched = launch_sweep(store, url, root, sid, planned.spec, planned.configs, planned.settings, join=wait,
+                            recorded=lambda: make_study(store, url, sid, planned.configs, planned.objective, direction))
     hooks.launched(launched, sid, planned.spec, planned.settings)
     if launched.here is not None and (stopped := hooks.here(launched.here, sid)) is not None:
         return Filled(sid, launched, stopped=stopped)

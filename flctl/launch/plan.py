@@ -41,16 +41,20 @@ class Launched:
 
 
 def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Sequence[RunConfig],
-                 settings: LaunchSettings, join: bool = False) -> Launched:
+                 settings: LaunchSettings, join: bool = False, recorded: Callable[[], None] | None = None) -> Launched:
     """Record the sweep, re-queue cells of lost workers, and start workers for the cells still to do: never more
     live workers than the settings ask for, counting those of an earlier launch still running.
 
     With ``join`` (``flctl sweep --wait`` on the local executor) one of the W workers is this process, which would
     otherwise only wait: it has its imports done and needs no start-up; ``Launched.here`` runs it.
 
+    ``recorded``: what is done once the sweep is recorded and before any worker starts (its grid's Optuna study).
+
     ConfigError, before anything is written, when results/jobs cannot be made private (another user's folder)."""
     sweep_jobs(root, sid)
     added = store.create_sweep(sid, spec.name, spec.task, spec.to_json(), list(configs))
+    if recorded is not None:
+        recorded()
     ids = [c.run_id for c in configs]
     cells, requeued, gave_up = _requeued(store, ids, set(added), settings.max_attempts)
     todo = [i for i in ids if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
