@@ -12,7 +12,8 @@ run's parameters as a trial's, and the space each searches (``varying``: the gri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
@@ -63,13 +64,13 @@ def params_of(cfg: RunConfig, names: list[str]) -> dict[str, Any]:
 
 def varying(configs: list[RunConfig]) -> dict[str, list[Any]]:
     """The grid's axes: fields (and task options as ``opt.KEY``) that take more than one value."""
-    names = list(PARAM_FIELDS) + sorted({f"opt.{k}" for c in configs for k, _ in c.options})
-    space: dict[str, list[Any]] = {}
-    for n in names:
-        values = list(dict.fromkeys(params_of(c, [n])[n] for c in configs))
-        if len(values) > 1:
-            space[n] = values
-    return space
+    # One column at a time, each value read once (params_of per cell and name was 5 s at 100,000 cells).
+    options = [dict(c.options) for c in configs]
+    fields = operator.attrgetter(*PARAM_FIELDS)
+    columns: dict[str, Sequence[Any]] = dict(zip(PARAM_FIELDS, zip(*map(fields, configs)))) if configs else {}
+    columns |= {f"opt.{k}": [o[k] for o in options] for k in sorted({k for o in options for k in o})}
+    return {n: list(dict.fromkeys(column)) for n, column in columns.items()
+            if column and (column.count(column[0]) < len(column) or len(set(map(type, column))) > 1)}
 
 
 def search_space(spec) -> dict[str, Any]:
