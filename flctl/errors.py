@@ -21,8 +21,20 @@ class OlderSchema(StoreError):
     """A command that only reads met a database from an older flctl (`flctl migrate` upgrades it)."""
 
 
+class EmptyDatabase(StoreError):
+    """A command that only reads met an empty database, flctl's not made yet (`flctl migrate`, run and sweep make
+    its schema)."""
+
+
 class NewerSchema(RuntimeError):
     """The database was written by a newer flctl (its revision is not among ours)."""
+
+
+class PartlyDone(RuntimeError):
+    """A step of a command refused its input (the one line says why) after earlier steps of the same command wrote
+    what stays written (cells trained, sweeps recorded): not "bad input, nothing written" (exit 2) but exit 1."""
+
+    exit_code = 1
 
 
 class ClaimLost(RuntimeError):

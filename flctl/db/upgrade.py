@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from flctl.db.schema import SCHEMA_VERSION, VERSION_TABLE, Base, Meta
-from flctl.errors import NewerSchema, OlderSchema, StoreError
+from flctl.errors import EmptyDatabase, NewerSchema, OlderSchema, StoreError
 
 
 class Opened(Protocol):
@@ -69,9 +69,11 @@ def check_schema(store: Opened, scripts: Path | None = None, locked: bool = Fals
     if store.readonly and "flctl_meta" in tables and (row != str(SCHEMA_VERSION) or older):
         raise OlderSchema("the database is from an older flctl: `flctl migrate` upgrades it (so do flctl run "
                           "and flctl sweep); this command only reads")
+    if store.readonly and not tables:
+        raise EmptyDatabase("the database is empty: not an flctl database yet (`flctl migrate` makes its schema); "
+                            "this command only reads")
     if store.readonly and "flctl_meta" not in tables:
-        raise StoreError("the database is " + ("empty: not an flctl database yet" if not tables else
-                         "not an flctl database") + "; this command only reads")
+        raise StoreError("the database is not an flctl database; this command only reads")
     if "flctl_meta" not in tables and tables:
         raise StoreError(f"database holds tables ({', '.join(sorted(tables))}) but is not an flctl "
                          "database; point --db at an empty or flctl database")
