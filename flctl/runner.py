@@ -18,6 +18,7 @@ from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
 from flctl.loggers import Logging
+from flctl.shell import KEPT_IGNORED, STOP_SIGNALS
 from flctl.status import TRAINABLE, Status
 from flctl.versions import git_revision
 
@@ -37,10 +38,12 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[StopRequest]:
+def stop_on_signals(signals: Iterable[str] = STOP_SIGNALS) -> Iterator[StopRequest]:
     """One of ``signals`` sets the returned request: training stops at the next epoch boundary, checkpointed, and
     the run is handed back (interrupted). A second signal interrupts at once (KeyboardInterrupt; the run resumes
-    from its last checkpoint). Previous handlers come back on exit. Main thread only."""
+    from its last checkpoint). A signal of KEPT_IGNORED that is ignored stays so (`nohup`); SIGINT is caught even
+    where ignored (`flctl cancel` sends it to workers a script started in the background). Previous handlers come
+    back on exit. Main thread only."""
     requested = StopRequest()
 
     def handler(signum, _frame) -> None:
@@ -48,7 +51,8 @@ def stop_on_signals(signals: Iterable[str] = ("SIGINT", "SIGTERM")) -> Iterator[
             raise KeyboardInterrupt
         requested.signum = signum
 
-    previous = {sig: signal.signal(sig, handler) for sig in (getattr(signal, name) for name in signals)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.Signals[name] for name in signals)
+                if not (sig.name in KEPT_IGNORED and signal.getsignal(sig) is signal.SIG_IGN)}
     try:
         yield requested
     finally:

@@ -16,6 +16,7 @@ from flctl.cli import export, info, ledger, new_task, paper, report, reproduce, 
 from flctl.cli.common import print_error, tolerate_narrow_encodings
 from flctl.cli.parsing import Command
 from flctl.errors import ConfigError, StoreError
+from flctl.shell import STOP_SIGNALS
 
 
 def _is(exc: BaseException, name: str) -> bool:
@@ -104,7 +105,8 @@ def _ground_failed(exc: BaseException) -> str | None:
 
 
 def _interrupted() -> None:
-    """One line, and 128 + the signal's number (SIGINT 130, SIGTERM 143), as `flctl run` and the workers exit."""
+    """One line, and 128 + the signal's number (SIGHUP 129, SIGINT 130, SIGTERM 143), as `flctl run` and the workers
+    exit."""
     signum = _signalled[-1] if _signalled else signal.SIGINT
     print(f"flctl: interrupted ({signum.name})", file=sys.stderr)
     sys.exit(128 + signum)
@@ -160,9 +162,9 @@ for _panel, _commands in COMMANDS.items():
         app.command(_command.__name__.replace("_", "-"), cls=Command, rich_help_panel=_panel)(_command)
 
 
-# The signals that interrupted this command (SIGTERM turned into an interruption like Ctrl-C's): every command then
-# exits 128 + the signal's number, 130 or 143, with one line (training commands stop at an epoch's end first, with
-# handlers of their own: flctl.runner.stop_on_signals).
+# The signals that interrupted this command (flctl.shell.STOP_SIGNALS: SIGTERM and SIGHUP turned into an interruption
+# like Ctrl-C's): every command then exits 128 + the signal's number, 129, 130 or 143, with one line (training commands
+# stop at an epoch's end first, with handlers of their own: flctl.runner.stop_on_signals).
 _signalled: list[signal.Signals] = []
 
 
@@ -190,8 +192,9 @@ def main() -> None:
 
     threading.excepthook = _thread_failed
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) is not signal.SIG_IGN:     # `flctl sweep ... &` from a script ignores SIGINT
+    for name in STOP_SIGNALS:
+        # left alone when ignored: `flctl sweep ... &` from a script ignores SIGINT, `nohup flctl ...` SIGHUP
+        if signal.getsignal(signum := signal.Signals[name]) is not signal.SIG_IGN:
             signal.signal(signum, _interrupt)
     tolerate_narrow_encodings()
     problem = torch_pair_problem()   # before any command imports torchvision: one line, not its 40-line traceback

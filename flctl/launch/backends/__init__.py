@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 from flctl.errors import ConfigError
 from flctl.registry import entry_names, load_named
+from flctl.shell import STOP_SIGNALS
 
 GROUP = "flctl.launchers"
 # flctl's own launchers, by name: their modules are imported on first use (the CLI reads the names at start-up).
@@ -88,7 +89,7 @@ class Launcher:
     joins: ClassVar[bool] = False            # `flctl sweep --wait`'s own process may be one of its workers
     queued: ClassVar[bool] = False           # its workers are a scheduler's jobs (see the module's docstring)
     # the signals that ask its worker to stop (finish the epoch, checkpoint, hand its cells back)
-    stop_signals: ClassVar[tuple[str, ...]] = ("SIGINT", "SIGTERM")
+    stop_signals: ClassVar[tuple[str, ...]] = STOP_SIGNALS
     # what its job ids look like: checked before one reaches a command or a signal
     job_id: ClassVar[re.Pattern[str]] = re.compile(r"[0-9]+|DEBUG_[0-9]+")
 
