@@ -52,7 +52,10 @@ def take_claim(s: Session, run_id: str, allow: Collection[str], stale_after: flo
                 pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
                 heartbeat_at=stamp, finished_at=None, claim_token=token)
         .execution_options(synchronize_session=False))
-    return token if res.rowcount == 1 else None  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+    if res.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
+        return None
+    retrain(s, [run_id])
+    return token
 
 
 class Want(NamedTuple):
@@ -109,7 +112,16 @@ def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -
                           pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
                           heartbeat_at=stamp, finished_at=None, claim_token=token)
                   .execution_options(synchronize_session=False))
+        retrain(s, ids)
     return won
+
+
+def retrain(s: Session, run_ids: list[str]) -> None:
+    """The claimed runs' cells to be mirrored again when they finish (flctl.study replaces a cell's Optuna trial: a
+    diverged cell completed by a rerun is no longer a FAIL trial). After the runs' own update, in its transaction:
+    a mirror that read a run before this claim sees it changed under its lock and leaves it unmarked."""
+    s.execute(update(SweepCell).where(SweepCell.run_id.in_(run_ids), SweepCell.mirrored).values(mirrored=False)
+              .execution_options(synchronize_session=False))
 
 
 # The config read as its stored text where the engine keeps JSON as text (SQLite), so that a row that is not JSON is
