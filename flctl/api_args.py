@@ -59,9 +59,10 @@ def check_known(store: Store, task: str | None, method: str | None, *, as_option
     as an API argument, ``task='x'``, or ``as_option``, ``--task 'x'``, with the closest name)."""
     import difflib
 
-    from flctl.method_info import METHOD_INFO
+    from flctl.method_info import METHOD_INFO, canonical
     from flctl.tasks import all_tasks
 
+    method = None if method is None else canonical(method)
     for name, value, known, count in (("task", task, all_tasks(), lambda: store.count_runs(task=task)),
                                       ("method", method, list(METHOD_INFO), lambda: store.count_runs(method=method))):
         if value is None or value in known or count():

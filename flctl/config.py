@@ -18,6 +18,7 @@ from flctl.devices import CAPTURED_ENGINES, ENGINES, SAME_NUMBERS_ENGINES, devic
 from flctl.errors import ConfigError
 from flctl.fields import Bounds, FieldSpec
 from flctl.method_info import METHOD_FIELDS, METHOD_INFO
+from flctl.method_info import canonical as canonical_method
 
 if TYPE_CHECKING:
     from flctl.tasks import Task
@@ -210,8 +211,7 @@ def resolve(task: Task, method: str, overrides: Mapping[str, Any] | None = None,
     task_name, task_options, option_ranges = task.name, task.options, task.option_ranges
     supported_methods = task.supported_methods
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if method not in METHOD_INFO and method.lower() in METHOD_INFO:    # FL, as the paper writes it, is fl
-        method = method.lower()
+    method = canonical_method(method)
     if method not in METHOD_INFO:
         raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHOD_INFO)}")
     if method not in supported_methods:

@@ -58,6 +58,16 @@ def method_source(name: str) -> Source:
     return METHOD_SOURCES.get(name) or plugins.module_source("flctl.methods")
 
 
+def canonical(name: str) -> str:
+    """A method's name as flctl stores it, whoever reads it (a run's -m, a sweep's axis, a filter of runs, a report's
+    --methods): ``name`` where a method is so named, else the one method named so in another case (FL, as the paper
+    writes it, is fl); else ``name`` as given, for its reader to refuse or to match a run recorded under it."""
+    if name in METHOD_INFO:
+        return name
+    same = [m for m in METHOD_INFO if m.casefold() == name.casefold()]
+    return same[0] if len(same) == 1 else name
+
+
 def method_info(name: str) -> MethodInfo:
     """The description of ``name``; a method no longer described (a database from elsewhere) gets a plain one."""
     return METHOD_INFO.get(name) or MethodInfo(name, name, len(METHOD_INFO), frozenset(), "")

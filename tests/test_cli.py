@@ -119,7 +119,7 @@ def test_unreachable_database(results: Path) -> None:
     for command in (["run", "two-moons", "--epochs", "1"], ["sweep", "two-moons", "--seeds", "2", "--epochs", "1"],
                     ["paper", "--scale", "smoke", "--only", "figure:3"]):
         res = flctl(*command, "--db", url, "--results-dir", str(nested))
-        assert_rejected(res, "cannot open database", f"127.0.0.1:{port}")
+        assert_rejected(res, "cannot reach database", f"127.0.0.1:{port}")
         assert "secret" not in res.stderr and res.stdout == "", res.stdout      # no plan before the error
         assert not results.exists()
 

@@ -7,6 +7,7 @@ database backend", says what a new engine must add)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -93,6 +94,11 @@ class Dialect:
         the store (flctl.db.store.moved), and opening one that is not there would make it."""
         return None
 
+    def made_files(self, url: URL) -> tuple[Path, ...]:
+        """The files opening ``url`` may make, its database's file first (none: a server's, or in memory): an open
+        that fails takes back those it made (flctl.db.store)."""
+        return ()
+
     def for_others(self, url: URL) -> str:
         """``url`` for a library that opens flctl's database with an engine of its own (Optuna), such that it never
         makes a database that is not there."""
@@ -111,3 +117,21 @@ class Dialect:
         """Whether the database error ``exc`` (SQLAlchemy's, or its driver's) says the disk is full."""
         text = str(getattr(exc, "orig", exc))
         return any(sign in text for sign in self.full_signs)
+
+
+@contextmanager
+def made_back(made: tuple[Path, ...]) -> Iterator[None]:
+    """Opening a database whose open may make the files ``made`` (Dialect.made_files: SQLite's file, then the others
+    beside it): where the open fails (a URL SQLite refuses, a read-only request of a command that writes), those it
+    made are removed again while the database file is still empty, so that a refused URL leaves nothing behind. A
+    file another process filled meanwhile is kept."""
+    new = [p for p in made if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        if made and made[0] in new:
+            with contextlib.suppress(OSError):
+                if made[0].stat().st_size == 0:
+                    for p in new:
+                        p.unlink(missing_ok=True)
+        raise

@@ -133,8 +133,12 @@ def _lock_file(engine: Engine, name: str) -> Path | None:
     """The file beside the database whose lock is the database-wide lock ``name`` (None: a database in memory)."""
     if (database := file_of(engine.url)) is None:
         return None
-    path = Path(database)
-    return path.with_name(f"{path.name}.{name}.lock")
+    return lock_path(Path(database), name)
+
+
+def lock_path(database: Path, name: str) -> Path:
+    """The lock file of the database-wide lock ``name`` beside the SQLite file ``database``."""
+    return database.with_name(f"{database.name}.{name}.lock")
 
 
 def file_of(url: URL) -> str | None:
@@ -195,6 +199,9 @@ class SQLite(Dialect):
         if readonly and url.database:
             path = Path(url.database).resolve()
             return [_readonly_sqlite(path), _readonly_sqlite(path, immutable=True)]
+        if url.query.get("mode") == "ro" or url.query.get("immutable") in ("1", "true"):
+            raise StoreError(f"{url.render_as_string()} asks SQLite for a read-only database; this command writes "
+                             "(drop ?mode=ro / ?immutable=1 from --db / FLCTL_DB)")
         try:
             return [never_made_again(url, create).render_as_string(hide_password=False)]
         except FileNotFoundError as exc:
@@ -270,6 +277,12 @@ class SQLite(Dialect):
     def file(self, url: URL) -> Path | None:
         database = file_of(url)
         return None if database is None else Path(database).resolve()
+
+    def made_files(self, url: URL) -> tuple[Path, ...]:
+        from flctl.db.upgrade import SCHEMA_LOCK
+
+        path = self.file(url)
+        return () if path is None or self.in_memory(url) else (path, lock_path(path, SCHEMA_LOCK))
 
     def for_others(self, url: URL) -> str:
         return self.targets(url, readonly=False, create=False)[0]         # type: ignore[return-value]

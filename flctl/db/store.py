@@ -12,7 +12,6 @@ import gc
 import json
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -26,8 +25,9 @@ from sqlalchemy.pool import NullPool
 
 from flctl.db.bulk import insert_runs, record_sweep
 from flctl.db.counts import SweepCounts, list_sweeps, sweep_counts
-from flctl.db.dialect import Connect, DatabaseFile, Dialect
+from flctl.db.dialect import Connect, DatabaseFile, Dialect, made_back
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
+from flctl.db.reads import by_prefix, find_sweep, is_id_prefix
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell
 from flctl.db.upgrade import check_schema
 from flctl.db.urls import dialect_of, normalize_url, parsed
@@ -40,28 +40,6 @@ T = TypeVar("T")
 
 class _Unopenable(StoreError):
     """SQLite could not open the file at all (e.g. a read-only folder for a read-only open)."""
-
-
-ID_PREFIX = re.compile(r"[0-9a-fA-F]{4,64}")
-
-
-def is_id_prefix(text: str) -> bool:
-    """Run and sweep ids are hex; a reference to one gives at least 4 and at most 64 of its digits."""
-    return ID_PREFIX.fullmatch(text) is not None
-
-
-def _by_prefix(s: Session, table: Any, prefix: str, what: str) -> Any:
-    """The row of ``table`` (Run, Sweep) whose id starts with the hex ``prefix`` (matched literally), None where none
-    does; ConfigError where several do. Runs and sweeps are looked up by prefix alike."""
-    prefix = prefix.lower()
-    matches = s.scalars(select(table).where(table.id.startswith(prefix, autoescape=True))
-                        .order_by(table.id).limit(6)).all()
-    if len(matches) > 1:
-        ids = [m.id for m in matches]
-        more = ", ..." if len(ids) > 5 else ""
-        raise ConfigError(f"{what} id prefix {prefix!r} matches several {what}s ({', '.join(ids[:5])}{more}); "
-                          "give more digits")
-    return matches[0] if matches else None
 
 
 def _let_go(interrupt: BaseException) -> None:
@@ -141,15 +119,16 @@ class Store:
                              "postgresql://user@host/db)") from None
         dialect = dialect_of(parsed)
         shown_url = parsed.render_as_string(hide_password=True)
-        attempts = dialect.targets(parsed, readonly=readonly, create=create)
-        store = None
-        for target in attempts[:-1]:
-            try:
-                store = cls._open(target, dialect, shown_url, readonly)
-                break
-            except _Unopenable:   # e.g. a read-only folder cannot take SQLite's lock files: the next way
-                pass
-        store = store or cls._open(attempts[-1], dialect, shown_url, readonly)
+        with made_back(dialect.made_files(parsed)):
+            attempts = dialect.targets(parsed, readonly=readonly, create=create)
+            store = None
+            for target in attempts[:-1]:
+                try:
+                    store = cls._open(target, dialect, shown_url, readonly)
+                    break
+                except _Unopenable:   # e.g. a read-only folder cannot take SQLite's lock files: the next way
+                    pass
+            store = store or cls._open(attempts[-1], dialect, shown_url, readonly)
         if (path := dialect.file(parsed)) is not None:
             with contextlib.suppress(OSError):
                 st = path.stat()
@@ -195,6 +174,9 @@ class Store:
             engine.dispose()
             error = _Unopenable if readonly and "unable to open database file" in str(exc) else StoreError
             # shown_url hides the URL's password, not a ?password= parameter
+            if isinstance(target, str) and dialect.file(engine.url) is None and not dialect.in_memory(engine.url):
+                raise error(f"cannot reach database {redact(shown_url)}: {_one_line(exc, url)} (check --db / "
+                            "FLCTL_DB and that its server is running)") from None
             raise error(f"cannot open database {redact(shown_url)}: {_one_line(exc, url)} "
                         "(check --db / FLCTL_DB, or move a corrupt file aside)") from None
         return store
@@ -281,12 +263,10 @@ class Store:
 
     def get_sweep(self, sweep_id_or_name: str) -> dict[str, Any] | None:
         """A sweep by its id, its name (the latest of that name) or a unique hex prefix of its id (4 digits or
-        more, matched literally); None when nothing matches. ConfigError for an ambiguous prefix."""
+        more, matched literally); None when nothing matches. ConfigError for an ambiguous prefix, and for a name
+        that is also the start of another sweep's id (neither is chosen silently)."""
         with self.session() as s:
-            sweep = s.get(Sweep, sweep_id_or_name) or s.scalars(
-                select(Sweep).where(Sweep.name == sweep_id_or_name).order_by(Sweep.created_at.desc())).first()
-            if sweep is None and is_id_prefix(sweep_id_or_name):
-                sweep = _by_prefix(s, Sweep, sweep_id_or_name, "sweep")
+            sweep = find_sweep(s, sweep_id_or_name)
             if sweep is None:
                 return None
             return {"id": sweep.id, "name": sweep.name, "task": sweep.task, "spec": sweep.spec,
@@ -318,7 +298,7 @@ class Store:
         if not is_id_prefix(run_id_or_prefix):
             raise ConfigError(f"run id {shown(run_id_or_prefix)}: give 4 to 64 hex digits of it (see `flctl runs`)")
         with self.session() as s:
-            run = s.get(Run, run_id_or_prefix.lower()) or _by_prefix(s, Run, run_id_or_prefix, "run")
+            run = s.get(Run, run_id_or_prefix.lower()) or by_prefix(s, Run, run_id_or_prefix, "run")
             return None if run is None else run.record()
 
     def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
@@ -338,6 +318,10 @@ class Store:
 
 def _run_filter(q: Any, task: str | None, method: str | None, status: str | None, seed: int | None) -> Any:
     """``q`` restricted to the runs of the given task, method, status and seed (None: any)."""
+    if method is not None:
+        from flctl.method_info import canonical
+
+        method = canonical(method)
     for col, val in ((Run.task, task), (Run.method, method), (Run.status, status), (Run.seed, seed)):
         if val is not None:
             q = q.where(col == val)

@@ -135,9 +135,10 @@ def _violators(runs: list[RunRecord], records_root: Path, options: dict[str, Any
 
 
 def _diff(runs: list[RunRecord], records_root: Path, options: dict[str, Any]) -> Any:
+    from flctl.method_info import canonical
     from flctl.report import samples
 
-    pair = tuple(m.strip() for m in (options.get("methods") or "").split(",") if m.strip())
+    pair = tuple(canonical(m.strip()) for m in (options.get("methods") or "").split(",") if m.strip())
     if len(pair) != 2:
         raise ConfigError("--samples diff needs --methods A,B (two methods)")
     return samples.diff(runs, records_root, pair, split=options.get("split") or "test",    # type: ignore[arg-type]
