@@ -1,7 +1,8 @@
 """The one doorway to a results folder and its run database, for the CLI and the Python API alike: where they are
 (``results_root``, ``database_url``), the folder made for a command and taken back when the command fails
 (``make_folder``, ``take_back``), its database opened to write, made and upgraded (``open_to_write``), or to read,
-never made (``open_to_read``, ``peek``), and the runs that price a plan (``stored_runs``).
+never made (``open_to_read``, ``peek``), as a plan reads it (``peek_plan``), and the runs that price a plan
+(``stored_runs``).
 
 Bad input is a ConfigError of one line, raised before anything is written and said in the caller's words
 (``Voice``: the CLI names its options, the API its arguments); a database that cannot be used is the Store's
@@ -165,11 +166,25 @@ def peek(url: str, *, readonly: bool = True) -> Store | None:
     return Store.open_existing(url, readonly=readonly)
 
 
+def peek_plan(url: str) -> Store | None:
+    """The run database at ``url`` as a plan (a dry run, a paper's programme) reads it: read-only, never made, and
+    None where the real command would make it or make it right before it trains (a file not made yet, an empty one,
+    one from an older flctl: it upgrades it). What the real command would refuse is refused here in its one line
+    (StoreError): a newer flctl's database, one not flctl's or damaged, a server that cannot be reached. A plan never
+    reads such a database as "nothing trained yet"."""
+    from flctl.errors import EmptyDatabase, OlderSchema
+
+    try:
+        return peek(url)
+    except (EmptyDatabase, OlderSchema):
+        return None
+
+
 def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:
-    """The runs of ``tasks`` recorded at ``url`` (those in ``status``; None: all), read-only (none where there is no
-    database yet): their finished ones price a plan (flctl.cost.estimate_cost) and say what a programme has
-    (flctl.paper.plan)."""
-    store = peek(url)
+    """The runs of ``tasks`` recorded at ``url`` (those in ``status``; None: all), read as a plan reads them
+    (``peek_plan``: none where the real command would make the database first; StoreError where it would refuse
+    it): their finished ones price a plan (flctl.cost.estimate_cost) and say what a programme has (flctl.paper.plan)."""
+    store = peek_plan(url)
     if store is None:
         return []
     try:

@@ -283,18 +283,17 @@ def _dry_run(cfg, url: str) -> None:
     database when there is one (read only; a database that is not there is not made)."""
     from rich.table import Table
 
-    from flctl.errors import StoreError
-    from flctl.results import peek
+    from flctl.cli.common import guarded
+    from flctl.results import peek_plan
 
+    # the database first, read as the real run would open it: one it would refuse (a newer flctl's, unreachable) is
+    # this dry run's one line too, never "not trained yet"
+    store = guarded(peek_plan, url)
     console.print(f"run [bold]{cfg.run_id}[/]: {safe(cfg.task)} · {safe(cfg.method)}")
     table = Table("field", "value", show_header=False)
     for key, value in sorted(cfg.to_dict().items()):
         table.add_row(safe(key), safe(value))
     console.print(table)
-    try:
-        store = peek(url)
-    except StoreError:
-        store = None
     found = None
     if store is not None:
         try:

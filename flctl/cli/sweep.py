@@ -21,6 +21,7 @@ from flctl.cli.common import (
     err_console,
     fail,
     gpu_sharing_line,
+    guarded,
     launch_options,
     open_results,
     parse_options,
@@ -93,9 +94,11 @@ def sweep(
                              parallel=parallel)
     except (ConfigError, TypeError) as exc:
         fail(str(exc) + plugin_hint(str(exc), task, db, results_dir))
+    sid, settings = planned.sweep_id, planned.settings
     if dry_run:
         ensure_writable(results_root(results_dir), dry=True)   # what the real sweep would refuse, a dry run refuses too
-    sid, settings = planned.sweep_id, planned.settings
+        # its database too (a newer flctl's, unreachable), before the plan is printed: read as the plan's price
+        cost = guarded(_cost_line, db_url(db, results_root(results_dir)), planned.configs, settings)
     for note in planned.spec.notes:
         console.print(safe(note))
     if dry_run and planned.tune is not None:
@@ -106,7 +109,7 @@ def sweep(
         console.print(f"launch through {safe(settings.launcher.describe())}")
         if sharing := gpu_sharing_line(planned.spec.device, settings):
             console.print(sharing)
-        console.print(_cost_line(db, results_dir, planned.configs, settings))
+        console.print(cost)
         return
 
     root = results_root(results_dir)
@@ -159,7 +162,9 @@ def _hooks(url: str, planned, root: Path):
         console.print(f"trial {trial.number + 1}/{n}: {_params(trial.params)} → {result} (run {trial.run_id})")
 
     return Hooks(launched=functools.partial(said_launched, quiet=planned.tune is not None, root=root), here=here,
-                 wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root), told=told)
+                 wait=lambda store, sid, root, take_over=False: watch(store, sid, until_done=True, root=root,
+                                                                    take_over=take_over), told=told,
+                 warn=lambda line: console.print(safe(line), highlight=False, soft_wrap=True))
 
 
 def _tune_line(planned, dry_run: str | None = None) -> None:
@@ -236,20 +241,17 @@ def _print_plan(sid: str, spec, configs) -> None:
     console.print(f"{len(configs):,} runs; nothing was written")
 
 
-def _cost_line(db: str | None, results_dir: Path | None, configs, settings) -> str:
-    """The plan's device time from the database's finished runs of the same task and device, read-only; a line for
+def _cost_line(url: str, configs, settings) -> str:
+    """The plan's device time from the database's finished runs of the same task and device, read as a plan reads it
+    (flctl.results.stored_runs: StoreError where the real sweep would refuse the database); a line for
     console.print (the device and task are user text, made safe)."""
     from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost
-    from flctl.errors import StoreError
     from flctl.results import stored_runs
     from flctl.status import Status
 
     device, task = safe(configs[0].device), safe(configs[0].task)
-    try:
-        # the completed ones, all the estimate reads: not every queued cell of the task's sweeps (100,000: 13 s)
-        runs = stored_runs(db_url(db, results_root(results_dir)), [configs[0].task], Status.COMPLETED)
-    except StoreError:      # a database that cannot be read has no history to price the plan by
-        runs = []
+    # the completed ones, all the estimate reads: not every queued cell of the task's sweeps (100,000: 13 s)
+    runs = stored_runs(url, [configs[0].task], Status.COMPLETED)
     per_device = settings.cells_per_device(configs[0].task, len(configs), configs[0].device)
     cost = estimate_cost(runs, configs, per_device) or reference_cost(configs, per_device)
     if cost is None:
