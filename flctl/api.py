@@ -131,13 +131,15 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
     loggers = [found.name for found in check([log_to] if isinstance(log_to, str) else log_to)]
     store = open_store(results_dir, db)
     try:
-        found, result = train_unless_done(cfg, store, Layout(results_root(results_dir)), rerun=rerun,
+        found, ending = train_unless_done(cfg, store, Layout(results_root(results_dir)), rerun=rerun,
                                           on_epoch=on_epoch, threads=chosen, log_to=loggers)
         if found is not None:
             return found
         record = store.get_run(cfg.run_id)
-        if result is None and record is not None:
+        if ending is None and record is not None:
             raise ConfigError(f"run {cfg.run_id} is being trained by {record.host} pid {record.pid}; wait for it")
+        if ending is not None and ending.error is not None:    # recorded by its row (flctl.outcomes); raised as is
+            raise ending.error
         assert record is not None
         return record
     finally:

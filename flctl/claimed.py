@@ -3,10 +3,10 @@
 ``ClaimedRuns`` is entered once the claims are taken (flctl.db.RunQueue): it records each run's provenance, starts
 the heartbeat and opens each run's logs (flctl.loggers). Training calls it back: ``fence(run_id)`` before each write
 that matters (is the claim still ours, is the ground still there), ``epoch(stats)`` at each epoch's end (a beat, the
-trackers, progress), ``done(result)`` as each run ends (its logs closed, its outcome recorded). Leaving it with an
-error hands back what it still holds, through one table (HAND_BACK): interrupted, disk full or a sibling's claim lost
-go back to the queue, resumable from their checkpoints; any other error fails the cell whose own error it is, or
-sends each back to train alone. Training itself (flctl.train) knows none of this: it gets the callbacks."""
+trackers, progress), ``done(result)`` as each run ends (its logs closed, its outcome recorded), and ``finish(results)`` last, inside
+the with-block. However it is left, the end is classified once (flctl.outcomes.OUTCOMES) and what the row says is
+recorded for the runs still held; ``ending`` is what the caller reads. Training itself (flctl.train) knows none of
+this: it gets the callbacks."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from flctl.config import RunConfig
 from flctl.db import HEARTBEAT_S, STALE_AFTER_S, Ended, RunQueue, Store
-from flctl.errors import ClaimLost, DiskFull, GroundMoved, is_fatal_device_error
+from flctl.errors import GroundMoved
 from flctl.layout import Layout
 from flctl.loggers import Logging
-from flctl.status import DISK_FILLED, TRAIN_ALONE, Status, blame, error_line
+from flctl.outcomes import Cells, End, Ending, classify
+from flctl.status import TRAIN_ALONE, Status, blame, error_line
 
 
 def provenance(cfg: RunConfig) -> dict[str, Any]:
@@ -53,21 +53,6 @@ def ground_moved(store: Store, root: Path | None) -> str | None:
     return None if root is None or root.is_dir() else f"the results folder {root} was deleted"
 
 
-def device_works() -> bool:
-    """Whether this process's CUDA context still runs a kernel (False where CUDA was never used: then an error's
-    text is all there is to go by). Some errors that name CUDA leave the context usable (a cuBLAS handle that could
-    not be made for lack of memory, an invalid argument): those are a cell's own failure."""
-    import torch
-
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return False
-    try:
-        torch.cuda.synchronize()
-        return torch.ones(1, device="cuda").add_(1).item() == 2.0
-    except Exception:
-        return False
-
-
 def at_fault(exc: BaseException, ids: Sequence[str]) -> str | None:
     """Which of the cells ``ids`` that trained together and failed with ``exc`` the error is the own of (that cell
     fails, and no other): the only one, or the one whose own work raised it (flctl.status.blamed: its build). None
@@ -76,28 +61,6 @@ def at_fault(exc: BaseException, ids: Sequence[str]) -> str | None:
     if len(ids) == 1:
         return ids[0]
     return own if (own := blame(exc)) in ids else None
-
-
-@dataclass(frozen=True)
-class HandBack:
-    """Runs still held when training ends with one of ``ends``: back to the queue, the attempt not counted, with
-    ``why`` (resumable from their checkpoints). ``once``: one try, errors swallowed (the database may sit on the disk
-    that filled: then the rows stay running until their worker is seen gone, and the next claim takes them over;
-    a sweep's worker tells a wait so at once, flctl.launch.wait.DiskNote)."""
-
-    ends: tuple[type[BaseException], ...]
-    why: str
-    once: bool = False
-
-
-# How a run still held is handed back, by how training ended; the first that matches. Any other error is a failure
-# (ClaimedRuns._fail); GroundMoved writes nothing (there is nowhere left to write it).
-HAND_BACK = (
-    HandBack((KeyboardInterrupt, SystemExit), "interrupted; resumes from its last checkpoint"),
-    HandBack((DiskFull,), f"{DISK_FILLED}; resumes from its last checkpoint", once=True),  # free space, run again
-    # a write found a sibling's claim gone (flctl.writer.Writer): the cells still ours go back
-    HandBack((ClaimLost,), "a sibling cell's claim was lost; resumes from its checkpoint"),
-)
 
 
 class _Heartbeat(threading.Thread):
@@ -157,7 +120,10 @@ class _Fence:
 class ClaimedRuns:
     """The runs of ``cfgs``, claimed by this process with fencing ``tokens``, as they train (see the module's
     docstring). ``logging``: their trackers (a Logging of no loggers does nothing); ``on_epoch``: progress;
-    ``max_attempts`` (a sweep's worker): cells whose device died under them are queued again while attempts are left."""
+    ``max_attempts`` (a sweep's worker): cells whose device died under them are queued again while attempts are left.
+
+    Left with an Exception, the with-block does not raise: ``ending`` holds the row and the error. A signal
+    (KeyboardInterrupt, SystemExit) is recorded by its row and goes on up."""
 
     def __init__(self, cfgs: Sequence[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
                  logging: Logging, *, on_epoch: Callable | None = None, max_attempts: int | None = None) -> None:
@@ -168,7 +134,10 @@ class ClaimedRuns:
         self.beat = _Heartbeat(self.queue, tokens, HEARTBEAT_S, lambda: ground_moved(store, layout.root))
         self.fence = _Fence(self.queue, tokens, self.ground)
         self.recorded: set[str] = set()
+        self.results: list = []                # of the runs that ended by themselves, as recorded
         self.handed_back: set[str] = set()     # cells of a failed group that were not at fault (``at_fault``)
+        self.began = False                     # the claims' provenance recorded, the beat and the logs started
+        self.ending: Ending | None = None
         self.started = time.perf_counter()
 
     @property
@@ -183,27 +152,21 @@ class ClaimedRuns:
         return time.perf_counter() - self.started
 
     def __enter__(self) -> ClaimedRuns:
-        try:
-            # torch is imported here, not at CLI start-up; torch._dynamo too, which torch.optim's first step imports
-            # whether anything compiles or not: its 1.5 s are the process's start-up, not its first cell's duration
-            # (what flctl.cost fits), so the clock starts after it
-            import torch._dynamo  # noqa: F401
-
-            self.started = time.perf_counter()
-            self.queue.record_provenance({c.run_id: (self.tokens[c.run_id], provenance(c)) for c in self.cfgs})
-            self.beat.start()
-            for cfg in self.cfgs:
-                self.logging.start(cfg)
-        except BaseException as exc:    # before any training began: nothing is left running without a heartbeat
-            self.beat.stopped.set()
-            if isinstance(exc, Exception):      # an import, a task's data source: the same error for each run
-                self._fail_held(exc)
-            else:                               # a signal: back to the queue, resumable (HAND_BACK)
-                self._leave(exc)
-            for run_id in self.ids:
-                self.logging.finish(run_id, Status.FAILED if isinstance(exc, Exception) else Status.INTERRUPTED)
-            raise
         return self
+
+    def start(self) -> None:
+        """Before training: each claim's provenance recorded, the heartbeat and each run's logs started."""
+        # torch is imported here, not at CLI start-up; torch._dynamo too, which torch.optim's first step imports
+        # whether anything compiles or not: its 1.5 s are the process's start-up, not its first cell's duration
+        # (what flctl.cost fits), so the clock starts after it
+        import torch._dynamo  # noqa: F401
+
+        self.started = time.perf_counter()
+        self.queue.record_provenance({c.run_id: (self.tokens[c.run_id], provenance(c)) for c in self.cfgs})
+        self.beat.start()
+        for cfg in self.cfgs:
+            self.logging.start(cfg)
+        self.began = True
 
     def epoch(self, stats: Any) -> None:
         """A run's epoch ended (flctl.train.EpochStats): its next beat carries the count, its trackers are told."""
@@ -217,6 +180,13 @@ class ClaimedRuns:
         group early); ``finish`` records the rest of the group together."""
         self._record([result])
 
+    def finish(self, results: list) -> None:
+        """The runs' outcomes recorded (those ``done`` has not seen), and what the trackers could not log said on
+        stderr. Last, inside the with-block."""
+        self._record([r for r in results if r.run_id not in self.recorded])
+        for line in self.logging.lines():
+            print(f"flctl: {line}", file=sys.stderr)
+
     def _record(self, results: list) -> None:
         """Runs' outcomes into the database, those that finished in one transaction; their time is from the claim to
         now. Stopped runs go back to the queue; a run whose claim was taken over ends LOST, unwritten."""
@@ -227,7 +197,6 @@ class ClaimedRuns:
             self.logging.finish(result.run_id, result.status)
         if (why := self.ground()) is not None:
             raise GroundMoved(why)
-        self.recorded.update(r.run_id for r in results)
         for result in (r for r in results if r.status == Status.STOPPED):
             self.queue.requeue(result.run_id, self.tokens[result.run_id], f"stopped at epoch {result.epochs_done}; "
                                "resumes from its checkpoint", self.spent(), epochs_done=result.epochs_done)
@@ -240,74 +209,70 @@ class ClaimedRuns:
             if (full := self.store.disk_full(exc)) is None:
                 raise
             raise full from exc
+        self.recorded.update(r.run_id for r in results)      # once written: a failure before leaves them held
+        self.results += results
         for result in (r for r in results if r.run_id in lost):
             result.status = Status.LOST
             print(f"flctl: run {result.run_id} was taken over by another worker while this process was presumed "
                   f"lost (no heartbeat for over {STALE_AFTER_S:g} s); stopped without writing", file=sys.stderr)
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
         self.beat.stopped.set()
         moved = self.ground()
-        ended: BaseException | None = GroundMoved(moved) if moved is not None and not isinstance(exc, GroundMoved) \
-            else exc
+        error = exc
+        if moved is not None and not isinstance(exc, GroundMoved):    # whatever happened, nothing more is written
+            error = GroundMoved(moved)
+            error.__cause__ = exc
+        ending = Ending(classify(End(error, self.began, frozenset(r.status for r in self.results))), self.results,
+                        error)
         try:
-            if ended is exc and exc is not None:
-                self._leave(exc)
+            self._leave(ending)
         finally:
-            if ended is not None:       # the logs of the runs it ended, closed
-                stopped = isinstance(ended, (KeyboardInterrupt, SystemExit))
-                for run_id in self.ids:
+            if error is not None:       # the logs of the runs it ended, closed
+                stopped = ending.outcome.cells in (Cells.HAND_BACK, Cells.HAND_BACK_ONCE, Cells.NOTHING)
+                for run_id in (i for i in self.ids if i not in self.recorded):
                     self.logging.finish(run_id, Status.INTERRUPTED if stopped or run_id in self.handed_back
                                         else Status.FAILED)
-        if ended is not None and ended is not exc:   # the ground went: whatever happened, nothing more is written
-            raise ended from exc
+            self.ending = ending
+        return isinstance(exc, Exception)     # a signal goes on up; an error is the ending, read by the caller
 
-    def finish(self, results: list) -> list:
-        """The runs' outcomes recorded (those ``done`` has not seen), and what the trackers could not log said on
-        stderr: the results."""
-        try:
-            self._record([r for r in results if r.run_id not in self.recorded])
-        except (DiskFull, GroundMoved):     # the worker stops: the runs wait for a claim to see them lost
-            raise
-        except Exception as exc:            # the database failed under the outcomes: those not recorded fail with
-            self._fail_held(exc)            # it, not left running until the stale bound while a wait waits
-            raise
-        for line in self.logging.lines():
-            print(f"flctl: {line}", file=sys.stderr)
-        return results
+    def _leave(self, ending: Ending) -> None:
+        """What ``ending``'s row records for the runs still held."""
+        cells, error = ending.outcome.cells, ending.error
+        held = {i: self.tokens[i] for i in self.ids if i not in self.recorded}
+        if cells in (Cells.HAND_BACK, Cells.HAND_BACK_ONCE):
+            once = cells == Cells.HAND_BACK_ONCE
+            with contextlib.suppress(Exception) if once else contextlib.nullcontext():
+                self.queue.requeue_all(held, ending.outcome.why, self.spent(), once=once)
+        elif cells == Cells.FAIL_ALL:
+            self._fail_held(error)
+        elif cells in (Cells.FAIL_AT_FAULT, Cells.DEVICE):
+            assert error is not None
+            self._fail(error, device=cells == Cells.DEVICE)
 
-    def _fail_held(self, exc: BaseException) -> None:
-        """Every run still held, failed with ``exc``: an error before training began is the same for all of them (they
-        share their task, method and data), and so is a database that failed under their outcomes. Best-effort: where the database itself is what failed (its server
-        stopped), they go stale as a lost worker's do, and ``exc`` is what is reported, not a second error."""
+    def _fail_held(self, exc: BaseException | None) -> None:
+        """Every run still held, failed with ``exc``: an error before training began is the same for all of them
+        (they share their task, method and data), and so is a database that failed under them. Best-effort: where
+        the database itself is what failed (its server stopped), they go stale as a lost worker's do, and ``exc`` is
+        what is reported, not a second error."""
         error = "".join(traceback.format_exception(exc, limit=8))
         with contextlib.suppress(Exception):
-            for run_id in self.queue.held(self.tokens):
+            for run_id in self.queue.held({i: self.tokens[i] for i in self.ids if i not in self.recorded}):
                 self.queue.fail_run(run_id, self.tokens[run_id], error, 0.0)
 
-    def _leave(self, exc: BaseException) -> None:
-        """The runs still held, handed back by how training ended (HAND_BACK), or failed (``_fail``)."""
-        if isinstance(exc, GroundMoved):
-            return
-        for way in HAND_BACK:
-            if isinstance(exc, way.ends):
-                with contextlib.suppress(Exception) if way.once else contextlib.nullcontext():
-                    self.queue.requeue_all(self.tokens, way.why, self.spent(), once=way.once)
-                return
-        self._fail(exc)
-
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, device: bool) -> None:
         """A failure is recorded with the epochs done when it struck, on the cell whose own error it is
         (``at_fault``): its siblings go back to the queue, the attempt not counted, and train on without it; where no
         one cell can be blamed, each goes back to train alone (TRAIN_ALONE), so that only a cell that fails alone is
-        failed. It is final, except a fatal device error (the process's CUDA context died), which another process may
-        not meet: with ``max_attempts`` such cells are queued again while they have attempts left. A cell another
-        worker took over stays theirs (the writes are fenced)."""
+        failed. It is final, except a dead device (``device``: the process's CUDA context died), which another
+        process may not meet: a cell alone is queued again while it has attempts left (``max_attempts``), and a
+        group goes back to train alone, where the cell that kills the device fails by itself. A cell another worker
+        took over stays theirs (the writes are fenced)."""
         spent, error = self.spent(), "".join(traceback.format_exception(exc, limit=8))
-        retry = self.max_attempts if is_fatal_device_error(exc) and not device_works() else None
         left = [i for i in self.ids if i not in self.recorded]
-        own = None if retry is not None else at_fault(exc, left)
-        failing = left if retry is not None else [own] if own is not None else []
+        retry = self.max_attempts if device else None
+        own = (left[0] if len(left) == 1 else None) if device else at_fault(exc, left)
+        failing = [own] if own is not None else []
         for run_id in failing:
             self.queue.fail_run(run_id, self.tokens[run_id], error, spent,
                                 epochs_done=self.beat.epochs_done.get(run_id), retry_below=retry)
@@ -316,5 +281,6 @@ class ClaimedRuns:
             line = error_line(error)[:200]
             self.queue.requeue_all({i: self.tokens[i] for i in self.handed_back}, f"cell {own} of its group failed "
                                    f"with an error of its own ({line})" if own is not None else f"{TRAIN_ALONE}: its "
-                                   f"group of {len(left)} failed with an error no one cell could be blamed for ({line})",
+                                   f"group of {len(left)} " + ("lost its device" if device else "failed with an error "
+                                                               "no one cell could be blamed for") + f" ({line})",
                                    spent)

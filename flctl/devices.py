@@ -55,3 +55,19 @@ def resolve_device(device: str, *, here: bool = True, planning: bool = False) ->
     if index >= count:
         raise ConfigError(f"--device {device}: this machine has {count} visible CUDA device(s) (cuda:0..cuda:{count - 1})")
     return device
+
+
+def device_works() -> bool:
+    """Whether this process's CUDA context still runs a kernel (False where CUDA was never used: then an error's
+    text is all there is to go by). Some errors that name CUDA leave the context usable (a cuBLAS handle that could
+    not be made for lack of memory, an invalid argument): those are a cell's own failure. Asked once per failure, by
+    flctl.outcomes (its "device lost" row)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add_(1).item() == 2.0
+    except Exception:
+        return False

@@ -18,6 +18,7 @@ from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
 from flctl.loggers import Logging
+from flctl.outcomes import Ending
 from flctl.shell import KEPT_IGNORED, STOP_SIGNALS
 from flctl.status import TRAINABLE, Status
 from flctl.versions import git_revision
@@ -72,7 +73,7 @@ def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bo
                       log_to: Sequence[str] = ()) -> tuple[Any, Any]:
     """`flctl run`'s and flctl.api.run's one rule: a completed run is found, not trained (``rerun``: trained again,
     from scratch); a diverged one starts from scratch; any other trains or resumes from its checkpoint. Returns
-    (the completed run found, None) or (None, ``execute``'s RunResult: None when a live worker holds the run)."""
+    (the completed run found, None) or (None, ``execute``'s Ending: None when a live worker holds the run)."""
     if (done := completed(cfg, store, rerun)) is not None:
         return done, None
     previous = store.get_run(cfg.run_id)
@@ -88,8 +89,8 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
             stop: Callable[[], bool] | None = None, fresh: bool = False, threads: int | str | None = None,
             log_to: Sequence[str] = ()):
-    """Claim ``cfg``'s run, train it and record the outcome. Returns the RunResult, or None when the run is
-    not claimable (completed, or held by a live worker). Exceptions mark the run failed and propagate.
+    """Claim ``cfg``'s run, train it and record the outcome. Returns its Ending (train_claimed), or None when the run
+    is not claimable (completed, or held by a live worker).
 
     ``fresh``: start from scratch (--rerun, a diverged run): its old records and files are cleared once the claim
     is ours, never before, so a run another process is training is never cleared."""
@@ -103,28 +104,33 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
         layout.clear(cfg.run_id)
         queue.start_afresh(cfg.run_id, token)
     return train_claimed([cfg], {cfg.run_id: token}, store, layout, on_epoch, checkpoint_every=checkpoint_every,
-                         stop=stop, threads=threads, log_to=log_to)[0]
+                         stop=stop, threads=threads, log_to=log_to)
 
 
 def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
                   on_epoch: Callable | None = None, *, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
                   stop: Callable[[], bool] | None = None, max_attempts: int | None = None,
-                  threads: int | str | None = None, log_to: Sequence[str] = (), sweep_id: str | None = None) -> list:
+                  threads: int | str | None = None, log_to: Sequence[str] = (), sweep_id: str | None = None) -> Ending:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
-    resumable from its checkpoint) or failed (flctl.claimed.ClaimedRuns says which, and how).
+    resumable from its checkpoint) or failed. Returns the Ending (flctl.outcomes: its row, the runs' results, the
+    error): an error is not raised but classified, once; a signal is recorded and goes on up.
 
     ``tokens`` are the claims' fencing tokens: before each write that matters training asks whether the claim still
     holds the run; a run whose claim was taken over ends "lost", its files and row untouched from then on. Cells whose
     database or results folder went away write nothing more: GroundMoved. ``max_attempts`` (a sweep's worker): cells
     whose device died under them are queued again while attempts are left. ``threads``: torch's threads for CPU cells.
     ``log_to``: the loggers (flctl.loggers) each cell's epochs go to, live (``sweep_id``: the sweep they are cells of);
-    what they could not log is said on stderr at the end."""
+    what they could not log is said on stderr at the end. Where training's database or results folder went away,
+    nothing more is written (the row "ground moved")."""
     with ClaimedRuns(cfgs, tokens, store, layout, Logging(log_to, layout.root, sweep_id), on_epoch=on_epoch,
                      max_attempts=max_attempts) as claimed:
+        claimed.start()
         from flctl.train import train_together
 
         results = train_together(cfgs, layout.records, claimed.run_dirs, on_epoch=claimed.epoch,
                                  checkpoint_every=checkpoint_every, stop=stop, on_done=claimed.done, threads=threads,
                                  fence=claimed.fence)
-    return claimed.finish(results)
+        claimed.finish(results)
+    assert claimed.ending is not None
+    return claimed.ending

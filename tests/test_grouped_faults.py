@@ -5,6 +5,7 @@ this test writes (docs/extending.md), as a user runs them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -199,9 +200,13 @@ def test_a_group_stopped_before_it_trains_goes_back_on_a_signal_and_fails_on_an_
 
     monkeypatch.setattr(flctl.claimed, "provenance", provenance)
     claimed = ClaimedRuns(cfgs, tokens, store, Layout(tmp_path), Logging((), tmp_path))
-    with pytest.raises(raised):
+    with pytest.raises(raised) if status == "interrupted" else contextlib.nullcontext():   # a signal goes on up
         with claimed:
+            claimed.start()
             pytest.fail("the group trained")
+    # an error is the ending, classified once (flctl.outcomes): the same for each cell, before training began
+    assert claimed.ending is not None and isinstance(claimed.ending.error, raised)
+    assert claimed.ending.outcome.name == ("interrupted" if status == "interrupted" else "before training")
     assert [store.get_run(c.run_id).status for c in cfgs] == [status] * 2
     assert not claimed.beat.is_alive()
     if status == "interrupted":         # claimable again, the attempt not counted

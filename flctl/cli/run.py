@@ -127,8 +127,8 @@ def run(
         return
     store, root = open_results(url, root)
 
-    from flctl.errors import ClaimLost, DiskFull, GroundMoved
     from flctl.layout import Layout
+    from flctl.outcomes import SIGNAL, Ending, named
     from flctl.runner import completed, stop_on_signals, train_unless_done
 
     if (found := completed(cfg, store, rerun)) is not None:     # before the progress bar: nothing trains
@@ -138,43 +138,27 @@ def run(
     layout = Layout(root)
     summary_line = cfg.title
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
-    outcome: BaseException | None = None
-    result = None
     progress = _progress(cfg.epochs, summary_line) if console.is_terminal else _log_lines(cfg, summary_line)
     with progress as on_epoch, stop_on_signals() as stop:
         try:
-            _, result = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
+            _, ending = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
                                           checkpoint_every=checkpoint_every, stop=stop.is_set, threads=chosen_threads,
                                           log_to=loggers)
-        except KeyboardInterrupt as exc:   # a second signal: stopped at once, resumes from the last checkpoint
-            outcome = exc
-        except Exception as exc:
-            outcome = exc
-    if isinstance(outcome, KeyboardInterrupt):
-        console.print(f"[yellow]interrupted[/]: `flctl run` with the same options resumes run {cfg.run_id} from its "
-                      "last checkpoint")
-        raise typer.Exit(stop.exit_code)
-    if isinstance(outcome, ClaimLost) or (outcome is None and result is not None and result.status == Status.LOST):
-        fail(f"run {cfg.run_id} was taken over by another worker while this process was presumed lost (no "
-             "heartbeat past the stale bound); it stopped without writing more (see `flctl show "
-             f"{cfg.run_id}`)", code=1)
-    if isinstance(outcome, GroundMoved):
-        fail(f"{outcome}: run {cfg.run_id} stopped and wrote no more", code=1)
-    if isinstance(outcome, DiskFull):
-        fail(f"{outcome}; run {cfg.run_id} is interrupted: free some space, then the same `flctl run` resumes it "
-             "from its last checkpoint", code=1)
-    if outcome is not None:
-        fail(f"run {cfg.run_id} failed: {type(outcome).__name__}: {outcome} (see `flctl show {cfg.run_id}`)", code=1)
-    if result is None:
+        except KeyboardInterrupt as exc:   # a second signal: stopped at once (its row recorded it), resumes
+            ending = Ending(named("interrupted"), error=exc)
+    if ending is None:
         held = store.get_run(cfg.run_id)
         assert held is not None
         fail(f"run {cfg.run_id} is being trained by {held.host} pid {held.pid} (last heartbeat "
              f"{held.heartbeat_at}); " + ("--rerun leaves a live run alone: " if rerun else "")
              + f"wait for it, or see `flctl show {cfg.run_id}`", code=2 if rerun else 1)
-    if result.status == Status.STOPPED:
-        console.print(f"[yellow]interrupted[/] after epoch {result.epochs_done}, checkpointed: `flctl run` with the "
-                      f"same options resumes run {cfg.run_id}")
-        raise typer.Exit(stop.exit_code)
+    # what the user reads is the row's (flctl.outcomes.OUTCOMES): its line and its exit code
+    if ending.outcome.exit_code == SIGNAL:
+        console.print(ending.line(cfg.run_id), style="yellow", markup=False)
+        raise typer.Exit(ending.exit_code(stop.exit_code))
+    if ending.outcome.exit_code != 0:
+        fail(ending.line(cfg.run_id), code=ending.outcome.exit_code)
+    result = ending.results[0]
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
     print_summary(store.get_run(cfg.run_id))

@@ -28,22 +28,16 @@ import submitit
 from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
-from flctl.claimed import device_works, ground_moved
+from flctl.claimed import ground_moved
 from flctl.db import RunQueue, Store, not_the_one
-from flctl.errors import (
-    DEVICE_LOST_EXIT,
-    DatabaseDeleted,
-    DeviceLost,
-    DiskFull,
-    GroundMoved,
-    is_fatal_device_error,
-)
+from flctl.errors import DEVICE_LOST_EXIT, DatabaseDeleted, DeviceLost
 from flctl.launch.backends import Slot
 from flctl.launch.claims import Claimed, TaskUnavailable, claim_group
 from flctl.launch.jobs import registered, remember_jobs, sweep_jobs
 from flctl.launch.recipe import WorkerRecipe
 from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
+from flctl.outcomes import Ending, Next
 from flctl.results import open_sweep
 from flctl.runner import git_revision, stop_on_signals, train_claimed
 from flctl.study import sync_sweep
@@ -155,26 +149,34 @@ class Worker(submitit.helpers.Checkpointable):
             return False
         self.current = {c.run_id: token for c, token in claimed}
         try:
-            results = train_claimed([c for c, _ in claimed], dict(self.current), store, layout,
-                                    checkpoint_every=r.checkpoint_every, stop=stop.is_set,
-                                    max_attempts=r.max_attempts, log_to=r.log_to, sweep_id=r.sweep_id)
-        except DiskFull as exc:     # its cells were handed back; the next ones would fail alike
-            self._stop_on_full_disk(exc)
-            return False
-        except GroundMoved as exc:   # nothing was recorded: there is nowhere left to record it
-            return self._ground_gone(str(exc))
-        except Exception as exc:  # recorded as failed by train_claimed; go on with the next cells ...
-            outcome.update(dict.fromkeys(self.current, f"failed: {type(exc).__name__}"))
-            if is_fatal_device_error(exc) and not device_works():   # ... unless the device is gone
-                self.device_lost = f"{type(exc).__name__}: {_first_line(exc)}"
-                self.failed_cells = list(self.current)
-                return False
-            return True
+            ending = train_claimed([c for c, _ in claimed], dict(self.current), store, layout,
+                                   checkpoint_every=r.checkpoint_every, stop=stop.is_set,
+                                   max_attempts=r.max_attempts, log_to=r.log_to, sweep_id=r.sweep_id)
         finally:
             self.current = {}
-        outcome.update((result.run_id, result.status) for result in results)
-        self.trained_a_group = True
-        return True
+        return self._after(ending, [c.run_id for c, _ in claimed], outcome)
+
+    def _after(self, ending: Ending, ids: list[str], outcome: dict[str, str]) -> bool:
+        """What this worker does once its cells ended, as their row says (flctl.outcomes.OUTCOMES: the cells are
+        recorded already); False: it stops."""
+        error = ending.error
+        outcome.update((result.run_id, result.status) for result in ending.results)
+        if error is not None:
+            outcome.update((i, f"failed: {type(error).__name__}") for i in ids if i not in outcome)
+        match ending.outcome.next:
+            case Next.GO_ON:
+                self.trained_a_group = self.trained_a_group or error is None
+                return True
+            case Next.DISK_FULL:
+                self._stop_on_full_disk(error if isinstance(error, OSError) else OSError(str(error)))
+            case Next.GROUND_GONE:
+                return self._ground_gone(str(error))
+            case Next.DEVICE_LOST:
+                self.device_lost = f"{type(error).__name__}: {_first_line(error)}" if error else "?"
+                self.failed_cells = ids
+            case Next.STOP if error is not None:
+                print(f"flctl worker: {ending.line(ids[0])}; this worker stops", file=sys.stderr)
+        return False
 
     def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> Claimed:
         """The next cell, and up to ``batch_runs - 1`` more that can train together with it (flctl.launch.claims)."""
