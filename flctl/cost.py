@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,11 +76,38 @@ class CostEstimate:
         return self.s_per_epoch * (1.0 if self.work is None or not self.epochs else self.work / self.epochs)
 
 
+def _number(value: Any) -> bool:
+    """Whether ``value`` (a figure, a row's field) is a finite number >= 0: a damaged file or row may hold text."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def warn(line: str) -> None:
+    """Damaged data left out of an estimate (a committed figure, a run's row): ``flctl: warning: LINE`` on stderr,
+    once per process; the estimate goes on without it."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(f"flctl: warning: {line}", file=sys.stderr, flush=True)
+
+
+_SAID: set[str] = set()
+
+
 def _samples(run: Any) -> float | None:
     """The training samples of a finished run's epoch (its recorded samples seen over its epochs; None for a run
     recorded before flctl counted them)."""
-    seen = (run.metrics or {}).get("train.samples_seen")
-    return seen / run.epochs_done if seen and run.epochs_done else None
+    seen = run.metrics.get("train.samples_seen") if isinstance(run.metrics, dict) else None
+    return seen / run.epochs_done if _number(seen) and seen and run.epochs_done else None
+
+
+def _timed(runs: Sequence[Any]) -> list[Any]:
+    """The runs whose duration and epochs are numbers; the others (a damaged row: text where seconds belong) are left
+    out, with one warning naming one of them."""
+    timed = [r for r in runs if _number(r.duration_s) and isinstance(r.epochs_done, int)]
+    if len(timed) < len(runs):
+        bad = next(r for r in runs if not (_number(r.duration_s) and isinstance(r.epochs_done, int)))
+        warn(f"{len(runs) - len(timed)} finished run(s) in the database hold a duration or epoch count that is not "
+             f"a number (run {bad.id}: duration_s={bad.duration_s!r}); the estimate leaves them out")
+    return timed
 
 
 def _data_key(cfg: RunConfig) -> str:
@@ -145,8 +173,8 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
 
     task, device = configs[0].task, configs[0].device
     done = {r.id for r in runs if r.status == Status.COMPLETED}
-    history = [r for r in runs if r.task == task and r.device == device and r.status == Status.COMPLETED
-               and r.duration_s and r.epochs_done]
+    history = [r for r in _timed([r for r in runs if r.task == task and r.device == device
+                                  and r.status == Status.COMPLETED]) if r.duration_s and r.epochs_done]
     if not history:
         return None
     size = sizes(history, full_size(task, device))
@@ -178,19 +206,39 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
                         work=sum(c.epochs * scale(c) for c in to_do), s_per_start=start_up(task, device))
 
 
-def _figures(task: str, kind: str, folder: Path) -> tuple[dict[str, Any], Path] | None:
-    """The newest committed figures of ``task`` for that kind of device (``task-costs-<date>-<cpu|cuda>.json``)."""
-    for path in sorted(folder.glob(f"task-costs-*-{kind}.json"), reverse=True):
+# The figures an estimate reads from a committed benchmark: those it needs, and those older files do not tell.
+_NEEDED, _OPTIONAL = ("s_per_cell", "s_per_epoch"), ("s_per_start", "s_per_cell_full_data", "n_train")
+
+
+def _damage(figures: Any) -> str | None:
+    """What is wrong with a task's committed figures (None: they can be read)."""
+    if not isinstance(figures, dict):
+        return f"its figures are {type(figures).__name__}, not a table"
+    for key in (*_NEEDED, *(k for k in _OPTIONAL if figures.get(k) is not None)):
+        if not _number(figures.get(key)):
+            return f"{key} = {figures.get(key)!r} is not a number >= 0"
+    return None
+
+
+def _figures(task: str, kind: str, folder: Path | None) -> tuple[dict[str, Any], Path] | None:
+    """The newest committed figures of ``task`` for that kind of device (``task-costs-<date>-<cpu|cuda>.json``) that
+    can be read; a damaged file is passed over for an older one, with one warning."""
+    for path in sorted((folder or REFERENCE).glob(f"task-costs-*-{kind}.json"), reverse=True):
         try:
-            figures = json.loads(path.read_text())["tasks"].get(task)
-        except (OSError, ValueError, KeyError, AttributeError):
+            tasks = json.loads(path.read_text())["tasks"]
+            figures = tasks.get(task)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            warn(f"benchmarks/results/{path.name} cannot be read ({type(exc).__name__}: {exc}); estimates do not use it")
+            continue
+        if figures and (why := _damage(figures)) is not None:
+            warn(f"benchmarks/results/{path.name}: {task}: {why}; estimates do not use it")
             continue
         if figures:
             return figures, path
     return None
 
 
-def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path = REFERENCE
+def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path | None = None
                    ) -> CostEstimate | None:
     """The cost of ``configs`` (one task, one device) from the newest committed figures for that kind of device,
     measured on another machine (so expected within 2x here); None where none has the task."""
@@ -210,14 +258,14 @@ def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: 
                         size=sum(scale(c) for c in configs))
 
 
-def start_up(task: str, device: str, folder: Path = REFERENCE) -> float:
+def start_up(task: str, device: str, folder: Path | None = None) -> float:
     """The seconds before a sweep's first cell trains, as the committed benchmark measured them for the task (its
     processes' interpreter, imports and database: what no run's own duration holds); 0 where none tells it."""
     found = _figures(task, device.split(":")[0], folder)
     return float(found[0].get("s_per_start", 0.0)) if found is not None else 0.0
 
 
-def full_size(task: str, device: str, folder: Path = REFERENCE) -> float | None:
+def full_size(task: str, device: str, folder: Path | None = None) -> float | None:
     """The samples of an epoch on the task's full data, as the committed benchmark measured it (None: not told)."""
     found = _figures(task, device.split(":")[0], folder)
     return float(found[0]["n_train"]) if found is not None and found[0].get("n_train") else None
