@@ -197,13 +197,14 @@ def _num(v) -> str:
 
 
 def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
-    """Upgrade an existing database to this flctl's schema, changing no run (ids, results, records).
+    """Upgrade an existing database to this flctl's schema, changing no run (ids, results, records), or make an empty
+    one's schema (an operator's new PostgreSQL database, before workers start).
 
     flctl run and flctl sweep upgrade a database on their own; the commands that only read (runs, show, status,
     report) refuse one from an older flctl until something has.
     """
     from flctl import migrations, results
-    from flctl.errors import OlderSchema, StoreError
+    from flctl.errors import EmptyDatabase, OlderSchema, StoreError
 
     root = results_root(results_dir)
     url = db_url(db, root)
@@ -212,11 +213,13 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
         console.print(f"the database is up to date (schema revision {migrations.head()})")
         return
     except OlderSchema:
-        pass
+        done = "upgraded the database to"
+    except EmptyDatabase:
+        done = "made the empty database's tables at"
     except (ConfigError, StoreError) as exc:      # none, not an flctl database, newer, unreachable: nothing to upgrade
         fail(str(exc))
-    existing_store(db, root, readonly=False).close()    # a writable open upgrades it, under the schema lock
-    console.print(f"upgraded the database to schema revision {migrations.head()}")
+    existing_store(db, root, readonly=False).close()    # a writable open makes or upgrades it, under the schema lock
+    console.print(f"{done} schema revision {migrations.head()}")
 
 
 def run_or_sweep(store, ref: str) -> tuple[Any, dict | None]:
