@@ -276,14 +276,17 @@ def complete_from(values, *, listed: bool = False) -> Callable[[str], list[str]]
 
 
 def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, str]:
-    """Repeated ``KEY=VALUE`` options (-o, --sbatch) as a dict, the last of a key winning; a pair without ``=`` or
-    without a key is one line, exit 2."""
+    """Repeated ``KEY=VALUE`` options (-o, --sbatch) as a dict; a pair without ``=`` or without a key, and a key given
+    twice with two values (one would be dropped without a word), are one line, exit 2."""
     out: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             fail(f"{flag} expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if out.get(key, value) != value:
+            fail(f"{flag} {key} is given twice, as {out[key]!r} and {value!r}; give it once")
+        out[key] = value
     return out
 
 
