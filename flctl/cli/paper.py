@@ -59,7 +59,7 @@ def paper(
     tables/*.tex, figures/*.pdf|png, paper.json) with the paper's numbers beside ours. Re-running fills only what is
     missing."""
     from flctl.cli.ledger import error_summary, ledger_lines, watch
-    from flctl.errors import ConfigError
+    from flctl.errors import ConfigError, PartlyDone
     from flctl.launch.wait import SweepStopped
     from flctl.paper.flow import Hooks, fill_paper, plan_paper
 
@@ -93,6 +93,8 @@ def paper(
         done = fill_paper(plan, root=root, out=out, wait=wait, report_only=report_only, hooks=hooks)
     except ConfigError as exc:
         fail(str(exc))
+    except PartlyDone as exc:           # bad input met after cells trained: they stay recorded
+        fail(str(exc), code=exc.exit_code)
     except SweepStopped as exc:         # its database or results folder moved while a sweep of it trained
         fail(str(exc), code=exc.exit_code)
     if done.stopped is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.devices import resolve_device
-from flctl.errors import ConfigError
+from flctl.errors import ConfigError, PartlyDone
 from flctl.launch.flow import Hooks, fill_sweep
 from flctl.launch.plan import plan_sweep
 from flctl.launch.settings import LaunchFlags, LaunchSettings
@@ -108,11 +108,25 @@ def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bo
                report_only: bool = False, hooks: Hooks = Hooks()) -> PaperRun:
     """Launch the planned programme's missing cells (local and debug launchers: spec after spec in this process; a
     scheduler's: all submitted, waited for with ``wait``), then write the bundle under ``out`` (default
-    RESULTS/paper, or RESULTS/paper-<scale>); ``report_only``: the bundle of what is finished, launching nothing."""
-    from flctl.results import API, open_to_write
-
+    RESULTS/paper, or RESULTS/paper-<scale>); ``report_only``: the bundle of what is finished, launching nothing.
+    ConfigError for bad input met before anything trained; PartlyDone for bad input met after."""
     result = PaperRun(plan.programme)
     plan.bundle_folder(root, out)            # before anything trains: a bundle that could not be written
+    try:
+        return _fill(plan, result, root, out, wait, report_only, hooks)
+    except ConfigError as exc:
+        if not result.launched:
+            raise
+        # bad input met after cells trained: not "nothing written" (exit 2); what trained stays recorded
+        raise PartlyDone(f"{exc} (after {result.launched} spec(s) launched: what trained is recorded, and "
+                         "`flctl paper` again resumes)") from None
+
+
+def _fill(plan: PaperPlan, result: PaperRun, root: Path, out: Path | None, wait: bool, report_only: bool,
+          hooks: Hooks) -> PaperRun:
+    """fill_paper's steps: launch, then write the bundle."""
+    from flctl.results import API, open_to_write
+
     if not report_only:
         hooks.plan(plan.programme)
         store = open_to_write(plan.url, root, API)       # made by the caller already: here it is only opened
@@ -127,9 +141,9 @@ def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bo
         # --only chose what trains; the bundle keeps every table and figure finished so far (where --specs holds
         # their specs: a folder of some of them bundles what it has)
         try:
-            items = select(None)
-            programme = plan.again(items, check_data=False)
-        except ConfigError:
+            every = select(None)
+            programme, items = plan.again(every, check_data=False), every
+        except ConfigError:         # a --specs folder of some of the specs: the items it has, as planned
             pass
     result.programme = programme
     out = plan.bundle_folder(root, out)
@@ -160,6 +174,7 @@ def _launch(result: PaperRun, store: Any, url: str, root: Path, flags: LaunchFla
         # this machine's launchers fill the specs one after another, in this process; a scheduler's get them all
         foreground = planned.settings.launcher.runs_here
         filled = fill_sweep(planned, store, url, root, wait=foreground, hooks=hooks)
+        result.launched += 1
         if filled.stopped is not None:
             result.stopped, result.stopped_in = filled.stopped, filled.sweep_id
             return
@@ -167,7 +182,7 @@ def _launch(result: PaperRun, store: Any, url: str, root: Path, flags: LaunchFla
             settled[filled.sweep_id] = filled.ledger
         submitted.append(filled.sweep_id)
 
-    result.launched = launch_programme(result.programme, launch)
+    launch_programme(result.programme, launch)
     programme = result.programme
     result.lacking = sorted(name for name, sp in programme.specs.items()
                             if sp.no_data and programme.cells_to_do(name))
