@@ -46,7 +46,8 @@ def sync_before(store: Any, url: str, sweep_id: str) -> int:
     from flctl.config import RunConfig
     from flctl.db import existing_storage
     from flctl.status import REPORTABLE, Status
-    from flctl.study import DEFAULT_OBJECTIVE, GRID_SEED, OPTUNA_LOCK, _optuna_time, add_trials, params_of, varying
+    from flctl.study import DEFAULT_OBJECTIVE, GRID_SEED, OPTUNA_LOCK, add_trials, params_of, varying
+    from flctl.study_rdb import optuna_time as _optuna_time
 
     with store.exclusive(OPTUNA_LOCK):
         sweep_row = store.get_sweep(sweep_id)

@@ -13,9 +13,9 @@ run's parameters as a trial's, and the space each searches (``varying``: the gri
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from typing import Any, Literal, NamedTuple
 
@@ -25,7 +25,8 @@ from flctl.db.schema import Run, SweepCell
 from flctl.db.sqlite import READ_ONLY
 from flctl.errors import ConfigError
 from flctl.metrics import SPLITS, SUMMARY_METRICS
-from flctl.status import REPORTABLE, Status
+from flctl.status import REPORTABLE
+from flctl.study_rdb import Cells, add_trials, marking, trial_of
 
 # The metric a sweep's study records when its spec and command line name none.
 DEFAULT_OBJECTIVE = "train.avg_loss"
@@ -119,7 +120,7 @@ def sync_sweep(store, url: str, sweep_id: str, objective: str | None = None, dir
                 if wait:
                     studies.grid(sweep_id)
                 added += _drain(store, studies)
-            if not _pending(store, None, 1):
+            if not _pending(store, None, 1, studies.skipped):
                 break
         return added
     finally:
@@ -152,7 +153,7 @@ def _mirror_lock(store, wait: bool) -> Iterator[bool]:
 def _drain(store, studies: _Studies) -> int:
     """One pass over the finished cells not mirrored, in (sweep, run) order, a page at a time; under MIRROR_LOCK."""
     added, after = 0, None
-    while page := _pending(store, after, PAGE):
+    while page := _pending(store, after, PAGE, studies.skipped):
         for sid, rows in groupby(page, key=lambda row: row.sweep_id):
             added += studies.add(sid, list(rows))
         if len(page) < PAGE:
@@ -161,9 +162,10 @@ def _drain(store, studies: _Studies) -> int:
     return added
 
 
-def _pending(store, after: tuple[str, str] | None, limit: int) -> list[Any]:
-    """Up to ``limit`` finished cells not mirrored (after the cell ``after``), with what their trials need. A read
-    that takes no write lock (SQLite's READ_ONLY): workers finishing their cells do not wait for it."""
+def _pending(store, after: tuple[str, str] | None, limit: int, skipped: Collection[str] = ()) -> list[Any]:
+    """Up to ``limit`` finished cells not mirrored (after the cell ``after``; none of the sweeps ``skipped``), with
+    what their trials need. A read that takes no write lock (SQLite's READ_ONLY): workers finishing their cells do
+    not wait for it."""
     from sqlalchemy import false, select, tuple_
 
     q = (select(SweepCell.sweep_id, SweepCell.run_id, Run.status, Run.metrics, Run.config, Run.finished_at,
@@ -172,6 +174,8 @@ def _pending(store, after: tuple[str, str] | None, limit: int) -> list[Any]:
          .order_by(SweepCell.sweep_id, SweepCell.run_id).limit(limit))
     if after is not None:
         q = q.where(tuple_(SweepCell.sweep_id, SweepCell.run_id) > tuple_(*after))
+    if skipped:
+        q = q.where(SweepCell.sweep_id.not_in(list(skipped)))
     with store.engine.connect().execution_options(**{READ_ONLY: True}) as conn, conn.begin():
         return list(conn.execute(q).all())
 
@@ -182,43 +186,77 @@ class _Grid(NamedTuple):
     objective: str
 
 
+# What a study damaged by hand (its grid attribute, a stored value) raises as it is read or its trials are made:
+# that sweep is left out of the sync with a warning, never every sweep after it in the mirror's order.
+DAMAGED = (ValueError, TypeError, AttributeError, KeyError, ConfigError)
+
+
 class _Studies:
-    """The Optuna side of one sync: its storage (made at first need; Optuna's tables under OPTUNA_LOCK) and each
-    grid sweep's study, opened once."""
+    """The Optuna side of one sync: its storage (made at first need; Optuna's tables under OPTUNA_LOCK), each grid
+    sweep's study, opened once, and the sweeps left out of it (``skipped``: their studies are damaged)."""
 
     def __init__(self, store, url: str, sweep_id: str, objective: str | None, direction: str) -> None:
         self.store, self.url, self.sweep_id = store, url, sweep_id
         self.objective, self.direction = objective, direction
         self.storage: Any = None
         self.grids: dict[str, _Grid | None] = {}
+        self.skipped: set[str] = set()
 
     def add(self, sweep_id: str, rows: list[Any]) -> int:
         """The trials of ``rows`` (finished cells of ``sweep_id``) into its study, and the cells marked mirrored, in
         one transaction (add_trials): a cell is marked if and only if its trial is there. A --tune sweep's cells
-        are only marked: its tuner keeps their trials."""
-        cells = (sweep_id, [row.run_id for row in rows])
+        are only marked: its tuner keeps their trials. A grid that does not hold a cell (its attribute damaged) is
+        made again from the sweep's cells; where even that fails, the sweep is skipped with a warning."""
+        cells = Cells(sweep_id, {row.run_id: (row.status, row.finished_at) for row in rows})
         if (grid := self.grid(sweep_id)) is None:
-            self.store.write(lambda s: s.execute(_marking(cells)))
+            if sweep_id not in self.skipped:
+                self.store.write(lambda s: s.execute(marking(sweep_id, list(cells.read))))
             return 0
-        add_trials(self.storage, grid.study, [_trial(grid, row) for row in rows], cells)
-        return len(rows)
+        try:
+            try:
+                trials = _trials(grid, rows)
+            except DAMAGED:
+                if (rebuilt := self._open(sweep_id, grid.objective, "min", kept=False)) is None:
+                    raise
+                grid = self.grids[sweep_id] = rebuilt
+                trials = _trials(grid, rows)
+        except DAMAGED as exc:
+            self._skip(sweep_id, exc)
+            return 0
+        add_trials(self.storage, grid.study, trials, cells)
+        return len(cells.read)
 
     def grid(self, sweep_id: str) -> _Grid | None:
-        """``sweep_id``'s study, made where there is none (None: a --tune sweep's, or a sweep without cells)."""
+        """``sweep_id``'s study, made where there is none (None: a --tune sweep's, a sweep without cells, or one
+        skipped)."""
         if sweep_id not in self.grids:
             row = self.store.get_sweep(sweep_id)
             grid = None
             if row is not None and not row["spec"].get("tune"):
                 own = sweep_id == self.sweep_id
                 objective = (self.objective if own else None) or row["spec"].get("objective") or DEFAULT_OBJECTIVE
-                grid = self._open(sweep_id, objective, self.direction if own else "min")
+                try:
+                    grid = self._open(sweep_id, objective, self.direction if own else "min")
+                except DAMAGED as exc:
+                    self._skip(sweep_id, exc)
             self.grids[sweep_id] = grid
         return self.grids[sweep_id]
 
+    def _skip(self, sweep_id: str, exc: BaseException) -> None:
+        self.skipped.add(sweep_id)
+        self.grids[sweep_id] = None
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        print(f"flctl: warning: the Optuna study flctl-{sweep_id} is damaged ({type(exc).__name__}: {first}); its "
+              f"cells are not mirrored (delete it, e.g. `optuna delete-study --study-name flctl-{sweep_id}`, and the "
+              "next sync makes it again)", file=sys.stderr, flush=True)
+
     def _open(self, sweep_id: str, objective: str, direction: str,
-              space: dict[str, list[Any]] | None = None) -> _Grid | None:
+              space: dict[str, list[Any]] | None = None, kept: bool = True) -> _Grid | None:
+        """The sweep's study, made where there is none. Its grid is the one kept in the study when it was made
+        (``kept``, and it is a grid), else ``space``, else read from every cell once."""
         import optuna
         from optuna.distributions import CategoricalDistribution
+        from sqlalchemy import update
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage, name = self._storage(), f"flctl-{sweep_id}"
@@ -226,9 +264,14 @@ class _Studies:
             attrs: dict[str, Any] | None = storage.get_study_user_attrs(storage.get_study_id_from_name(name))
         except KeyError:
             attrs = None
+            # a study deleted (optuna.delete_study, the dashboard's delete) is made again with every finished cell
+            self.store.write(lambda s: s.execute(
+                update(SweepCell).where(SweepCell.sweep_id == sweep_id, SweepCell.mirrored).values(mirrored=False)
+                .execution_options(synchronize_session=False)))
         # The grid is kept in the study when it is made (a study made before it was: at its first sync since), so
         # that a sync reads the cells it adds, not every cell's config.
-        space = (attrs or {}).get("grid") or space or _grid_of(self.store, sweep_id)
+        held = (attrs or {}).get("grid") if kept else None
+        space = held if _is_grid(held) else (space if kept else None) or _grid_of(self.store, sweep_id)
         if space is None:
             return None
         sampler = optuna.samplers.GridSampler(space, seed=GRID_SEED)
@@ -257,6 +300,19 @@ class _Studies:
             self.storage.engine.dispose()
 
 
+def _is_grid(value: Any) -> bool:
+    """Whether a study's ``grid`` attribute is one: axes flctl varies, each a list of values."""
+    return isinstance(value, dict) and bool(value) and all(
+        isinstance(k, str) and (k in PARAM_FIELDS or k.startswith("opt.")) and isinstance(v, list) and v
+        for k, v in value.items())
+
+
+def _trials(grid: _Grid, rows: list[Any]) -> list[Any]:
+    names = list(grid.dists)
+    return [trial_of(params_of(RunConfig.from_json(row.config), names), grid.dists, grid.objective, row)
+            for row in rows]
+
+
 def _grid_of(store, sweep_id: str) -> dict[str, list[Any]] | None:
     """The grid of the sweep's cells (None: no cells): every config, read once."""
     from sqlalchemy import select
@@ -272,100 +328,3 @@ def _space(configs: list[RunConfig]) -> dict[str, list[Any]] | None:
     """The grid of a sweep's cells: ``varying`` in run id order (the same whoever reads them), or its one seed."""
     configs = sorted(configs, key=lambda c: c.run_id)
     return (varying(configs) or {"seed": [configs[0].seed]}) if configs else None
-
-
-def _trial(grid: _Grid, row: Any) -> Any:
-    """The trial (Optuna's FrozenTrial, checked by create_trial) of a finished cell: FAIL without the objective."""
-    from optuna.trial import TrialState, create_trial
-
-    value = (row.metrics or {}).get(grid.objective)
-    ok = row.status == Status.COMPLETED and value is not None
-    trial = create_trial(params=params_of(RunConfig.from_json(row.config), list(grid.dists)),
-                         distributions=grid.dists, value=value if ok else None,
-                         state=TrialState.COMPLETE if ok else TrialState.FAIL,
-                         user_attrs={"run_id": row.run_id, "status": row.status})
-    if row.finished_at is not None:       # the run's own times, not those of this sync
-        trial.datetime_complete = _optuna_time(row.finished_at)
-        trial.datetime_start = trial.datetime_complete - timedelta(seconds=row.duration_s or 0.0)
-    return trial
-
-
-def _marking(cells: tuple[str, list[str]]) -> Any:
-    """The statement that marks ``cells`` (a sweep id, its run ids) mirrored."""
-    from sqlalchemy import update
-
-    sweep_id, run_ids = cells
-    return (update(SweepCell).where(SweepCell.sweep_id == sweep_id, SweepCell.run_id.in_(run_ids))
-            .values(mirrored=True).execution_options(synchronize_session=False))
-
-
-def add_trials(storage: Any, study: Any, trials: list[Any], cells: tuple[str, list[str]] | None = None) -> None:
-    """``trials`` into ``study`` (kept by the RDBStorage ``storage``) in one transaction, each as ``study.add_trial``
-    would add it, and ``cells`` (a sweep id, run ids) marked mirrored in the same one: a mirror killed midway leaves
-    both or neither, never a trial whose cell the next mirror adds again. Optuna adds a trial at a time, about eleven
-    statements and a commit each: 15 ms a cell of a two-moons sweep, most of what flctl itself spent on a cell
-    (benchmarks/bench_overhead.py). So they are written here with Optuna's own table models, numbered after the
-    study's trials (under MIRROR_LOCK: no other sync numbers beside this one, and the study's row locked as Optuna
-    locks it). tests/test_study_mirror.py holds them equal to add_trial's, field for field, on the newest Optuna
-    and the lowest the bounds allow. Where Optuna's models are not there, they go through add_trial, the cells
-    marked after; the run ids the study has are skipped, so a mirror killed in between adds nothing twice."""
-    try:
-        from optuna.distributions import distribution_to_json
-        from optuna.storages._rdb import models
-        value_of = models.TrialValueModel.value_to_stored_repr
-    except (ImportError, AttributeError):
-        known = {t.user_attrs.get("run_id") for t in study.get_trials(deepcopy=False)} if cells else set()
-        for trial in trials:
-            if trial.user_attrs.get("run_id") not in known:
-                study.add_trial(trial)
-        if cells:
-            with storage.scoped_session() as session:
-                session.execute(_marking(cells))
-                session.commit()
-        return
-    from sqlalchemy.exc import OperationalError
-
-    for attempt in range(3):        # Optuna retries its writes (a lock held past SQLite's wait); so does this
-        try:
-            return _write_trials(storage, study, trials, cells, models, value_of, distribution_to_json) \
-                if trials else None
-        except OperationalError:
-            if attempt == 2:
-                raise
-
-
-def _write_trials(storage: Any, study: Any, trials: list[Any], cells: tuple[str, list[str]] | None, models: Any,
-                  value_of: Any, to_json: Any) -> None:
-    import json
-
-    session = storage.scoped_session()
-    try:
-        if cells:
-            session.execute(_marking(cells))
-        study_id = session.query(models.StudyModel.study_id).filter(
-            models.StudyModel.study_name == study.study_name).scalar()
-        # the study's row locked while its trials are numbered, as Optuna's own add_trial locks it
-        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-        first = session.query(models.TrialModel).filter(models.TrialModel.study_id == study_id).count()
-        for number, t in enumerate(trials, start=first):
-            row = models.TrialModel(study_id=study_id, number=number, state=t.state, datetime_start=t.datetime_start,
-                                    datetime_complete=t.datetime_complete)
-            row.params = [models.TrialParamModel(param_name=name, param_value=t.distributions[name].to_internal_repr(v),
-                                                 distribution_json=to_json(t.distributions[name]))
-                          for name, v in t.params.items()]
-            row.values = [] if t.value is None else \
-                [models.TrialValueModel(objective=0, value=value_of(t.value)[0], value_type=value_of(t.value)[1])]
-            row.user_attributes = [models.TrialUserAttributeModel(key=k, value_json=json.dumps(v))
-                                   for k, v in t.user_attrs.items()]
-            session.add(row)
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
-
-
-def _optuna_time(stamp: datetime) -> datetime:
-    """A stored time (UTC; SQLite gives it back naive) the way Optuna keeps its own: naive local time."""
-    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)

@@ -158,8 +158,9 @@ def test_a_sync_reads_and_adds_only_the_cells_finished_since_the_last(tmp_path: 
         event.remove(Engine, "before_cursor_execute", note)
     selects = [(text, limit) for text, limit in seen if text.lstrip().upper().startswith("SELECT")]
     limits = [limit for text, limit in selects if re.search(r"\bruns\b", text)]
-    # the 7 in pages of 3 (3, 3, 1) and one look after the lock: at most 10 rows of the 40 cells' runs
-    assert limits and None not in limits and sum(limits) <= 3 * 3 + 1, limits
+    # the 7 in pages of 3 (3, 3, 1), each page's runs once more as its trials are written (a run claimed since is
+    # left for later), and one look after the lock: at most 19 rows of the 40 cells' runs
+    assert limits and None not in limits and sum(limits) <= 2 * 3 * 3 + 1, limits
     assert not [text for text, _ in selects if re.search(r"\btrial_(user_attributes|params|values)\b", text)]
 
     trials = _mirrored(url)
@@ -336,3 +337,84 @@ def _study_attrs(url: str) -> dict:
         return optuna.load_study(study_name="flctl-grid", storage=storage).user_attrs
     finally:
         storage.engine.dispose()
+
+
+def _rerun(store, configs: list, loss: float) -> None:
+    """The (diverged) cells of ``configs`` trained again, as a rerun or a later sweep trains them: completed."""
+    from flctl.db import RunQueue
+    from flctl.status import Status
+
+    queue = RunQueue(store)
+    for c in configs:
+        token = queue.claim_run(c.run_id, allow=(Status.DIVERGED, Status.COMPLETED))
+        assert token
+        queue.finish_run(c.run_id, token, status="completed", epochs_done=1, metrics={"train.avg_loss": loss},
+                         diverged_at=None, lambda_capped=0, artifacts={}, duration_s=1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cell_completed_after_it_diverged_replaces_its_trial(tmp_path: Path, backend: str) -> None:
+    """A FAIL trial (the cell diverged) becomes the cell's COMPLETE one when it is trained again: one trial a cell,
+    its number kept, and best_trial the cell's new value (Optuna's best_trial raised or named another cell)."""
+    import optuna
+
+    from flctl.study import sync_sweep
+
+    url = _url(backend, tmp_path)
+    store, configs = _grid(url, 6)
+    sync_sweep(store, url, "grid")
+    _finish(store, configs[:4])
+    _finish(store, configs[4:], status="diverged")
+    assert sync_sweep(store, url, "grid", wait=False) == 6
+    numbers = {t.user_attrs["run_id"]: t.number for t in _mirrored(url)}
+    _rerun(store, configs[4:5], -1.0)
+    assert sync_sweep(store, url, "grid", wait=False) == 1
+    trials = _mirrored(url)
+    assert {t.user_attrs["run_id"]: t.number for t in trials} == numbers and len(trials) == 6
+    [again] = [t for t in trials if t.user_attrs["run_id"] == configs[4].run_id]
+    assert (again.state, again.value, again.user_attrs["status"]) == (optuna.trial.TrialState.COMPLETE, -1.0,
+                                                                      "completed")
+    assert again.datetime_complete > again.datetime_start
+    storage = url.replace("postgresql://", "postgresql+psycopg://")
+    assert optuna.load_study(study_name="flctl-grid", storage=storage).best_trial.user_attrs["run_id"] == \
+        configs[4].run_id
+    _rerun(store, configs[4:5], 7.0)                   # a completed cell trained again: its value replaced again
+    assert sync_sweep(store, url, "grid", wait=False) == 1
+    assert [t.value for t in _mirrored(url) if t.user_attrs["run_id"] == configs[4].run_id] == [7.0]
+    assert sync_sweep(store, url, "grid", wait=False) == 0
+    store.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cell_claimed_again_while_a_mirror_read_it_is_mirrored_when_it_finishes(
+        tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mirror read a diverged cell, and before it wrote the trial the cell was claimed again: the cell is left
+    unmarked without a trial, and mirrored (completed) by the sync after it finished."""
+    from flctl import study
+    from flctl.db import RunQueue
+    from flctl.status import Status
+    from flctl.study import sync_sweep
+
+    url = _url(backend, tmp_path)
+    store, configs = _grid(url, 4)
+    sync_sweep(store, url, "grid")
+    _finish(store, configs[:3])
+    _finish(store, configs[3:], status="diverged")
+    real, token = study.add_trials, []
+
+    def claimed_meanwhile(*args, **kwargs) -> None:
+        if not token:
+            token.append(RunQueue(store).claim_run(configs[3].run_id, allow=(Status.DIVERGED,)))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(study, "add_trials", claimed_meanwhile)
+    assert sync_sweep(store, url, "grid", wait=False) == 3
+    assert configs[3].run_id not in {t.user_attrs["run_id"] for t in _mirrored(url)} | _marked(store)
+    RunQueue(store).finish_run(configs[3].run_id, token[0], status="completed", epochs_done=1,
+                               metrics={"train.avg_loss": 0.5}, diverged_at=None, lambda_capped=0, artifacts={},
+                               duration_s=1.0)
+    assert sync_sweep(store, url, "grid", wait=False) == 1
+    assert sorted((t.user_attrs["run_id"], t.value) for t in _mirrored(url)) == \
+        sorted([(c.run_id, c.seed + c.lr) for c in configs[:3]] + [(configs[3].run_id, 0.5)])
+    assert _marked(store) == {c.run_id for c in configs}
+    store.close()

@@ -44,7 +44,9 @@ def fill_sweep(planned: SweepPlan, store: Any, url: str, root: Path, *, wait: bo
     where its database or results folder moved meanwhile."""
     from flctl.launch.tune import run_tune
     from flctl.study import make_study, sync_sweep
+    from flctl.study_rdb import check_study
 
+    check_study(store, planned.sweep_id, planned.objective, direction)     # before anything of the sweep is written
     if planned.tune is not None:
         study = run_tune(store, url, root, planned.spec, planned.tune, planned.objective, direction,
                          planned.parallel, planned.settings, told=hooks.told, launched=hooks.launched)
