@@ -103,16 +103,18 @@ def ledger_lines(url: str, sid: str) -> Iterator[None]:
         yield
 
 
-def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path | None = None) -> dict:
+def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path | None = None,
+          take_over: bool = False) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever. Piped or redirected, a log
     line each time the counts change (a log followed with `tail -f`, or cut short, still says how far the sweep got)
     and the last ledger as a table at the end, not every redraw. A wait that cannot end with the sweep done
-    (flctl.launch.wait.SweepStopped) ends the command with its line and exit code."""
+    (flctl.launch.wait.SweepStopped) ends the command with its line and exit code; ``take_over`` (a launch's wait):
+    stale cells end the watch in CellsLost, for the launch to take them over."""
     from rich.live import Live
 
     from flctl.launch.wait import Settling, SweepStopped, poll_delays
 
-    settling = Settling(store, sid, results_root(None) if root is None else root, until_done)
+    settling = Settling(store, sid, results_root(None) if root is None else root, until_done, take_over)
     try:
         data, delays = settling.poll(), poll_delays(interval)     # a sweep of short cells returns when it is done
         if not console.is_terminal:

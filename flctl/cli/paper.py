@@ -87,7 +87,8 @@ def paper(
             return worker()
 
     hooks = Hooks(plan=_print_plan, launched=functools.partial(said_launched, root=root), here=here,
-                  wait=lambda store, sid, root: watch(store, sid, until_done=True, root=root),
+                  wait=lambda store, sid, root, take_over=False: watch(store, sid, until_done=True, root=root,
+                                                                    take_over=take_over),
                   warn=lambda line: err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True))
     try:
         done = fill_paper(plan, root=root, out=out, wait=wait, report_only=report_only, hooks=hooks)

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flctl.launch.plan import Launched, SweepPlan, launch_sweep
-from flctl.launch.wait import check_ground, settle
+from flctl.db import STALE_AFTER_S
+from flctl.launch.plan import Launched, SweepPlan, launch_sweep, take_over
+from flctl.launch.wait import CellsLost, check_ground, settle
 
 
 @dataclasses.dataclass
@@ -20,7 +21,8 @@ class Hooks:
     plan: Callable[[Any], None] = lambda plan: None                         # a plan, before anything is launched
     launched: Callable[[Launched, str, Any, Any], None] = lambda launched, sid, spec, settings: None  # each launch
     here: Callable[[Any, str], int | None] = lambda here, sid: here()       # a worker of this process, until done
-    wait: Callable[[Any, str, Path], dict] = settle                         # (store, sweep id, results) -> ledger
+    # (store, sweep id, results, take_over=...) -> ledger: flctl.launch.wait.settle's
+    wait: Callable[..., dict] = settle
     told: Callable[[Any], None] | None = None                               # a --tune trial, as it is told
     warn: Callable[[str], None] = lambda line: None
 
@@ -57,7 +59,33 @@ def fill_sweep(planned: SweepPlan, store: Any, url: str, root: Path, *, wait: bo
     hooks.launched(launched, sid, planned.spec, planned.settings)
     if launched.here is not None and (stopped := hooks.here(launched.here, sid)) is not None:
         return Filled(sid, launched, stopped=stopped)
-    data = hooks.wait(store, sid, root) if wait else None
+    data, stopped = _wait(planned, store, url, root, hooks) if wait else (None, None)
+    if stopped is not None:
+        return Filled(sid, launched, stopped=stopped)
     check_ground(store, root, sid)                  # nothing synced into a database or folder that is gone
     sync_sweep(store, url, sid, planned.objective, direction)
     return Filled(sid, launched, data)
+
+
+def _wait(planned: SweepPlan, store: Any, url: str, root: Path, hooks: Hooks) -> tuple[dict | None, int | None]:
+    """A launch's wait for its sweep: (its settled ledger, None), or (None, the exit code of a signal that stopped a
+    worker of this process). Cells of a lost worker met meanwhile (stale: one frozen, cut off, or dead) are taken
+    over (flctl.launch.plan.take_over) and said in one line; the worker of its own ``--wait`` would take them only
+    once nothing else is left, and a frozen worker's process still counts as live, so no launch would start one.
+    A take-over that frees no cell is not tried again in this wait (the next would free none either)."""
+    sid, again = planned.sweep_id, True
+    while True:
+        try:
+            return hooks.wait(store, sid, root, take_over=again), None
+        except CellsLost as lost:
+            stale = lost.stale
+            taken = take_over(store, url, root, sid, planned.spec, planned.configs[0].device, planned.settings,
+                              join=True)
+        again = bool(taken.requeued or taken.gave_up)
+        started = len(taken.jobs) + (taken.here is not None)
+        hooks.warn(f"sweep {sid}: took over {stale} cell(s) of a lost worker (no heartbeat for "
+                   f"{STALE_AFTER_S:g} s, or its process gone): {len(taken.requeued)} re-queued"
+                   + (f", {len(taken.gave_up)} failed (attempts used up)" if taken.gave_up else "")
+                   + (f", {started} worker(s) started for them" if started else ""))
+        if taken.here is not None and (stopped := hooks.here(taken.here, sid)) is not None:
+            return None, stopped

@@ -3,7 +3,7 @@ lost workers and start the workers still needed (launch_sweep)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,21 +56,56 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     if recorded is not None:
         recorded()
     ids = [c.run_id for c in configs]
+    lost = _lost_workers(store, sid)[1] if len(added) < len(ids) else set()
     cells, requeued, gave_up = _requeued(store, ids, set(added), settings.max_attempts)
     todo = [i for i in ids if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
-    registered = live_workers(root, sid)
-    # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one
-    started = {w["job_id"] for w in registered}
-    live = len(registered) + sum(str(c.pid) not in started for c in live_controllers(root, sid))
     device = configs[0].device if configs else "cpu"
-    slots = settings.slots(len(todo), device)
+    live, jobs, here = _start(store, url, root, sid, spec, device, len(todo), settings, join, lost)
+    return Launched(len(configs), len(added), sum(cells[i][0] == Status.COMPLETED for i in ids), requeued,
+                    gave_up, len(todo), live, jobs, here)
+
+
+def take_over(store: Store, url: str, root: Path, sid: str, spec, device: str, settings: LaunchSettings,
+              join: bool = False) -> Launched:
+    """A wait's take-over of the sweep's stale cells (their workers lost: no heartbeat for the stale bound, frozen,
+    cut off, or dead on this host): re-queued (a frozen worker that wakes finds its claim gone and writes nothing),
+    failed where their attempts are used up, and workers started for them as a launch starts them, the lost workers
+    not counted as live though their processes may be. ``join`` as launch_sweep's. The Launched of those cells."""
+    lost, holders = _lost_workers(store, sid)
+    cells, requeued, gave_up = _requeued(store, lost, set(), settings.max_attempts)
+    todo = [i for i in lost if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
+    live, jobs, here = _start(store, url, root, sid, spec, device, len(todo), settings, join, lost=holders)
+    return Launched(len(lost), 0, 0, requeued, gave_up, len(todo), live, jobs, here)
+
+
+def _lost_workers(store: Store, sid: str) -> tuple[list[str], set[tuple[str | None, int | None]]]:
+    """The sweep's stale cells and their workers (host, pid), read before they are re-queued: a frozen worker's
+    process lives on and its file says it is live, but it trains nothing, and counted as live it would take the
+    place of the worker its cells need."""
+    from flctl.db.counts import running, stale_ids
+
+    lost = set(stale_ids(store, sid))
+    return sorted(lost), {(host, pid) for run_id, host, pid in running(store, sid) if run_id in lost}
+
+
+def _start(store: Store, url: str, root: Path, sid: str, spec, device: str, todo: int, settings: LaunchSettings,
+           join: bool, lost: Collection[tuple[str | None, int | None]] = ()) -> tuple[int, list[Any], _Here | None]:
+    """Workers started for ``todo`` cells: never more live than the settings ask for, counting those of an earlier
+    launch still running but not the ``lost`` ones (host, pid: holders of stale cells). (live, jobs, here)."""
+    registered = live_workers(root, sid)
+    # a job started by an earlier launch whose worker has not registered yet (a second or so) counts as one; a lost
+    # worker's job (its controller lives on too) counts as none
+    started = {w["job_id"] for w in registered}
+    registered = [w for w in registered if (w["host"], w["pid"]) not in lost]
+    live = len(registered) + sum(str(c.pid) not in started for c in live_controllers(root, sid))
+    slots = settings.slots(todo, device)
     slots = slots[:max(0, len(slots) - live)] if todo else []
     launcher = settings.launcher
     # what the workers would all make at once (an MLflow store), made here; nothing to train, nothing to set up
     log_to = prepare_loggers(settings.log_to, root, sid) if todo else settings.log_to
     recipe = WorkerRecipe(url, str(root), sid, settings.executor, settings.options, settings.max_attempts,
                           checkpoint_every=settings.checkpoint_every,
-                          batch_runs=settings.together(spec.task, len(todo), len(slots), device),
+                          batch_runs=settings.together(spec.task, todo, len(slots), device),
                           linger_s=TUNE_LINGER_S if spec.tune and not launcher.in_process else 0.0,
                           db_inode=None if store.file is None else store.file.inode, log_to=log_to)
     here = None
@@ -81,8 +116,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     jobs = submit(Worker(recipe), slots)
     if jobs or here:
         store.count_submission(sid)
-    return Launched(len(configs), len(added), sum(cells[i][0] == Status.COMPLETED for i in ids), requeued,
-                    gave_up, len(todo), live, jobs, here)
+    return live, jobs, here
 
 
 def _requeued(store: Store, ids: list[str], added: set[str], max_attempts: int) -> tuple[

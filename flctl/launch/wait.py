@@ -193,11 +193,23 @@ def others_at_work(root: Path, sweep_id: str, noted: set[tuple[str, int]]) -> bo
     return bool(live_controllers(root, sweep_id)) or any(get_launcher(name)().active(ids) for name, ids in queued_jobs(root, sweep_id).items())
 
 
-class Settling:
-    """The polls of one wait: ``poll()`` returns the sweep's ledger (flctl.status.ledger), or raises SweepStopped."""
+class CellsLost(Exception):
+    """A wait that may take lost cells over (Settling's ``take_over``) met ``stale`` of them: running cells whose
+    worker gave no heartbeat for the stale bound (frozen, cut off) or died on this host. Not a SweepStopped: the
+    launch that waits takes them over (flctl.launch.plan.take_over) and waits again."""
 
-    def __init__(self, store: Any, sid: str, root: Path, until_done: bool = True) -> None:
-        self.store, self.sid, self.root, self.until_done = store, sid, root, until_done
+    def __init__(self, sid: str, stale: int) -> None:
+        super().__init__(f"sweep {sid}: {stale} cell(s) of a lost worker")
+        self.stale = stale
+
+
+class Settling:
+    """The polls of one wait: ``poll()`` returns the sweep's ledger (flctl.status.ledger), or raises SweepStopped;
+    with ``take_over`` (a launch that waits, not a watcher: it may start workers) CellsLost where cells went stale,
+    which a worker of the sweep would take back only once nothing else is left, and no frozen worker ever."""
+
+    def __init__(self, store: Any, sid: str, root: Path, until_done: bool = True, take_over: bool = False) -> None:
+        self.store, self.sid, self.root, self.until_done, self.take_over = store, sid, root, until_done, take_over
         self.folder = root if root.is_dir() else None    # a --db elsewhere, its results folder not here: the database
         self.idle_since: float | None = None
         # a disk note from before this process (an earlier launch's) is news only where its cells are still held
@@ -209,6 +221,8 @@ class Settling:
         waiting = self.until_done and not settled(data)
         if waiting and (full := self._disk_full(data)) is not None:
             raise full
+        if waiting and self.take_over and data["total"]["stale"]:
+            raise CellsLost(self.sid, data["total"]["stale"])
         if not (waiting and no_worker_left(self.root, self.sid, data)):
             self.idle_since = None
         elif self.idle_since is None:
@@ -251,10 +265,11 @@ class Settling:
 
 
 def settle(store: Any, sid: str, root: Path, interval: float = 0.5,
-           on_poll: Callable[[dict], None] | None = None) -> dict:
-    """Wait until sweep ``sid`` settles; its last ledger. SweepStopped when it cannot."""
+           on_poll: Callable[[dict], None] | None = None, take_over: bool = False) -> dict:
+    """Wait until sweep ``sid`` settles; its last ledger. SweepStopped when it cannot; CellsLost (``take_over``)
+    where some of its cells went stale."""
 
-    settling, delays = Settling(store, sid, root), poll_delays(interval)
+    settling, delays = Settling(store, sid, root, take_over=take_over), poll_delays(interval)
     data = settling.poll()
     while not settled(data):
         if on_poll is not None:

@@ -1,0 +1,108 @@
+"""A sweep beside other processes of the same sweep: a `flctl sweep --wait` started beside a frozen worker (SIGSTOP:
+its process alive, its worker file there, its cells going stale) takes the cells over within the stale bound and a
+poll, says so in one line and ends with every cell done; the frozen worker, woken, writes nothing (its claims are
+fenced). Real processes, real signals, a real SQLite file; the stale bound set small through FLCTL_STALE_AFTER."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flctl.db import Store
+from flctl.procs import pid_alive
+from tests import warm
+from tests.helpers import bound, wait_until
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STALE_S = 3.0
+AXES = ["two-moons", "-m", "erm", "--lr", "0.01,0.02", "--epochs", "150", "--eval-every", "10", "--workers", "1",
+        "--batch-runs", "2", "--threads", "1"]
+
+
+def env_of(results: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FLCTL_DB", "PYTHONPATH")}
+    return env | {"FLCTL_RESULTS": str(results), "FLCTL_STALE_AFTER": f"{STALE_S:g}", "FLCTL_HEARTBEAT": "0.3",
+                  "COLUMNS": "200"}
+
+
+def rows(db: Path) -> dict[str, tuple]:
+    with sqlite3.connect(db) as conn:
+        return {r[0]: r[1:] for r in conn.execute("SELECT id, status, attempts, pid, claim_token, epochs_done, "
+                                                  "heartbeat_at, finished_at FROM runs")}
+
+
+def freeze_outside_a_write(pid: int, db: Path) -> None:
+    """SIGSTOP ``pid`` where it holds no SQLite write lock and has no file half-placed (tests/test_fencing.py's
+    reason: frozen inside a write it would lock every writer out, SQLite's rule, not what is tested here)."""
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        conn = sqlite3.connect(db, timeout=0.05, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            if not any(db.parent.rglob(".*.tmp")):
+                return
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            conn.close()
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError("the worker was inside a write at every try")
+
+
+def records(results: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in (results / "records").rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("when", ["still-beating", "already-stale"])
+def test_a_waiting_sweep_takes_over_a_frozen_workers_cells_and_the_woken_worker_writes_nothing(
+        tmp_path: Path, when: str) -> None:
+    results = tmp_path / "results"
+    db, env = results / "flctl.db", env_of(results)
+    first = warm.run([sys.executable, "-m", "flctl", "sweep", *AXES], capture_output=True, env=env, timeout=300,
+                     cwd=str(ROOT))
+    assert first.returncode == 0, first.stdout + first.stderr
+    # the background worker holds both cells (one group) and has trained some of them
+    held = wait_until(lambda: db.exists() and {r[2] for r in rows(db).values() if r[0] == "running" and r[4]},
+                      "the worker's claim", timeout=240, interval=0.05)
+    [frozen] = held
+    wait_until(lambda: records(results), "its first records", timeout=240, interval=0.05)
+    freeze_outside_a_write(frozen, db)
+    try:
+        if when == "already-stale":
+            time.sleep(STALE_S + 1)
+        started = time.monotonic()
+        wait = warm.Popen([sys.executable, "-m", "flctl", "sweep", *AXES, "--wait"], stdout=warm.PIPE,
+                          stderr=warm.PIPE, env=env, cwd=str(ROOT))
+        out, err = wait.communicate(bound(300))
+        took = time.monotonic() - started
+        assert wait.returncode == 0, out + err
+        assert "Traceback" not in err, err
+        if when == "still-beating":     # the launch met running cells; the wait took them over, in one line
+            [line] = [line for line in out.splitlines() if "took over" in line]
+            assert "took over 2 cell(s) of a lost worker" in line and "2 re-queued" in line, out
+        else:                           # the launch met them stale: re-queued, and a worker started for them
+            assert "2 re-queued after a lost worker" in out and "already on it" not in out, out
+        after = rows(db)
+        assert {r[0] for r in after.values()} == {"completed"}, after
+        assert {r[2] for r in after.values()} != {frozen} and {r[1] for r in after.values()} == {2}, after
+        done = records(results)
+        os.kill(frozen, signal.SIGCONT)      # woken: its claims are gone; it must write nothing
+        wait_until(lambda: not pid_alive(frozen), "the woken worker to stop", timeout=bound(120), interval=0.1)
+    finally:
+        if pid_alive(frozen):
+            os.kill(frozen, signal.SIGKILL)
+    assert rows(db) == after and records(results) == done
+    assert took < bound(STALE_S + 120), took       # stale bound, a poll, then training the two cells anew
+    store = Store.open(f"sqlite:///{db}", readonly=True)
+    assert len(store.list_runs()) == 2
+    store.close()
