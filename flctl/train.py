@@ -156,6 +156,10 @@ def _loop(cells: list[Cell], stepper: Stepper, task: Task, data, records_root: P
     with stepper.on_stream():
         with Writer(fence) as writer:
             active = [c for c in cells if c.training]
+            if stop is not None and stop():     # asked before the first epoch (between a worker's claim and its
+                for c in active:                # training): back now, not after an epoch that may take minutes
+                    c.result.status = Status.STOPPED
+                active = []
             while active:
                 # ---- one epoch of alternating GDA: dual step first, then the primal step with lambda_{t+1} ----
                 for c in active:

@@ -293,7 +293,7 @@ def test_a_run_resumes_from_host_copies_to_the_same_records(tmp_path: Path) -> N
     """Checkpoints made through host copies resume exactly (the stop lands at an epoch boundary, then a resume)."""
     cfg = config("two-moons", "rfl", epochs=4, eval_every=1)
     whole = train(cfg, tmp_path / "whole", tmp_path / "w")
-    stops = iter([False, True])
+    stops = iter([False, False, True])      # asked before the first epoch, then at each epoch's end
     stopped = train(cfg, tmp_path / "parts", tmp_path / "p", stop=lambda: next(stops, False))
     assert stopped.status == "stopped" and stopped.epochs_done == 2
     resumed = train(cfg, tmp_path / "parts", tmp_path / "p")
@@ -412,7 +412,7 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
                                                                               clean_plugins) -> None:
     """An error that names CUDA but leaves the device working (a probe's kernel runs) is the cell's own failure,
     not retried; one whose device fails the probe queues the cell again, its attempt counted."""
-    import flctl.claimed
+    import flctl.devices
     from flctl import api
     from flctl.db import RunQueue, Store
     from flctl.layout import Layout
@@ -427,13 +427,14 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
     for works, status in ((True, "failed"), (False, "queued")):
         (tmp_path / "poison").touch()
         monkeypatch.setenv("POISON", str(tmp_path / "poison"))
-        monkeypatch.setattr(flctl.claimed, "device_works", lambda works=works: works)
+        monkeypatch.setattr(flctl.devices, "device_works", lambda works=works: works)
         cfg = api.config("poisoned-moons", "fl", epochs=2, seed=int(works))
         store.add_runs([cfg])
         token = RunQueue(store).claim_run(cfg.run_id)
         assert token is not None
-        with pytest.raises(RuntimeError, match="device-side assert"):
-            train_claimed([cfg], {cfg.run_id: token}, store, Layout(root), max_attempts=3)
+        ending = train_claimed([cfg], {cfg.run_id: token}, store, Layout(root), max_attempts=3)
+        assert "device-side assert" in str(ending.error)
+        assert ending.outcome.name == ("failed" if works else "device lost")      # the probe asked once, by its row
         run = store.get_run(cfg.run_id)
         assert run is not None and (run.status, run.attempts) == (status, 1), works
 

@@ -16,6 +16,7 @@ import pytest
 
 from flctl.errors import ConfigError
 from flctl.launch.backends import Launcher, Slot, get_launcher, names
+from flctl.outcomes import Ending, named
 from tests.helpers import config, in_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +206,7 @@ def test_a_worker_trains_cuda_n_on_the_device_its_slot_gives_it(tmp_path: Path, 
     def train_claimed(cfgs, tokens, store, layout, **kwargs):   # the cell stays claimed: its one attempt is used
         trained.extend(c.device for c in cfgs)
         assert [c.run_id for c in cfgs] == [cfg.run_id]
-        return []
+        return Ending(named("finished"))
 
     monkeypatch.setattr(worker_module, "train_claimed", train_claimed)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -300,7 +301,7 @@ def test_cells_on_cuda_n_still_train_together_on_the_workers_one_gpu(tmp_path: P
     store.close()
     groups: list[list[str]] = []
     monkeypatch.setattr(worker_module, "train_claimed",
-                        lambda claimed, *a, **k: groups.append([c.device for c in claimed]) or [])
+                        lambda claimed, *a, **k: groups.append([c.device for c in claimed]) or Ending(named("finished")))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     Worker(WorkerRecipe(url, str(tmp_path), "s", "local", max_attempts=1, batch_runs=3, sync_study=False))(
         Slot(0, None, cuda="1"))
