@@ -280,13 +280,11 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, 
     twice with two values (one would be dropped without a word), are one line, exit 2."""
     out: dict[str, str] = {}
     for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
+        key, sep, value = (part.strip() for part in pair.partition("="))
+        if not sep or not key:
             fail(f"{flag} expects KEY=VALUE, got {pair!r}")
-        key, value = key.strip(), value.strip()
-        if out.get(key, value) != value:
+        if out.setdefault(key, value) != value:
             fail(f"{flag} {key} is given twice, as {out[key]!r} and {value!r}; give it once")
-        out[key] = value
     return out
 
 
