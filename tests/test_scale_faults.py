@@ -726,13 +726,7 @@ main()
 """
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.xfail(strict=True, reason=(
-    "two launches of the same grid at once on PostgreSQL: the one that writes second dies in a traceback, "
-    "psycopg.errors.UniqueViolation 'duplicate key value violates unique constraint \"runs_pkey\"' (exit 1): the "
-    "plan's transaction looks which runs exist (flctl/db/bulk.py existing_runs) and then writes the others "
-    "(insert_runs: a COPY or INSERT without ON CONFLICT), and under READ COMMITTED another launch commits the same "
-    "runs in between; an IntegrityError is not retried (Store.write retries OperationalError only) nor said in one "
-    "line. Seen without any pause too: two `flctl sweep` of one 5,000-cell grid started together")))])
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_launch_of_the_same_grid_while_another_is_inside_its_plans_write(tmp_path: Path, noop_site: Path,
                                                                             backend: str) -> None:
     url = database_url(backend, tmp_path)

@@ -5,6 +5,7 @@ and a sweep of 100,000 cells is recorded in one go."""
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
@@ -23,6 +24,18 @@ ROWS = 5000
 CACHE_KB = 65536
 # New rows past which PostgreSQL's statistics are brought up to date at once (see fresh_statistics).
 ANALYZE_AFTER = 1000
+# The key of the PostgreSQL advisory lock the writers of new runs hold (one_writer), as flctl.db.postgres keys its own.
+NEW_RUNS_LOCK = zlib.crc32(b"flctl:new-runs")
+
+
+def one_writer(s: Session) -> None:
+    """Hold, until the transaction ``s`` ends, PostgreSQL's lock on writing new runs: the writers of runs (a launch's
+    plan, `flctl run`) read which exist and then write the others (a COPY, which has no ON CONFLICT), and under READ
+    COMMITTED two launches of one grid both found them missing and the second died in runs_pkey's UniqueViolation.
+    Held, the second reads after the first commits and finds its rows. SQLite's writer holds the whole database
+    already (BEGIN IMMEDIATE)."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": NEW_RUNS_LOCK})
 
 
 def fresh_statistics(s: Session, table: str, added: int) -> None:
@@ -80,6 +93,7 @@ def existing_runs(s: Session, run_ids: Sequence[str]) -> set[str]:
 def insert_runs(s: Session, configs: Iterable[Any]) -> list[str]:
     """Insert the configs (RunConfig objects, one per run id) not yet in the database as queued runs; their ids."""
     configs = list(configs)
+    one_writer(s)
     have = existing_runs(s, [c.run_id for c in configs])
     new = [c for c in configs if c.run_id not in have]
     _room(s, len(new))
