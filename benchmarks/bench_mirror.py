@@ -169,11 +169,23 @@ def build(path: Path, cells: int, new: int) -> dict[str, float]:
     return {f"first mirror of {cells} cells (after)": ms_first}
 
 
+def at_least_1(text: str) -> int:
+    """A count of cells or rounds (argparse's type): a whole number of at least 1; a sweep of none has nothing to
+    mirror, and no round has no median."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=int, default=20_000, help="finished and mirrored cells (20,000)")
-    parser.add_argument("--new", type=int, default=200, help="cells that finish after (200)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cells", type=at_least_1, default=20_000, help="finished and mirrored cells (20,000)")
+    parser.add_argument("--new", type=at_least_1, default=200, help="cells that finish after (200)")
+    parser.add_argument("--repeats", type=at_least_1, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     text = io.StringIO()

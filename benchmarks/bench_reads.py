@@ -234,12 +234,14 @@ def main() -> None:
     ap.add_argument("sections", nargs="*", help="status, dry-run, launch (default: all)")
     ap.add_argument("--before", metavar="REV", help="also time commit REV's flctl, in the same rounds")
     ap.add_argument("--cells", type=int, default=100_000, help="a multiple of 1,000")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds, at least 1 (each section's median)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     sections = args.sections or ["status", "dry-run", "launch"]
     if not set(sections) <= {"status", "dry-run", "launch"} or args.cells % 1000 or args.cells < 1000:
         ap.error("sections are status, dry-run and launch; --cells is a multiple of 1,000")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_sweep import trees
 

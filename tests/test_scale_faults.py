@@ -246,14 +246,11 @@ BENCH_CASES = [
     ("bench_scale.py", ["--backend", "nosuch"], True),
     ("bench_reads.py", ["--cells", "500"], True),
     ("bench_pace.py", ["--sizes", "0", "0"], True),
-    ("bench_mirror.py", ["--cells", "0"],
-     "bench_mirror.py --cells 0 is not checked: it dies in a SQLAlchemy traceback, exit 1 (benchmarks/bench_mirror.py "
-     "main: --cells is type=int, no bound; --cells -3 dies in an AssertionError)"),
-    ("bench_mirror.py", ["--repeats", "0", "--cells", "10", "--new", "1"],
-     "bench_mirror.py --repeats 0 is not checked: the work runs, then an IndexError traceback, exit 1"),
-    ("bench_reads.py", ["--repeats", "0", "--cells", "1000", "status"],
-     "bench_reads.py --repeats 0 is not checked: the work runs, then statistics.StatisticsError ('no median for "
-     "empty data') traceback, exit 1 (benchmarks/bench_reads.py main checks --cells and the sections only)"),
+    ("bench_mirror.py", ["--cells", "0"], True),
+    ("bench_mirror.py", ["--cells", "-3"], True),
+    ("bench_mirror.py", ["--new", "0"], True),
+    ("bench_mirror.py", ["--repeats", "0", "--cells", "10", "--new", "1"], True),
+    ("bench_reads.py", ["--repeats", "0", "--cells", "1000", "status"], True),
 ]
 
 
