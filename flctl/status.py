@@ -74,7 +74,7 @@ def ledger(store: Any, sweep_id: str) -> dict[str, Any]:
     bad: dict[str, list[tuple[str, str | None, int]]] = {}
     for method, run_id, text, cells in counts.failures:
         bad.setdefault(method, []).append((run_id, text, cells))
-    total = sum((c for c in per_method.values()), Counter())
+    total = sum((c for c in per_method.values()), Counter()) + Counter(missing=counts.missing)
     return {"sweep": sweep_id,
             "methods": {m: {k: c.get(k, 0) for k in LEDGER_COLUMNS} for m, c in per_method.items()},
             "total": {k: total.get(k, 0) for k in LEDGER_COLUMNS}, "cells": sum(total.values()),

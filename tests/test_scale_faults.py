@@ -909,11 +909,6 @@ def test_sweep_wait_over_a_damaged_cell_trains_the_others_and_names_it(tmp_path:
     assert len(done) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a sweep_cells row whose run is gone (written with foreign keys off) is counted by `flctl sweeps` (4 cells) and "
-    "not by `flctl status` (3 cells, its 'missing' column 0): the ledger's counts inner-join runs "
-    "(flctl/db/counts.py sweep_counts) and nothing ever fills the 'missing' column (flctl/status.py LEDGER_COLUMNS); "
-    "the two commands disagree and neither names the dangling cell"))
 def test_a_cell_whose_run_is_gone_is_counted_alike_by_status_and_sweeps(tmp_path: Path) -> None:
     url = database_url("sqlite", tmp_path)
     store = Store.open(url)

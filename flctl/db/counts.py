@@ -55,6 +55,9 @@ class SweepCounts:
     # (method, first run id, error text, cells) for each text of failed cells and for the diverged cells of a method
     # (DIVERGED_ERROR): methods in the order of their first such cell, then by first id
     failures: list[tuple[str, str, str | None, int]]
+    # cells whose run is not there (a row removed with foreign keys off, or by another tool), or is in a state this
+    # flctl does not know: no method to count them under, and no worker will ever take them
+    missing: int = 0
 
 
 def stale_cutoff(s: Session, stale_after: float) -> datetime | None:
@@ -113,6 +116,8 @@ def sweep_counts(store: Store, sweep_id: str, stale_after: float = STALE_AFTER_S
                             .where(Run.status.in_(STATUSES), Run.id.in_(_cells(sweep_id)))
                             .group_by(Run.status, Run.method)).all()
         rare = s.execute(_rare(sweep_id, cutoff)).all()
+        # sweep_cells' own index, as `flctl sweeps` counts them: the cells above are those whose run was found
+        cells = s.scalar(select(func.count()).select_from(SweepCell).where(SweepCell.sweep_id == sweep_id)) or 0
     states: dict[str, dict[str, int]] = {}
     for status, method, n, _ in sorted(grouped, key=lambda g: g[3]):      # methods in the order of their first cell
         states.setdefault(method, {})[status] = n
@@ -137,7 +142,8 @@ def sweep_counts(store: Store, sweep_id: str, stale_after: float = STALE_AFTER_S
     lead: dict[str, str] = {}
     for method, first, _, _ in sorted(bad, key=lambda b: b[1]):
         lead.setdefault(method, first)
-    return SweepCounts(states, sorted(bad, key=lambda b: (lead[b[0]], b[1])))
+    counted = sum(n for _, _, n, _ in grouped)
+    return SweepCounts(states, sorted(bad, key=lambda b: (lead[b[0]], b[1])), max(0, cells - counted))
 
 
 def stale_ids(store: Store, sweep_id: str, stale_after: float = STALE_AFTER_S) -> list[str]:
