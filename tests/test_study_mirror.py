@@ -418,3 +418,28 @@ def test_a_cell_claimed_again_while_a_mirror_read_it_is_mirrored_when_it_finishe
         sorted([(c.run_id, c.seed + c.lr) for c in configs[:3]] + [(configs[3].run_id, 0.5)])
     assert _marked(store) == {c.run_id for c in configs}
     store.close()
+
+
+def test_a_study_that_cannot_be_read_is_skipped_with_a_warning_and_the_others_mirrored(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A study whose stored attribute is not JSON (damaged by hand): its sweep is left out of the sync in one warning
+    line, its cells left for a sync after it is mended; the sweeps after it in the mirror's order are mirrored."""
+    import sqlalchemy as sa
+
+    from flctl.study import sync_sweep
+    from tests.helpers import config
+
+    url = _url("sqlite", tmp_path)
+    store, configs = _grid(url, 4)
+    sync_sweep(store, url, "grid")
+    other = [config("two-moons", "erm", seed=seed) for seed in range(7, 9)]
+    store.create_sweep("zzother", "zzother", "two-moons", {}, other)
+    with store.session() as s:
+        s.execute(sa.text("UPDATE study_user_attributes SET value_json = '{not json' WHERE key = 'grid'"))
+        s.commit()
+    _finish(store, configs + other)
+    assert sync_sweep(store, url, "zzother") == 2
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(warned) == 1 and warned[0].startswith("flctl: warning: the Optuna study flctl-grid is damaged"), warned
+    assert _marked(store) == {c.run_id for c in other}
+    store.close()
