@@ -1,8 +1,9 @@
-"""What a user's shell hands a command: its stop signals (STOP_SIGNALS), and stdout and stderr as they come: closed (`flctl runs >&-`), a pipe whose reader has gone
-(`flctl run ... | head -1`), a full disk (`> /dev/full`), a terminal that hung up. What cannot be printed is dropped
-and the command goes on (a run trains to its end, checkpointed and recorded as ever); its exit code says whether its
-work succeeded (`ending`). Installed first by the console script (flctl.__main__), before anything that prints or
-opens a file is imported; a process that calls flctl's API keeps its own streams."""
+"""What a user's shell hands a command: its stop signals (STOP_SIGNALS), and stdout and stderr as they come: closed
+(`flctl runs >&-`), a pipe whose reader has gone (`flctl run ... | head -1`), a full disk (`> /dev/full`), a terminal
+that hung up. What cannot be printed is dropped and the command goes on (a run trains to its end, checkpointed and
+recorded as ever); its exit code says whether its work succeeded, never whether its output could be written
+(`ending`). Installed first by the console script (flctl.__main__), before anything that prints or opens a file is
+imported; a process that calls flctl's API keeps its own streams."""
 
 from __future__ import annotations
 
@@ -106,15 +107,13 @@ def install() -> None:
 
 
 def ending(code: int) -> int:
-    """The exit code of a command whose work ended with ``code``, once its output is flushed: ``code``, except that a
-    command that succeeded (0) but whose stdout lost output someone wanted (a full disk, not a closed pipe) exits 1,
-    after one line on stderr; what it did is kept (a run completed stays completed)."""
+    """The exit code of a command whose work ended with ``code``, once its output is flushed: ``code`` itself, since
+    what could not be printed never changes it (a run that trained is a success however its summary fared, and 1 keeps
+    each command's own meaning, such as `flctl reproduce`'s "a record file differs"). Where output someone wanted was
+    lost (a full disk under stdout, not a closed pipe), one line on stderr says so."""
     out = sys.stdout
     out.flush()
-    if code != 0 or not isinstance(out, Tolerant) or not out.lost:
-        return code
-    failure = out.failure
-    assert failure is not None
-    print(f"flctl: stdout could not be written ({failure.strerror or failure}): what it should have shown was "
-          "dropped; what the command did is kept", file=sys.stderr)
-    return 1
+    if isinstance(out, Tolerant) and out.lost and out.failure is not None:
+        print(f"flctl: warning: stdout could not be written ({out.failure.strerror or out.failure}): what this command "
+              "would have shown there was dropped; what it did is kept", file=sys.stderr)
+    return code

@@ -39,7 +39,9 @@ def tolerate_narrow_encodings() -> None:
 # columns ("be…"), so off a terminal the lines are as wide as their content (COLUMNS still wins when set).
 # emoji=False: rich would print a user's text such as `cuda:x:` as an emoji (❌); text from users is printed as it
 # is, through safe().
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 10_000, emoji=False)
+# (No stdout at all: a closed one in a process that did not start through flctl.shell.install.)
+_terminal = getattr(sys.stdout, "isatty", bool)()
+console = Console(width=None if _terminal or "COLUMNS" in os.environ else 10_000, emoji=False)
 err_console = Console(stderr=True, emoji=False)
 
 DEFAULT_RESULTS = results.DEFAULT_RESULTS
