@@ -65,7 +65,7 @@ def error_summary(*ledgers: dict) -> None:
         console.print(f"[red]{failed_for_good(data)} of {data['cells']} cell(s) failed or diverged[/] "
                       f"(sweep {safe(data['sweep'])}):", highlight=False)
         for e in data["errors"][:ERRORS_SHOWN]:
-            console.print(f"  {e['count']} × {safe(e['message'])}  [dim](flctl show {safe(e['run'][:12])})[/]",
+            console.print(f"  {e['count']} × {safe(e['message'])}  [dim](flctl show {safe(e['run'])})[/]",
                           highlight=False)
         if (more := data["errors"][ERRORS_SHOWN:]):
             console.print(f"  and {len(more):,} more kind(s) of error in {sum(e['count'] for e in more):,} cell(s): "
