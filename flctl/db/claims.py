@@ -20,7 +20,7 @@ from flctl.config import RunConfig
 from flctl.db.liveness import _is_stale, db_now
 from flctl.db.schema import Run, SweepCell
 from flctl.procs import pid_alive
-from flctl.status import TO_DO, TRAIN_ALONE, Status
+from flctl.status import REPORTABLE, TO_DO, TRAIN_ALONE, Status
 
 
 class Claim(NamedTuple):
@@ -54,7 +54,8 @@ def take_claim(s: Session, run_id: str, allow: Collection[str], stale_after: flo
         .execution_options(synchronize_session=False))
     if res.rowcount != 1:  # type: ignore[attr-defined]  # an UPDATE's CursorResult
         return None
-    retrain(s, [run_id])
+    if run.status in REPORTABLE:      # a finished run trained again (`flctl run --rerun`)
+        retrain(s, [run_id])
     return token
 
 
@@ -112,14 +113,15 @@ def take_next(s: Session, want: Want, job_id: str | None, git_sha: str | None) -
                           pid=os.getpid(), job_id=job_id, git_sha=git_sha, device=device, started_at=stamp,
                           heartbeat_at=stamp, finished_at=None, claim_token=token)
                   .execution_options(synchronize_session=False))
-        retrain(s, ids)
     return won
 
 
 def retrain(s: Session, run_ids: list[str]) -> None:
     """The claimed runs' cells to be mirrored again when they finish (flctl.study replaces a cell's Optuna trial: a
-    diverged cell completed by a rerun is no longer a FAIL trial). After the runs' own update, in its transaction:
-    a mirror that read a run before this claim sees it changed under its lock and leaves it unmarked."""
+    diverged cell completed by a rerun is no longer a FAIL trial). Only a finished run's cell is marked mirrored,
+    and only a claim that takes a finished run (take_claim's ``allow``) trains one again: a pull worker's claims
+    (take_next) take none. After the run's own update, in its transaction: a mirror that read the run before this
+    claim sees it changed under its lock (flctl.study_rdb) and leaves its cell unmarked."""
     s.execute(update(SweepCell).where(SweepCell.run_id.in_(run_ids), SweepCell.mirrored).values(mirrored=False)
               .execution_options(synchronize_session=False))
 
