@@ -86,7 +86,7 @@ def run(
     rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
                                         rich_help_panel=PANELS["where"])] = False,
     checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
-                                                    "(also at eval epochs and on SIGINT/SIGTERM; 0: every epoch).",
+                                                    "(also at eval epochs and on SIGINT/SIGTERM/SIGHUP; 0: every epoch).",
                                                     rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
     threads: Annotated[Optional[int], typer.Option(help="torch threads on a CPU [OMP_NUM_THREADS if set, else 1 "
                                                    "for a small model, the cores this process may use (never the "
@@ -104,8 +104,8 @@ def run(
     """Train TASK with one method and record per-sample losses and multipliers.
 
     The same configuration is the same run: re-running a completed one shows it; an interrupted one resumes
-    from its last checkpoint. Ctrl-C or SIGTERM stops at the end of the epoch, checkpointed, marks the run interrupted
-    and exits 130 or 143; a second signal stops at once.
+    from its last checkpoint. Ctrl-C, SIGTERM or SIGHUP (its terminal closed) stops at the end of the epoch,
+    checkpointed, marks the run interrupted and exits 130, 143 or 129; a second signal stops at once.
     """
     try:
         check_checkpoint_every(checkpoint_every)
