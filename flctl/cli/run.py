@@ -85,8 +85,8 @@ def run(
     db: DbOption = None,
     rerun: Annotated[bool, typer.Option(help="Train again even if this exact run already completed.",
                                         rich_help_panel=PANELS["where"])] = False,
-    checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints "
-                                                    "(also at eval epochs and on SIGINT/SIGTERM/SIGHUP; 0: every epoch).",
+    checkpoint_every: Annotated[float, typer.Option("--checkpoint-every", help="Seconds between checkpoints (also at "
+                                                    "eval epochs and on SIGINT/SIGTERM/SIGHUP; 0: every epoch).",
                                                     rich_help_panel=PANELS["where"])] = DEFAULT_CHECKPOINT_EVERY_S,
     threads: Annotated[Optional[int], typer.Option(help="torch threads on a CPU [OMP_NUM_THREADS if set, else 1 "
                                                    "for a small model, the cores this process may use (never the "
