@@ -1065,19 +1065,12 @@ def test_the_undamaged_run_draws(extras_of, tmp_path: Path) -> None:
     assert (tmp_path / "m.png").stat().st_size > 10_000
 
 
-MISSING_LAYER = ("an MLP whose layers in extras.npz are incomplete is drawn without a word: class1_probability "
-                 "(flctl/report/plots/multipliers.py) reads mlp_weight_<i>/mlp_bias_<i> until the first that is "
-                 "missing and takes the hidden activations of the last layer it found for logits (its 'does not take "
-                 "2 inputs' and 'has 1 output' checks pass at a hidden width of 2 or more): a missing middle or last "
-                 "layer (or only its bias) draws a wrong decision region, exit 0")
-
-
-@pytest.mark.xfail(strict=True, reason=MISSING_LAYER)
-@pytest.mark.parametrize("missing", ["the last layer's bias", "a middle layer"])
+@pytest.mark.parametrize("missing", ["the last layer's bias", "a middle layer", "the last layer"])
 def test_extras_with_a_layer_missing_are_refused_in_one_line(extras_of, tmp_path: Path, missing: str) -> None:
     def drop(e: dict) -> dict:
         n = last_layer(e)
-        names = [f"mlp_bias_{n}"] if missing == "the last layer's bias" else ["mlp_weight_1", "mlp_bias_1"]
+        names = {"the last layer's bias": [f"mlp_bias_{n}"], "a middle layer": ["mlp_weight_1", "mlp_bias_1"],
+                 "the last layer": [f"mlp_weight_{n}", f"mlp_bias_{n}"]}[missing]
         return {k: v for k, v in e.items() if k not in names}
 
     root, _ = extras_of(drop)

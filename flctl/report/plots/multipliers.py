@@ -31,7 +31,7 @@ PROBABILITY = "grid_prob1"
 def _multipliers(runs: list[RunRecord], records_root: Path) -> Figure:
     candidates = [r for r in runs if method_info(r.method).has_multipliers and r.status == Status.COMPLETED]
     with_grid = [(r, e) for r in candidates if (e := load_extras(r, GRID_KEYS)) is not None
-                 and (PROBABILITY in e or _layer(e, 0) is not None)]
+                 and (PROBABILITY in e or any(k.startswith("mlp_") for k in e))]
     if not with_grid:
         raise ConfigError("the multipliers plot needs completed two-moons fl/rfl runs with extras (decision grid), "
                           "e.g. `flctl sweep two-moons -m fl,rfl`; select them with --task two-moons")
@@ -76,9 +76,7 @@ def class1_probability(extras: dict[str, np.ndarray], source: str) -> np.ndarray
     numpy: reports run where torch is not installed. ``source`` names the extras in an error."""
     if PROBABILITY in extras:
         return extras[PROBABILITY]
-    layers: list[tuple[np.ndarray, np.ndarray]] = []
-    while (layer := _layer(extras, len(layers))) is not None:
-        layers.append(layer)
+    layers = _layers(extras, source)
     xx, yy = np.meshgrid(extras["grid_x"], extras["grid_y"])
     h = np.stack([xx.ravel(), yy.ravel()], axis=1).astype(layers[0][0].dtype)
     for i, (weight, bias) in enumerate(layers):
@@ -88,16 +86,32 @@ def class1_probability(extras: dict[str, np.ndarray], source: str) -> np.ndarray
         h = h @ weight.T + bias
         if i < len(layers) - 1:
             np.maximum(h, 0, out=h)
-    if h.shape[1] < 2:
-        raise ConfigError(f"{source}: the MLP has {h.shape[1]} output; a classifier's class 1 needs two")
+    if h.shape[1] != 2:     # a hidden layer's activations taken for logits: its last layer is missing
+        raise ConfigError(f"{source}: the MLP's last layer has {h.shape[1]} output(s); two classes need two (is a "
+                          "layer missing?)")
     p = np.exp(h - h.max(axis=1, keepdims=True))
     return (p[:, 1] / p.sum(axis=1)).reshape(xx.shape)
 
 
-def _layer(extras: dict[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The MLP's ``i``-th linear layer (weight [out, in], bias [out]) in the extras; None past the last."""
-    weight, bias = extras.get(f"mlp_weight_{i}"), extras.get(f"mlp_bias_{i}")
-    return None if weight is None or bias is None else (weight, bias)
+def _layers(extras: dict[str, np.ndarray], source: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The MLP's linear layers in order, each a weight and a bias, numbered 0 to n-1 without a gap: drawn with one
+    missing (a middle layer, or one bias) the figure would be another network's decision region, without a word.
+    ConfigError naming the first layer that is missing or half there."""
+    numbers: dict[str, set[int]] = {"weight": set(), "bias": set()}
+    for key in extras:
+        kind, _, number = key.removeprefix("mlp_").rpartition("_")
+        if key.startswith("mlp_") and kind in numbers:
+            if not number.isdigit():
+                raise ConfigError(f"{source}: {key!r} is not an MLP layer's name (mlp_{kind}_<number>)")
+            numbers[kind].add(int(number))
+    count = max((n + 1 for found in numbers.values() for n in found), default=0)
+    if not count:
+        raise ConfigError(f"{source}: neither the grid's probabilities ({PROBABILITY}) nor an MLP's layers")
+    for i in range(count):
+        if missing := [kind for kind, found in numbers.items() if i not in found]:
+            raise ConfigError(f"{source}: MLP layer {i} of {count} has no {' and no '.join(missing)}; the decision "
+                              "region cannot be computed without it")
+    return [(extras[f"mlp_weight_{i}"], extras[f"mlp_bias_{i}"]) for i in range(count)]
 
 
 def _one_seed_per_group(runs: list[RunRecord], limit: int) -> list[RunRecord]:
