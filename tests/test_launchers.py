@@ -170,8 +170,8 @@ def test_no_launcher_name_is_compared_outside_the_backends() -> None:
 def test_each_launcher_says_what_differs() -> None:
     facts = {n: (c.runs_here, c.in_process, c.joins, c.queued, c.stop_signals)
              for n, c in ((n, get_launcher(n)) for n in ("debug", "local", "slurm"))}
-    assert facts == {"debug": (True, True, False, False, ("SIGINT", "SIGTERM")),
-                     "local": (True, False, True, False, ("SIGINT", "SIGTERM")),
+    assert facts == {"debug": (True, True, False, False, ("SIGHUP", "SIGINT", "SIGTERM")),
+                     "local": (True, False, True, False, ("SIGHUP", "SIGINT", "SIGTERM")),
                      "slurm": (False, False, False, True, ("SIGINT",))}
     slurm = get_launcher("slurm")
     assert slurm.job_id.fullmatch("123_[0-7%2]") and not slurm.job_id.fullmatch("123; rm -rf")
