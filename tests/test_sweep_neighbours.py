@@ -18,6 +18,8 @@ from flctl.db import Store
 from flctl.procs import pid_alive
 from tests import warm
 from tests.helpers import bound, wait_until
+from tests.test_concurrency import database_url
+from tests.test_scale_faults import NOOP
 
 pytestmark = pytest.mark.slow
 
@@ -105,4 +107,47 @@ def test_a_waiting_sweep_takes_over_a_frozen_workers_cells_and_the_woken_worker_
     assert took < bound(STALE_S + 120), took       # stale bound, a poll, then training the two cells anew
     store = Store.open(f"sqlite:///{db}", readonly=True)
     assert len(store.list_runs()) == 2
+    store.close()
+
+
+# Two `flctl sweep` of one grid started at the same moment (two terminals, two job scripts), on PostgreSQL: each reads
+# which runs exist and writes the others. Both must end well, with the grid recorded once.
+AT_ONCE = r"""
+import sys, time
+at, args = float(sys.argv[1]), sys.argv[2:]
+time.sleep(max(0.0, at - time.time()))
+sys.argv = ["flctl", *args]
+from flctl.__main__ import main
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def noop_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for PYTHONPATH with test_scale_faults' launcher that starts no worker (its cells stay queued)."""
+    site = tmp_path_factory.mktemp("noop-site")
+    (site / "noop_launcher.py").write_text(NOOP)
+    (info := site / "noop_launcher-0.1.dist-info").mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: noop-launcher\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[flctl.launchers]\nnoop = noop_launcher:Noop\n")
+    return site
+
+
+def test_two_launches_of_one_grid_at_once_on_postgresql_both_succeed(tmp_path: Path, noop_site: Path) -> None:
+    url = database_url("postgresql", tmp_path)
+    Store.open(url).close()
+    args = ["sweep", "two-moons", "--lr", "1e-4..1:500", "--seeds", "10", "--executor", "noop", "--db", url]
+    at = time.time() + 4            # both past their imports and plans, then the same second
+    procs = [warm.Popen([sys.executable, "-c", AT_ONCE, str(at), *args],
+                        env=env_of(tmp_path / f"r{i}") | {"PYTHONPATH": str(noop_site)}, stdout=warm.PIPE,
+                        stderr=warm.PIPE, cwd=str(ROOT)) for i in range(2)]
+    said = [p.communicate(bound(300)) for p in procs]
+    for p, (out, err) in zip(procs, said):
+        assert p.returncode == 0 and "Traceback" not in err, out + err
+    added = sorted(int(out.split(" new,")[0].rsplit(" ", 1)[1]) for out, _ in said)
+    assert added == [0, 5000], said          # the second found the first's rows
+    store = Store.open(url)
+    [row] = store.list_sweeps()
+    assert row["cells"] == 5000, row
+    assert len(store.list_runs()) == 5000
     store.close()
