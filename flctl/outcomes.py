@@ -6,15 +6,15 @@ exit code `flctl run` gives. The worker (flctl.launch.worker) and the command (f
 looks at the exception again. A new kind of failure is one row here.
 
     ground moved      nothing written (there is nowhere left to write)     the worker stops          exit 1
-    interrupted       back to the queue, resumable                         (the signal goes on)      128 + signal
+    signal            back to the queue, resumable                         (the signal goes on)      128 + signal
     disk full         back to the queue, one try                           the worker stops          exit 1
     claim lost        the cells still ours back to the queue               goes on                   exit 1
     device lost       alone: failed, retried elsewhere; a group: each      the worker ends, a fresh  exit 1
                       back to train alone                                  one takes its place
     database          every cell still held failed, best effort            the worker stops          exit 1
     before training   every cell failed (the same error for each)          goes on                   exit 1
-    failed            the cell at fault fails; its siblings go back        goes on                   exit 1
-    stopped           (each recorded as it stopped: handed back)           the worker stops          128 + signal
+    own error         the cell at fault fails; its siblings go back        goes on                   exit 1
+    asked to stop     (each recorded as it stopped: handed back)           the worker stops          128 + signal
     finished          (each recorded as it ended)                          goes on                   exit 0
 """
 
@@ -99,7 +99,7 @@ RESUME = "`flctl run` with the same options resumes run {run} from its last chec
 OUTCOMES: list[Outcome] = [
     Outcome("ground moved", lambda e: isinstance(e.error, GroundMoved), Cells.NOTHING, Next.GROUND_GONE, 1,
             "{exc}: run {run} stopped and wrote no more"),
-    Outcome("interrupted", lambda e: isinstance(e.error, (KeyboardInterrupt, SystemExit)), Cells.HAND_BACK, Next.STOP,
+    Outcome("signal", lambda e: isinstance(e.error, (KeyboardInterrupt, SystemExit)), Cells.HAND_BACK, Next.STOP,
             SIGNAL, "interrupted: " + RESUME, why="interrupted; resumes from its last checkpoint"),
     Outcome("disk full", lambda e: isinstance(e.error, DiskFull), Cells.HAND_BACK_ONCE, Next.DISK_FULL, 1,
             "{exc}; run {run} is interrupted: free some space, then the same `flctl run` resumes it from its last "
@@ -116,9 +116,9 @@ OUTCOMES: list[Outcome] = [
             "trains it again once the database answers"),
     Outcome("before training", lambda e: isinstance(e.error, Exception) and not e.began, Cells.FAIL_ALL, Next.GO_ON,
             1, "run {run} failed before it trained: {error} (see `flctl show {run}`)"),
-    Outcome("failed", lambda e: isinstance(e.error, Exception), Cells.FAIL_AT_FAULT, Next.GO_ON, 1,
+    Outcome("own error", lambda e: isinstance(e.error, Exception), Cells.FAIL_AT_FAULT, Next.GO_ON, 1,
             "run {run} failed: {error} (see `flctl show {run}`)"),
-    Outcome("stopped", lambda e: Status.STOPPED in e.statuses, Cells.NOTHING, Next.STOP, SIGNAL,
+    Outcome("asked to stop", lambda e: Status.STOPPED in e.statuses, Cells.NOTHING, Next.STOP, SIGNAL,
             "interrupted after epoch {epochs}, checkpointed: " + RESUME),
     Outcome("finished", lambda e: True, Cells.NOTHING, Next.GO_ON, 0, ""),
 ]

@@ -49,14 +49,16 @@ def uninterrupted(root: Path, args: list[str]):
 def stopped_after_epoch_2(root: Path) -> Path:
     """An interrupted run as a Ctrl-C leaves it: records and a checkpoint of epoch 2, status interrupted."""
     cfg = config("two-moons", "fl", epochs=6, eval_every=2, options={"n_train": "300", "n_test": "300"})
-    asked = iter([False, True])
+    asked = iter([False, False, True])      # before the first epoch, then at each epoch's end
     root.mkdir(parents=True)
     store = Store.open(f"sqlite:///{root / 'flctl.db'}")
     try:
-        result = execute(cfg, store, Layout(root), stop=lambda: next(asked))
+        ending = execute(cfg, store, Layout(root), stop=lambda: next(asked))
     finally:
         store.close()
-    assert result is not None and result.status == "stopped" and result.epochs_done == 2
+    assert ending is not None
+    [result] = ending.results
+    assert result.status == "stopped" and result.epochs_done == 2
     return Layout(root).run_dir(cfg.run_id) / "checkpoint.pt"
 
 

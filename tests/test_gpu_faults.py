@@ -434,7 +434,7 @@ def test_a_cuda_error_that_leaves_the_device_working_is_the_cells_own_failure(tm
         assert token is not None
         ending = train_claimed([cfg], {cfg.run_id: token}, store, Layout(root), max_attempts=3)
         assert "device-side assert" in str(ending.error)
-        assert ending.outcome.name == ("failed" if works else "device lost")      # the probe asked once, by its row
+        assert ending.outcome.name == ("own error" if works else "device lost")      # the probe asked once, by its row
         run = store.get_run(cfg.run_id)
         assert run is not None and (run.status, run.attempts) == (status, 1), works
 

@@ -206,7 +206,7 @@ def test_a_group_stopped_before_it_trains_goes_back_on_a_signal_and_fails_on_an_
             pytest.fail("the group trained")
     # an error is the ending, classified once (flctl.outcomes): the same for each cell, before training began
     assert claimed.ending is not None and isinstance(claimed.ending.error, raised)
-    assert claimed.ending.outcome.name == ("interrupted" if status == "interrupted" else "before training")
+    assert claimed.ending.outcome.name == ("signal" if status == "interrupted" else "before training")
     assert [store.get_run(c.run_id).status for c in cfgs] == [status] * 2
     assert not claimed.beat.is_alive()
     if status == "interrupted":         # claimable again, the attempt not counted

@@ -25,17 +25,17 @@ _OperationalError.__name__ = "OperationalError"
 
 @pytest.mark.parametrize("end,row,cells,after,code", [
     (End(GroundMoved("the results folder /r was deleted")), "ground moved", Cells.NOTHING, Next.GROUND_GONE, 1),
-    (End(KeyboardInterrupt()), "interrupted", Cells.HAND_BACK, Next.STOP, SIGNAL),
-    (End(SystemExit(143)), "interrupted", Cells.HAND_BACK, Next.STOP, SIGNAL),
+    (End(KeyboardInterrupt()), "signal", Cells.HAND_BACK, Next.STOP, SIGNAL),
+    (End(SystemExit(143)), "signal", Cells.HAND_BACK, Next.STOP, SIGNAL),
     (End(DiskFull(28, "No space left on device", "/r/x")), "disk full", Cells.HAND_BACK_ONCE, Next.DISK_FULL, 1),
     (End(ClaimLost("taken")), "claim lost", Cells.HAND_BACK, Next.GO_ON, 1),
     (End(None, statuses=frozenset({Status.COMPLETED, Status.LOST})), "claim lost", Cells.HAND_BACK, Next.GO_ON, 1),
     (End(_OperationalError("server closed the connection")), "database", Cells.FAIL_ALL, Next.STOP, 1),
     (End(OSError("catalogue unreadable"), began=False), "before training", Cells.FAIL_ALL, Next.GO_ON, 1),
-    (End(ValueError("seed 2's model")), "failed", Cells.FAIL_AT_FAULT, Next.GO_ON, 1),
+    (End(ValueError("seed 2's model")), "own error", Cells.FAIL_AT_FAULT, Next.GO_ON, 1),
     # where CUDA never ran in this process, the error's text is all there is to go by (flctl.devices.device_works)
     (End(RuntimeError("CUDA error: device-side assert triggered")), "device lost", Cells.DEVICE, Next.DEVICE_LOST, 1),
-    (End(None, statuses=frozenset({Status.COMPLETED, Status.STOPPED})), "stopped", Cells.NOTHING, Next.STOP, SIGNAL),
+    (End(None, statuses=frozenset({Status.COMPLETED, Status.STOPPED})), "asked to stop", Cells.NOTHING, Next.STOP, SIGNAL),
     (End(None, statuses=frozenset({Status.COMPLETED, Status.DIVERGED})), "finished", Cells.NOTHING, Next.GO_ON, 0),
 ])
 def test_each_end_meets_its_row(end: End, row: str, cells: Cells, after: Next, code: int) -> None:
@@ -49,8 +49,8 @@ def test_a_dead_device_is_asked_once_and_only_for_a_fatal_error(monkeypatch: pyt
     asked: list[int] = []
     monkeypatch.setattr(flctl.devices, "device_works", lambda: asked.append(1) or False)
     assert classify(End(RuntimeError("CUDA error: an illegal memory access was encountered"))).name == "device lost"
-    assert classify(End(RuntimeError("CUDA out of memory"))).name == "failed"
-    assert classify(End(ValueError("no"))).name == "failed"
+    assert classify(End(RuntimeError("CUDA out of memory"))).name == "own error"
+    assert classify(End(ValueError("no"))).name == "own error"
     assert asked == [1]
 
 

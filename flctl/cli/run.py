@@ -145,7 +145,7 @@ def run(
                                           checkpoint_every=checkpoint_every, stop=stop.is_set, threads=chosen_threads,
                                           log_to=loggers)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once (its row recorded it), resumes
-            ending = Ending(named("interrupted"), error=exc)
+            ending = Ending(named("signal"), error=exc)
     if ending is None:
         held = store.get_run(cfg.run_id)
         assert held is not None
