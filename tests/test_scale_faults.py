@@ -306,7 +306,7 @@ def test_a_signal_during_the_bulk_write_of_100000_cells_leaves_the_sweep_whole_o
     proc.wait(120)
     said = log.read_text()
     no_traceback(said)
-    expected = {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGHUP: -signal.SIGHUP}[sig]
+    expected = {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGHUP: 129}[sig]
     # it came while the rows went in; on a loaded machine it may land once the launch is done (exit 0): then the
     # sweep must be whole, as below
     assert proc.returncode in (expected, 0), said
