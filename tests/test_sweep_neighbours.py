@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 STALE_S = 3.0
-AXES = ["two-moons", "-m", "erm", "--lr", "0.01,0.02", "--epochs", "150", "--eval-every", "10", "--workers", "1",
+AXES = ["two-moons", "-m", "erm", "--lr", "0.01,0.02", "--epochs", "300", "--eval-every", "10", "--workers", "1",
         "--batch-runs", "2", "--threads", "1"]
 
 
@@ -61,6 +61,20 @@ def freeze_outside_a_write(pid: int, db: Path) -> None:
     raise AssertionError("the worker was inside a write at every try")
 
 
+def start_wait(env: dict[str, str]) -> warm.Popen:
+    return warm.Popen([sys.executable, "-m", "flctl", "sweep", *AXES, "--wait"], stdout=warm.PIPE, stderr=warm.PIPE,
+                      env=env, cwd=str(ROOT))
+
+
+def said_at(proc: warm.Popen, word: str, timeout: float = 240) -> float:
+    """The moment (time.monotonic) ``word`` appeared in ``proc``'s stdout, looked at every 20 ms."""
+    deadline = time.monotonic() + bound(timeout)
+    while word not in proc.peek():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(5)
+        time.sleep(0.02)
+    return time.monotonic()
+
+
 def records(results: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in (results / "records").rglob("*") if p.is_file()}
 
@@ -78,18 +92,24 @@ def test_a_waiting_sweep_takes_over_a_frozen_workers_cells_and_the_woken_worker_
                       "the worker's claim", timeout=240, interval=0.05)
     [frozen] = held
     wait_until(lambda: records(results), "its first records", timeout=240, interval=0.05)
-    freeze_outside_a_write(frozen, db)
+    wait = None
     try:
-        if when == "already-stale":
+        if when == "still-beating":     # the wait is launched beside a worker that beats, and freezes after
+            wait = start_wait(env)
+            said_at(wait, "to do")
+            assert {r[0] for r in rows(db).values()} == {"running"}, "the worker finished before it could freeze"
+        freeze_outside_a_write(frozen, db)
+        frozen_at = time.monotonic()
+        if when == "already-stale":     # the wait is launched once the frozen worker's cells are stale
             time.sleep(STALE_S + 1)
-        started = time.monotonic()
-        wait = warm.Popen([sys.executable, "-m", "flctl", "sweep", *AXES, "--wait"], stdout=warm.PIPE,
-                          stderr=warm.PIPE, env=env, cwd=str(ROOT))
-        out, err = wait.communicate(bound(300))
-        took = time.monotonic() - started
+            wait = start_wait(env)
+        else:                           # the wait took them over within the stale bound and a poll, in one line
+            took_over = said_at(wait, "took over")
+            assert took_over - (frozen_at + STALE_S) < bound(2.0), took_over - frozen_at
+        out, err = wait.communicate(bound(600))
         assert wait.returncode == 0, out + err
         assert "Traceback" not in err, err
-        if when == "still-beating":     # the launch met running cells; the wait took them over, in one line
+        if when == "still-beating":
             [line] = [line for line in out.splitlines() if "took over" in line]
             assert "took over 2 cell(s) of a lost worker" in line and "2 re-queued" in line, out
         else:                           # the launch met them stale: re-queued, and a worker started for them
@@ -103,8 +123,9 @@ def test_a_waiting_sweep_takes_over_a_frozen_workers_cells_and_the_woken_worker_
     finally:
         if pid_alive(frozen):
             os.kill(frozen, signal.SIGKILL)
+        if wait is not None and wait.poll() is None:
+            wait.kill()
     assert rows(db) == after and records(results) == done
-    assert took < bound(STALE_S + 120), took       # stale bound, a poll, then training the two cells anew
     store = Store.open(f"sqlite:///{db}", readonly=True)
     assert len(store.list_runs()) == 2
     store.close()
