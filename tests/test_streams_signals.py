@@ -178,9 +178,11 @@ def wait_until(what, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+# SIGHUP as a terminal leaves it to what it starts, whatever pytest's (`nohup pytest` ignores it, and flctl keeps it so)
+DEFAULT_SIGHUP = "import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
 # `flctl *ARGS` in a terminal of its own (pty.fork: a pseudo-terminal, the controlling terminal of the session the
 # child leads), read until RECORDS exist, then closed: exit with the child's exit code.
-IN_A_TERMINAL = """import atexit, glob, os, pty, runpy, select, sys, time
+IN_A_TERMINAL = DEFAULT_SIGHUP + """import atexit, glob, os, pty, runpy, select, sys, time
 pid, master = pty.fork()
 if pid == 0:
     sys.stdout, sys.stderr, sys.argv, code = open(1, 'w', closefd=False), open(2, 'w', closefd=False), ARGS, 0
@@ -219,8 +221,10 @@ def test_a_terminal_that_hangs_up_stops_a_run_checkpointed_and_handed_back(tmp_p
 
 
 def test_sighup_stops_a_waiting_sweep_with_one_line_and_no_cell_left_running(tmp_path: Path) -> None:
-    proc = warm.Popen([*FLCTL, "sweep", "two-moons", "--epochs", "100000", "--seeds", "1", "--workers", "1", "--wait",
-                       "--results-dir", str(tmp_path)], stdout=warm.PIPE, stderr=warm.PIPE)
+    args = ["flctl", "sweep", "two-moons", "--epochs", "100000", "--seeds", "1", "--workers", "1", "--wait",
+            "--results-dir", str(tmp_path)]
+    code = f"{DEFAULT_SIGHUP}import runpy, sys\nsys.argv = {args!r}\nrunpy.run_module('flctl', run_name='__main__')"
+    proc = warm.Popen([sys.executable, "-c", code], stdout=warm.PIPE, stderr=warm.PIPE, env=ENV)
     wait_until(lambda: started(tmp_path) or proc.poll() is not None)
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=120)
