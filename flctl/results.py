@@ -168,23 +168,32 @@ def peek(url: str, *, readonly: bool = True) -> Store | None:
 
 def peek_plan(url: str) -> Store | None:
     """The run database at ``url`` as a plan (a dry run, a paper's programme) reads it: read-only, never made, and
-    None where the real command would make it or make it right before it trains (a file not made yet, an empty one,
-    one from an older flctl: it upgrades it). What the real command would refuse is refused here in its one line
-    (StoreError): a newer flctl's database, one not flctl's or damaged, a server that cannot be reached. A plan never
-    reads such a database as "nothing trained yet"."""
-    from flctl.errors import EmptyDatabase, OlderSchema
+    None where the real command would make it (a file not made yet, an empty one). One from an older flctl, which
+    the real command upgrades, is OlderSchema (its rows cannot be read until then); what the real command would
+    refuse is refused here in its one line (StoreError): a newer flctl's database, one not flctl's or damaged, a
+    server that cannot be reached. A plan never reads such a database as "nothing trained yet"."""
+    from flctl.errors import EmptyDatabase
 
     try:
         return peek(url)
-    except (EmptyDatabase, OlderSchema):
+    except EmptyDatabase:
         return None
 
 
 def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:
     """The runs of ``tasks`` recorded at ``url`` (those in ``status``; None: all), read as a plan reads them
-    (``peek_plan``: none where the real command would make the database first; StoreError where it would refuse
-    it): their finished ones price a plan (flctl.cost.estimate_cost) and say what a programme has (flctl.paper.plan)."""
-    store = peek_plan(url)
+    (``peek_plan``: none where the real command would make or upgrade the database first, the latter with a warning;
+    StoreError where it would refuse it): their finished ones price a plan (flctl.cost.estimate_cost) and say what a
+    programme has (flctl.paper.plan)."""
+    from flctl.cost import warn
+    from flctl.errors import OlderSchema
+
+    try:
+        store = peek_plan(url)
+    except OlderSchema:
+        warn("the database is from an older flctl: a plan reads none of its runs until it is upgraded (`flctl "
+             "migrate`; so do flctl run and flctl sweep)")
+        return []
     if store is None:
         return []
     try:

@@ -62,6 +62,19 @@ def test_a_newer_database_is_refused_by_every_command_dry_runs_too(tmp_path: Pat
     assert db.read_bytes() == before
 
 
+def test_a_dry_run_of_an_older_database_does_not_say_not_trained(tmp_path: Path) -> None:
+    db = tmp_path / "results" / "flctl.db"
+    db.parent.mkdir()
+    completed(f"sqlite:///{db}", config("two-moons", "erm", epochs=1))
+    with sqlite3.connect(db) as conn:               # one revision behind: the real command upgrades it first
+        conn.execute("UPDATE flctl_alembic_version SET version_num = '0009'")
+    run = in_process("run", "two-moons", "-m", "erm", "--epochs", "1", "--dry-run")
+    assert run.returncode == 0 and "not trained yet" not in run.stdout and "older flctl" in run.stdout, run.stdout
+    sweep = in_process("sweep", "two-moons", "-m", "erm", "--epochs", "1", "--dry-run")
+    one_line(sweep, 0, "warning", "older flctl")
+    assert "cost:" in sweep.stdout
+
+
 # ---------------------------------------------------------------- damaged cost data and rows
 
 def test_a_text_duration_in_the_runs_table_is_left_out_of_the_estimate_with_one_warning(tmp_path: Path) -> None:

@@ -267,12 +267,17 @@ def _dry_run(cfg, url: str) -> None:
     database when there is one (read only; a database that is not there is not made)."""
     from rich.table import Table
 
-    from flctl.cli.common import guarded
+    from flctl.errors import OlderSchema, StoreError
     from flctl.results import peek_plan
 
     # the database first, read as the real run would open it: one it would refuse (a newer flctl's, unreachable) is
     # this dry run's one line too, never "not trained yet"
-    store = guarded(peek_plan, url)
+    try:
+        store, older = peek_plan(url), False
+    except OlderSchema:
+        store, older = None, True
+    except StoreError as exc:
+        fail(str(exc))
     console.print(f"run [bold]{cfg.run_id}[/]: {safe(cfg.task)} · {safe(cfg.method)}")
     table = Table("field", "value", show_header=False)
     for key, value in sorted(cfg.to_dict().items()):
@@ -284,7 +289,10 @@ def _dry_run(cfg, url: str) -> None:
             found = store.get_run(cfg.run_id)
         finally:
             store.close()
-    if found is None:
+    if older:
+        console.print("whether it trained is told once the database, from an older flctl, is upgraded (`flctl "
+                      "migrate`; `flctl run` upgrades it too); nothing was written")
+    elif found is None:
         console.print("not trained yet; nothing was written (its data is looked for when it trains)")
     else:
         console.print(f"{safe(found.status)} in the database ({found.epochs_done} epoch(s) done): `flctl show "
