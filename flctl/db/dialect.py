@@ -128,7 +128,7 @@ def made_back(made: tuple[Path, ...]) -> Iterator[None]:
     new = [p for p in made if not p.exists()]
     try:
         yield
-    except BaseException:
+    except Exception:       # a refusal; an interrupt (Ctrl-C) leaves the empty file, which harms nothing
         if made and made[0] in new:
             with contextlib.suppress(OSError):
                 if made[0].stat().st_size == 0:
