@@ -454,7 +454,8 @@ def test_a_damaged_checkpoint_of_an_interrupted_run(tmp_path: Path) -> None:
     ckpt.write_bytes(b"not a checkpoint" * 10)
     again = flctl(tmp_path, *RUN, "--epochs", "40")
     clean_end(again.stdout, again.stderr)
-    assert again.returncode in (0, 1, 2), again.stderr
+    assert again.returncode == 0 and "cannot be loaded" in one_line(again, 0), again.stderr   # moved aside, afresh
+    assert rows(tmp_path)[0]["status"] == "completed"
 
 
 def test_a_damaged_record_file_is_found_by_verify_and_refused_by_readers(done, tmp_path: Path) -> None:
@@ -556,12 +557,9 @@ def test_a_task_raising_through_the_api_is_raised_as_is_and_recorded(tmp_path: P
     assert [r.status for r in api.runs(results_dir=tmp_path / "results")] == ["failed"]
 
 
-def test_migrate_of_a_missing_folder_and_a_dry_run_against_a_stopped_server(tmp_path: Path) -> None:
-    """Case 60: `flctl migrate --db sqlite:///<missing folder>/x.db` is one line; a dry run against a PostgreSQL
-    whose server is gone says it cannot reach it (not 'not trained yet')."""
-    res = in_process("migrate", "--db", f"sqlite:///{tmp_path / 'no' / 'such' / 'x.db'}")
-    clean_end(res.stdout, res.stderr)
-    assert res.returncode in (0, 1, 2) and len(res.stderr.strip().splitlines()) <= 1, res.stderr
+def test_a_dry_run_against_a_stopped_server(tmp_path: Path) -> None:
+    """Case 60: a dry run against a PostgreSQL whose server is gone says it cannot reach it (not 'not trained
+    yet')."""
     gone = "postgresql://flctl@127.0.0.1:1/flctl"
     line = one_line(in_process("sweep", "two-moons", "--epochs", "1", "--dry-run", "--db", gone), 2)
     assert "cannot reach" in line
@@ -709,3 +707,21 @@ def test_cancel_of_a_sweep_whose_worker_is_frozen(tmp_path: Path) -> None:
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the frozen worker outlived cancel")
     assert not [r for r in rows(tmp_path) if r["status"] == "running"], rows(tmp_path)
+
+
+@pytest.mark.xfail(strict=True, reason="flctl/cli/runs.py migrate opens the store as a reader (flctl/results.py's "
+                   "_CLI_MISSING): a SQLite database not made yet is refused with 'run `flctl run TASK` first', where "
+                   "issue 69 has migrate make a fresh database's schema before any worker starts")
+def test_migrate_makes_a_new_sqlite_file_an_operator_names(tmp_path: Path) -> None:
+    """Case 71: an operator's `flctl migrate --db sqlite:///shared/flctl.db` before starting workers: the schema made,
+    `flctl runs` then says no runs yet."""
+    url = f"sqlite:///{tmp_path / 'flctl.db'}"
+    res = in_process("migrate", "--db", url)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no runs yet" in in_process("runs", "--db", url).stdout
+
+
+def test_migrate_of_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    """Case 72: `flctl migrate --db sqlite:///<missing folder>/x.db`: one line, exit 2, no folder made."""
+    one_line(in_process("migrate", "--db", f"sqlite:///{tmp_path / 'no' / 'such' / 'x.db'}"), 2)
+    assert not (tmp_path / "no").exists()
