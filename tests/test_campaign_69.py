@@ -725,3 +725,50 @@ def test_migrate_of_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     """Case 72: `flctl migrate --db sqlite:///<missing folder>/x.db`: one line, exit 2, no folder made."""
     one_line(in_process("migrate", "--db", f"sqlite:///{tmp_path / 'no' / 'such' / 'x.db'}"), 2)
     assert not (tmp_path / "no").exists()
+
+
+@pytest.fixture
+def one_run(tmp_path: Path) -> tuple[Path, str]:
+    root = tmp_path / "results"
+    assert in_process("run", "two-moons", "-m", "erm", "--epochs", "2", "-o", "n_train=200",
+                      "--results-dir", str(root)).returncode == 0
+    return root, json.loads(in_process("runs", "--json", "--results-dir", str(root)).stdout)[0]["id"]
+
+
+@pytest.mark.xfail(strict=True, reason="flctl/reproduce.py trains the run again and only then finds it has no "
+                   "records to compare with (the check at reproduce.py:188 comes after training), and exits 2, 'nothing "
+                   "written', after the work: on a real task hours spent for a refusal it could give at once")
+def test_reproduce_of_a_run_whose_records_are_gone_refuses_before_training(one_run) -> None:
+    """Case 73: a run's records folder deleted, then `flctl reproduce RUN`: one line, before any training."""
+    import shutil
+
+    root, run_id = one_run
+    shutil.rmtree(root / "records" / f"run_id={run_id}")
+    res = in_process("reproduce", run_id, "--results-dir", str(root))
+    assert "no records" in one_line(res, 2) and "starting (data, model)" not in res.stdout, res.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="flctl/db/store.py (line ~210) refuses every listing for one row's invalid JSON "
+                   "with 'restore it from a backup or delete that row' without naming the row, so `flctl runs`, "
+                   "`show` and `report` are all dead and the user cannot tell which row to restore")
+def test_a_row_with_broken_json_is_named(one_run) -> None:
+    """Case 74: one run's metrics column overwritten with broken JSON: the line names that run (or it reads as
+    unknown with a warning, issue 69's 'damaged rows')."""
+    root, run_id = one_run
+    with sqlite3.connect(root / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET metrics = '{broken'")
+    res = in_process("runs", "--results-dir", str(root))
+    clean_end(res.stdout, res.stderr)
+    assert res.returncode == 0 or run_id in res.stderr, res.stderr
+
+
+def test_show_and_verify_of_a_run_whose_records_are_gone(one_run) -> None:
+    """Case 75: records deleted: `show` still shows the row (exit 0); `verify` exits 1 naming the command that
+    trains it again."""
+    import shutil
+
+    root, run_id = one_run
+    shutil.rmtree(root / "records" / f"run_id={run_id}")
+    assert in_process("show", run_id, "--results-dir", str(root)).returncode == 0
+    res = in_process("verify", run_id, "--results-dir", str(root))
+    assert res.returncode == 1 and "--rerun" in res.stdout, res.stdout + res.stderr
