@@ -162,6 +162,13 @@ def running(store: Store, sweep_id: str) -> list[tuple[str, str | None, int | No
             .order_by(Run.id)).all()]
 
 
+def lost_cells(store: Store, sweep_id: str) -> tuple[list[str], set[tuple[str | None, int | None]]]:
+    """The sweep's stale cells (stale_ids) and the workers holding them (host, pid), read at one moment: a frozen
+    worker's process lives on and its worker file says it is live, but it trains nothing (a launch counts it out)."""
+    lost = set(stale_ids(store, sweep_id))
+    return sorted(lost), {(host, pid) for run_id, host, pid in running(store, sweep_id) if run_id in lost}
+
+
 def run_states(store: Store, run_ids: Iterable[str]) -> dict[str, tuple[str, int]]:
     """Each of ``run_ids`` in the database, with its (status, attempts): read in chunks of CHUNK ids, in one
     transaction."""

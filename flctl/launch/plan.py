@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.config import RunConfig
-from flctl.db import STALE_AFTER_S, RunQueue, Store, chunks, run_states
+from flctl.db import STALE_AFTER_S, RunQueue, Store, chunks, lost_cells, run_states
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, DeviceLost
 from flctl.launch.backends import Slot
@@ -56,7 +56,7 @@ def launch_sweep(store: Store, url: str, root: Path, sid: str, spec, configs: Se
     if recorded is not None:
         recorded()
     ids = [c.run_id for c in configs]
-    lost = _lost_workers(store, sid)[1] if len(added) < len(ids) else set()
+    lost = lost_cells(store, sid)[1] if len(added) < len(ids) else set()
     cells, requeued, gave_up = _requeued(store, ids, set(added), settings.max_attempts)
     todo = [i for i in ids if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
     device = configs[0].device if configs else "cpu"
@@ -71,21 +71,11 @@ def take_over(store: Store, url: str, root: Path, sid: str, spec, device: str, s
     cut off, or dead on this host): re-queued (a frozen worker that wakes finds its claim gone and writes nothing),
     failed where their attempts are used up, and workers started for them as a launch starts them, the lost workers
     not counted as live though their processes may be. ``join`` as launch_sweep's. The Launched of those cells."""
-    lost, holders = _lost_workers(store, sid)
+    lost, holders = lost_cells(store, sid)
     cells, requeued, gave_up = _requeued(store, lost, set(), settings.max_attempts)
     todo = [i for i in lost if cells[i][0] in TRAINABLE and cells[i][1] < settings.max_attempts]
     live, jobs, here = _start(store, url, root, sid, spec, device, len(todo), settings, join, lost=holders)
     return Launched(len(lost), 0, 0, requeued, gave_up, len(todo), live, jobs, here)
-
-
-def _lost_workers(store: Store, sid: str) -> tuple[list[str], set[tuple[str | None, int | None]]]:
-    """The sweep's stale cells and their workers (host, pid), read before they are re-queued: a frozen worker's
-    process lives on and its file says it is live, but it trains nothing, and counted as live it would take the
-    place of the worker its cells need."""
-    from flctl.db.counts import running, stale_ids
-
-    lost = set(stale_ids(store, sid))
-    return sorted(lost), {(host, pid) for run_id, host, pid in running(store, sid) if run_id in lost}
 
 
 def _start(store: Store, url: str, root: Path, sid: str, spec, device: str, todo: int, settings: LaunchSettings,
