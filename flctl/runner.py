@@ -18,8 +18,8 @@ from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
 from flctl.loggers import Logging
-from flctl.outcomes import Ending
-from flctl.shell import KEPT_IGNORED, STOP_SIGNALS
+from flctl.outcomes import Ending, Next  # noqa: F401  (what train_claimed's callers read: its Ending's row)
+from flctl.shell import KEPT_IGNORED, STOP_SIGNALS, received
 from flctl.status import TRAINABLE, Status
 from flctl.versions import git_revision
 
@@ -48,6 +48,7 @@ def stop_on_signals(signals: Iterable[str] = STOP_SIGNALS) -> Iterator[StopReque
     requested = StopRequest()
 
     def handler(signum, _frame) -> None:
+        received.append(signal.Signals(signum))
         if requested.is_set():
             raise KeyboardInterrupt
         requested.signum = signum

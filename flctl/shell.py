@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
 from typing import Any, TextIO
 
@@ -19,6 +20,15 @@ from typing import Any, TextIO
 STOP_SIGNALS = ("SIGHUP", "SIGINT", "SIGTERM")
 # Left ignored when the command starts with it ignored: `nohup flctl ...` asks it to outlive its terminal.
 KEPT_IGNORED = ("SIGHUP",)
+# The stop signals this process received, in order: noted by the command's own handler (flctl.cli) and by a training
+# loop's (flctl.runner.stop_on_signals), so that a command that ends because its workers stopped exits with the code
+# of the signal that stopped them, whichever handler took it.
+received: list[signal.Signals] = []
+
+
+def stop_exit_code() -> int:
+    """128 + the number of the last stop signal this process received (SIGINT's 130 where none: `flctl cancel`)."""
+    return 128 + (received[-1] if received else signal.SIGINT)
 
 # A stream whose write fails with one of these has no reader or no room left: from then on its writes are dropped.
 # Any other error (a bug: writing to a closed file object) is raised as it would be.

@@ -141,9 +141,6 @@ def test_a_signal_at_each_step_of_a_run_leaves_no_row_running(tmp_path: Path, wh
         assert "interrupted after" in out + err, (out, err)                      # one line says so
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/cli/run.py prints a signal's 'interrupted after epoch N, checkpointed' "
-                   "line with console.print to stdout, where docs/reference.md's exit-code table says it goes to "
-                   "stderr; under `| head -1` or `>&-` the only line saying how to resume is lost")
 def test_the_line_of_a_stopped_run_goes_to_stderr(tmp_path: Path) -> None:
     """Case 10b: SIGTERM mid-epoch under `flctl run ... > log`: the stop line is on stderr, as documented."""
     proc = start(tmp_path, *RUN, "--epochs", "3", C69_NAP_FORWARD="0.2")

@@ -16,7 +16,7 @@ from flctl.cli import export, info, ledger, new_task, paper, report, reproduce, 
 from flctl.cli.common import print_error, tolerate_narrow_encodings
 from flctl.cli.parsing import Command
 from flctl.errors import ConfigError, StoreError
-from flctl.shell import STOP_SIGNALS
+from flctl.shell import STOP_SIGNALS, received
 
 
 def _is(exc: BaseException, name: str) -> bool:
@@ -89,6 +89,10 @@ def _ground_failed(exc: BaseException) -> str | None:
     from flctl.fs import is_full
 
     again = "what was recorded is kept; run the command again once it is fixed (runs resume from their checkpoints)"
+    # Optuna wraps what its storage's database raised (StorageInternalError from the driver's): told as that
+    if type(exc).__module__.startswith("optuna") and type(exc).__name__ == "StorageInternalError" \
+            and exc.__cause__ is not None:
+        exc = exc.__cause__
     # OperationalError, InterfaceError: the server or its disk (an IntegrityError, a ProgrammingError is flctl's own
     # bug: a traceback); by name, so that SQLAlchemy is not imported to ask
     if type(exc).__module__.startswith("sqlalchemy") and hasattr(exc, "orig") and (
@@ -165,7 +169,7 @@ for _panel, _commands in COMMANDS.items():
 # The signals that interrupted this command (flctl.shell.STOP_SIGNALS: SIGTERM and SIGHUP turned into an interruption
 # like Ctrl-C's): every command then exits 128 + the signal's number, 129, 130 or 143, with one line (training commands
 # stop at an epoch's end first, with handlers of their own: flctl.runner.stop_on_signals).
-_signalled: list[signal.Signals] = []
+_signalled = received
 
 
 def _interrupt(signum: int, _frame) -> None:

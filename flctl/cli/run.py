@@ -20,6 +20,7 @@ from flctl.cli.common import (
     console,
     db_url,
     ensure_writable,
+    err_console,
     fail,
     open_results,
     parse_options,
@@ -154,7 +155,7 @@ def run(
              + f"wait for it, or see `flctl show {cfg.run_id}`", code=2 if rerun else 1)
     # what the user reads is the row's (flctl.outcomes.OUTCOMES): its line and its exit code
     if ending.outcome.exit_code == SIGNAL:
-        console.print(ending.line(cfg.run_id), style="yellow", markup=False)
+        err_console.print(ending.line(cfg.run_id), style="yellow", markup=False)   # how it ended: stderr
         raise typer.Exit(ending.exit_code(stop.exit_code))
     if ending.outcome.exit_code != 0:
         fail(ending.line(cfg.run_id), code=ending.outcome.exit_code)

@@ -18,6 +18,7 @@ from flctl.launch.backends import get_launcher
 from flctl.launch.jobs import live_controllers, live_workers, queued_jobs
 from flctl.layout import Layout
 from flctl.procs import pid_alive, started_at
+from flctl.shell import stop_exit_code
 from flctl.status import DISK_FILLED, TO_DO, Status, ledger, settled
 
 # A wait ends when no worker is left to take the cells still to do, once that has held this long: a worker that is
@@ -26,8 +27,9 @@ NO_WORKER_GRACE_S = 5.0
 
 
 class SweepStopped(Exception):
-    """A wait that cannot end with the sweep done: one line, and the exit code a command ends with (130: its workers
-    were stopped and their cells handed back; 1: the disk filled, no worker is left, or the database moved)."""
+    """A wait that cannot end with the sweep done: one line, and the exit code a command ends with (128 + the stop
+    signal's number, 130 for `flctl cancel`: its workers were stopped and their cells handed back; 1: the disk filled,
+    no worker is left, or the database moved)."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -258,7 +260,7 @@ class Settling:
                                 "checkpoints", 1)
         if back:
             return SweepStopped(f"sweep {self.sid}'s workers were stopped (`flctl cancel`, a signal); {back} cell(s) "
-                                "handed back, `flctl sweep` with the same axes resumes it", 130)
+                                "handed back, `flctl sweep` with the same axes resumes it", stop_exit_code())
         return SweepStopped(f"no worker is left for sweep {self.sid} ({stale + queued + back} cell(s) to do: their "
                             "workers stopped or are gone, see its logs under results/jobs/); `flctl sweep` with the "
                             "same axes starts workers again", 1)

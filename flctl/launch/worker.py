@@ -9,8 +9,8 @@ attempt counted; another worker retries them while attempts are left), it starts
 the same executor, and its process exits with DEVICE_LOST_EXIT. Before, such a worker went on claiming cells and failed
 each in milliseconds, until every cell's attempts were used up.
 
-Stopping: a worker that gets SIGINT (and SIGTERM, except under Slurm) finishes the epoch it is in, checkpoints,
-hands its cell back (interrupted, attempt not counted) and exits. Under Slurm, SIGTERM keeps submitit's meaning
+Stopping: a worker that gets SIGINT (and SIGTERM and SIGHUP, except under Slurm) finishes the epoch it is in,
+checkpoints, hands its cell back (interrupted, attempt not counted) and exits. Under Slurm, SIGTERM keeps submitit's meaning
 (preemption: USR2 follows and ``Worker.checkpoint`` hands the cell back and requeues the job)."""
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from flctl.launch.jobs import registered, remember_jobs, sweep_jobs
 from flctl.launch.recipe import WorkerRecipe
 from flctl.launch.wait import DiskNote, poll_delays
 from flctl.layout import Layout
-from flctl.outcomes import Ending, Next
 from flctl.results import open_sweep
-from flctl.runner import git_revision, stop_on_signals, train_claimed
+from flctl.runner import Ending, Next, git_revision, stop_on_signals, train_claimed
 from flctl.study import sync_sweep
 
 _LINGER_POLL_S = 0.2
