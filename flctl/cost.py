@@ -10,10 +10,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flctl.config import RunConfig
 from flctl.status import Status
+
+if TYPE_CHECKING:
+    from flctl.db import RunRecord
 
 # Where a checkout keeps its committed benchmark results (an installed wheel has none: its estimates then need runs).
 REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -90,6 +93,28 @@ def warn(line: str) -> None:
 
 
 _SAID: set[str] = set()
+
+
+def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:
+    """The runs of ``tasks`` recorded at ``url`` (those in ``status``; None: all), read as a plan reads them
+    (flctl.results.peek_plan: none where the real command would make or upgrade the database first, the latter with
+    a warning; StoreError where it would refuse it): their finished ones price a plan (estimate_cost) and say what a
+    programme has (flctl.paper.plan)."""
+    from flctl.errors import OlderSchema
+    from flctl.results import peek_plan
+
+    try:
+        store = peek_plan(url)
+    except OlderSchema:
+        warn("the database is from an older flctl: a plan reads none of its runs until it is upgraded (`flctl "
+             "migrate`; so do flctl run and flctl sweep)")
+        return []
+    if store is None:
+        return []
+    try:
+        return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t, status=status)]
+    finally:
+        store.close()
 
 
 def _samples(run: Any) -> float | None:

@@ -1,8 +1,8 @@
 """The one doorway to a results folder and its run database, for the CLI and the Python API alike: where they are
 (``results_root``, ``database_url``), the folder made for a command and taken back when the command fails
 (``make_folder``, ``take_back``), its database opened to write, made and upgraded (``open_to_write``), or to read,
-never made (``open_to_read``, ``peek``), as a plan reads it (``peek_plan``), and the runs that price a plan
-(``stored_runs``).
+never made (``open_to_read``, ``peek``), and as a plan reads it (``peek_plan``; the runs that price a plan are read
+through it by flctl.cost.stored_runs).
 
 Bad input is a ConfigError of one line, raised before anything is written and said in the caller's words
 (``Voice``: the CLI names its options, the API its arguments); a database that cannot be used is the Store's
@@ -12,7 +12,6 @@ database engines is asked of their dialect (flctl.db.urls), never read here."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +20,7 @@ from flctl.errors import ConfigError
 from flctl.layout import Layout
 
 if TYPE_CHECKING:
-    from flctl.db import RunRecord, Store
+    from flctl.db import Store
 
 DEFAULT_RESULTS = "results"
 
@@ -179,24 +178,3 @@ def peek_plan(url: str) -> Store | None:
     except EmptyDatabase:
         return None
 
-
-def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:
-    """The runs of ``tasks`` recorded at ``url`` (those in ``status``; None: all), read as a plan reads them
-    (``peek_plan``: none where the real command would make or upgrade the database first, the latter with a warning;
-    StoreError where it would refuse it): their finished ones price a plan (flctl.cost.estimate_cost) and say what a
-    programme has (flctl.paper.plan)."""
-    from flctl.cost import warn
-    from flctl.errors import OlderSchema
-
-    try:
-        store = peek_plan(url)
-    except OlderSchema:
-        warn("the database is from an older flctl: a plan reads none of its runs until it is upgraded (`flctl "
-             "migrate`; so do flctl run and flctl sweep)")
-        return []
-    if store is None:
-        return []
-    try:
-        return [r for t in sorted(set(tasks)) for r in store.list_runs(task=t, status=status)]
-    finally:
-        store.close()

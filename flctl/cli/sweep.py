@@ -243,10 +243,9 @@ def _print_plan(sid: str, spec, configs) -> None:
 
 def _cost_line(url: str, configs, settings) -> str:
     """The plan's device time from the database's finished runs of the same task and device, read as a plan reads it
-    (flctl.results.stored_runs: StoreError where the real sweep would refuse the database); a line for
+    (flctl.cost.stored_runs: StoreError where the real sweep would refuse the database); a line for
     console.print (the device and task are user text, made safe)."""
-    from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost
-    from flctl.results import stored_runs
+    from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost, stored_runs
     from flctl.status import Status
 
     device, task = safe(configs[0].device), safe(configs[0].task)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from flctl.cost import stored_runs
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, PartlyDone
 from flctl.launch.flow import Hooks, fill_sweep
@@ -20,7 +21,6 @@ from flctl.launch.plan import plan_sweep
 from flctl.launch.settings import LaunchFlags, LaunchSettings
 from flctl.paper.plan import Programme, launch_programme, plan_programme, tasks_of
 from flctl.paper.programme import SCALES, select
-from flctl.results import stored_runs
 
 
 @dataclasses.dataclass
