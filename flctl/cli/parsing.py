@@ -5,7 +5,8 @@ click gives an option that takes a value the next word, whatever it is: `flctl r
 An empty value (`--name "$UNSET"`) and a number that is not one (`--eps nan`) went through the same door. Here, one
 place refuses them for every command, as one `error:` line and exit 2 (flctl.cli's group prints a UsageError so),
 before anything is read or written. `--name=--odd` (the value glued on with `=`) still takes a value that starts
-with a dash, on purpose.
+with a dash, on purpose. An option of one value given twice with two values (`-m fl -m erm`) was the last one
+without a word, as -o KEY=VALUE was: it is refused here too, once click has read the words.
 
 The kind of each option (its Python type) is read from the command function's signature, as typer reads it; the
 contract tests (tests/test_contract_cli.py) walk the same signatures."""
@@ -16,6 +17,7 @@ import inspect
 import math
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,39 +87,62 @@ def problem(flag: str, value: str, kind: Any, *, glued: bool) -> str | None:
     return None
 
 
-def check_words(command: Any, args: list[str]) -> str | None:
-    """The first option in ``args`` (a command's own words) whose value breaks a rule (``problem``), as one line."""
-    types = kinds(command)
-    by_flag: dict[str, Any] = {}
-    for param in command.params:
-        if takes_value(param):
-            for flag in (*param.opts, *param.secondary_opts):
-                by_flag[flag] = types.get(param.name)
+def _values(command: Any, args: list[str]) -> Iterator[tuple[str, str, bool, Any]]:
+    """Each value option in ``args`` (a command's own words) as (flag, value, glued with `=`, its click parameter),
+    up to ``--``; a value missing at the end is left to click ("requires an argument")."""
+    by_flag = {flag: param for param in command.params if takes_value(param)
+               for flag in (*param.opts, *param.secondary_opts)}
     i = 0
     while i < len(args):
         word = args[i]
         if word == "--":                            # what follows is arguments, however it looks
-            return None
+            return
         flag, glued, value = word.partition("=")
         if glued and flag.startswith("--") and flag in by_flag:
-            if (why := problem(flag, value, by_flag[flag], glued=True)) is not None:
-                return why
+            yield flag, value, True, by_flag[flag]
         elif word in by_flag:
-            if i + 1 < len(args):                   # a missing last value: click says "requires an argument"
-                if (why := problem(word, args[i + 1], by_flag[word], glued=False)) is not None:
-                    return why
+            if i + 1 < len(args):
+                yield word, args[i + 1], False, by_flag[word]
             i += 1
         i += 1
+
+
+def check_words(command: Any, args: list[str]) -> str | None:
+    """The first option in ``args`` (a command's own words) whose value breaks a rule (``problem``), as one line."""
+    types = kinds(command)
+    for flag, value, glued, param in _values(command, args):
+        if (why := problem(flag, value, types.get(param.name), glued=glued)) is not None:
+            return why
+    return None
+
+
+def given_twice(command: Any, args: list[str]) -> str | None:
+    """The first option of one value given twice in ``args`` with two values, as one line: click keeps the last
+    without a word, and `flctl sweep -m fl -m erm` planned a grid of erm alone. The same value twice is one value;
+    a repeatable option (-o) checks its own pairs (flctl.cli.common.parse_options)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for flag, value, _, param in _values(command, args):
+        if getattr(param, "multiple", False):
+            continue
+        first = seen.setdefault(param.name, (flag, value))
+        if first[1] != value:
+            return f"{first[0]} is given twice, as {first[1]!r} and {value!r}; give it once"
     return None
 
 
 class Command(TyperCommand):
-    """Every flctl command: typer's, with its words checked (check_words) before click parses them."""
+    """Every flctl command: typer's, with its words checked (check_words) before click parses them, and an option
+    given twice with two values (given_twice) refused after."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if (why := check_words(self, args)) is not None:
             raise _usage_error(why, ctx)
-        return super().parse_args(ctx, args)
+        words = list(args)              # click consumes the list it is given
+        rest = super().parse_args(ctx, args)
+        # after click's own checks, so that a value it refuses (`--epochs abc`) is told as that
+        if (why := given_twice(self, words)) is not None:
+            raise _usage_error(why, ctx)
+        return rest
 
 
 def _usage_error(message: str, ctx: Any) -> Exception:
