@@ -156,6 +156,9 @@ def runs(*, results_dir: str | Path | None = None, db: str | None = None, task: 
 
     if status is not None and status not in STATUSES:
         raise ConfigError(f"status={status!r}: choose one of {', '.join(STATUSES)}")
+    from flctl.tasks import canonical_name
+
+    task = None if task is None else canonical_name(task)     # TWO-MOONS is two-moons, as for api.run
     store = open_store(results_dir, db, create=False)
     try:
         found = store.list_runs(task=task, method=method, status=status)

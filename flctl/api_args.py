@@ -60,8 +60,9 @@ def check_known(store: Store, task: str | None, method: str | None, *, as_option
     import difflib
 
     from flctl.method_info import METHOD_INFO, canonical
-    from flctl.tasks import all_tasks
+    from flctl.tasks import all_tasks, canonical_name
 
+    task = None if task is None else canonical_name(task)
     method = None if method is None else canonical(method)
     for name, value, known, count in (("task", task, all_tasks(), lambda: store.count_runs(task=task)),
                                       ("method", method, list(METHOD_INFO), lambda: store.count_runs(method=method))):

@@ -43,6 +43,9 @@ def runs(
         fail(f"unknown status {status!r}; choose one of: {', '.join(STATUSES)}")
     if limit < 0:
         fail(f"--limit must be a number of runs >= 0 (0: all), got {limit}")
+    from flctl.tasks import canonical_name
+
+    task = None if task is None else canonical_name(task)     # TWO-MOONS is two-moons, as for `flctl run`
     store = existing_store(db, results_root(results_dir))
     rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit or None)
     if not rows:         # none: a task or method no run has and flctl does not know is a typo, one line

@@ -82,7 +82,10 @@ class Request:
         fmt = self.fmt or (FORMAT_OF_SUFFIX.get(out.suffix.lower(), "rich") if out is not None else "rich")
         if self.table is not None and fmt not in FORMATS:
             raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-        return dataclasses.replace(self, columns=columns, fmt=fmt, out=out)
+        from flctl.tasks import canonical_name
+
+        task = None if self.task is None else canonical_name(self.task)   # as `flctl run` reads it
+        return dataclasses.replace(self, task=task, columns=columns, fmt=fmt, out=out)
 
 
 @dataclass
