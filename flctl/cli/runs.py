@@ -200,8 +200,9 @@ def _num(v) -> str:
 
 
 def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
-    """Upgrade an existing database to this flctl's schema, changing no run (ids, results, records), or make an empty
-    one's schema (an operator's new PostgreSQL database, before workers start).
+    """Upgrade an existing database to this flctl's schema, changing no run (ids, results, records), or make a new
+    one's schema (an operator's new PostgreSQL database, or a SQLite file in a folder that exists, before workers
+    start).
 
     flctl run and flctl sweep upgrade a database on their own; the commands that only read (runs, show, status,
     report) refuse one from an older flctl until something has.
@@ -211,18 +212,38 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
 
     root = results_root(results_dir)
     url = db_url(db, root)
+    guarded(results.check_folder, root, results.CLI)
     try:
-        results.open_to_read(url, root, results.CLI).close()
+        store = results.peek(url)
+        if store is None:           # a file not made yet: an operator's first step, in a folder that must be there
+            _make_database(url)
+            return
+        store.close()
         console.print(f"the database is up to date (schema revision {migrations.head()})")
         return
     except OlderSchema:
         done = "upgraded the database to"
     except EmptyDatabase:
         done = "made the empty database's tables at"
-    except (ConfigError, StoreError) as exc:      # none, not an flctl database, newer, unreachable: nothing to upgrade
+    except (ConfigError, StoreError) as exc:      # not an flctl database, newer, unreachable: nothing to upgrade
         fail(str(exc))
     existing_store(db, root, readonly=False).close()    # a writable open makes or upgrades it, under the schema lock
     console.print(f"{done} schema revision {migrations.head()}")
+
+
+def _make_database(url: str) -> None:
+    """`flctl migrate` of a SQLite file not made yet: made with this flctl's schema where its folder exists (one
+    line, exit 2, and no folder made where it does not: a mistyped path must not become a tree of folders)."""
+    from flctl import migrations
+    from flctl.db import Store
+    from flctl.db.urls import database_file
+
+    file = database_file(url)
+    if file is None or not file.parent.is_dir():
+        fail(f"no folder {str(file.parent if file else url)!r} for the run database {str(file or url)!r}; make the "
+             "folder first, or give --db a file in a folder that exists")
+    guarded(Store.open, url).close()
+    console.print(f"made a new run database at {safe(str(file))} (schema revision {migrations.head()})")
 
 
 def run_or_sweep(store, ref: str) -> tuple[Any, dict | None]:
