@@ -23,6 +23,7 @@ from flctl.status import Status
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from flctl.config import RunConfig
     from flctl.db import RunRecord, Store
 
 # Versions recorded but not compared: a commit moves with every change to the checkout, most of which touch no number
@@ -170,30 +171,54 @@ def check_reproducible(run: RunRecord) -> None:
             raise ConfigError(f"run {run.id} was trained on {run.cfg.device}; this machine has no CUDA device")
 
 
-def reproduce(store: Store, records_root: Path, ref: str,
-              on_epoch: Callable[[Any], None] | None = None) -> Reproduction:
-    """Train run ``ref`` (an id or unique prefix) again in a scratch folder, deleted after, and compare its records
-    with those under ``records_root``. ConfigError for an unknown run, one not completed, or one whose recorded
-    records are missing or fail their checksums. ``on_epoch`` hears the run's own epochs (flctl.train.EpochStats)."""
+class NotCompared(RuntimeError):
+    """The run trained again, but its records could not be compared after all (a recorded file damaged or removed
+    while it trained, or the scratch copy unreadable): found only after the work, so not bad input (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a reproduction trains, every input checked (``prepare``): the run, the cells it trains with (itself
+    included, in order) and their configurations, and the torch threads it recorded (None: this process's)."""
+    run: RunRecord
+    group: list[RunRecord]
+    cfgs: list[RunConfig]
+    threads: int | None
+
+
+def prepare(store: Store, records_root: Path, ref: str) -> Plan:
+    """Everything a reproduction of run ``ref`` (an id or unique prefix) needs, checked before any training, so
+    that a refusal costs nothing: ConfigError for an unknown run, one not completed or trained on a device this
+    machine lacks, one whose recorded records under ``records_root`` are missing or fail their checksums."""
     from flctl import records
-    from flctl.layout import Layout, records_of
-    from flctl.train import train_together
-    from flctl.versions import library_versions
+    from flctl.layout import records_of
 
     run = store.get_run(ref)
     if run is None:
         raise ConfigError(f"no run {ref!r} in the database; list them with `flctl runs`")
     check_reproducible(run)
     if not records_of(records_root, run.id).is_dir():
-        raise ConfigError(f"run {run.id} has no records under {records_root} to compare with")
+        raise ConfigError(f"run {run.id} has no records under {records_root} to compare with (`flctl verify "
+                          f"{run.id}` names the command that trains it again)")
     problems = records.check_run(records_root, run.id).problems
     if problems:
         raise ConfigError(f"run {run.id}'s recorded records fail their check ({problems[0].text}); `flctl verify "
                           f"{run.id}` lists what is wrong")
-    made = run.trained_with or {}
-    threads = made.get("threads") if isinstance(made.get("threads"), int) else None
     group = group_of(store, run)
-    cfgs = [r.cfg for r in group]
+    threads = (run.trained_with or {}).get("threads")
+    return Plan(run, group, [r.cfg for r in group], threads if isinstance(threads, int) else None)
+
+
+def train_and_compare(plan: Plan, records_root: Path,
+                      on_epoch: Callable[[Any], None] | None = None) -> Reproduction:
+    """Train ``plan``'s cells again in a scratch folder, deleted after, and compare the run's records with those
+    under ``records_root``. NotCompared where the records cannot be read once trained. ``on_epoch`` hears the run's
+    own epochs (flctl.train.EpochStats)."""
+    from flctl.layout import Layout
+    from flctl.train import train_together
+    from flctl.versions import library_versions
+
+    run, cfgs = plan.run, plan.cfgs
 
     def own(stats) -> None:
         if on_epoch is not None and stats.run_id == run.id:
@@ -202,8 +227,19 @@ def reproduce(store: Store, records_root: Path, ref: str,
     with tempfile.TemporaryDirectory(prefix="flctl-reproduce-") as scratch:
         again = Layout(Path(scratch))
         train_together(cfgs, again.records, [again.run_dir(c.run_id) for c in cfgs], own,
-                       checkpoint_every=math.inf, threads=threads)
-        files, difference = compare(records_root, again.records, run.id)
-    return Reproduction(run.id, files, difference, threads, [r.id for r in group],
+                       checkpoint_every=math.inf, threads=plan.threads)
+        try:
+            files, difference = compare(records_root, again.records, run.id)
+        except ConfigError as exc:      # checked before training: what failed since is not the user's input
+            raise NotCompared(f"{exc} (found after training it again: nothing was compared)") from None
+    made = run.trained_with or {}
+    return Reproduction(run.id, files, difference, plan.threads, [r.id for r in plan.group],
                         int(made.get("cells_together") or 1) if made.get("engine") == "grouped" else 1,
                         version_changes((run.provenance or {}).get("libraries"), library_versions()))
+
+
+def reproduce(store: Store, records_root: Path, ref: str,
+              on_epoch: Callable[[Any], None] | None = None) -> Reproduction:
+    """Train run ``ref`` (an id or unique prefix) again in a scratch folder and compare its records with those under
+    ``records_root``: ``prepare`` (its ConfigError, before any training), then ``train_and_compare``."""
+    return train_and_compare(prepare(store, records_root, ref), records_root, on_epoch)

@@ -732,9 +732,6 @@ def one_run(tmp_path: Path) -> tuple[Path, str]:
     return root, json.loads(in_process("runs", "--json", "--results-dir", str(root)).stdout)[0]["id"]
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/reproduce.py trains the run again and only then finds it has no "
-                   "records to compare with (the check at reproduce.py:188 comes after training), and exits 2, 'nothing "
-                   "written', after the work: on a real task hours spent for a refusal it could give at once")
 def test_reproduce_of_a_run_whose_records_are_gone_refuses_before_training(one_run) -> None:
     """Case 73: a run's records folder deleted, then `flctl reproduce RUN`: one line, before any training."""
     import shutil

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from flctl import api, records
+from flctl.errors import ConfigError
 from tests.helpers import in_process
 
 pytestmark = pytest.mark.slow       # each test trains runs twice over: 20-60 s
@@ -146,3 +147,30 @@ def test_reproduce_a_resumed_run_and_refuse_an_unfinished_or_unknown_one(tmp_pat
     res = in_process("reproduce", "abcdef12", "--results-dir", str(results))
     assert res.returncode == 2
     assert res.stderr.strip() == "error: no run 'abcdef12' in the database; list them with `flctl runs`"
+
+
+def test_reproduce_refuses_before_training_and_what_it_finds_after_is_not_bad_input(tmp_path: Path) -> None:
+    """Every input is checked before the first epoch (records gone: ConfigError, no epoch trained); a recorded file
+    damaged while the run trains again is found only after the work: NotCompared (the CLI's exit 1), not the
+    ConfigError of bad input (exit 2, "nothing written")."""
+    import shutil
+
+    from flctl.reproduce import NotCompared
+
+    results = tmp_path / "results"
+    run = api.run("two-moons", "erm", results_dir=results, epochs=2, eval_every=1,
+                  options={"n_train": 200, "n_test": 200})
+    folder = results / "records" / f"run_id={run.id}"
+    shutil.copytree(folder, tmp_path / "kept")
+    shutil.rmtree(folder)
+    heard: list[int] = []
+    with pytest.raises(ConfigError, match="no records"):
+        api.reproduce(run.id, results_dir=results, on_epoch=lambda stats: heard.append(stats.epoch))
+    assert heard == []
+    shutil.copytree(tmp_path / "kept", folder)
+
+    def damage(stats) -> None:
+        for path in folder.glob(records.EPOCH_GLOB):
+            path.write_bytes(b"not parquet")
+    with pytest.raises(NotCompared, match="after training"):
+        api.reproduce(run.id, results_dir=results, on_epoch=damage)

@@ -19,7 +19,8 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_run
 
-# The records differ (2 stays bad input: an unknown run, one not completed, no database).
+# The records differ, or could not be compared once trained again (2 stays bad input, found before any training: an
+# unknown run, one not completed, its records missing or failing their check, no database).
 DIFFERENT_EXIT = 1
 
 
@@ -35,29 +36,31 @@ def reproduce(
     sweep, with the cells it was grouped with), in a scratch folder deleted after: the results folder and database
     are only read. A line warns where this machine's library versions differ from the run's. Exit 0 when every
     record file is bit-identical; 1 when one differs, with the first difference (epoch, split, sample id, column
-    and its size); 2 for bad input."""
+    and its size); 2 for bad input (checked before training: the run, its state, its recorded records)."""
     from flctl.cli.run import _log_lines, _progress
     from flctl.errors import ConfigError
     from flctl.layout import Layout
-    from flctl.reproduce import check_reproducible, versions_line
-    from flctl.reproduce import reproduce as train_again
+    from flctl.reproduce import NotCompared, prepare, train_and_compare, versions_line
 
     root = results_root(results_dir)
     store = existing_store(db, root)
+    records = Layout(root).records
     run = find(store.get_run, run_id, "run")
-    try:
-        check_reproducible(run)
-    except ConfigError as exc:
-        fail(str(exc))
-    title = f"reproducing {run.id} ({run.task} · {run.method})"
-    progress = _progress(run.cfg.epochs, title) if console.is_terminal else _log_lines(run.cfg, title)
-    try:
-        with progress as on_epoch:
-            found = train_again(store, Layout(root).records, run.id, on_epoch)
+    try:        # every input checked before any training: a refusal here costs nothing and wrote nothing
+        plan = prepare(store, records, run.id)
     except ConfigError as exc:
         fail(str(exc))
     finally:
         store.close()
+    title = f"reproducing {run.id} ({run.task} · {run.method})"
+    progress = _progress(run.cfg.epochs, title) if console.is_terminal else _log_lines(run.cfg, title)
+    try:
+        with progress as on_epoch:
+            found = train_and_compare(plan, records, on_epoch)
+    except ConfigError as exc:      # the task refused its configuration as it started: nothing trained
+        fail(str(exc))
+    except NotCompared as exc:      # found after the work: not bad input
+        fail(str(exc), code=DIFFERENT_EXIT)
     if found.versions:
         err_console.print(f"[yellow]warning:[/] {safe(versions_line(found.versions))}", highlight=False,
                           soft_wrap=True)
