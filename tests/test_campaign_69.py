@@ -608,9 +608,6 @@ def test_the_server_stopped_mid_run_then_back(tmp_path: Path, own_server) -> Non
 
 # ---------------------------------------------------------------- inputs read two ways (found in the campaign)
 
-@pytest.mark.xfail(strict=True, reason="flctl/cli/sweep.py: an axis option given twice (`-m fl -m erm`, `--lr 0.1 "
-                   "--lr 0.2`) keeps the last value without a word (click's single-valued options), the class issue 69 "
-                   "fixed for -o KEY=VALUE: a grid the user asked for loses an axis value")
 @pytest.mark.parametrize("twice", [["-m", "fl", "-m", "erm"], ["--lr", "0.1", "--lr", "0.2"]], ids=["method", "lr"])
 def test_a_sweep_axis_given_twice_is_refused_or_swept(tmp_path: Path, twice: list[str]) -> None:
     """Cases 62-63: `flctl sweep -m fl -m erm` / `--lr 0.1 --lr 0.2 --dry-run`: one line exit 2, or both swept."""
@@ -625,9 +622,6 @@ def test_the_same_value_written_two_ways_and_an_upper_case_key_are_one_line(tmp_
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/cli/sweep.py takes --name equal to another sweep's id prefix at "
-                   "launch without a word, and then every reader (flctl.db.refs) refuses that name as ambiguous: the "
-                   "name the user just chose can never be used")
 def test_a_sweep_name_that_is_another_sweeps_id_prefix_is_refused_at_launch(tmp_path: Path) -> None:
     """Case 66: `flctl sweep --name <the start of another sweep's id>`: refused at launch, or usable after."""
     root = str(tmp_path / "r")
@@ -643,9 +637,6 @@ def test_a_sweep_name_that_is_another_sweeps_id_prefix_is_refused_at_launch(tmp_
     assert in_process("status", first[:5], "--results-dir", root).returncode == 0
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/cli/runs.py's --task filter refuses 'TWO-MOONS' (no such task) while "
-                   "`flctl run TWO-MOONS` takes it (flctl.tasks.canonical_name): the upper-case class issue 69 fixed for "
-                   "method names, left for task names")
 def test_a_task_name_in_upper_case_is_read_alike_by_run_and_runs(tmp_path: Path) -> None:
     """Case 67: `flctl run TWO-MOONS --dry-run` works; so must `flctl runs --task TWO-MOONS`."""
     completed_db(tmp_path)
@@ -706,9 +697,6 @@ def test_cancel_of_a_sweep_whose_worker_is_frozen(tmp_path: Path) -> None:
     assert not [r for r in rows(tmp_path) if r["status"] == "running"], rows(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/cli/runs.py migrate opens the store as a reader (flctl/results.py's "
-                   "_CLI_MISSING): a SQLite database not made yet is refused with 'run `flctl run TASK` first', where "
-                   "issue 69 has migrate make a fresh database's schema before any worker starts")
 def test_migrate_makes_a_new_sqlite_file_an_operator_names(tmp_path: Path) -> None:
     """Case 71: an operator's `flctl migrate --db sqlite:///shared/flctl.db` before starting workers: the schema made,
     `flctl runs` then says no runs yet."""

@@ -99,6 +99,7 @@ def sweep(
         ensure_writable(results_root(results_dir), dry=True)   # what the real sweep would refuse, a dry run refuses too
         # its database too (a newer flctl's, unreachable), before the plan is printed: read as the plan's price
         cost = guarded(_cost_line, db_url(db, results_root(results_dir)), planned.configs, settings)
+        _check_name(db_url(db, results_root(results_dir)), planned)
     for note in planned.spec.notes:
         console.print(safe(note))
     if dry_run and planned.tune is not None:
@@ -114,6 +115,7 @@ def sweep(
 
     root = results_root(results_dir)
     url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
+    _check_name(url, planned)       # before open_results makes or upgrades anything
     store, root = open_results(url, root)
     if planned.tune is not None:
         _tune_line(planned)
@@ -165,6 +167,33 @@ def _hooks(url: str, planned, root: Path):
                  wait=lambda store, sid, root, take_over=False: watch(store, sid, until_done=True, root=root,
                                                                     take_over=take_over), told=told,
                  warn=lambda line: console.print(safe(line), highlight=False, soft_wrap=True))
+
+
+def _check_name(url: str, planned) -> None:
+    """The sweep's name and id against the others' (flctl.db.refs.name_clash), read as a plan reads the database
+    (none there, or one the launch upgrades first: nothing to check): a --name that is the start of another sweep's
+    id is one line, exit 2, before anything is written; an id that starts with another sweep's name is a warning."""
+    from flctl.db.refs import name_clash
+    from flctl.errors import OlderSchema, StoreError
+    from flctl.results import peek_plan
+
+    try:
+        reader = peek_plan(url)
+    except OlderSchema:
+        return
+    except StoreError as exc:          # what the launch would refuse, in its one line
+        fail(str(exc))
+    if reader is None:
+        return
+    try:
+        with reader.session() as s:
+            refusal, warning = name_clash(s, planned.spec.name, planned.sweep_id)
+    finally:
+        reader.close()
+    if refusal is not None:
+        fail(refusal)
+    if warning is not None:
+        err_console.print(f"[yellow]warning[/]: {safe(warning)}", highlight=False, soft_wrap=True)
 
 
 def _tune_line(planned, dry_run: str | None = None) -> None:

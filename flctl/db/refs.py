@@ -50,3 +50,27 @@ def find_sweep(s: Session, ref: str) -> Sweep | None:
         raise ConfigError(f"{shown(ref)} is the name of sweep {named.id} and the start of sweep {prefixed.id}'s id; "
                           "give the full id of the one you mean")
     return named or prefixed
+
+
+def name_clash(s: Session, name: str | None, sweep_id: str) -> tuple[str | None, str | None]:
+    """What a new sweep ``sweep_id`` named ``name`` does to references, before it is recorded: (refusal, warning).
+    A name that is the start of another sweep's id would be refused as ambiguous by every reader (find_sweep), so it
+    is refused now, naming that sweep. A new id that starts with another sweep's name makes that name ambiguous, but
+    an id is not the user's choice (it is the grid's hash): the launch goes on, and the warning says to name that
+    sweep by its id from now on."""
+    from flctl.text import shown
+
+    refusal = warning = None
+    if name is not None and is_id_prefix(name):
+        other = s.scalars(select(Sweep.id).where(Sweep.id.startswith(name.lower(), autoescape=True),
+                                                 Sweep.id != sweep_id).limit(1)).first()
+        if other is not None:
+            refusal = (f"--name {shown(name)} is the start of sweep {other}'s id: every command would refuse it as "
+                       "ambiguous; choose another name")
+    prefixes = [sweep_id[:k] for k in range(4, len(sweep_id) + 1)]
+    named = s.scalars(select(Sweep).where(Sweep.name.in_(prefixes + [p.upper() for p in prefixes]),
+                                          Sweep.id != sweep_id).limit(1)).first()
+    if named is not None:
+        warning = (f"sweep {named.id}'s name {shown(named.name)} is the start of this sweep's id ({sweep_id}): a "
+                   f"reference {shown(named.name)} is now ambiguous; name that sweep by its id")
+    return refusal, warning
