@@ -13,6 +13,21 @@ class StoreError(RuntimeError):
     """The database cannot be used (unreachable, corrupt, other schema); the message is one line."""
 
 
+class DamagedRow(StoreError):
+    """A run's row holds a column flctl cannot read (invalid JSON, or JSON of another shape: another tool's write, a
+    damaged file). A reader of that one run refuses it in one line, exit 1 (damaged state, not bad input); listings
+    and reports leave it out with a warning (flctl.db.reads.checked_runs)."""
+
+    exit_code = 1
+    FIX = "restore that row from a backup, or delete it and train the run again"
+
+    def __init__(self, run_id: str, column: str, why: str) -> None:
+        said = run_id if run_id.isalnum() and len(run_id) <= 64 else repr(run_id[:24])     # an id damaged too
+        self.run_id, self.column = run_id, column
+        self.damage = f"run {said}'s {column} column is damaged ({why})"
+        super().__init__(f"{self.damage}; {self.FIX}")
+
+
 class DatabaseDeleted(StoreError):
     """A sweep's SQLite database is no longer there (Store.open without create): the ground moved."""
 

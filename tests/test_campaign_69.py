@@ -730,9 +730,6 @@ def test_reproduce_of_a_run_whose_records_are_gone_refuses_before_training(one_r
     assert "no records" in one_line(res, 2) and "starting (data, model)" not in res.stdout, res.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/db/store.py (line ~210) refuses every listing for one row's invalid JSON "
-                   "with 'restore it from a backup or delete that row' without naming the row, so `flctl runs`, "
-                   "`show` and `report` are all dead and the user cannot tell which row to restore")
 def test_a_row_with_broken_json_is_named(one_run) -> None:
     """Case 74: one run's metrics column overwritten with broken JSON: the line names that run (or it reads as
     unknown with a warning, issue 69's 'damaged rows')."""

@@ -206,3 +206,33 @@ def test_open_existing_makes_no_database_and_is_the_one_check_of_a_file_not_ther
     checks = [f"{p.relative_to(ROOT)}" for p in sorted((ROOT / "flctl").rglob("*.py"))
               if re.search(r"""startswith\(["']sqlite:///""", p.read_text())]
     assert checks == []
+
+
+@pytest.mark.parametrize("damage", ["{broken", "[1, 2]"], ids=["not-json", "a-list"])
+def test_a_damaged_row_is_named_and_left_out_of_listings(tmp_path: Path, damage: str, capfd) -> None:
+    """One run's metrics column made invalid (text that is not JSON, JSON of another shape): the checked read of
+    rows leaves that run out of list_runs and runs_of with one warning naming it and the column, the other runs are
+    read; get_run of it (by id or prefix) is DamagedRow naming the same, exit code 1."""
+    import sqlite3
+
+    from flctl.db.reads import runs_of
+    from flctl.errors import DamagedRow
+
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}")
+    first, second = config("two-moons", "erm", seed=1), config("two-moons", "erm", seed=2)
+    store.add_runs([first, second])
+    store.close()
+    with sqlite3.connect(tmp_path / "flctl.db") as db:
+        db.execute("UPDATE runs SET metrics = ? WHERE id = ?", (damage, first.run_id))
+    store = Store.open(f"sqlite:///{tmp_path / 'flctl.db'}", readonly=True)
+    capfd.readouterr()
+    assert [r.id for r in store.list_runs()] == [second.run_id]
+    warned = capfd.readouterr().err.strip().splitlines()
+    assert len(warned) == 1 and warned[0].startswith(f"flctl: warning: run {first.run_id}'s metrics column is "
+                                                     "damaged"), warned
+    assert "restore that row from a backup" in warned[0]
+    assert runs_of(store, second.run_id)[0][0].id == second.run_id
+    for ref in (first.run_id, first.run_id[:6]):
+        with pytest.raises(DamagedRow, match=f"run {first.run_id}'s metrics column is damaged") as caught:
+            store.get_run(ref)
+        assert caught.value.exit_code == 1 and caught.value.column == "metrics"

@@ -47,7 +47,7 @@ class _OneLineErrors(TyperGroup):
                 sys.exit(exc.exit_code)  # type: ignore[attr-defined]
             if isinstance(exc, (ConfigError, StoreError)):   # bad input, or a database damaged past open: one line
                 print_error(str(exc))
-                sys.exit(2)
+                sys.exit(getattr(exc, "exit_code", 2))      # 1 for damaged state (errors.DamagedRow)
             if (line := _ground_failed(exc)) is not None:     # the ground went from under a command: one line, 1
                 print_error(line)
                 sys.exit(1)

@@ -16,9 +16,8 @@ from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Intege
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from flctl.config import RunConfig
-from flctl.errors import StoreError
+from flctl.errors import DamagedRow
 from flctl.status import Status
-from flctl.text import shown
 
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
@@ -91,9 +90,7 @@ class Run(Base):
         for k, kind in (("config", dict), ("metrics", dict), ("diverged_at", (dict, type(None))),
                         ("trained_with", (dict, type(None))), ("provenance", (dict, type(None)))):
             if not isinstance(d[k], kind):
-                raise StoreError(f"the database is damaged: run {shown(self.id)}'s {k} is "
-                                 f"{type(d[k]).__name__} JSON, not an object; restore it from a backup or delete "
-                                 "that row")
+                raise DamagedRow(self.id, k, f"{type(d[k]).__name__} JSON, not an object")
         d["artifacts"] = {a.kind: a.path for a in self.artifacts}
         return RunRecord(**d)
 

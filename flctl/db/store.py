@@ -27,6 +27,7 @@ from flctl.db.bulk import insert_runs, record_sweep
 from flctl.db.counts import SweepCounts, list_sweeps, sweep_counts
 from flctl.db.dialect import Connect, DatabaseFile, Dialect, made_back
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
+from flctl.db.reads import checked_runs, left_out, not_json
 from flctl.db.refs import by_prefix, find_sweep, is_id_prefix
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell
 from flctl.db.upgrade import check_schema
@@ -298,7 +299,13 @@ class Store:
         if not is_id_prefix(run_id_or_prefix):
             raise ConfigError(f"run id {shown(run_id_or_prefix)}: give 4 to 64 hex digits of it (see `flctl runs`)")
         with self.session() as s:
-            run = s.get(Run, run_id_or_prefix.lower()) or by_prefix(s, Run, run_id_or_prefix, "run")
+            try:
+                run = s.get(Run, run_id_or_prefix.lower()) or by_prefix(s, Run, run_id_or_prefix, "run")
+            except json.JSONDecodeError:    # a row of text that is not JSON: named (DamagedRow), not the database
+                if found := not_json(s, select(Run).where(Run.id.startswith(run_id_or_prefix.lower(),
+                                                                             autoescape=True))):
+                    raise found[0] from None
+                raise
             return None if run is None else run.record()
 
     def list_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
@@ -307,7 +314,9 @@ class Store:
         if limit:
             q = q.limit(limit)
         with self.session() as s:
-            return [r.record() for r in s.scalars(q).all()]
+            runs, damaged = checked_runs(s, q)
+        left_out(damaged)       # a damaged row is said and left out: it does not stop the listing
+        return runs
 
     def count_runs(self, *, task: str | None = None, method: str | None = None, status: str | None = None,
                    seed: int | None = None) -> int:
