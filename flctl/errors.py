@@ -16,7 +16,7 @@ class StoreError(RuntimeError):
 class DamagedRow(StoreError):
     """A run's row holds a column flctl cannot read (invalid JSON, or JSON of another shape: another tool's write, a
     damaged file). A reader of that one run refuses it in one line, exit 1 (damaged state, not bad input); listings
-    and reports leave it out with a warning (flctl.db.reads.checked_runs)."""
+    and reports leave it out with a warning (flctl.db.checked.checked_runs)."""
 
     exit_code = 1
     FIX = "restore that row from a backup, or delete it and train the run again"

@@ -1,71 +1,20 @@
 """Read queries over the run database that only some commands ask (`flctl runs`, `flctl export`, reports): each
-run's id, the sweeps that hold runs, and the runs a reference names (a run, or a sweep's). And the checked read of
-whole runs that every reader goes through (``checked_runs``): a damaged row is named, never a traceback, and never
-stops the others."""
+run's id, the sweeps that hold runs, and the runs a reference names (a run, or a sweep's), each through the checked
+read of whole runs (flctl.db.checked)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Select, Text, select, type_coerce
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
+from flctl.db.checked import checked_runs, left_out
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell
-from flctl.errors import DamagedRow
 
 if TYPE_CHECKING:
     from flctl.db.store import Store
 
-# The runs table's JSON columns: SQLite keeps them as text, which another tool or a damaged file may leave unparsable
-# (PostgreSQL's json type refuses such text; JSON of another shape is Run.record's check).
-JSON_COLUMNS = ("config", "metrics", "diverged_at", "trained_with", "provenance")
-
-
-def checked_runs(s: Session, q: Select) -> tuple[list[RunRecord], list[DamagedRow]]:
-    """The runs ``q`` (a select of Run) reads, as RunRecords, and apart from them each damaged row it met (a JSON
-    column that is not JSON, or JSON of another shape) as a DamagedRow naming the run and the column."""
-    try:
-        rows, damaged = list(s.scalars(q).all()), []
-    except json.JSONDecodeError:        # one row's text stops the whole fetch: find it, read the others
-        damaged = not_json(s, q)
-        rows = list(s.scalars(q.where(Run.id.not_in([d.run_id for d in damaged]))).all())
-    records = []
-    for row in rows:
-        try:
-            records.append(row.record())
-        except DamagedRow as exc:
-            damaged.append(exc)
-    return records, damaged
-
-
-def not_json(s: Session, q: Select) -> list[DamagedRow]:
-    """The rows ``q`` (a select from the runs table) reads whose JSON columns do not parse: read as text, one
-    DamagedRow per row (its first such column)."""
-    raw = [type_coerce(getattr(Run, c), Text) for c in JSON_COLUMNS]
-    found = []
-    for run_id, *texts in s.execute(q.with_only_columns(Run.id, *raw)):
-        for column, text in zip(JSON_COLUMNS, texts):
-            try:
-                if isinstance(text, str):
-                    json.loads(text)
-            except ValueError:
-                found.append(DamagedRow(run_id, column, "not JSON"))
-                break
-    return found
-
-
-def left_out(damaged: Iterable[DamagedRow]) -> None:
-    """Say each damaged row a listing left out: one ``flctl: warning:`` line on stderr per row, once per process."""
-    for exc in damaged:
-        if exc.damage not in _SAID:
-            _SAID.add(exc.damage)
-            print(f"flctl: warning: {exc.damage}, left out here; {exc.FIX}", file=sys.stderr, flush=True)
-
-
-_SAID: set[str] = set()
 
 
 def run_ids(store: Store) -> list[str]:

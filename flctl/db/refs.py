@@ -70,7 +70,7 @@ def name_clash(s: Session, name: str | None, sweep_id: str) -> tuple[str | None,
     prefixes = [sweep_id[:k] for k in range(4, len(sweep_id) + 1)]
     named = s.scalars(select(Sweep).where(Sweep.name.in_(prefixes + [p.upper() for p in prefixes]),
                                           Sweep.id != sweep_id).limit(1)).first()
-    if named is not None:
+    if named is not None and named.name is not None:
         warning = (f"sweep {named.id}'s name {shown(named.name)} is the start of this sweep's id ({sweep_id}): a "
                    f"reference {shown(named.name)} is now ambiguous; name that sweep by its id")
     return refusal, warning

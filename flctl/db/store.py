@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from flctl.db.bulk import insert_runs, record_sweep
+from flctl.db.checked import checked_runs, left_out, not_json
 from flctl.db.counts import SweepCounts, list_sweeps, sweep_counts
 from flctl.db.dialect import Connect, DatabaseFile, Dialect, made_back
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
-from flctl.db.reads import checked_runs, left_out, not_json
 from flctl.db.refs import by_prefix, find_sweep, is_id_prefix
 from flctl.db.schema import Run, RunRecord, Sweep, SweepCell
 from flctl.db.upgrade import check_schema
