@@ -22,9 +22,6 @@ from flctl.status import Status
 # 2: managed by Alembic revisions (flctl.migrations); 1: the schema before them, which the baseline revision is.
 # A flctl that expects 1 refuses a database at 2 with its own message, instead of missing newer columns.
 SCHEMA_VERSION = 2
-# Where flctl.migrations keeps the revision a database is at. Not Alembic's default "alembic_version": Optuna keeps its
-# own schema revision there, in the same database.
-VERSION_TABLE = "flctl_alembic_version"
 
 
 class Base(DeclarativeBase):

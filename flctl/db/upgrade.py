@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
@@ -11,8 +10,10 @@ from sqlalchemy import delete, insert, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from flctl.db.schema import SCHEMA_VERSION, VERSION_TABLE, Base, Meta
+from flctl import migrations
+from flctl.db.schema import SCHEMA_VERSION, Base, Meta
 from flctl.errors import EmptyDatabase, NewerSchema, OlderSchema, StoreError
+from flctl.migrations import VERSION_TABLE
 
 
 class Opened(Protocol):
@@ -48,9 +49,7 @@ def check_schema(store: Opened, scripts: Path | None = None, locked: bool = Fals
     and upgrading happen under SCHEMA_LOCK (``locked``: held already), so processes that open a new database at
     the same moment do not both create its tables (on PostgreSQL the second would fail on pg_type). A database at
     today's version and newest revision is the common case, and is told from two reads without Alembic."""
-    spec = importlib.util.find_spec("flctl.migrations")    # its folder, without running its Alembic imports
-    assert spec is not None and spec.submodule_search_locations
-    scripts = scripts or Path(spec.submodule_search_locations[0])
+    scripts = scripts or migrations.SCRIPTS
     with store.engine.connect() as conn:
         tables = set(inspect(conn).get_table_names())
         row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar() \
@@ -59,7 +58,6 @@ def check_schema(store: Opened, scripts: Path | None = None, locked: bool = Fals
             if VERSION_TABLE in tables else []
     if row == str(SCHEMA_VERSION) and at == [newest_revision(scripts)]:
         return
-    from flctl import migrations
     if row is not None and (not str(row).isdigit() or int(row) > SCHEMA_VERSION):
         raise newer(f"v{row}", f"this flctl (v{SCHEMA_VERSION})")
     try:

@@ -15,21 +15,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection, Engine
-
-from flctl.db.schema import VERSION_TABLE
 from flctl.errors import NewerSchema
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection, Engine
+
+# Alembic is imported inside the functions that use it: flctl.db.upgrade reads VERSION_TABLE and SCRIPTS on every
+# open of a database, and Alembic's import (0.1 s) is needed only where a schema is made or upgraded.
 SCRIPTS = Path(__file__).parent
 BASELINE = "0001"          # the schema of flctl_meta schema_version 1
+# Where a database's revision is kept. Not Alembic's default "alembic_version": Optuna keeps its own schema revision
+# there, in the same database.
+VERSION_TABLE = "flctl_alembic_version"
 
 
 def _config(connection: Connection, scripts: Path) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(scripts))
     cfg.attributes["connection"] = connection     # env.py migrates on this connection, in its transaction
@@ -37,6 +42,9 @@ def _config(connection: Connection, scripts: Path) -> Config:
 
 
 def head(scripts: Path = SCRIPTS) -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     cfg = Config()
     cfg.set_main_option("script_location", str(scripts))
     found = ScriptDirectory.from_config(cfg).get_current_head()
@@ -45,18 +53,25 @@ def head(scripts: Path = SCRIPTS) -> str:
 
 
 def current(connection: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
 
 def stamp_new(connection: Connection, scripts: Path = SCRIPTS) -> None:
     """Mark a database just created from today's tables (in this connection's transaction) as being at the newest
     revision."""
+    from alembic import command
+
     command.stamp(_config(connection, scripts), "head")
 
 
 def needs_upgrade(engine: Engine, scripts: Path = SCRIPTS) -> bool:
     """The database is not at our newest revision (older, or from before migrations); NewerSchema when its revision
     is not one of ours."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
     cfg = Config()
     cfg.set_main_option("script_location", str(scripts))
     known = ScriptDirectory.from_config(cfg)
@@ -70,6 +85,9 @@ def needs_upgrade(engine: Engine, scripts: Path = SCRIPTS) -> bool:
 def upgrade(engine: Engine, scripts: Path = SCRIPTS) -> list[str]:
     """Bring an existing flctl database to the newest revision, in one transaction; returns the revisions it
     passed through ([] when it was current). Raises NewerSchema for a revision we do not know."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
     with engine.begin() as conn:
         cfg = _config(conn, scripts)
         known = ScriptDirectory.from_config(cfg)

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from flctl.db.schema import VERSION_TABLE
+from flctl.migrations import VERSION_TABLE
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, version_table=VERSION_TABLE,
