@@ -14,9 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flctl.config import RunConfig
-from flctl.db import existing_storage
+from flctl.db import existing_storage, poll_delays
 from flctl.errors import ConfigError
-from flctl.launch.wait import poll_delays
 from flctl.status import TERMINAL, TO_DO, Status
 from flctl.study import OPTUNA_LOCK, optuna_direction, search_space
 

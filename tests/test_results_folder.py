@@ -25,9 +25,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flctl.cli import app
-from flctl.db import Store
+from flctl.db import Store, poll_delays
 from flctl.launch.cancel import cancel
-from flctl.launch.wait import poll_delays
 from flctl.procs import process
 from tests import warm
 from tests.helpers import wait_until

@@ -112,7 +112,8 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path |
     stale cells end the watch in CellsLost, for the launch to take them over."""
     from rich.live import Live
 
-    from flctl.launch.wait import Settling, SweepStopped, poll_delays
+    from flctl.db import poll_delays
+    from flctl.launch.wait import Settling, SweepStopped
 
     settling = Settling(store, sid, results_root(None) if root is None else root, until_done, take_over)
     try:

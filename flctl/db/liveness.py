@@ -1,11 +1,13 @@
 """When a running run counts as lost: the stale bound and heartbeat period (FLCTL_STALE_AFTER, FLCTL_HEARTBEAT),
-the database's clock that heartbeats are judged by, and the test a worker's run fails when its worker is gone."""
+the database's clock that heartbeats are judged by, the test a worker's run fails when its worker is gone, and how
+often a process waiting on others looks at the database (poll_delays)."""
 
 from __future__ import annotations
 
 import math
 import os
 import socket
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,3 +85,14 @@ def _is_stale(run: Any, stale_after: float, at: datetime) -> bool:
     if beat.tzinfo is None:  # SQLite returns naive datetimes; we store UTC
         beat = beat.replace(tzinfo=UTC)
     return (at - beat).total_seconds() > stale_after
+
+
+def poll_delays(most: float, first: float = 0.02) -> Iterator[float]:
+    """The sleeps of a loop that waits on other processes through the database (a sweep's ledger, a --tune trial's
+    outcome, a worker's next cell): ``first`` and then half as long again each time, up to ``most``. What is waited on
+    is often done within a moment (a --tune trial of a few epochs, the next trial's cell); a flat ``most`` was then
+    most of the wait, and a long wait still costs one look (a query) per ``most``."""
+    delay = min(first, most)
+    while True:
+        yield delay
+        delay = min(most, delay * 1.5)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.claimed import ground_moved
+from flctl.db import poll_delays
 from flctl.launch.backends import get_launcher
 from flctl.launch.jobs import live_controllers, live_workers, queued_jobs
 from flctl.layout import Layout
@@ -279,13 +280,3 @@ def settle(store: Any, sid: str, root: Path, interval: float = 0.5,
         time.sleep(next(delays))
         data = settling.poll()
     return data
-
-
-def poll_delays(most: float, first: float = 0.02) -> Iterator[float]:
-    """The sleeps of a loop that waits on other processes: ``first`` and then half as long again each time, up to
-    ``most``. What is waited on is often done within a moment (a --tune trial of a few epochs, the next trial's cell);
-    a flat ``most`` was then most of the wait, and a long wait still costs one look (a query) per ``most``."""
-    delay = min(first, most)
-    while True:
-        yield delay
-        delay = min(most, delay * 1.5)

@@ -29,13 +29,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import flctl.plugins
 from flctl.claimed import ground_moved
-from flctl.db import RunQueue, Store, not_the_one
+from flctl.db import RunQueue, Store, not_the_one, poll_delays
 from flctl.errors import DEVICE_LOST_EXIT, DatabaseDeleted, DeviceLost
 from flctl.launch.backends import Slot
 from flctl.launch.claims import Claimed, TaskUnavailable, claim_group
 from flctl.launch.jobs import registered, remember_jobs, sweep_jobs
 from flctl.launch.recipe import WorkerRecipe
-from flctl.launch.wait import DiskNote, poll_delays
+from flctl.launch.wait import DiskNote
 from flctl.layout import Layout
 from flctl.results import open_sweep
 from flctl.runner import Ending, Next, git_revision, stop_on_signals, train_claimed
