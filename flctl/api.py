@@ -182,6 +182,9 @@ def report(*, table: str | None = None, plot: str | None = None, samples: str | 
     ``frame``, a pyarrow Table, written as Parquet). Returns a flctl.report.flow.Made: also ``files`` written,
     ``notes`` and ``runs``. ConfigError for bad input, before any database is read; nothing is written to the
     database."""
+    from functools import partial
+
+    from flctl.db.reads import latest_sweeps
     from flctl.report.flow import Request, make_report
 
     request = Request(table=table, plot=plot, samples=samples, by=by, sweep=sweep, task=task,
@@ -190,7 +193,7 @@ def report(*, table: str | None = None, plot: str | None = None, samples: str | 
                       out=None if out is None else Path(out)).check()
     store = open_store(results_dir, db, create=False)
     try:
-        return make_report(store, results_root(results_dir), request)
+        return make_report(store, results_root(results_dir), request, partial(latest_sweeps, store))
     finally:
         store.close()
 

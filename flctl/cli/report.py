@@ -64,6 +64,9 @@ def report(
     results_dir: ResultsDirOption = None,
 ) -> None:
     """Tables (mean ± std over seeds), figures (PNG + PDF) and per-sample queries over finished runs."""
+    from functools import partial
+
+    from flctl.db.reads import latest_sweeps
     from flctl.errors import ConfigError
     from flctl.report.flow import Request, make_report
 
@@ -76,7 +79,7 @@ def report(
         fail(str(exc))
     store = existing_store(db, results_root(results_dir))
     try:
-        made = make_report(store, results_root(results_dir), request)
+        made = make_report(store, results_root(results_dir), request, partial(latest_sweeps, store))
     except ConfigError as exc:
         fail(str(exc))
     finally:

@@ -6,6 +6,7 @@ the command prints ``Made``, the API returns it."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from flctl.report.table_specs import TABLE_SPECS, by_tables, table_spec
 # Bounds of the numeric options: (least, most or None)
 BOUNDS = {"digits": (0, 12), "top": (1, None), "min_seeds": (1, None), "k": (1, None)}
 FLAGS = {"digits": "--digits", "top": "--top", "min_seeds": "--min-seeds", "k": "-k"}
+# The sweeps that hold some runs: each held run's id -> the latest such sweep's (id, name); a run of its own is not in
+# it. Handed down by the caller that opened the store (flctl.db.reads.latest_sweeps over it): a report reads the
+# database only through what it is given.
+SweepsOf = Callable[[list[str]], dict[str, tuple[str, str | None]]]
 
 
 @dataclass(frozen=True)
@@ -135,13 +140,11 @@ def _latest_sweep_varying(store: Any, task: str | None, field_: str, plot: str, 
                       "1e-4..1e-2 --dual-lr 1e-3..1e-1`) or pass --sweep")
 
 
-def mixed(store: Any, runs: list[Any]) -> str | None:
+def mixed(store: Any, runs: list[Any], sweeps_of: SweepsOf) -> str | None:
     """The one rule of every table and figure of no --sweep: all the runs asked for, whatever made them; where they
     come from several sweeps, or sweeps and runs of their own (other scales, other grids), a line that says so and
     how to choose one (None where they are of one)."""
-    from flctl.db.reads import latest_sweeps
-
-    held = latest_sweeps(store, [r.id for r in runs])
+    held = sweeps_of([r.id for r in runs])
     sweeps = {sid: name for sid, name in held.values()}
     alone = sum(r.id not in held for r in runs)
     if len(sweeps) + (alone > 0) < 2:
@@ -157,16 +160,17 @@ def of(runs: list[Any], sweep: str | None) -> str:
     return f"sweep {sweep}" if sweep is not None else "-".join(sorted({r.task for r in runs})) or "no runs"
 
 
-def make_report(store: Any, root: Path, request: Request) -> Made:
+def make_report(store: Any, root: Path, request: Request, sweeps_of: SweepsOf) -> Made:
     """Make ``request`` (checked: Request.check) of ``store``'s runs, with the records under ``root``: a table
-    (written to --out if given), a figure (PNG and PDF) or a query (Parquet). ConfigError for what cannot be made."""
+    (written to --out if given), a figure (PNG and PDF) or a query (Parquet); ``sweeps_of`` tells which sweeps hold
+    runs, over the same store. ConfigError for what cannot be made."""
     from flctl.layout import Layout
 
     request = request.check()
     said: list[str] = []
     runs, sweep, _ = choose_runs(store, request, said)
     layout = Layout(root)
-    made = Made(of(runs, sweep), runs, said=said, mixed=None if sweep is not None else mixed(store, runs))
+    made = Made(of(runs, sweep), runs, said=said, mixed=None if sweep is not None else mixed(store, runs, sweeps_of))
     if request.table is not None:
         _table(made, request, layout.records)
     elif request.plot is not None:
