@@ -138,17 +138,17 @@ def test_log_lines_come_at_least_every_interval_while_the_work_is_silent() -> No
 
     from rich.console import Console
 
-    import flctl.cli.common as common
+    import flctl.cli.progress as progress
 
     out = io.StringIO()
-    before = common.console
-    common.console = Console(file=out, width=200)
+    before = progress.console
+    progress.console = Console(file=out, width=200)
     try:
-        lines = common.LogLines(every_s=0.2)
+        lines = progress.LogLines(every_s=0.2)
         with lines.beating(lambda: "still training"):
             time.sleep(1.0)
     finally:
-        common.console = before
+        progress.console = before
     said = out.getvalue().splitlines()
     assert 3 <= len(said) <= 6 and all(line.endswith(" still training") for line in said), said
 

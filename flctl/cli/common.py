@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
@@ -57,52 +56,6 @@ def safe(text: object) -> str:
     from flctl.text import printable, redact
 
     return escape(printable(redact(str(text))))
-
-
-class LogLines:
-    """Timestamped plain lines for a log (stdout not a terminal): one when ``say`` is asked to (an evaluation, a
-    change), and at least every LOG_EVERY_S seconds while ``tick`` is called, so that a job's log never looks hung."""
-
-    def __init__(self, every_s: float | None = None, clock=None) -> None:
-        import time
-
-        from flctl.knobs import LOG_EVERY_S
-
-        self.every_s = LOG_EVERY_S if every_s is None else every_s
-        self.clock = clock or time.monotonic
-        self.last = -float("inf")
-
-    def say(self, text: str) -> None:
-        import time
-
-        console.print(f"{time.strftime('%H:%M:%S')} {text}", highlight=False, soft_wrap=True)
-        self.last = self.clock()
-
-    def tick(self, text: str, *, now: bool = False) -> None:
-        """``text`` as a line if ``now`` or if the last line is LOG_EVERY_S old."""
-        if now or self.clock() - self.last >= self.every_s:
-            self.say(text)
-
-    @contextlib.contextmanager
-    def beating(self, state: Callable[[], str]) -> Iterator[None]:
-        """Keep the lines coming from a thread while the work inside runs (an epoch may take minutes): ``state()``
-        is the line printed when no other was for LOG_EVERY_S."""
-        import threading
-
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(min(1.0, self.every_s)):
-                if self.clock() - self.last >= self.every_s:    # state() may query a database: only when due
-                    self.tick(state())
-
-        thread = threading.Thread(target=beat, daemon=True, name="log-lines")
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
 
 
 def print_error(message: str) -> None:

@@ -13,7 +13,6 @@ import typer
 
 from flctl.cli.common import (
     DbOption,
-    LogLines,
     ResultsDirOption,
     console,
     err_console,
@@ -25,6 +24,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_sweep
 from flctl.cli.output import JSON_OPT, print_json
+from flctl.cli.progress import LogLines
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )

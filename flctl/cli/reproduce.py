@@ -37,7 +37,7 @@ def reproduce(
     are only read. A line warns where this machine's library versions differ from the run's. Exit 0 when every
     record file is bit-identical; 1 when one differs, with the first difference (epoch, split, sample id, column
     and its size); 2 for bad input (checked before training: the run, its state, its recorded records)."""
-    from flctl.cli.run import _log_lines, _progress
+    from flctl.cli.progress import epoch_progress
     from flctl.errors import ConfigError
     from flctl.layout import Layout
     from flctl.reproduce import NotCompared, prepare, train_and_compare, versions_line
@@ -53,7 +53,7 @@ def reproduce(
     finally:
         store.close()
     title = f"reproducing {run.id} ({run.task} · {run.method})"
-    progress = _progress(run.cfg.epochs, title) if console.is_terminal else _log_lines(run.cfg, title)
+    progress = epoch_progress(run.id, run.cfg.epochs, title)
     try:
         with progress as on_epoch:
             found = train_and_compare(plan, records, on_epoch)

@@ -29,6 +29,7 @@ from flctl.cli.common import (
     with_model,
 )
 from flctl.cli.completion import complete_task
+from flctl.cli.progress import epoch_progress
 from flctl.config import PANELS
 from flctl.errors import ConfigError
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S, check_checkpoint_every, threads_of_a_run
@@ -139,7 +140,7 @@ def run(
     layout = Layout(root)
     summary_line = cfg.title
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
-    progress = _progress(cfg.epochs, summary_line) if console.is_terminal else _log_lines(cfg, summary_line)
+    progress = epoch_progress(cfg.run_id, cfg.epochs, summary_line)
     with progress as on_epoch, stop_on_signals() as stop:
         try:
             _, ending = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
@@ -167,64 +168,6 @@ def run(
         from flctl.loggers import where
 
         console.print(f"logged to {safe(where(loggers, root))}")
-
-
-class _log_lines:
-    """Without a terminal: a timestamped line when training starts, at each evaluation, and at least every
-    LOG_EVERY_S seconds (flctl.cli.common.LogLines), instead of a progress bar that a log shows only at the end."""
-
-    def __init__(self, cfg, title: str) -> None:
-        from flctl.cli.common import LogLines
-
-        self.cfg, self.title, self.lines = cfg, title, LogLines()
-        self.latest = "starting (data, model)"
-
-    def state(self) -> str:
-        return f"run {self.cfg.run_id} ({self.title}): {self.latest}"
-
-    def __enter__(self):
-        self.beating = self.lines.beating(self.state)
-        self.beating.__enter__()
-        self.lines.say(self.state())
-
-        def on_epoch(stats) -> None:
-            lam = "" if stats.max_multiplier is None else f" · max λ {stats.max_multiplier:.3g}"
-            self.latest = (f"epoch {stats.epoch}/{stats.epochs} · batch loss avg {stats.train_avg_loss:.4f} max "
-                           f"{stats.train_max_loss:.4f}{lam}")
-            if stats.metrics:
-                test = {k: v for k, v in stats.metrics.items() if k in ("test.avg_loss", "test.accuracy")}
-                self.latest += "".join(f" · {k} {v:.4g}" for k, v in test.items())
-            self.lines.tick(self.state(), now=stats.metrics is not None)
-        return on_epoch
-
-    def __exit__(self, *exc) -> None:
-        self.beating.__exit__(*exc)
-
-
-class _progress:
-    """A rich progress bar over epochs showing the latest avg/max loss and max λ."""
-
-    def __init__(self, epochs: int, title: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=console,
-                                 transient=False)
-        self.task = self.progress.add_task(title, total=epochs, stats="")
-
-    def __enter__(self):
-        self.progress.start()
-
-        def on_epoch(stats) -> None:
-            lam = "" if stats.max_multiplier is None else f" max λ {stats.max_multiplier:.3g}"
-            self.progress.update(self.task, completed=stats.epoch, total=stats.epochs,   # a solver: 1 of 1
-                                 # the losses of the epoch's batches as they trained, not the summary's
-                                 # evaluation of the final model (its max is another number)
-                                 stats=f"batch loss avg {stats.train_avg_loss:.4f} max {stats.train_max_loss:.4f}{lam}")
-        return on_epoch
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
 
 
 def print_summary(run: RunRecord) -> None:
