@@ -128,7 +128,7 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
 
     cfg = config(task, method, p_min=p_min, **fields)
     chosen = threads_of_a_run(threads)
-    loggers = [found.name for found in check([log_to] if isinstance(log_to, str) else log_to)]
+    loggers = check(log_to)      # the classes found once: the run's session holds them
     store = open_store(results_dir, db)
     try:
         found, ending = train_unless_done(cfg, store, Layout(results_root(results_dir)), rerun=rerun,
@@ -274,7 +274,7 @@ def export(ref: str, *, to: str | Iterable[str], results_dir: str | Path | None 
     one. A tracker that fails is tried for no further run: its failures are in the result, not raised."""
     from flctl.loggers import check
 
-    loggers = tuple(found.name for found in check(to))
+    loggers = check(to).names
     root = results_root(results_dir)
     store = results.open_to_read(database_url(db, root), root, results.API)
     return export_from(store, root, ref, loggers)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -81,8 +81,14 @@ def split_summary(
 
 
 # What the training loop reports of each epoch's training batches (flctl.train.EpochStats' fields): every logger is
-# told them as ``epoch.<name>`` (flctl.loggers.scalars), and each record file keeps them so (`flctl export`).
+# told them as ``epoch.<name>``, and each record file keeps them so (`flctl export`), both through ``epoch_numbers``.
 EPOCH_NUMBERS = ("train_avg_loss", "train_max_loss", "max_multiplier")
+
+
+def epoch_numbers(told: Mapping[str, float | None]) -> dict[str, float]:
+    """An epoch's training-batch numbers (``told``: EPOCH_NUMBERS' names to values) under the keys a record file
+    keeps and a logger is told live, ``epoch.<name>``, in EPOCH_NUMBERS' order; one not told (None) is left out."""
+    return {f"epoch.{k}": float(v) for k in EPOCH_NUMBERS if (v := told.get(k)) is not None}
 
 
 def flatten(per_split: dict[str, dict[str, float]]) -> dict[str, float]:

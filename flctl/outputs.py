@@ -13,7 +13,7 @@ from flctl.cell import Cell, RunResult, trainable_state
 from flctl.config import RunConfig
 from flctl.layout import RunFolder, records_of
 from flctl.methods import LAMBDA_CAP
-from flctl.metrics import flatten, split_summary
+from flctl.metrics import epoch_numbers, flatten, split_summary
 from flctl.record_writing import split_table, write_epoch
 from flctl.run_files import atomic_save, host_copy, save_extras
 from flctl.status import Status
@@ -46,7 +46,7 @@ def record_epoch(
                               confidence=test_eval.get("confidence"), groups=labels["test"]),
     }
     flat = flatten(summary)
-    kept = flat | flatten({"epoch": {k: float(v) for k, v in (told or {}).items() if v is not None}})
+    kept = flat | epoch_numbers(told or {})
     if writer is not None:      # the summary kept in the file: what a logger was told, for `flctl export`
         writer.submit(cfg.run_id, write_epoch, records_root, cfg.run_id, epoch, tables, kept)
     else:

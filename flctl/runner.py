@@ -17,7 +17,7 @@ from flctl.config import RunConfig
 from flctl.db import STALE_AFTER_S, RunQueue, Store
 from flctl.knobs import DEFAULT_CHECKPOINT_EVERY_S
 from flctl.layout import Layout
-from flctl.loggers import Logging
+from flctl.loggers import Chosen, Logging
 from flctl.outcomes import Ending, Next  # noqa: F401  (what train_claimed's callers read: its Ending's row)
 from flctl.shell import KEPT_IGNORED, STOP_SIGNALS, received
 from flctl.status import TRAINABLE, Status
@@ -71,7 +71,7 @@ def completed(cfg: RunConfig, store: Store, rerun: bool = False) -> Any:
 def train_unless_done(cfg: RunConfig, store: Store, layout: Layout, *, rerun: bool = False,
                       on_epoch: Callable | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
                       stop: Callable[[], bool] | None = None, threads: int | str | None = None,
-                      log_to: Sequence[str] = ()) -> tuple[Any, Any]:
+                      log_to: Sequence[str] | Chosen = ()) -> tuple[Any, Any]:
     """`flctl run`'s and flctl.api.run's one rule: a completed run is found, not trained (``rerun``: trained again,
     from scratch); a diverged one starts from scratch; any other trains or resumes from its checkpoint. Returns
     (the completed run found, None) or (None, ``execute``'s Ending: None when a live worker holds the run)."""
@@ -89,7 +89,7 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
             allow: Iterable[str] = TRAINABLE, max_attempts: int | None = None,
             stale_after: float = STALE_AFTER_S, job_id: str | None = None, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
             stop: Callable[[], bool] | None = None, fresh: bool = False, threads: int | str | None = None,
-            log_to: Sequence[str] = ()):
+            log_to: Sequence[str] | Chosen = ()):
     """Claim ``cfg``'s run, train it and record the outcome. Returns its Ending (train_claimed), or None when the run
     is not claimable (completed, or held by a live worker).
 
@@ -111,7 +111,7 @@ def execute(cfg: RunConfig, store: Store, layout: Layout, on_epoch: Callable | N
 def train_claimed(cfgs: list[RunConfig], tokens: dict[str, str], store: Store, layout: Layout,
                   on_epoch: Callable | None = None, *, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY_S,
                   stop: Callable[[], bool] | None = None, max_attempts: int | None = None,
-                  threads: int | str | None = None, log_to: Sequence[str] = (), sweep_id: str | None = None) -> Ending:
+                  threads: int | str | None = None, log_to: Sequence[str] | Chosen = (), sweep_id: str | None = None) -> Ending:
     """Train runs this process has claimed (several together when they can, see flctl.train.train_together) and
     record how each ended: finished, handed back (stopped or interrupted: status interrupted, the attempt not counted,
     resumable from its checkpoint) or failed. Returns the Ending (flctl.outcomes: its row, the runs' results, the

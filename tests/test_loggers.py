@@ -236,6 +236,22 @@ class Flaky(Logger):
         pass
 
 
+class Steady(Logger):
+    """Logs every call it is given, in this process (``calls``): a tracker that always answers."""
+
+    name = "steady"
+    calls = []
+
+    def start(self, run):
+        self.calls.append("start")
+
+    def log(self, epoch, scalars, multipliers=None):
+        self.calls.append(epoch)
+
+    def finish(self, status):
+        self.calls.append(status)
+
+
 class Missing(Logger):
     name = "missing"
     needs = "no_such_tracker_module"
@@ -250,7 +266,7 @@ def installed_loggers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (site / "toy_loggers.py").write_text(textwrap.dedent(FAULTY))
     (site / "toy_loggers-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: toy\nVersion: 0.1\n")
     (site / "toy_loggers-0.1.dist-info" / "entry_points.txt").write_text(
-        "[flctl.loggers]\nflaky = toy_loggers:Flaky\nmissing = toy_loggers:Missing\n")
+        "[flctl.loggers]\nflaky = toy_loggers:Flaky\nmissing = toy_loggers:Missing\nsteady = toy_loggers:Steady\n")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     yield
@@ -266,6 +282,32 @@ def test_a_logger_that_fails_mid_run_never_fails_the_training(tmp_path: Path, in
     assert res.stderr.count("flaky stopped logging run") == 1 and "server at 127.0.0.1:9 went away" in res.stderr
     assert f"`flctl export {run.id} --to flaky`" in res.stderr and "flaky did not log 1 run(s)" in res.stderr
     assert len(api.records([run], results_dir=root, split="train")) == 2 * 1000        # two evals, intact
+
+
+def test_an_installed_loggers_class_is_found_once_for_its_runs_not_at_each_call(tmp_path: Path, installed_loggers: None,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed logger is found by reading the entry points: once where the command checks --log-to, its class
+    then held by the run's session (flctl.loggers.session.Logging), and once by a worker's session, given names; never
+    at each of the calls a run makes of it (its start, each evaluation, its finish)."""
+    import flctl.registry
+    from flctl.loggers import Logging
+
+    read: list[str] = []
+    entry_points = flctl.registry._entry_points
+    monkeypatch.setattr(flctl.registry, "_entry_points", lambda group: read.append(group) or entry_points(group))
+    run = api.run("two-moons", "fl", results_dir=tmp_path / "results", epochs=6, eval_every=3, threads=1,
+                  log_to="steady")
+    assert run.status == "completed"
+    steady = sys.modules["toy_loggers"].Steady
+    assert steady.calls == ["start", 3, 6, "completed"] and read.count("flctl.loggers") == 1, (steady.calls, read)
+
+    read.clear()
+    session = Logging(["steady"], tmp_path / "results", "a-sweep")         # a worker's: the names its recipe carries
+    for cfg in (api.config("two-moons", "fl", seed=seed) for seed in (1, 2)):
+        session.start(cfg)
+        session.log(cfg.run_id, 1, {"train.avg_loss": 0.5})
+        session.finish(cfg.run_id, "completed")
+    assert not session.not_logged and read.count("flctl.loggers") == 1, (session.why, read)
 
 
 def test_an_installed_logger_named_like_flctls_own_is_said_to_be_unused_once(installed_loggers: None, monkeypatch,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from flctl import api
-from flctl.loggers import describe, guarded
+from flctl.loggers import call_tracker, describe, get_logger
 from tests import warm
 from tests.helpers import bound
 
@@ -208,7 +208,7 @@ def test_the_guard_gives_up_on_a_call_that_never_returns_and_keeps_a_tools_inter
     monkeypatch.setenv("FLCTL_TRACKER_TIMEOUT_S", "0.5")
     release = threading.Event()
     started = time.monotonic()
-    failure = guarded("tensorboard", lambda: release.wait(30))
+    failure = call_tracker(get_logger("tensorboard"), lambda: release.wait(30))
     assert isinstance(failure, TimeoutError) and time.monotonic() - started < 5
     assert describe(failure) == "TimeoutError: no answer within 0.5 s (FLCTL_TRACKER_TIMEOUT_S)"
     release.set()
@@ -216,8 +216,8 @@ def test_the_guard_gives_up_on_a_call_that_never_returns_and_keeps_a_tools_inter
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    assert isinstance(guarded("tensorboard", interrupted), KeyboardInterrupt)
-    assert guarded("tensorboard", lambda: None) is None
+    assert isinstance(call_tracker(get_logger("tensorboard"), interrupted), KeyboardInterrupt)
+    assert call_tracker(get_logger("tensorboard"), lambda: None) is None
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-1", "inf", "nan"])

@@ -35,14 +35,14 @@ def export(
     from flctl.api import export_from
     from flctl.loggers import check, where
 
-    loggers = tuple(found.name for found in guarded(check, to))
+    chosen = guarded(check, to)
     root = results_root(results_dir)
-    made = guarded(export_from, existing_store(db, root), root, ref, loggers)
+    made = guarded(export_from, existing_store(db, root), root, ref, chosen.names)
     runs, finished, done = made.runs, made.finished, made.logging
     failed = {run_id for ids in done.not_logged.values() for run_id in ids}
     whole = len(finished) - len(failed)
     console.print(f"exported {whole if failed else len(finished)}{f' of {len(finished)}' if failed else ''} run(s) "
-                  f"to {safe(where(loggers, root))}"
+                  f"to {safe(where(chosen, root))}"
                   + (f"; {len(runs) - len(finished)} not finished yet left out" if len(runs) > len(finished) else ""))
     if done.not_logged:      # a tracker's failure, not bad input: exit 1
         told = "; ".join(f"{name} did not log {len(ids)} of {len(finished)} run(s) ({done.why[name]})"

@@ -114,7 +114,7 @@ def run(
         chosen_threads = threads_of_a_run(threads)
         from flctl.loggers import check
 
-        loggers = [found.name for found in check(log_to or ())]    # each installed, before anything is written
+        loggers = check(log_to or ())     # each installed, before anything is written
     except ConfigError as exc:
         fail(str(exc))
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"

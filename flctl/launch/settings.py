@@ -136,7 +136,7 @@ class LaunchSettings:
             from flctl.loggers import check
 
             chosen = merged["log_to"]
-            merged["log_to"] = tuple(found.name for found in check([chosen] if isinstance(chosen, str) else chosen))
+            merged["log_to"] = check(chosen).names
         options = launcher.Options(**{k: merged.pop(k) for k in own if k in merged})
         settings = cls(**merged, options=options)
         for name in ("workers", "threads", "per_gpu", "max_attempts", "batch_runs"):

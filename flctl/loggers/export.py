@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flctl.loggers import Logging, scalars
+from flctl.loggers.base import scalars
+from flctl.loggers.session import Logging
 
 
 def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: dict[str, str | None]) -> Logging:
@@ -31,7 +32,7 @@ def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: di
             # Through the records' reader (its schema check), the train split's multipliers; None where none.
             lam = read_file(path, ["multiplier"], filter=ds.field("split") == "train")["multiplier"]
             multipliers = None if lam.null_count == len(lam) else lam.to_numpy(zero_copy_only=False)
-            session.log(run.id, epoch, scalars(None, None, None, summary, multipliers), multipliers)
+            session.log(run.id, epoch, scalars({}, summary, multipliers), multipliers)
         if not kept and run.metrics:       # trained before the files kept each eval's numbers: its final ones
             session.log(run.id, run.epochs_done or 0, {k: float(v) for k, v in run.metrics.items() if v is not None})
         session.finish(run.id, run.status)

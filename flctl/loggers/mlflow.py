@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any
 
-from flctl.loggers import Logger, RunInfo
+from flctl.loggers.base import Logger, RunInfo
 
 PARAM_LIMIT = 6000     # MLflow's longest parameter value
 SEND_EVERY_S = 5.0     # how often a run's metrics go to the tracking store while it trains

@@ -8,7 +8,7 @@ import json
 import shutil
 from typing import Any
 
-from flctl.loggers import Logger, RunInfo
+from flctl.loggers.base import Logger, RunInfo
 
 
 class TensorBoard(Logger):

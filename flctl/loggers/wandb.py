@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import Any
 
-from flctl.loggers import Logger, RunInfo
+from flctl.loggers.base import Logger, RunInfo
 
 
 def project() -> str:
