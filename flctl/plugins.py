@@ -144,7 +144,7 @@ def check(entry: str) -> list[str]:
 
 def task_modules() -> Iterator[tuple[Any, Source]]:
     """(the module's TASK, where it came from) for every plugin task: entry points first, then FLCTL_TASKS."""
-    for ep in _entry_points(TASK_GROUP):
+    for ep in entry_points(TASK_GROUP):
         obj = _load_entry_point(ep)
         if obj is not None:
             yield obj, _entry_source(ep, obj)
@@ -160,7 +160,7 @@ def task_modules() -> Iterator[tuple[Any, Source]]:
 
 def method_infos() -> Iterator[tuple[Any, Source]]:
     """(MethodInfo, where it came from) for every method an installed package declares."""
-    for ep in _entry_points(METHOD_GROUP):
+    for ep in entry_points(METHOD_GROUP):
         obj = _load_entry_point(ep)
         if obj is not None:
             yield obj, _entry_source(ep, obj)
@@ -199,7 +199,9 @@ def is_path(entry: str) -> bool:
         return False
 
 
-def _entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
+def entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
+    """The entry points installed packages declare in ``group``, by name: the one read of them, for tasks and methods
+    here and for launchers and loggers (flctl.registry)."""
     return sorted(importlib.metadata.entry_points(group=group), key=lambda ep: ep.name)
 
 

@@ -4,11 +4,11 @@ group (launchers, loggers) are read by one set of functions: entry_names, entry_
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 from collections.abc import Mapping
 from typing import TypeVar
 
+from flctl import plugins
 from flctl.errors import ConfigError
 
 T = TypeVar("T")
@@ -33,7 +33,7 @@ def find(registry: dict[str, T], name: str, what: str) -> T:
 def entry_names(group: str, built_in: Mapping[str, str]) -> list[str]:
     """Every name of a kind of plugin whose own are ``built_in`` (name -> "module:attr"): flctl's own, then those
     installed packages declare in the entry-point group ``group`` (flctl.launchers, flctl.loggers)."""
-    return list(built_in) + [ep.name for ep in _entry_points(group) if ep.name not in built_in]
+    return list(built_in) + [ep.name for ep in plugins.entry_points(group) if ep.name not in built_in]
 
 
 def entry_target(group: str, built_in: Mapping[str, str], name: str, kind: str) -> str | None:
@@ -42,10 +42,10 @@ def entry_target(group: str, built_in: Mapping[str, str], name: str, kind: str) 
     "launcher", names it). The one reader of installed launchers and loggers; tasks and methods refuse such a clash
     (flctl.tasks, flctl.method_info)."""
     if name not in built_in:
-        return next((ep.value for ep in _entry_points(group) if ep.name == name), None)
+        return next((ep.value for ep in plugins.entry_points(group) if ep.name == name), None)
     if (group, name) not in _CLASH_SAID:             # looked at once: entry points take ms to read
         _CLASH_SAID.add((group, name))
-        for ep in _entry_points(group):
+        for ep in plugins.entry_points(group):
             if ep.name == name and ep.value != built_in[name]:
                 print(f"flctl: warning: the installed {kind} {name!r} ({ep.value}) is not used: flctl's own "
                       f"{name!r} comes first; install it under another name", file=sys.stderr, flush=True)
@@ -56,19 +56,13 @@ def load_named(group: str, built_in: Mapping[str, str], name: str, kind: str, ba
     """The class of plugin ``name`` (entry_target: flctl's own first), a subclass of ``base`` whose ``name`` is
     ``name``. ConfigError "``unknown`` NAME; choose one of: ..." where there is none of that name, and one naming its
     target where that is not such a class."""
-    from flctl.plugins import load_object
-
     target = entry_target(group, built_in, name, kind)
     if target is None:
         raise ConfigError(f"{unknown} {name!r}; choose one of: {', '.join(entry_names(group, built_in))}")
-    cls = load_object(target)
+    cls = plugins.load_object(target)
     if not (isinstance(cls, type) and issubclass(cls, base) and getattr(cls, "name", None) == name):
         raise ConfigError(f"{target} is not a {base.__module__}.{base.__qualname__} subclass named {name!r}")
     return cls
 
 
 _CLASH_SAID: set[tuple[str, str]] = set()    # (group, built-in name) whose clash was looked for (and said)
-
-
-def _entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
-    return sorted(importlib.metadata.entry_points(group=group), key=lambda ep: ep.name)

@@ -289,12 +289,12 @@ def test_an_installed_loggers_class_is_found_once_for_its_runs_not_at_each_call(
     """An installed logger is found by reading the entry points: once where the command checks --log-to, its class
     then held by the run's session (flctl.loggers.session.Logging), and once by a worker's session, given names; never
     at each of the calls a run makes of it (its start, each evaluation, its finish)."""
-    import flctl.registry
+    import flctl.plugins
     from flctl.loggers import Logging
 
     read: list[str] = []
-    entry_points = flctl.registry._entry_points
-    monkeypatch.setattr(flctl.registry, "_entry_points", lambda group: read.append(group) or entry_points(group))
+    entry_points = flctl.plugins.entry_points
+    monkeypatch.setattr(flctl.plugins, "entry_points", lambda group: read.append(group) or entry_points(group))
     run = api.run("two-moons", "fl", results_dir=tmp_path / "results", epochs=6, eval_every=3, threads=1,
                   log_to="steady")
     assert run.status == "completed"
