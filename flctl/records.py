@@ -282,11 +282,6 @@ def _epoch_of(path: Path) -> int:
     return int(path.stem.split("=")[1])
 
 
-def final_epoch(root: Path, run_id: str) -> int | None:
-    files = sorted(records_of(root, run_id).glob(EPOCH_GLOB))
-    return _epoch_of(files[-1]) if files else None
-
-
 def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
     """A run's record files of epochs after ``epoch`` (what a run that restarts at ``epoch`` will redo)."""
     return [p for p in sorted(records_of(root, run_id).glob(EPOCH_GLOB)) if _epoch_of(p) > epoch]

@@ -191,10 +191,6 @@ def active_job_ids(job_ids: Sequence[str]) -> set[str]:
     return set(out.stdout.split()) if out.returncode == 0 else set()
 
 
-def any_active(job_ids: Sequence[str]) -> bool:
-    return bool(active_job_ids(job_ids))
-
-
 def check_script_path(results_root: Path) -> None:
     """Slurm: the results folder is written into the batch script submitit generates (its #SBATCH --output and
     --error lines); a newline or other control character in it would start a script line of its own (ConfigError)."""
