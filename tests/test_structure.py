@@ -4,9 +4,11 @@ docs/design.md's "Layers" list (the list is read out of the doc, so the doc and 
 An import is an arrow wherever it is written: at the top of a module, inside a function (it still needs the other
 module at run time, and hides a cycle rather than breaking it), and under ``if TYPE_CHECKING:`` (a type named in an
 annotation is a dependency of the code that reads it: two modules that name each other's types are one piece).
-``importlib.import_module`` calls are not (flctl.launch's names on first use). ``from flctl.db.store import Store``
-is an arrow to flctl.db.store alone: that Python runs the package's ``__init__`` first is true of every submodule,
-and counting it would make each package a cycle with its own modules."""
+``importlib.import_module`` calls are not: flctl makes them only of modules outside its package (a plugin, a task of
+flctl_tasks, a tracker's library), which test_no_flctl_module_is_imported_by_name holds. ``from flctl.db.store import
+Store`` is an arrow to flctl.db.store alone: that Python runs the package's ``__init__`` first is true of every
+submodule, and counting it would make each package a cycle with its own modules; a package and the modules outside
+it are held apart by test_no_two_packages_need_each_other instead."""
 
 from __future__ import annotations
 
@@ -162,6 +164,52 @@ def test_flctl_has_no_import_cycle() -> None:
     found = [" -> ".join(cycle) + "\n    " + "\n    ".join(_where(graph, a, b) for a, b in zip(cycle, cycle[1:]))
              for cycle in cycles(graph)]
     assert not found, "import cycles in flctl (move what both sides need to the lower one):\n" + "\n".join(found)
+
+
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, tuple[str, str]]]:
+    """The import graph with each subpackage of flctl one node (flctl.db for flctl.db.store), each arrow between two
+    nodes with one module import that makes it."""
+    def node(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 or MODULES[name].name == "__init__.py" else name
+
+    found: dict[str, dict[str, tuple[str, str]]] = {node(a): {} for a in graph}
+    for a in graph:
+        for b in graph[a]:
+            if node(a) != node(b):
+                found[node(a)].setdefault(node(b), (a, b))
+    return found
+
+
+def test_no_two_packages_need_each_other() -> None:
+    """A package is one piece (docs/design.md names packages in its layers): none imports another, or a module
+    outside it, that imports it back (flctl.db opens its schema through flctl.migrations, which then names nothing of
+    flctl.db; flctl.launch runs a --tune search of flctl.tpe_search, which then waits through flctl.db, not
+    flctl.launch.wait)."""
+    graph = import_graph()
+    for a, b in WAIVED:
+        graph[a].pop(b, None)
+    packages = package_graph(graph)
+    found = [" -> ".join(cycle) + "\n    " + "\n    ".join(_where(graph, *packages[a][b]) for a, b in zip(cycle, cycle[1:]))
+             for cycle in cycles({a: dict.fromkeys(b, 0) for a, b in packages.items()})]
+    assert not found, "packages that import each other (move what both need to the lower one):\n" + "\n".join(found)
+
+
+def test_no_flctl_module_is_imported_by_name() -> None:
+    """importlib.import_module of an flctl module would be an arrow the graph above does not see."""
+    def named(call: ast.Call) -> str:
+        """The start of the name ``call`` imports, as far as it is written out ("" where it is not)."""
+        first = call.args[0] if call.args else None
+        if isinstance(first, ast.JoinedStr):         # f"flctl_tasks.{name}": its leading text
+            first = first.values[0] if first.values else None
+        return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
+
+    by_name = [f"{MODULES[name].relative_to(ROOT)}:{node.lineno}" for name in MODULES
+               for node in ast.walk(ast.parse(MODULES[name].read_text()))
+               if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+               and named(node).startswith("flctl.")]
+    assert not by_name, "flctl modules imported by name (import them: the structure tests then see the arrow):\n" \
+        + "\n".join(by_name)
 
 
 def test_no_module_imports_from_a_layer_below_its_own() -> None:
