@@ -81,7 +81,7 @@ class Logging:
         than a small model's epoch)."""
         if stats.metrics is None or not self.open:
             return
-        from flctl.metrics import EPOCH_NUMBERS     # numpy's module: not at `flctl.loggers`' import (the CLI's check)
+        from flctl.metrics import EPOCH_NUMBERS  # numpy's module: not at `flctl.loggers`' import (the CLI's check)
 
         told = {k: getattr(stats, k) for k in EPOCH_NUMBERS}
         self.log(stats.run_id, stats.epoch, scalars(told, stats.metrics, stats.multipliers), stats.multipliers)
