@@ -58,8 +58,9 @@ def test_paper_and_export_under_a_full_disk_and_a_signal_end_in_one_line_and_los
     out, err = run.communicate(timeout=120)
     assert run.returncode in (0, 143), out + err       # 0: its one smoke cell was done before the signal came
     assert "Traceback" not in out + err
-    if run.returncode == 143:
-        assert err.strip().splitlines()[-1].endswith("interrupted (SIGTERM)"), err
+    if run.returncode == 143:           # its in-process worker took the signal (SIGTERM stops workers) or the command did
+        last = err.strip().splitlines()[-1]
+        assert last.endswith("interrupted (SIGTERM)") or "workers were stopped" in last, err
 
     # nothing lost: the same command completes the bundle
     whole = warm.run(paper, capture_output=True, text=True, timeout=300, env=env)

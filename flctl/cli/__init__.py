@@ -169,11 +169,13 @@ for _panel, _commands in COMMANDS.items():
 # The signals that interrupted this command (flctl.shell.STOP_SIGNALS: SIGTERM and SIGHUP turned into an interruption
 # like Ctrl-C's): every command then exits 128 + the signal's number, 129, 130 or 143, with one line (training commands
 # stop at an epoch's end first, with handlers of their own: flctl.runner.stop_on_signals).
-_signalled = received
+# Its own: a signal a training loop's handler took (flctl.shell.received) was told by that command, not here.
+_signalled: list[signal.Signals] = []
 
 
 def _interrupt(signum: int, _frame) -> None:
     _signalled.append(signal.Signals(signum))
+    received.append(signal.Signals(signum))
     raise KeyboardInterrupt
 
 
