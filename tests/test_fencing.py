@@ -52,14 +52,14 @@ def row(results: Path) -> dict:
         store.close()
 
 
-def freeze_outside_a_write(proc: warm.Popen, db: Path) -> None:
-    """SIGSTOP ``proc`` at a moment it is inside no write: it holds no write lock on the SQLite file ``db`` and has
+def freeze_outside_a_write(pid: int, db: Path) -> None:
+    """SIGSTOP the process ``pid`` at a moment it is inside no write: it holds no write lock on the SQLite file ``db`` and has
     no file of the results folder half-placed (a hidden ``.tmp`` written but not yet renamed). Frozen inside a
     database write it would lock every other writer out, which is SQLite's rule, not what the test is about (seen
     once in CI as "database is locked"); frozen between a file's claim check and its rename, the one window
     flctl.fs.guarded leaves open, its file lands when it wakes (seen once in CI, as a changed epoch file)."""
     for _ in range(200):
-        proc.send_signal(signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
         conn = sqlite3.connect(db, timeout=0.05, isolation_level=None)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -70,7 +70,7 @@ def freeze_outside_a_write(proc: warm.Popen, db: Path) -> None:
             pass
         finally:
             conn.close()
-        proc.send_signal(signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         time.sleep(0.01)
     raise AssertionError("the worker was inside a write at every try")
 
@@ -182,7 +182,7 @@ def test_a_worker_frozen_past_the_stale_bound_stops_without_writing_when_it_wake
     try:
         wait_until(lambda: len(epoch_files(results)) >= 10, "the first worker's records", timeout=120,
                    interval=0.02)
-        freeze_outside_a_write(first, results / "flctl.db")    # frozen: alive, but no heartbeat
+        freeze_outside_a_write(first.pid, results / "flctl.db")    # frozen: alive, but no heartbeat
         frozen_at = len(epoch_files(results))
         time.sleep(2.5)
         second = flctl(results, *args, env=env)                # takes the stale run over, resumes it, finishes

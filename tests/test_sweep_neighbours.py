@@ -19,6 +19,7 @@ from flctl.procs import pid_alive
 from tests import warm
 from tests.helpers import bound, wait_until
 from tests.test_concurrency import database_url
+from tests.test_fencing import freeze_outside_a_write
 from tests.test_scale_faults import NOOP
 
 pytestmark = pytest.mark.slow
@@ -39,26 +40,6 @@ def rows(db: Path) -> dict[str, tuple]:
     with sqlite3.connect(db) as conn:
         return {r[0]: r[1:] for r in conn.execute("SELECT id, status, attempts, pid, claim_token, epochs_done, "
                                                   "heartbeat_at, finished_at FROM runs")}
-
-
-def freeze_outside_a_write(pid: int, db: Path) -> None:
-    """SIGSTOP ``pid`` where it holds no SQLite write lock and has no file half-placed (tests/test_fencing.py's
-    reason: frozen inside a write it would lock every writer out, SQLite's rule, not what is tested here)."""
-    for _ in range(200):
-        os.kill(pid, signal.SIGSTOP)
-        conn = sqlite3.connect(db, timeout=0.05, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            if not any(db.parent.rglob(".*.tmp")):
-                return
-        except sqlite3.OperationalError:
-            pass
-        finally:
-            conn.close()
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.01)
-    raise AssertionError("the worker was inside a write at every try")
 
 
 def start_wait(env: dict[str, str]) -> warm.Popen:

@@ -4,6 +4,7 @@ class found once for the session, not at each call (an installed logger's lookup
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ def prepare(chosen: Sequence[str], results_root: Path, sweep_id: str) -> tuple[s
     ready = []
     for name in chosen:
         cls = get_logger(name)
-        failure = call_tracker(cls, lambda cls=cls: cls.prepare(results_root))
+        failure = call_tracker(cls, functools.partial(cls.prepare, results_root))
         if failure is None:
             ready.append(name)
         else:
@@ -47,13 +48,15 @@ class Logging:
     why: dict[str, str] = field(default_factory=dict)                     # logger -> its first failure (describe)
     # logger -> its class, or why it could not be found here (each run's log in it then fails with that)
     classes: dict[str, type[Logger] | Exception] = field(default_factory=dict, init=False, repr=False)
+    names: tuple[str, ...] = field(default=(), init=False, repr=False)     # the loggers' names, in order
 
     def __post_init__(self) -> None:
         if isinstance(self.chosen, Chosen):
             self.classes = {cls.name: cls for cls in self.chosen.classes}
-            self.chosen = self.chosen.names
+            self.names = self.chosen.names
             return
-        for name in self.chosen:
+        self.names = tuple(self.chosen)
+        for name in self.names:
             try:
                 self.classes[name] = get_logger(name)
             except Exception as exc:     # noqa: BLE001 - a logger not found here fails its logs, not the training
@@ -62,10 +65,10 @@ class Logging:
     def start(self, cfg: Any) -> None:
         # in the training thread: a thread of the loggers' own raced its imports (a module half-imported in one
         # when the other used it), and made a two-moons run no faster
-        if not self.chosen:         # no logger: nothing is told (not even the library versions looked up)
+        if not self.names:          # no logger: nothing is told (not even the library versions looked up)
             return
         info = run_info(cfg, self.sweep_id, replay=self.replay)
-        for name in self.chosen:
+        for name in self.names:
             self._guard(name, cfg.run_id, lambda name=name: self._open(name, info))
 
     def _open(self, name: str, info: RunInfo) -> None:
