@@ -109,14 +109,7 @@ def run(
     from its last checkpoint. Ctrl-C, SIGTERM or SIGHUP (its terminal closed) stops at the end of the epoch,
     checkpointed, marks the run interrupted and exits 130, 143 or 129; a second signal stops at once.
     """
-    try:
-        check_checkpoint_every(checkpoint_every)
-        chosen_threads = threads_of_a_run(threads)
-        from flctl.loggers import check
-
-        loggers = check(log_to or ())     # each installed, before anything is written
-    except ConfigError as exc:
-        fail(str(exc))
+    chosen_threads, loggers = _run_flags(checkpoint_every, threads, log_to)
     method, device = fields.pop("method") or "fl", fields.pop("device") or "cpu"
     # the device first: a task's option defaults may depend on it (fashion-mnist's model)
     overrides = {**fields, "device": check_device(device), "options": with_model(parse_options(option), model)}
@@ -129,25 +122,55 @@ def run(
         return
     store, root = open_results(url, root)
 
-    from flctl.layout import Layout
-    from flctl.outcomes import SIGNAL, Ending, named
-    from flctl.runner import completed, stop_on_signals, train_unless_done
+    from flctl.runner import completed
 
     if (found := completed(cfg, store, rerun)) is not None:     # before the progress bar: nothing trains
         console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
         print_summary(found)
         return
-    layout = Layout(root)
-    summary_line = cfg.title
+    ending, stop = _train(cfg, store, root, rerun=rerun, checkpoint_every=checkpoint_every, threads=chosen_threads,
+                          loggers=loggers)
+    _end_unless_trained(cfg, store, ending, stop, rerun=rerun)
+    _said_trained(cfg, store, ending, loggers, root)
+
+
+def _run_flags(checkpoint_every: float, threads: int | None, log_to: list[str] | None):
+    """`flctl run`'s flags that need no task: (the torch threads, the trackers `loggers.check` found, each
+    installed), or exit 2 before anything is written."""
+    try:
+        check_checkpoint_every(checkpoint_every)
+        chosen_threads = threads_of_a_run(threads)
+        from flctl.loggers import check
+
+        return chosen_threads, check(log_to or ())
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _train(cfg, store, root: Path, *, rerun: bool, checkpoint_every: float, threads, loggers):
+    """Train ``cfg`` under an epoch progress bar, stopping at an epoch's end on a signal: (its Ending, None when a
+    live worker holds the run; the StopRequest, which knows the signal taken)."""
+    from flctl.layout import Layout
+    from flctl.outcomes import Ending, named
+    from flctl.runner import stop_on_signals, train_unless_done
+
     # Messages come after the progress bar has closed, so they are the last line, not torn by the bar.
-    progress = epoch_progress(cfg.run_id, cfg.epochs, summary_line)
+    progress = epoch_progress(cfg.run_id, cfg.epochs, cfg.title)
     with progress as on_epoch, stop_on_signals() as stop:
         try:
-            _, ending = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
-                                          checkpoint_every=checkpoint_every, stop=stop.is_set, threads=chosen_threads,
+            _, ending = train_unless_done(cfg, store, Layout(root), rerun=rerun, on_epoch=on_epoch,
+                                          checkpoint_every=checkpoint_every, stop=stop.is_set, threads=threads,
                                           log_to=loggers)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once (its row recorded it), resumes
             ending = Ending(named("signal"), error=exc)
+    return ending, stop
+
+
+def _end_unless_trained(cfg, store, ending, stop, *, rerun: bool) -> None:
+    """Exit as the outcome table says (flctl.outcomes.OUTCOMES: the row's line and exit code) unless the run
+    trained: a run a live worker holds (``ending`` None) is 1, or 2 with --rerun; a signal's line goes to stderr."""
+    from flctl.outcomes import SIGNAL
+
     if ending is None:
         held = store.get_run(cfg.run_id)
         assert held is not None
@@ -160,6 +183,10 @@ def run(
         raise typer.Exit(ending.exit_code(stop.exit_code))
     if ending.outcome.exit_code != 0:
         fail(ending.line(cfg.run_id), code=ending.outcome.exit_code)
+
+
+def _said_trained(cfg, store, ending, loggers, root: Path) -> None:
+    """A run that trained: where it resumed from, its summary and the trackers it was logged to."""
     result = ending.results[0]
     if result.resumed_from:
         console.print(f"resumed from epoch {result.resumed_from}")
