@@ -208,7 +208,7 @@ SPENT = [("claim (RunQueue.claim_next)", "flctl/db/queue.py", "claim_next"),
          ("evaluation (Stepper.evaluations)", "flctl/stepper.py", "evaluations"),
          ("records and summary of a cell (outputs.finish_run)", "flctl/outputs.py", "finish_run"),
          ("  of which task extras (the MLP's layers)", "tasks/two_moons.py", "extras"),
-         ("  of which the extras file (run_files.save_extras)", "flctl/run_files.py", "save_extras"),
+         ("  of which the extras file (run_folder.save_extras)", "flctl/records/run_folder.py", "save_extras"),
          ("database writes (Store.write)", "flctl/db/store.py", "write"),
          ("claimed runs' bookkeeping (ClaimedRuns: provenance, beats, logs, outcomes)", "flctl/claimed.py",
           ("__enter__", "epoch", "_record", "__exit__"))]

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from flctl import record_writing
 from flctl.db import RunQueue, Store
 from flctl.db.urls import file_url
 from flctl.layout import Layout
 from flctl.paper.plan import plan_programme
 from flctl.paper.programme import ITEMS
+from flctl.records import writes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,10 +71,10 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> int:
             target = rng.integers(0, 10, n).astype(np.float64)
             pred = np.where(rng.random(n) < 0.9, target, rng.integers(0, 10, n))
             lam = rng.exponential(0.1, n) if split == "train" and cfg.method in ("fl", "rfl") else None
-            tables.append(record_writing.split_table(cfg.run_id, split, cfg.epochs, loss, pred, target, pred == target, lam))
+            tables.append(writes.split_table(cfg.run_id, split, cfg.epochs, loss, pred, target, pred == target, lam))
             metrics |= {f"{split}.avg_loss": float(loss.mean()), f"{split}.max_loss": float(loss.max()),
                         f"{split}.accuracy": float((pred == target).mean())}
-        path = record_writing.write_epoch(layout.records, cfg.run_id, cfg.epochs, tables)
+        path = writes.write_epoch(layout.records, cfg.run_id, cfg.epochs, tables)
         token = RunQueue(store).claim_run(cfg.run_id)
         assert token is not None
         RunQueue(store).finish_run(cfg.run_id, token, status="completed", epochs_done=cfg.epochs, duration_s=cfg.epochs * 4.0,

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from flctl import record_writing
 from flctl.config import RunConfig
 from flctl.db import RunQueue, Store
 from flctl.db.urls import file_url
 from flctl.layout import Layout
+from flctl.records import writes
 
 METHODS = ("erm", "fl", "rfl", "cserm")
 
@@ -50,8 +50,8 @@ def synthesize(root: Path, n_runs: int, n_samples: int) -> Store:
             target = rng.integers(0, 10, n).astype(np.float64)
             pred = np.where(rng.random(n) < 0.9, target, rng.integers(0, 10, n))
             lam = rng.exponential(0.1, n) if split == "train" and cfg.method in ("fl", "rfl") else None
-            tables.append(record_writing.split_table(cfg.run_id, split, 1, loss, pred, target, pred == target, lam))
-        path = record_writing.write_epoch(layout.records, cfg.run_id, 1, tables)
+            tables.append(writes.split_table(cfg.run_id, split, 1, loss, pred, target, pred == target, lam))
+        path = writes.write_epoch(layout.records, cfg.run_id, 1, tables)
         tr, te = tables[0]["loss"].to_numpy(), tables[1]["loss"].to_numpy()
         token = RunQueue(store).claim_run(cfg.run_id)
         assert token is not None        # a new run, queued and claimed by this process alone

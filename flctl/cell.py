@@ -24,7 +24,7 @@ from flctl.fs import make_below
 from flctl.layout import RunFolder
 from flctl.methods import Method, NuPI, get_method
 from flctl.pruning import Pruner
-from flctl.run_files import host_copy, set_aside
+from flctl.records.run_folder import host_copy, set_aside
 from flctl.status import Status, blamed
 from flctl.tasks import Task
 
@@ -193,7 +193,7 @@ class Cell:
             "epoch_losses": self.epoch_losses if self.pruner is not None else None,
             "cuda_rng": rng["cuda"], "np_rng": _numpy_rng_state(rng["np"]),
         })
-        # Plain numbers (flctl.run_files.PLAIN), not walked: the history is appended to and never changed, so a copy
+        # Plain numbers (flctl.records.run_folder.PLAIN), not walked: the history is appended to and never changed, so a copy
         # of the list; Python's RNG state is a tuple of 625 ints, which cost a walk a third of a small cell's
         # checkpoint.
         state["history"] = list(self.result.history)

@@ -14,8 +14,8 @@ from flctl.config import RunConfig
 from flctl.layout import RunFolder, records_of
 from flctl.methods import LAMBDA_CAP
 from flctl.metrics import epoch_numbers, flatten, split_summary
-from flctl.record_writing import split_table, write_epoch
-from flctl.run_files import atomic_save, host_copy, save_extras
+from flctl.records.run_folder import atomic_save, host_copy, save_extras
+from flctl.records.writes import split_table, write_epoch
 from flctl.status import Status
 from flctl.tasks import Task
 from flctl.writer import Writer

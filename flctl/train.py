@@ -3,7 +3,7 @@ task in one process.
 
 Reads top to bottom: data -> cells (flctl.cell: model, optimizer, method, resumed from a checkpoint) -> epochs of
 [fill the epoch's batches, steps (flctl.step)] -> eval, records, checkpoint (what is written of a run: flctl.outputs,
-flctl.run_files). No database, no submitit, no typer here: callers record what this returns.
+flctl.records.run_folder). No database, no submitit, no typer here: callers record what this returns.
 
 How cells step (``RunResult.trained_with``):
 - eager: each cell's step as Python calls it (the default off CUDA);
@@ -42,7 +42,7 @@ from flctl.layout import records_of
 from flctl.losses import evaluate
 from flctl.metrics import EPOCH_NUMBERS
 from flctl.outputs import finish_run, record_epoch
-from flctl.run_files import save_extras
+from flctl.records.run_folder import save_extras
 from flctl.status import Status
 from flctl.stepper import Stepper
 from flctl.tasks import Solution, Task, get_task

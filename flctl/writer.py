@@ -10,7 +10,7 @@ from typing import Any
 
 from flctl.errors import ClaimLost
 from flctl.fs import guarded
-from flctl.run_files import PLAIN, atomic_save, device_tensors
+from flctl.records.run_folder import PLAIN, atomic_save, device_tensors
 
 
 class Writer:
@@ -55,7 +55,7 @@ class Writer:
             # The writer thread must never touch the device: its copy would run on another stream than the one the
             # state was written on, and a CUDA call while the training thread captures a graph breaks the capture.
             raise ValueError(f"checkpoint of run {run_id}: {len(on_device)} tensors are on {on_device[0].device}, "
-                             "not in host memory; copy them with flctl.run_files.host_copy first")
+                             "not in host memory; copy them with flctl.records.run_folder.host_copy first")
         for done in [r for r, (future, _) in self._checkpoints.items() if r == run_id or future.done()]:
             self._let_go(done)        # saved copies are freed now: only saves still running hold memory
         saving = [state]      # the job holds the list, not the state: its last reference stays here

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flctl import record_writing, records
+from flctl import records
 from flctl.errors import ConfigError
 from flctl.layout import records_of
+from flctl.records import writes
 from tests.helpers import in_process
 
 # The reports the issue found reading a wrong file (the first three printed numbers, cdf refused it).
@@ -52,7 +53,7 @@ def world(prepared: Path, results: Path) -> dict[str, str | Path]:
 
 def before_checksums(folder: Path) -> None:
     """Make a run's records ``folder`` as flctl wrote it before checksums: no _checksums.json, and files that keep no
-    summary in their metadata (record_checks.SUMMARY_KEY came after checksums: a file with it had them)."""
+    summary in their metadata (flctl.records.checks.SUMMARY_KEY came after checksums: a file with it had them)."""
     (folder / records.CHECKSUMS).unlink(missing_ok=True)
     for path in folder.glob("epoch=*.parquet"):
         pq.write_table(pq.read_table(path).replace_schema_metadata(None), path)
@@ -204,18 +205,18 @@ def test_a_run_from_before_checksums_is_unverified_and_still_read(world, results
 
 def test_checksums_are_written_with_each_epoch_and_only_for_runs_that_had_them_from_the_start(tmp_path: Path) -> None:
     def epoch(run_id: str, e: int) -> pa.Table:
-        return record_writing.split_table(run_id, "train", e, np.full(4, float(e)), np.zeros(4), np.zeros(4))
+        return writes.split_table(run_id, "train", e, np.full(4, float(e)), np.zeros(4), np.zeros(4))
 
     new, old = "0123456789abcdef", "fedcba9876543210"
     for e in (1, 2, 3):
-        record_writing.write_epoch(tmp_path, new, e, [epoch(new, e)])
+        writes.write_epoch(tmp_path, new, e, [epoch(new, e)])
     body = json.loads((records_of(tmp_path, new) / records.CHECKSUMS).read_text())
     listed = body["files"]
     assert body["run_id"] == new        # the checksums name their run (a copy in another run's folder says so)
     assert sorted(listed) == ["epoch=00001.parquet", "epoch=00002.parquet", "epoch=00003.parquet"]
     # A run that resumes at epoch 1 removes its later files and writes epoch 2 again: epoch 3 leaves its checksums.
     records.run_files(tmp_path, new)[-1].unlink()
-    record_writing.write_epoch(tmp_path, new, 2, [epoch(new, 2)])
+    writes.write_epoch(tmp_path, new, 2, [epoch(new, 2)])
     assert records.check_run(tmp_path, new).state == records.OK
     assert sorted(json.loads((records_of(tmp_path, new) / records.CHECKSUMS).read_text())["files"]) == \
         ["epoch=00001.parquet", "epoch=00002.parquet"]
@@ -223,7 +224,7 @@ def test_checksums_are_written_with_each_epoch_and_only_for_runs_that_had_them_f
     folder = records_of(tmp_path, old)
     folder.mkdir(parents=True)
     pq.write_table(epoch(old, 1), folder / "epoch=00001.parquet")
-    record_writing.write_epoch(tmp_path, old, 2, [epoch(old, 2)])
+    writes.write_epoch(tmp_path, old, 2, [epoch(old, 2)])
     assert not (folder / records.CHECKSUMS).exists() and records.check_run(tmp_path, old).state == records.UNVERIFIED
     assert records.read(tmp_path, [old]).num_rows == 8
 

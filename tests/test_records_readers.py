@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from flctl import record_writing, records
+from flctl import records
 from flctl.cli import app
 from flctl.layout import records_of
+from flctl.records import writes
 
 
 def test_five_readers_read_the_records_folder_and_agree(results: Path) -> None:
@@ -53,7 +54,7 @@ def test_five_readers_read_the_records_folder_and_agree(results: Path) -> None:
 def test_records_written_before_run_id_was_dictionary_encoded_stay_readable(tmp_path: Path) -> None:
     folder = records_of(tmp_path, "0123456789abcdef")
     folder.mkdir(parents=True)
-    old = record_writing.split_table("0123456789abcdef", "train", 1, np.ones(3), np.zeros(3), np.zeros(3))
+    old = writes.split_table("0123456789abcdef", "train", 1, np.ones(3), np.zeros(3), np.zeros(3))
     old = old.set_column(0, "run_id", pa.array(["0123456789abcdef"] * 3))          # the old plain-string column
     pq.write_table(old, folder / "epoch=00001.parquet")
     table = records.read(tmp_path, ["0123456789abcdef"])

@@ -1,10 +1,4 @@
-"""Per-sample records: one Parquet dataset under ``<results>/records``, one folder per run (hive layout).
-
-Each eval epoch of a run is one file ``run_id=<id>/epoch=<e>.parquet`` holding both splits. A file is written
-to a temporary name and renamed into place, so readers never see half a file, and a resumed run that redoes
-an epoch replaces that epoch's file instead of appending duplicate rows. Each file's SHA-256 and size go into the
-run's checksums, ``run_id=<id>/_checksums.json`` (also written whole or not at all; flctl.record_checks), once the
-file is in place. flctl.record_writing writes them.
+"""The records' schema and every checked read of them (flctl.records is the package's overview).
 
 Every read of record files goes through here, and is checked: a file of another schema (``SCHEMA``: names and
 types) is refused in one line that names it, never cast into numbers; a report first checks each run it reads
@@ -25,9 +19,9 @@ import pyarrow.parquet as pq
 
 from flctl.errors import ConfigError
 from flctl.layout import records_of
-from flctl.record_checks import CHECKSUMS as CHECKSUMS
-from flctl.record_checks import SUMMARY_KEY as SUMMARY_KEY
-from flctl.record_checks import (
+from flctl.records.checks import CHECKSUMS as CHECKSUMS
+from flctl.records.checks import SUMMARY_KEY as SUMMARY_KEY
+from flctl.records.checks import (
     facts,
     kept_checksums,
     load_checksums,
@@ -149,7 +143,7 @@ def check_run(root: Path, run_id: str, deep: Collection[str] | None = None, *, c
     (file names; None: every file) has the records' schema, its recorded SHA-256 and rows of this run only. The cheap
     part (names, sizes) covers every file; the reads cover ``deep``, what a reader reads. ``completed``: the run
     finished, so it has records (a missing folder fails). Check only a run no worker is writing: an epoch file lands
-    before its checksum (flctl.record_writing.write_epoch), so a run in progress may be between the two."""
+    before its checksum (flctl.writes.write_epoch), so a run in progress may be between the two."""
     folder = records_of(root, run_id)
     files = run_files(root, run_id)
     check = RunCheck(run_id, folder, checksummed=False, files=files)
@@ -289,7 +283,7 @@ def files_after(root: Path, run_id: str, epoch: int) -> list[Path]:
 
 def epoch_summaries(root: Path, run_id: str) -> list[tuple[int, dict[str, float], Path]]:
     """(epoch, summary metrics, its file) of each of the run's eval epochs whose file keeps them
-    (flctl.record_writing.write_epoch), by epoch: the numbers a logger was given as the run trained. Files from before
+    (flctl.writes.write_epoch), by epoch: the numbers a logger was given as the run trained. Files from before
     flctl kept them are left out."""
     found = []
     for path in sorted(records_of(Path(root), run_id).glob(EPOCH_GLOB)):

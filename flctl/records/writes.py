@@ -1,6 +1,6 @@
-"""Writing per-sample records (flctl.records reads them, and holds their SCHEMA): an eval epoch's rows of one split
+"""Writing an epoch's per-sample records (flctl.records.reads reads them, and holds their SCHEMA): an eval epoch's rows of one split
 as a table (``split_table``), and the epoch's file, written atomically with the epoch's summary metrics in its
-metadata, then its checksum into the run's checksums (``write_epoch``; flctl.record_checks keeps their format).
+metadata, then its checksum into the run's checksums (``write_epoch``; flctl.records.checks keeps their format).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 
 from flctl.fs import atomic_path, make_below
 from flctl.layout import records_of
-from flctl.record_checks import SUMMARY_KEY, epoch_of, load_checksums, write_checksums
-from flctl.records import EPOCH_GLOB, SCHEMA
+from flctl.records.checks import SUMMARY_KEY, epoch_of, load_checksums, write_checksums
+from flctl.records.reads import EPOCH_GLOB, SCHEMA
 
 # As written: run_id dictionary-encoded, the type pyarrow gives the hive partition folder ``run_id=<id>``, so that
 # readers that merge the folder name with the column (pandas.read_parquet, pyarrow.parquet.read_table) agree
@@ -59,7 +59,7 @@ def split_table(
     )
 
 
-# An epoch file keeps that eval's summary metrics in its metadata under SUMMARY_KEY (flctl.record_checks): what a
+# An epoch file keeps that eval's summary metrics in its metadata under SUMMARY_KEY (flctl.records.checks): what a
 # logger was told live, read back by `flctl export` (epoch_summaries).
 
 
