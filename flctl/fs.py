@@ -22,18 +22,18 @@ def is_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
 
 
-# Called just before an atomic_path renames its file into place (see ``guarded``).
+# Called just before an atomic_path renames its file into place (see ``fenced``).
 _BEFORE_REPLACE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("before_replace",
                                                                                             default=None)
 
 
 @contextlib.contextmanager
-def guarded(check: Callable[[], None]) -> Iterator[None]:
+def fenced(check: Callable[[], None]) -> Iterator[None]:
     """Within the block, each ``atomic_path`` of this thread calls ``check`` after its file is written and just
     before the rename; ``check`` raising leaves ``path`` as it was. A worker's claim check (flctl.writer.Writer) sits
     there rather than before the write: a worker frozen between its check and the rename is the one stale write
     that can still land, and that window is a rename long, not a whole file's write. A block that renamed no file
-    through ``atomic_path`` was not guarded at all: RuntimeError, a bug in the caller, not a failed check."""
+    through ``atomic_path`` was not fenced at all: RuntimeError, a bug in the caller, not a failed check."""
     checked: list[bool] = []
 
     def counted() -> None:
@@ -46,7 +46,7 @@ def guarded(check: Callable[[], None]) -> Iterator[None]:
     finally:
         _BEFORE_REPLACE.reset(token)
     if not checked:
-        raise RuntimeError("a guarded write did not go through flctl.fs.atomic_path: nothing checked it")
+        raise RuntimeError("a fenced write did not go through flctl.fs.atomic_path: nothing checked it")
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.errors import ClaimLost
-from flctl.fs import guarded
+from flctl.fs import fenced
 from flctl.records.run_folder import PLAIN, atomic_save, device_tensors
 
 
@@ -20,7 +20,7 @@ class Writer:
     snapshots (a group of cells checkpointing at the same epoch does not wait for each other's saves: with 50
     two-moons cells a worker, those waits were a tenth of its time). A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
     identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) just before
-    its written file is renamed into place (flctl.fs.guarded), however long it waited in the queue or took.
+    its written file is renamed into place (flctl.fs.fenced), however long it waited in the queue or took.
 
     Its thread does file I/O only, and is handed host memory only (``checkpoint`` refuses a device tensor). The
     copies a checkpoint saves are freed by the training thread, once saved: freeing pinned memory records a CUDA
@@ -39,7 +39,7 @@ class Writer:
     def _fenced(self, run_id: str, fn: Callable, *args: Any) -> Any:
         if self._fence is None:
             return fn(*args)
-        with guarded(lambda: self._still_held(run_id)):
+        with fenced(lambda: self._still_held(run_id)):
             return fn(*args)
 
     def _still_held(self, run_id: str) -> None:

@@ -57,7 +57,7 @@ def freeze_outside_a_write(pid: int, db: Path) -> None:
     no file of the results folder half-placed (a hidden ``.tmp`` written but not yet renamed). Frozen inside a
     database write it would lock every other writer out, which is SQLite's rule, not what the test is about (seen
     once in CI as "database is locked"); frozen between a file's claim check and its rename, the one window
-    flctl.fs.guarded leaves open, its file lands when it wakes (seen once in CI, as a changed epoch file)."""
+    flctl.fs.fenced leaves open, its file lands when it wakes (seen once in CI, as a changed epoch file)."""
     for _ in range(200):
         os.kill(pid, signal.SIGSTOP)
         conn = sqlite3.connect(db, timeout=0.05, isolation_level=None)
