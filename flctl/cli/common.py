@@ -72,7 +72,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 # Where a command's results and database are: the doorway's (flctl.results), with its ConfigError or StoreError
 # said as the command's one line, exit 2.
 
-def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def bad_input_exits_2(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, or its ConfigError or StoreError as one line, exit 2 (bad input: nothing written)."""
     from flctl.errors import StoreError
 
@@ -84,19 +84,19 @@ def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def results_root(path: Path | None) -> Path:
     """--results-dir, else FLCTL_RESULTS (an empty one is unset, not the current directory), else ./results."""
-    return guarded(results.results_root, path)
+    return bad_input_exits_2(results.results_root, path)
 
 
 def check_results(root: Path) -> None:
     """The checks of a results folder that write nothing (a dry run makes them too): not a file, nor a folder
     under one."""
-    guarded(results.check_folder, root, results.CLI)
+    bad_input_exits_2(results.check_folder, root, results.CLI)
 
 
 def ensure_writable(root: Path, *, dry: bool = False) -> Path:
     """Create the results directory if needed and prove it takes a file; ``dry`` (a dry run's check): leave nothing
     behind (flctl.results.make_folder)."""
-    guarded(results.make_folder, root, results.CLI, dry=dry)
+    bad_input_exits_2(results.make_folder, root, results.CLI, dry=dry)
     return root
 
 
@@ -106,7 +106,7 @@ def db_url(db: str | None, root: Path) -> str:
     or report could ever see it. The results folder is checked first (check_results): every command finds its
     database through here, a dry run included."""
     check_results(root)
-    return guarded(results.database_url, db, root)
+    return bad_input_exits_2(results.database_url, db, root)
 
 
 def check_device(device: str, *, here: bool = True) -> str:
@@ -123,7 +123,7 @@ def open_results(url: str, root: Path):
     """The results folder, made if needed and proven writable, and its run database opened for writing: (store,
     root); closed when the command ends (also when it runs in a process that lives on: the Python API, a test's
     CliRunner). A database that cannot be opened fails in one line and takes back the folders made for it."""
-    store = guarded(results.open_to_write, url, root, results.CLI)
+    store = bad_input_exits_2(results.open_to_write, url, root, results.CLI)
     try:        # typer >= 0.29 vendors click
         from typer._click.globals import get_current_context
     except ImportError:
@@ -137,8 +137,8 @@ def open_results(url: str, root: Path):
 def existing_store(db: str | None, root: Path, *, readonly: bool = True, voice: results.Voice = results.CLI):
     """Open an existing database without creating one (exit 2 where its file is not there: opening it would make
     it); ``readonly`` (listings, reports) writes nothing to it. ``voice``: how its errors name the folder."""
-    guarded(results.check_folder, root, voice)          # in the caller's words, before db_url's
-    return guarded(results.open_to_read, db_url(db, root), root, voice, readonly=readonly)
+    bad_input_exits_2(results.check_folder, root, voice)          # in the caller's words, before db_url's
+    return bad_input_exits_2(results.open_to_read, db_url(db, root), root, voice, readonly=readonly)
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:

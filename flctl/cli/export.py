@@ -9,10 +9,10 @@ import typer
 from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
+    bad_input_exits_2,
     console,
     existing_store,
     fail,
-    guarded,
     results_root,
     safe,
 )
@@ -35,9 +35,9 @@ def export(
     from flctl.api import export_from
     from flctl.loggers import check, where
 
-    chosen = guarded(check, to)
+    chosen = bad_input_exits_2(check, to)
     root = results_root(results_dir)
-    made = guarded(export_from, existing_store(db, root), root, ref, chosen.names)
+    made = bad_input_exits_2(export_from, existing_store(db, root), root, ref, chosen.names)
     runs, finished, done = made.runs, made.finished, made.logging
     failed = {run_id for ids in done.not_logged.values() for run_id in ids}
     whole = len(finished) - len(failed)

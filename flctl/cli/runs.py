@@ -9,13 +9,13 @@ import typer
 from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
+    bad_input_exits_2,
     complete_from,
     console,
     db_url,
     existing_store,
     fail,
     find,
-    guarded,
     results_root,
     safe,
 )
@@ -212,7 +212,7 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
 
     root = results_root(results_dir)
     url = db_url(db, root)
-    guarded(results.check_folder, root, results.CLI)
+    bad_input_exits_2(results.check_folder, root, results.CLI)
     try:
         store = results.peek(url)
         if store is None:           # a file not made yet: an operator's first step, in a folder that must be there
@@ -242,7 +242,7 @@ def _make_database(url: str) -> None:
     if file is None or not file.parent.is_dir():
         fail(f"no folder {str(file.parent if file else url)!r} for the run database {str(file or url)!r}; make the "
              "folder first, or give --db a file in a folder that exists")
-    guarded(Store.open, url).close()
+    bad_input_exits_2(Store.open, url).close()
     console.print(f"made a new run database at {safe(str(file))} (schema revision {migrations.head()})")
 
 
@@ -251,4 +251,4 @@ def run_or_sweep(store, ref: str) -> tuple[Any, dict | None]:
     one-line exit 2 where it names neither, both, or several (flctl.db.reads.run_or_sweep)."""
     from flctl.db.reads import run_or_sweep as named
 
-    return guarded(named, store, ref)
+    return bad_input_exits_2(named, store, ref)

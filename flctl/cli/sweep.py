@@ -14,6 +14,7 @@ from flctl.cli.common import (
     LAUNCH_PANEL,
     DbOption,
     ResultsDirOption,
+    bad_input_exits_2,
     config_options,
     console,
     db_url,
@@ -21,7 +22,6 @@ from flctl.cli.common import (
     err_console,
     fail,
     gpu_sharing_line,
-    guarded,
     launch_options,
     open_results,
     parse_options,
@@ -98,7 +98,7 @@ def sweep(
     if dry_run:
         ensure_writable(results_root(results_dir), dry=True)   # what the real sweep would refuse, a dry run refuses too
         # its database too (a newer flctl's, unreachable), before the plan is printed: read as the plan's price
-        cost = guarded(_cost_line, db_url(db, results_root(results_dir)), planned.configs, settings)
+        cost = bad_input_exits_2(_cost_line, db_url(db, results_root(results_dir)), planned.configs, settings)
         _check_name(db_url(db, results_root(results_dir)), planned)
     for note in planned.spec.notes:
         console.print(safe(note))
