@@ -152,6 +152,22 @@ def test_modules_stay_small_and_each_job_has_one_home() -> None:
         assert len(outside) <= 8, (path, sorted(outside))
 
 
+CLI_DEF_LINES = 60
+
+
+def test_commands_parse_call_and_print() -> None:
+    """No def in flctl/cli/ over 60 lines, counted from its `def` line to its last (the signature, where a command's
+    options are declared, included; its decorators not): a command parses, calls what does the work (flctl/launch/,
+    flctl/runner.py or a named function beside it) and prints."""
+    import ast
+
+    long = [f"{path.relative_to(ROOT).as_posix()}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for path in sorted((ROOT / "flctl" / "cli").glob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > CLI_DEF_LINES]
+    assert not long, long
+
+
 def _layout() -> tuple[list[str], list[list[str]]]:
     """README's layout block: the top-level paths (the first word of each unindented line) and flctl/'s groups (the
     names, comma-separated, on the lines indented by two spaces, up to the colon that ends a group)."""
