@@ -119,7 +119,8 @@ class _Fence:
 
 class ClaimedRuns:
     """The runs of ``cfgs``, claimed by this process with fencing ``tokens``, as they train (see the module's
-    docstring). ``logging``: their trackers (a Logging of no loggers does nothing); ``on_epoch``: progress;
+    docstring; a claim as the queue hands it is flctl.db.claims.Claim, a worker's cells claimed at once
+    flctl.launch.claims.ClaimedTogether). ``logging``: their trackers (a Logging of no loggers does nothing); ``on_epoch``: progress;
     ``max_attempts`` (a sweep's worker): cells whose device died under them are queued again while attempts are left.
 
     Left with an Exception, the with-block does not raise: ``ending`` holds the row and the error. A signal

@@ -25,7 +25,8 @@ from flctl.status import REPORTABLE, TO_DO, TRAIN_ALONE, Status
 
 class Claim(NamedTuple):
     """A cell a pull worker claimed (RunQueue.claim_next): its config, the claim's fencing token, and whether it is
-    to train alone (handed back as TRAIN_ALONE)."""
+    to train alone (handed back as TRAIN_ALONE). One row won; a worker's cells claimed at once are
+    flctl.launch.claims.ClaimedTogether, and runs while they train flctl.claimed.ClaimedRuns."""
 
     cfg: RunConfig
     token: str

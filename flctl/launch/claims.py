@@ -1,4 +1,4 @@
-"""What a sweep's worker claims next (claim_group): the sweep's next cell and up to ``batch_runs - 1`` more that train
+"""What a sweep's worker claims next (claim_together): the sweep's next cell and up to ``batch_runs - 1`` more that train
 together with it (flctl.grouped.policy), each on the device its worker's slot gives it, with their fencing tokens.
 A cell whose task this worker cannot load is failed at once, in one line (TaskUnavailable)."""
 
@@ -13,7 +13,10 @@ from flctl.errors import ConfigError
 from flctl.launch.backends import Slot
 from flctl.launch.recipe import WorkerRecipe
 
-Claimed = list[tuple[RunConfig, str]]      # the cells claimed, each with its claim's fencing token
+# The cells a worker claimed at once, to train together, each with its claim's fencing token (apart from
+# flctl.db.claims.Claim, one cell's claim as the queue hands it, and flctl.claimed.ClaimedRuns, this process's
+# claimed runs while they train).
+ClaimedTogether = list[tuple[RunConfig, str]]
 
 
 class TaskUnavailable(Exception):
@@ -24,8 +27,8 @@ class TaskUnavailable(Exception):
         self.run_id = run_id
 
 
-def claim_group(queue: RunQueue, recipe: WorkerRecipe, slot: Slot | None, held: dict[str, str], *,
-                job_id: str | None, git_sha: str | None) -> Claimed:
+def claim_together(queue: RunQueue, recipe: WorkerRecipe, slot: Slot | None, held: dict[str, str], *,
+                   job_id: str | None, git_sha: str | None) -> ClaimedTogether:
     """The next cell of ``recipe``'s sweep, and up to ``batch_runs - 1`` more that can train together with it; [] when
     none is left. ``held`` (run id -> token) gets each claim as it is made, so that a signal between two claims
     finds them all; it is emptied again when the first cell's task cannot be loaded here (TaskUnavailable)."""
@@ -51,7 +54,7 @@ def claim_group(queue: RunQueue, recipe: WorkerRecipe, slot: Slot | None, held: 
         queue.fail_run(first.cfg.run_id, first.token, why, 0.0)
         held.clear()
         raise TaskUnavailable(first.cfg.run_id, why) from None
-    # a cell handed back to train alone (its group failed, no one cell to blame) is trained alone; the others come
+    # a cell handed back to train alone (its cells together failed, no one cell to blame) is trained alone; the others come
     # with their run's together key (RunConfig.together_id, in SQL), which holds the rule of can_train_together but
     # whether the task trains a model at all
     alone = first.alone or recipe.batch_runs < 2 or not can_train_together([first.cfg, first.cfg])

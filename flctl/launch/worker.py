@@ -32,7 +32,7 @@ from flctl.claimed import ground_moved
 from flctl.db import RunQueue, Store, not_the_one, poll_delays
 from flctl.errors import DEVICE_LOST_EXIT, DatabaseDeleted, DeviceLost
 from flctl.launch.backends import Slot
-from flctl.launch.claims import Claimed, TaskUnavailable, claim_group
+from flctl.launch.claims import ClaimedTogether, TaskUnavailable, claim_together
 from flctl.launch.jobs import registered, remember_jobs, sweep_jobs
 from flctl.launch.recipe import WorkerRecipe
 from flctl.launch.wait import DiskNote
@@ -57,7 +57,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.device_lost: str | None = None      # the fatal device error that ended this worker
         self.failed_cells: list[str] = []        # the cells it was training then
         self.losses_in_a_row = recipe.losses_in_a_row
-        self.trained_a_group = False             # a group of cells trained to its end (the device worked)
+        self.trained_together = False            # cells together trained to their end (the device worked)
         self.ground_moved: str | None = None     # its database or results folder went away: it stopped
         self.disk_full: str | None = None        # the disk filled up: it stopped
         self.disk_note: DiskNote | None = None   # where it tells a waiting command so, while it works
@@ -89,7 +89,7 @@ class Worker(submitit.helpers.Checkpointable):
                 DiskNote.reserved(Path(r.results_root), r.sweep_id) as self.disk_note, \
                 stop_on_signals(r.launcher.stop_signals) as stop:
             try:
-                while not stop.is_set() and self._next_group(store, layout, job_id, git_sha, stop, outcome):
+                while not stop.is_set() and self._next_cells(store, layout, job_id, git_sha, stop, outcome):
                     pass
                 if r.sync_study and outcome and self.ground_moved is None:
                     _sync_study_once(store, r.db_url, r.sweep_id)
@@ -126,7 +126,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.ground_moved = why
         return False
 
-    def _next_group(self, store: Store, layout: Layout, job_id: str | None, git_sha: str | None, stop: Any,
+    def _next_cells(self, store: Store, layout: Layout, job_id: str | None, git_sha: str | None, stop: Any,
                     outcome: dict[str, str]) -> bool:
         """Claim the next cells and train them, their outcomes into ``outcome``; False: this worker stops (nothing
         left to claim, or what it met would stop the next cells alike)."""
@@ -164,7 +164,7 @@ class Worker(submitit.helpers.Checkpointable):
             outcome.update((i, f"failed: {type(error).__name__}") for i in ids if i not in outcome)
         match ending.outcome.next:
             case Next.GO_ON:
-                self.trained_a_group = self.trained_a_group or error is None
+                self.trained_together = self.trained_together or error is None
                 return True
             case Next.DISK_FULL:
                 self._stop_on_full_disk(error if isinstance(error, OSError) else OSError(str(error)))
@@ -177,12 +177,12 @@ class Worker(submitit.helpers.Checkpointable):
                 print(f"flctl worker: {ending.line(ids[0])}; this worker stops", file=sys.stderr)
         return False
 
-    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> Claimed:
+    def _claim(self, store: Store, job_id: str | None, git_sha: str | None) -> ClaimedTogether:
         """The next cell, and up to ``batch_runs - 1`` more that can train together with it (flctl.launch.claims)."""
         self.current = {}               # held from each claim on: a second signal hands them back (_work)
-        return claim_group(RunQueue(store), self.recipe, self.slot, self.current, job_id=job_id, git_sha=git_sha)
+        return claim_together(RunQueue(store), self.recipe, self.slot, self.current, job_id=job_id, git_sha=git_sha)
 
-    def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> Claimed:
+    def _linger(self, store: Store, job_id: str | None, git_sha: str | None, stop) -> ClaimedTogether:
         """Wait up to ``linger_s`` for a cell to be added (a --tune sweep's next trial); [] when none came."""
         deadline = time.monotonic() + self.recipe.linger_s
         for delay in poll_delays(_LINGER_POLL_S):   # the next trial comes a tell and an ask after this cell's end
@@ -208,7 +208,7 @@ class Worker(submitit.helpers.Checkpointable):
         process of `sweep --wait`, which must not exit, goes on waiting)."""
         # A fresh process that also loses its device before it finishes a cell is replaced too, but not for ever: a
         # GPU that is broken (not one cell's fault) would otherwise start worker after worker.
-        self.losses_in_a_row = 1 if self.trained_a_group else self.losses_in_a_row + 1
+        self.losses_in_a_row = 1 if self.trained_together else self.losses_in_a_row + 1
         in_process = self.recipe.launcher.in_process
         replaced = (not in_process and self.losses_in_a_row < MAX_DEVICE_LOSSES_IN_A_ROW
                     and self._cells_left() and self._start_replacement(slot))
