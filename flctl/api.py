@@ -102,11 +102,14 @@ def config(task: str, method: str = "fl", *, p_min: float | None = None, check_d
 def open_store(results_dir: str | Path | None = None, db: str | None = None, *, create: bool = True) -> Store:
     """The run database of a results folder: made when ``create`` (with the folder, taken back should the database
     not open); else read-only, and it must exist (flctl.results)."""
-    root = results_root(results_dir)
-    url = database_url(db, root)
-    if create:
-        return results.open_to_write(url, root, results.API)
-    return results.open_to_read(url, root, results.API)
+    return _opened(results_dir, db, create=create)[1]
+
+
+def _opened(results_dir: str | Path | None, db: str | None, *, create: bool) -> tuple[results.Results, Store]:
+    """open_store's folder, found and checked once by the doorway (flctl.results.find, as the CLI finds it), and its
+    run database opened: for the functions that need the folder too."""
+    folder = results.find(results_dir, db, results.API)
+    return folder, folder.open_to_write() if create else folder.open_to_read()
 
 
 @checked(task="give one task's name, a str (see `flctl tasks`)",
@@ -122,16 +125,15 @@ def run(task: str, method: str = "fl", *, results_dir: str | Path | None = None,
     ``threads``: torch's threads on a CPU (default: OMP_NUM_THREADS, else chosen from the model's size and the cores
     this process may use). ``log_to``: loggers its epochs go to, live (flctl.loggers: "tensorboard", "mlflow", "wandb")."""
     from flctl.knobs import threads_of_a_run
-    from flctl.layout import Layout
     from flctl.loggers import check
     from flctl.runner import train_unless_done
 
     cfg = config(task, method, p_min=p_min, **fields)
     chosen = threads_of_a_run(threads)
     loggers = check(log_to)      # the classes found once: the run's session holds them
-    store = open_store(results_dir, db)
+    folder, store = _opened(results_dir, db, create=True)
     try:
-        found, ending = train_unless_done(cfg, store, Layout(results_root(results_dir)), rerun=rerun,
+        found, ending = train_unless_done(cfg, store, folder.layout, rerun=rerun,
                                           on_epoch=on_epoch, threads=chosen, log_to=loggers)
         if found is not None:
             return found
@@ -191,9 +193,9 @@ def report(*, table: str | None = None, plot: str | None = None, samples: str | 
                       columns=None if columns is None else tuple(columns), split=split, k=k, min_seeds=min_seeds,
                       eps=eps, methods=methods, top=top, digits=digits, fmt=fmt,
                       out=None if out is None else Path(out)).check()
-    store = open_store(results_dir, db, create=False)
+    folder, store = _opened(results_dir, db, create=False)
     try:
-        return make_report(store, results_root(results_dir), request, partial(latest_sweeps, store))
+        return make_report(store, folder.root, request, partial(latest_sweeps, store))
     finally:
         store.close()
 
@@ -242,12 +244,11 @@ def reproduce(run: str, *, results_dir: str | Path | None = None, db: str | None
     flctl.reproduce.Reproduction: ``identical``, else its ``difference`` (epoch, split, sample id, column, size);
     ``versions``: the libraries whose versions differ from the run's. The results folder and database are only
     read."""
-    from flctl.layout import Layout
     from flctl.reproduce import reproduce as train_again
 
-    store = open_store(results_dir, db, create=False)
+    folder, store = _opened(results_dir, db, create=False)
     try:
-        return train_again(store, Layout(results_root(results_dir)).records, run, on_epoch)
+        return train_again(store, folder.layout.records, run, on_epoch)
     finally:
         store.close()
 
@@ -275,16 +276,14 @@ def export(ref: str, *, to: str | Iterable[str], results_dir: str | Path | None 
     from flctl.loggers import check
 
     loggers = check(to).names
-    root = results_root(results_dir)
-    store = results.open_to_read(database_url(db, root), root, results.API)
-    return export_from(store, root, ref, loggers)
+    folder, store = _opened(results_dir, db, create=False)
+    return export_from(store, folder, ref, loggers)
 
 
-def export_from(store: Store, root: Path, ref: str, loggers: tuple[str, ...]) -> Exported:
-    """``export`` from a store opened already (closed here) and loggers checked already: `flctl export` opens its
-    database as every command does, with the command's words for what is missing."""
+def export_from(store: Store, folder: results.Results, ref: str, loggers: tuple[str, ...]) -> Exported:
+    """``export`` from a store opened already (closed here) in ``folder`` and loggers checked already: `flctl export`
+    opens its database as every command does, with the command's words for what is missing."""
     from flctl.db.reads import runs_of
-    from flctl.layout import Layout
     from flctl.loggers.export import export as replay
     from flctl.report.data import gate
     from flctl.status import REPORTABLE
@@ -296,5 +295,5 @@ def export_from(store: Store, root: Path, ref: str, loggers: tuple[str, ...]) ->
     finished = [r for r in runs if r.status in REPORTABLE]
     if not finished:
         raise ConfigError(f"{ref}: no finished run to export ({len(runs)} not finished yet; see `flctl status`)")
-    gate(Layout(root).records, finished, read="all")     # as verify checks them, before any tracker hears of one
-    return Exported(runs, finished, loggers, replay(finished, root, loggers, sweep_of))
+    gate(folder.layout.records, finished, read="all")    # as verify checks them, before any tracker hears of one
+    return Exported(runs, finished, loggers, replay(finished, folder.root, loggers, sweep_of))

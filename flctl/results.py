@@ -1,5 +1,6 @@
-"""The one doorway to a results folder and its run database, for the CLI and the Python API alike: where they are
-(``results_root``, ``database_url``), the folder made for a command and taken back when the command fails
+"""The one doorway to a results folder and its run database, for the CLI and the Python API alike: a command's folder
+found and checked once, in one order (``find``: a ``Results``, handed down to what needs its root, URL or layout),
+where they are (``results_root``, ``database_url``), the folder made for a command and taken back when the command fails
 (``make_folder``, ``take_back``), its database opened to write, made and upgraded (``open_to_write``), or to read,
 never made (``open_to_read``, ``peek``), and as a plan reads it (``peek_plan``; the runs that price a plan are read
 through it by flctl.cost.stored_runs).
@@ -87,13 +88,53 @@ def check_folder(root: Path, voice: Voice) -> None:
         raise ConfigError(why)
 
 
+@dataclass(frozen=True)
+class Results:
+    """A command's results folder as the doorway found and checked it, once (``find``): where it is (``root``), its
+    run database (``url``), where flctl keeps each thing inside it (``layout``) and the words its errors are said in
+    (``voice``). Handed down to what needs any of them, so that nothing derives or checks the folder again. The Store
+    is not held here: ``open_to_write`` / ``open_to_read`` open it, and their caller closes it."""
+
+    root: Path
+    url: str
+    layout: Layout
+    voice: Voice
+
+    def make(self, *, dry: bool = False) -> list[Path]:
+        """The folder made and proven to take a file (flctl.results.make_folder, its checks made once already)."""
+        return _make(self.root, self.voice, dry)
+
+    def open_to_write(self) -> Store:
+        """The folder made and its run database opened to write, made or upgraded (flctl.results.open_to_write)."""
+        return _open_made(self.url, self.make())
+
+    def open_to_read(self, *, readonly: bool = True) -> Store:
+        """Its existing run database, never made (flctl.results.open_to_read)."""
+        return _read(self, readonly)
+
+
+def find(results_dir: str | Path | None, db: str | None, voice: Voice) -> Results:
+    """A command's results folder from its ``results_dir`` and ``db`` (each else its environment variable, else the
+    default), checked in one order for the CLI and the API alike, so that one bad input is one first error: the
+    folder's path (``results_root``), the folder as it is (``check_folder``: nothing written), then its database's
+    URL (``database_url``: not connected). Whether it takes a file is asked where it is made (``Results.make``)."""
+    root = results_root(results_dir)
+    check_folder(root, voice)
+    return Results(root, database_url(db, root), Layout(root), voice)
+
+
 def make_folder(root: Path, voice: Voice, *, dry: bool = False) -> list[Path]:
     """Make the results folder ``root`` and prove it takes a file (flctl.fs.refuses_files); the folders this made,
     deepest first, for ``take_back`` should what follows fail on bad input. ``dry`` (a dry run's check): make
     nothing, proving the nearest of its parents that exists. A ConfigError leaves nothing behind."""
+    check_folder(root, voice)
+    return _make(root, voice, dry)
+
+
+def _make(root: Path, voice: Voice, dry: bool) -> list[Path]:
+    """make_folder's work, the folder checked already."""
     from flctl.fs import refuses_files
 
-    check_folder(root, voice)
     absolute = root.absolute()
     made = [] if dry else [p for p in (absolute, *absolute.parents) if not p.exists()]
     try:
@@ -126,9 +167,13 @@ def open_to_write(url: str, root: Path, voice: Voice) -> Store:
     """The results folder made (make_folder) and the run database at ``url`` opened for writing, made or upgraded
     as needed. A database that cannot be opened (a bad URL, a server that does not answer) takes back the folders
     this made: bad input leaves nothing behind."""
+    return _open_made(url, make_folder(root, voice))
+
+
+def _open_made(url: str, made: list[Path]) -> Store:
+    """The run database at ``url`` opened to write; the folders ``made`` for it taken back should it not open."""
     from flctl.db import Store
 
-    made = make_folder(root, voice)
     try:
         return Store.open(url)
     except BaseException:
@@ -140,12 +185,17 @@ def open_to_read(url: str, root: Path, voice: Voice, *, readonly: bool = True) -
     """The existing run database at ``url`` (of the results folder ``root``): never made, and with ``readonly``
     (listings, reports) nothing written to it. A database file not made yet is a ConfigError naming it."""
     check_folder(root, voice)
-    store = peek(url, readonly=readonly)
+    return _read(Results(root, url, Layout(root), voice), readonly)
+
+
+def _read(found: Results, readonly: bool) -> Store:
+    """open_to_read's work, the folder checked already."""
+    store = peek(found.url, readonly=readonly)
     if store is None:
         from flctl.db.urls import database_file, file_url
 
-        said = voice.missing_here if url == file_url(Layout(root).db) else voice.missing
-        raise ConfigError(said.format(root=str(root), file=database_file(url)))
+        said = found.voice.missing_here if found.url == file_url(found.layout.db) else found.voice.missing
+        raise ConfigError(said.format(root=str(found.root), file=database_file(found.url)))
     return store
 
 

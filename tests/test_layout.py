@@ -56,11 +56,12 @@ def test_the_names_are_those_every_release_wrote(tmp_path: Path) -> None:
 
 @pytest.mark.notorch
 def test_the_default_database_url_is_the_layouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flctl.cli.common import db_url
+    from flctl.results import CLI, find
 
     monkeypatch.delenv("FLCTL_DB", raising=False)
-    assert db_url(None, tmp_path) == file_url(Layout(tmp_path).db)
-    assert db_url("sqlite:////elsewhere/x.db", tmp_path) == "sqlite:////elsewhere/x.db"
+    assert find(tmp_path, None, CLI).url == file_url(Layout(tmp_path).db)
+    assert find(tmp_path, "sqlite:////elsewhere/x.db", CLI).url == "sqlite:////elsewhere/x.db"
+    assert find(tmp_path, None, CLI).layout == Layout(tmp_path)
 
 
 # What a command may leave beside the database: SQLite's own files and flctl.db's lock files (Store.exclusive),

@@ -82,31 +82,17 @@ def bad_input_exits_2(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         fail(str(exc))
 
 
-def results_root(path: Path | None) -> Path:
-    """--results-dir, else FLCTL_RESULTS (an empty one is unset, not the current directory), else ./results."""
-    return bad_input_exits_2(results.results_root, path)
+def results_folder(results_dir: Path | None, db: str | None, voice: results.Voice = results.CLI) -> results.Results:
+    """The command's results folder and database, found and checked once by the doorway (flctl.results.find: the
+    folder's path, the folder, then the database's URL, in the API's order), or the first problem as one line, exit
+    2. ``voice``: how its errors name the folder. What the command does with the folder is handed this."""
+    return bad_input_exits_2(results.find, results_dir, db, voice)
 
 
-def check_results(root: Path) -> None:
-    """The checks of a results folder that write nothing (a dry run makes them too): not a file, nor a folder
-    under one."""
-    bad_input_exits_2(results.check_folder, root, results.CLI)
-
-
-def ensure_writable(root: Path, *, dry: bool = False) -> Path:
-    """Create the results directory if needed and prove it takes a file; ``dry`` (a dry run's check): leave nothing
-    behind (flctl.results.make_folder)."""
-    bad_input_exits_2(results.make_folder, root, results.CLI, dry=dry)
-    return root
-
-
-def db_url(db: str | None, root: Path) -> str:
-    """The database a command uses: --db, else FLCTL_DB, else results/flctl.db. An in-memory SQLite database is
-    refused here (one line, exit 2): it would train, then lose every row when the command exits, and no worker
-    or report could ever see it. The results folder is checked first (check_results): every command finds its
-    database through here, a dry run included."""
-    check_results(root)
-    return bad_input_exits_2(results.database_url, db, root)
+def make_folder(folder: results.Results, *, dry: bool = False) -> None:
+    """Create the results folder if needed and prove it takes a file; ``dry`` (a dry run's check): leave nothing
+    behind (flctl.results.Results.make)."""
+    bad_input_exits_2(folder.make, dry=dry)
 
 
 def check_device(device: str, *, here: bool = True) -> str:
@@ -119,11 +105,11 @@ def check_device(device: str, *, here: bool = True) -> str:
         fail(str(exc))
 
 
-def open_results(url: str, root: Path):
-    """The results folder, made if needed and proven writable, and its run database opened for writing: (store,
-    root); closed when the command ends (also when it runs in a process that lives on: the Python API, a test's
-    CliRunner). A database that cannot be opened fails in one line and takes back the folders made for it."""
-    store = bad_input_exits_2(results.open_to_write, url, root, results.CLI)
+def open_results(folder: results.Results):
+    """The results folder, made if needed and proven writable, and its run database opened for writing; closed when
+    the command ends (also when it runs in a process that lives on: the Python API, a test's CliRunner). A database
+    that cannot be opened fails in one line and takes back the folders made for it."""
+    store = bad_input_exits_2(folder.open_to_write)
     try:        # typer >= 0.29 vendors click
         from typer._click.globals import get_current_context
     except ImportError:
@@ -131,14 +117,13 @@ def open_results(url: str, root: Path):
     context = get_current_context(silent=True)
     if context is not None:
         context.call_on_close(store.close)
-    return store, root
+    return store
 
 
-def existing_store(db: str | None, root: Path, *, readonly: bool = True, voice: results.Voice = results.CLI):
-    """Open an existing database without creating one (exit 2 where its file is not there: opening it would make
-    it); ``readonly`` (listings, reports) writes nothing to it. ``voice``: how its errors name the folder."""
-    bad_input_exits_2(results.check_folder, root, voice)          # in the caller's words, before db_url's
-    return bad_input_exits_2(results.open_to_read, db_url(db, root), root, voice, readonly=readonly)
+def existing_store(folder: results.Results, *, readonly: bool = True):
+    """Open the folder's existing database without creating one (exit 2 where its file is not there: opening it
+    would make it); ``readonly`` (listings, reports) writes nothing to it."""
+    return bad_input_exits_2(folder.open_to_read, readonly=readonly)
 
 
 def config_options(axes_panel: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., None]]:

@@ -13,7 +13,7 @@ from flctl.cli.common import (
     console,
     existing_store,
     fail,
-    results_root,
+    results_folder,
     safe,
 )
 from flctl.cli.completion import complete_run
@@ -36,13 +36,13 @@ def export(
     from flctl.loggers import check, where
 
     chosen = bad_input_exits_2(check, to)
-    root = results_root(results_dir)
-    made = bad_input_exits_2(export_from, existing_store(db, root), root, ref, chosen.names)
+    folder = results_folder(results_dir, db)
+    made = bad_input_exits_2(export_from, existing_store(folder), folder, ref, chosen.names)
     runs, finished, done = made.runs, made.finished, made.logging
     failed = {run_id for ids in done.not_logged.values() for run_id in ids}
     whole = len(finished) - len(failed)
     console.print(f"exported {whole if failed else len(finished)}{f' of {len(finished)}' if failed else ''} run(s) "
-                  f"to {safe(where(chosen, root))}"
+                  f"to {safe(where(chosen, folder.root))}"
                   + (f"; {len(runs) - len(finished)} not finished yet left out" if len(runs) > len(finished) else ""))
     if done.not_logged:      # a tracker's failure, not bad input: exit 1
         told = "; ".join(f"{name} did not log {len(ids)} of {len(finished)} run(s) ({done.why[name]})"

@@ -19,7 +19,7 @@ from flctl.cli.common import (
     existing_store,
     fail,
     find,
-    results_root,
+    results_folder,
     safe,
 )
 from flctl.cli.completion import complete_sweep
@@ -103,8 +103,7 @@ def ledger_lines(url: str, sid: str) -> Iterator[None]:
         yield
 
 
-def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path | None = None,
-          take_over: bool = False) -> dict:
+def watch(store, sid: str, until_done: bool, *, root: Path, interval: float = 0.5, take_over: bool = False) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever. Piped or redirected, a log
     line each time the counts change (a log followed with `tail -f`, or cut short, still says how far the sweep got)
     and the last ledger as a table at the end, not every redraw. A wait that cannot end with the sweep done
@@ -115,7 +114,7 @@ def watch(store, sid: str, until_done: bool, interval: float = 0.5, root: Path |
     from flctl.db import poll_delays
     from flctl.launch.wait import Settling, SweepStopped
 
-    settling = Settling(store, sid, results_root(None) if root is None else root, until_done, take_over)
+    settling = Settling(store, sid, root, until_done, take_over)
     try:
         data, delays = settling.poll(), poll_delays(interval)     # a sweep of short cells returns when it is done
         if not console.is_terminal:
@@ -154,7 +153,8 @@ def status(
     """Show a sweep's completeness ledger: cells completed, running, stale, queued, failed, diverged."""
     from flctl.db.counts import newest_sweep
 
-    store = existing_store(db, results_root(results_dir))
+    folder = results_folder(results_dir, db)
+    store = existing_store(folder)
     if sweep_ref is None and (sweep_ref := newest_sweep(store)) is None:
         fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
     found = find(store.get_sweep, sweep_ref, "sweep")
@@ -162,10 +162,10 @@ def status(
         print_json(ledger(store, found["id"]))
         return
     if watch_:
-        error_summary(watch(store, found["id"], until_done=True, root=results_root(results_dir)))
+        error_summary(watch(store, found["id"], until_done=True, root=folder.root))
     else:
         console.print(_ledger_table(ledger(store, found["id"])))
-    failed_starts_line(results_root(results_dir), found["id"])
+    failed_starts_line(folder.root, found["id"])
 
 
 def failed_starts_line(root, sid: str, since: float | None = None) -> None:
@@ -187,7 +187,7 @@ def sweeps(
     results_dir: ResultsDirOption = None,
 ) -> None:
     """List sweeps with their cell counts."""
-    store = existing_store(db, results_root(results_dir))
+    store = existing_store(results_folder(results_dir, db))
     if as_json:
         print_json(store.list_sweeps())
         return
@@ -225,8 +225,9 @@ def cancel(
 
     if not timeout >= 0:
         fail(f"--timeout must be a number of seconds >= 0, got {timeout}")
-    root = results_root(results_dir)
-    reader = existing_store(db, root)      # read-only until there is something to cancel
+    folder = results_folder(results_dir, db)
+    root = folder.root
+    reader = existing_store(folder)        # read-only until there is something to cancel
     found = find(reader.get_sweep, sweep_ref, "sweep")
     sid = found["id"]
     if missing := missing_launchers(root, sid):
@@ -241,7 +242,7 @@ def cancel(
         else:
             console.print(f"sweep {safe(sid)}: nothing to cancel (no live worker, no running cell)")
         return
-    store = existing_store(db, root, readonly=False)
+    store = existing_store(folder, readonly=False)
     outcome = cancel_sweep(store, root, sid, timeout=timeout)
     # A worker that stops cleanly hands its own cell back before cancel_sweep looks, which then finds nothing left
     # to hand back: count every cell that was running and is now to do again, whoever handed it back.

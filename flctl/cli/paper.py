@@ -14,13 +14,12 @@ from flctl.cli.common import (
     DbOption,
     ResultsDirOption,
     console,
-    db_url,
-    ensure_writable,
     err_console,
     fail,
     launch_options,
+    make_folder,
     open_results,
-    results_root,
+    results_folder,
     safe,
     said_launched,
 )
@@ -58,11 +57,13 @@ def paper(
     still to spend; then launch the missing cells (as `flctl sweep` does) and write one bundle (index.html,
     tables/*.tex, figures/*.pdf|png, paper.json) with the paper's numbers beside ours. Re-running fills only what is
     missing."""
-    from flctl.errors import ConfigError
-    from flctl.paper.flow import plan_paper
+    from flctl.cli.ledger import error_summary, ledger_lines, watch
+    from flctl.errors import ConfigError, PartlyDone
+    from flctl.launch.wait import SweepStopped
+    from flctl.paper.flow import Hooks, fill_paper, plan_paper
 
-    root = results_root(results_dir)
-    url = db_url(db, root)
+    folder = results_folder(results_dir, db)
+    root, url = folder.root, folder.url
     try:
         if dry_run and report_only:
             raise ConfigError("give --dry-run or --report-only, not both")
@@ -72,23 +73,13 @@ def paper(
     except ConfigError as exc:
         fail(str(exc))
     if dry_run:
-        ensure_writable(root, dry=True)            # what the real command would refuse, a dry run refuses too
+        make_folder(folder, dry=True)              # what the real command would refuse, a dry run refuses too
         _print_plan(plan.programme)
         console.print("nothing was written")
         return
     # reading the database only needs a folder to write the bundle into; launching needs the database (a bad --db:
     # one line, before the plan and with nothing made)
-    root = ensure_writable(root) if report_only else open_results(url, root)[1]
-    _fill(plan, url, root, out=out, wait=wait, report_only=report_only)
-
-
-def _fill(plan, url: str, root: Path, *, out: Path | None, wait: bool, report_only: bool) -> None:
-    """Launch the programme's missing cells and write its bundle (flctl.paper.flow.fill_paper), saying how it went:
-    a signal's stop (its exit code), the specs whose data is not here, the bundle, the failed cells' errors."""
-    from flctl.cli.ledger import error_summary, ledger_lines, watch
-    from flctl.errors import ConfigError, PartlyDone
-    from flctl.launch.wait import SweepStopped
-    from flctl.paper.flow import Hooks, fill_paper
+    make_folder(folder) if report_only else open_results(folder)
 
     def here(worker, sid: str) -> int | None:
         with ledger_lines(url, sid):

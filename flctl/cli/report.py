@@ -15,7 +15,7 @@ from flctl.cli.common import (
     err_console,
     existing_store,
     fail,
-    results_root,
+    results_folder,
     safe,
 )
 from flctl.cli.completion import complete_sweep, complete_task
@@ -77,19 +77,14 @@ def report(
         request = request.check()          # before any database is read
     except ConfigError as exc:
         fail(str(exc))
-    store = existing_store(db, results_root(results_dir))
+    folder = results_folder(results_dir, db)
+    store = existing_store(folder)
     try:
-        made = make_report(store, results_root(results_dir), request, partial(latest_sweeps, store))
+        made = make_report(store, folder.root, request, partial(latest_sweeps, store))
     except ConfigError as exc:
         fail(str(exc))
     finally:
         store.close()
-    _print_made(made, request)
-
-
-def _print_made(made, request) -> None:
-    """What `flctl report` made: its lines, a note on stderr when runs of several sweeps are shown together, then the
-    table, the plot's files or the query's answer."""
     for line in made.said:
         console.print(safe(line))
     if made.mixed is not None:              # on stderr: `--format csv > f.csv` stays a CSV file

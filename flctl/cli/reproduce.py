@@ -14,7 +14,7 @@ from flctl.cli.common import (
     existing_store,
     fail,
     find,
-    results_root,
+    results_folder,
     safe,
 )
 from flctl.cli.completion import complete_run
@@ -39,12 +39,11 @@ def reproduce(
     and its size); 2 for bad input (checked before training: the run, its state, its recorded records)."""
     from flctl.cli.progress import epoch_progress
     from flctl.errors import ConfigError
-    from flctl.layout import Layout
     from flctl.reproduce import NotCompared, prepare, train_and_compare, versions_line
 
-    root = results_root(results_dir)
-    store = existing_store(db, root)
-    records = Layout(root).records
+    folder = results_folder(results_dir, db)
+    store = existing_store(folder)
+    records = folder.layout.records
     run = find(store.get_run, run_id, "run")
     try:        # every input checked before any training: a refusal here costs nothing and wrote nothing
         plan = prepare(store, records, run.id)

@@ -18,13 +18,12 @@ from flctl.cli.common import (
     check_device,
     config_options,
     console,
-    db_url,
-    ensure_writable,
     err_console,
     fail,
+    make_folder,
     open_results,
     parse_options,
-    results_root,
+    results_folder,
     safe,
     with_model,
 )
@@ -57,7 +56,7 @@ def plugin_hint(message: str, task: str | None, db: str | None, results_dir: Pat
     from flctl.plugins import ENV
 
     try:
-        store = results.peek(results.database_url(db, results.results_root(results_dir)))
+        store = results.peek(results.find(results_dir, db, results.CLI).url)
         if store is None:
             return ""
         try:
@@ -114,13 +113,12 @@ def run(
     # the device first: a task's option defaults may depend on it (fashion-mnist's model)
     overrides = {**fields, "device": check_device(device), "options": with_model(parse_options(option), model)}
     cfg = resolve_config(task, method, overrides, p_min, check_data=not dry_run, db=db, results_dir=results_dir)
-    root = results_root(results_dir)
-    url = db_url(db, root)          # checked (an in-memory database is refused) before the results folder is made
+    folder = results_folder(results_dir, db)    # checked (an in-memory database is refused) before it is made
     if dry_run:
-        ensure_writable(root, dry=True)            # what the real run would refuse, a dry run refuses too
-        _dry_run(cfg, url)
+        make_folder(folder, dry=True)              # what the real run would refuse, a dry run refuses too
+        _dry_run(cfg, folder.url)
         return
-    store, root = open_results(url, root)
+    store, root = open_results(folder), folder.root
 
     from flctl.runner import completed
 

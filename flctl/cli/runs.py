@@ -12,11 +12,10 @@ from flctl.cli.common import (
     bad_input_exits_2,
     complete_from,
     console,
-    db_url,
     existing_store,
     fail,
     find,
-    results_root,
+    results_folder,
     safe,
 )
 from flctl.cli.completion import complete_run, complete_task
@@ -46,7 +45,7 @@ def runs(
     from flctl.tasks import canonical_name
 
     task = None if task is None else canonical_name(task)     # TWO-MOONS is two-moons, as for `flctl run`
-    store = existing_store(db, results_root(results_dir))
+    store = existing_store(results_folder(results_dir, db))
     rows = store.list_runs(task=task, method=method, status=status, seed=seed, limit=limit or None)
     if not rows:         # none: a task or method no run has and flctl does not know is a typo, one line
         from flctl.api_args import check_known
@@ -78,7 +77,7 @@ def show(
     results_dir: ResultsDirOption = None,
 ) -> None:
     """Show one run: configuration, status, metrics and artifact paths."""
-    store = existing_store(db, results_root(results_dir))
+    store = existing_store(results_folder(results_dir, db))
     run = find(store.get_run, run_id, "run")
     if as_json:
         print_json(run.to_json())
@@ -210,9 +209,8 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
     from flctl import migrations, results
     from flctl.errors import EmptyDatabase, OlderSchema, StoreError
 
-    root = results_root(results_dir)
-    url = db_url(db, root)
-    bad_input_exits_2(results.check_folder, root, results.CLI)
+    folder = results_folder(results_dir, db)
+    url = folder.url
     try:
         store = results.peek(url)
         if store is None:           # a file not made yet: an operator's first step, in a folder that must be there
@@ -227,7 +225,7 @@ def migrate(db: DbOption = None, results_dir: ResultsDirOption = None) -> None:
         done = "made the empty database's tables at"
     except (ConfigError, StoreError) as exc:      # not an flctl database, newer, unreachable: nothing to upgrade
         fail(str(exc))
-    existing_store(db, root, readonly=False).close()    # a writable open makes or upgrades it, under the schema lock
+    existing_store(folder, readonly=False).close()    # a writable open makes or upgrades it, under the schema lock
     console.print(f"{done} schema revision {migrations.head()}")
 
 

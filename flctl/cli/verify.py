@@ -14,7 +14,7 @@ from flctl.cli.common import (
     console,
     existing_store,
     fail,
-    results_root,
+    results_folder,
     safe,
 )
 from flctl.cli.completion import complete_run
@@ -56,12 +56,11 @@ def verify(
     not the run's, another schema, another run's rows or checksums). Reports, export, the paper bundle and
     flctl.api.records make the same check and refuse what fails it. Runs still training are not checked. Exit 0 when
     no run failed, 1 when one did."""
-    from flctl.layout import Layout
     from flctl.records import FAILED
 
-    root = results_root(results_dir)
-    store = existing_store(db, root, voice=RECORDS_VOICE)
-    records_root = Layout(root).records
+    folder = results_folder(results_dir, db, RECORDS_VOICE)
+    store = existing_store(folder)
+    records_root = folder.layout.records
     if records_root.exists() and not records_root.is_dir():
         fail(f"{str(records_root)!r} is a file, not a folder: flctl keeps the runs' records there, so none can be "
              "checked; move the file aside")
@@ -69,9 +68,9 @@ def verify(
     rows = _check(runs, orphans, records_root)
     counts = {s: sum(r["records"] == s for r in rows) for s in _states()}
     if as_json:
-        print_json({"results": str(root), "runs": rows, "summary": counts})
+        print_json({"results": str(folder.root), "runs": rows, "summary": counts})
     else:
-        _print(rows, counts, root)
+        _print(rows, counts, folder.root)
     if counts[FAILED]:
         raise typer.Exit(VERIFY_FAILED_EXIT)
 
