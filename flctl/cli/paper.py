@@ -57,10 +57,8 @@ def paper(
     still to spend; then launch the missing cells (as `flctl sweep` does) and write one bundle (index.html,
     tables/*.tex, figures/*.pdf|png, paper.json) with the paper's numbers beside ours. Re-running fills only what is
     missing."""
-    from flctl.cli.ledger import error_summary, ledger_lines, watch
-    from flctl.errors import ConfigError, PartlyDone
-    from flctl.launch.wait import SweepStopped
-    from flctl.paper.flow import Hooks, fill_paper, plan_paper
+    from flctl.errors import ConfigError
+    from flctl.paper.flow import plan_paper
 
     folder = results_folder(results_dir, db)
     root, url = folder.root, folder.url
@@ -80,6 +78,16 @@ def paper(
     # reading the database only needs a folder to write the bundle into; launching needs the database (a bad --db:
     # one line, before the plan and with nothing made)
     make_folder(folder) if report_only else open_results(folder)
+    _fill(plan, url, root, out=out, wait=wait, report_only=report_only)
+
+
+def _fill(plan, url: str, root: Path, *, out: Path | None, wait: bool, report_only: bool) -> None:
+    """Launch the programme's missing cells and write its bundle (flctl.paper.flow.fill_paper), saying how it went:
+    a signal's stop (its exit code), the specs whose data is not here, the bundle, the failed cells' errors."""
+    from flctl.cli.ledger import error_summary, ledger_lines, watch
+    from flctl.errors import ConfigError, PartlyDone
+    from flctl.launch.wait import SweepStopped
+    from flctl.paper.flow import Hooks, fill_paper
 
     def here(worker, sid: str) -> int | None:
         with ledger_lines(url, sid):

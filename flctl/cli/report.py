@@ -85,6 +85,12 @@ def report(
         fail(str(exc))
     finally:
         store.close()
+    _print_made(made, request)
+
+
+def _print_made(made, request) -> None:
+    """What `flctl report` made: its lines, a note on stderr when runs of several sweeps are shown together, then the
+    table, the plot's files or the query's answer."""
     for line in made.said:
         console.print(safe(line))
     if made.mixed is not None:              # on stderr: `--format csv > f.csv` stays a CSV file

@@ -82,40 +82,53 @@ def sweep(
     interrupted cells are retried up to --max-attempts times, resuming from their checkpoints.
     """
     from flctl.errors import ConfigError
-    from flctl.launch.flow import fill_sweep
     from flctl.launch.plan import plan_sweep
-    from flctl.launch.tune import TuneFailed
-    from flctl.launch.wait import SweepStopped
 
     try:
         chosen = _chosen_spec(spec, task, fields, p_min=p_min, seeds=seeds, option=option, model=model, name=name)
-        folder = results_folder(results_dir, db)       # found and checked once, before the plan, as the API
-        planned = plan_sweep(chosen, launch, results_root=folder.root, dry_run=dry_run, allow_large=yes, objective=objective, direction=direction, tune=tune, progress=_planning,
-                             parallel=parallel)
+        folder = results_folder(results_dir, db)    # found and checked once: after the axes, before the plan (as the API)
+        planned = plan_sweep(chosen, launch, results_root=folder.root, dry_run=dry_run, allow_large=yes,
+                             objective=objective, direction=direction, tune=tune, progress=_planning, parallel=parallel)
     except (ConfigError, TypeError) as exc:
         fail(str(exc) + plugin_hint(str(exc), task, db, results_dir))
-    sid, settings = planned.sweep_id, planned.settings
     if dry_run:
-        make_folder(folder, dry=True)   # what the real sweep would refuse, a dry run refuses too
-        # its database too (a newer flctl's, unreachable), before the plan is printed: read as the plan's price
-        cost = bad_input_exits_2(_cost_line, folder.url, planned.configs, settings)
-        _check_name(folder.url, planned)
+        _dry_run(planned, folder, direction)
+        return
     for note in planned.spec.notes:
         console.print(safe(note))
-    if dry_run and planned.tune is not None:
+    _check_name(folder.url, planned)        # before open_results makes or upgrades anything
+    store = open_results(folder)
+    _fill(planned, store, folder.url, folder.root, wait=wait, direction=direction)
+
+
+def _dry_run(planned, folder, direction: str) -> None:
+    """`flctl sweep --dry-run`: what the real sweep would refuse (its results folder, its database, its name), then
+    its notes and its plan (the grid's runs, its launcher and its cost; or the --tune search); nothing is written."""
+    make_folder(folder, dry=True)     # what the real sweep would refuse, a dry run refuses too
+    # its database too (a newer flctl's, unreachable), before the plan is printed: read as the plan's price
+    cost = bad_input_exits_2(_cost_line, folder.url, planned.configs, planned.settings)
+    _check_name(folder.url, planned)
+    for note in planned.spec.notes:
+        console.print(safe(note))
+    if planned.tune is not None:
         _tune_line(planned, dry_run=direction)
         return
-    if dry_run:
-        _print_plan(sid, planned.spec, planned.configs)
-        console.print(f"launch through {safe(settings.launcher.describe())}")
-        if sharing := gpu_sharing_line(planned.spec.device, settings):
-            console.print(sharing)
-        console.print(cost)
-        return
+    _print_plan(planned.sweep_id, planned.spec, planned.configs)
+    console.print(f"launch through {safe(planned.settings.launcher.describe())}")
+    if sharing := gpu_sharing_line(planned.spec.device, planned.settings):
+        console.print(sharing)
+    console.print(cost)
 
-    url, root = folder.url, folder.root
-    _check_name(url, planned)       # before open_results makes or upgrades anything
-    store = open_results(folder)
+
+def _fill(planned, store, url: str, root: Path, *, wait: bool, direction: str) -> None:
+    """Launch the sweep's missing cells (flctl.launch.flow.fill_sweep) and say how it went: the --tune study's best
+    trial, a signal's stop (its exit code), how to follow it, the failed cells' errors."""
+    from flctl.errors import ConfigError
+    from flctl.launch.flow import fill_sweep
+    from flctl.launch.tune import TuneFailed
+    from flctl.launch.wait import SweepStopped, stopped_line
+
+    sid = planned.sweep_id
     if planned.tune is not None:
         _tune_line(planned)
     started = time.time()
@@ -136,12 +149,10 @@ def sweep(
                       f"{best.value:.4g} with {_params(best.params)} (run {safe(best.user_attrs.get('run_id'))})")
         return
     if filled.stopped is not None:      # a signal: on stderr, as every command's line about how it ended
-        from flctl.launch.wait import stopped_line
-
         err_console.print(f"[yellow]stopped[/]: {safe(stopped_line(root, sid, store))}", highlight=False,
                           soft_wrap=True)
         raise typer.Exit(filled.stopped)
-    if not wait and filled.launched is not None and filled.launched.jobs and not settings.launcher.in_process:
+    if not wait and filled.launched is not None and filled.launched.jobs and not planned.settings.launcher.in_process:
         console.print(f"follow it with `flctl status {sid} --watch`")
     if filled.ledger is not None:
         error_summary(filled.ledger)
