@@ -1,9 +1,9 @@
 """The one doorway to a results folder and its run database, for the CLI and the Python API alike: a command's folder
-found and checked once, in one order (``find``: a ``Results``, handed down to what needs its root, URL or layout),
-where they are (``results_root``, ``database_url``), the folder made for a command and taken back when the command fails
-(``make_folder``, ``take_back``), its database opened to write, made and upgraded (``open_to_write``), or to read,
-never made (``open_to_read``, ``peek``), and as a plan reads it (``peek_plan``; the runs that price a plan are read
-through it by flctl.cost.stored_runs).
+found and checked once, in one order (``find``: a ``Results``, handed down to what needs its root, URL or layout);
+where they are (``results_root``, ``database_url``); the folder made for a command and taken back when the command
+fails (``Results.make``, ``take_back``); its database opened to write, made and upgraded (``Results.open_to_write``),
+or to read, never made (``Results.open_to_read``, ``peek``), and as a plan reads it (``peek_plan``; the runs that
+price a plan are read through it by flctl.cost.stored_runs).
 
 Bad input is a ConfigError of one line, raised before anything is written and said in the caller's words
 (``Voice``: the CLI names its options, the API its arguments); a database that cannot be used is the Store's
@@ -101,15 +101,17 @@ class Results:
     voice: Voice
 
     def make(self, *, dry: bool = False) -> list[Path]:
-        """The folder made and proven to take a file (flctl.results.make_folder, its checks made once already)."""
+        """The folder made and proven to take a file, its checks made once already (``_make``); the folders made,
+        deepest first. ``dry``: nothing made, the nearest parent that exists proven instead."""
         return _make(self.root, self.voice, dry)
 
     def open_to_write(self) -> Store:
-        """The folder made and its run database opened to write, made or upgraded (flctl.results.open_to_write)."""
+        """The folder made and its run database opened to write, made or upgraded; the folders made taken back should
+        the database not open."""
         return _open_made(self.url, self.make())
 
     def open_to_read(self, *, readonly: bool = True) -> Store:
-        """Its existing run database, never made (flctl.results.open_to_read)."""
+        """Its existing run database, never made; ``readonly``: nothing written to it (``_read``)."""
         return _read(self, readonly)
 
 
@@ -123,16 +125,11 @@ def find(results_dir: str | Path | None, db: str | None, voice: Voice) -> Result
     return Results(root, database_url(db, root), Layout(root), voice)
 
 
-def make_folder(root: Path, voice: Voice, *, dry: bool = False) -> list[Path]:
-    """Make the results folder ``root`` and prove it takes a file (flctl.fs.refuses_files); the folders this made,
-    deepest first, for ``take_back`` should what follows fail on bad input. ``dry`` (a dry run's check): make
-    nothing, proving the nearest of its parents that exists. A ConfigError leaves nothing behind."""
-    check_folder(root, voice)
-    return _make(root, voice, dry)
-
-
 def _make(root: Path, voice: Voice, dry: bool) -> list[Path]:
-    """make_folder's work, the folder checked already."""
+    """Make the results folder ``root`` (checked already: ``check_folder``) and prove it takes a file
+    (flctl.fs.refuses_files); the folders this made, deepest first, for ``take_back`` should what follows fail on
+    bad input. ``dry`` (a dry run's check): make nothing, proving the nearest of its parents that exists. A
+    ConfigError leaves nothing behind."""
     from flctl.fs import refuses_files
 
     absolute = root.absolute()
@@ -154,7 +151,7 @@ def _make(root: Path, voice: Voice, dry: bool) -> list[Path]:
 
 
 def take_back(made: list[Path]) -> None:
-    """Remove the folders ``make_folder`` made, deepest first, while they are empty: never another's files (a folder
+    """Remove the folders ``Results.make`` made, deepest first, while they are empty: never another's files (a folder
     another command began to fill meanwhile stays)."""
     for folder in made:
         try:
@@ -164,10 +161,12 @@ def take_back(made: list[Path]) -> None:
 
 
 def open_to_write(url: str, root: Path, voice: Voice) -> Store:
-    """The results folder made (make_folder) and the run database at ``url`` opened for writing, made or upgraded
-    as needed. A database that cannot be opened (a bad URL, a server that does not answer) takes back the folders
-    this made: bad input leaves nothing behind."""
-    return _open_made(url, make_folder(root, voice))
+    """The results folder ``root`` checked and made (``check_folder``, ``Results.make``) and the run database at
+    ``url`` opened for writing, made or upgraded as needed (flctl.paper.flow, whose caller made the folder). A
+    database that cannot be opened (a bad URL, a server that does not answer) takes back the folders this made: bad
+    input leaves nothing behind."""
+    check_folder(root, voice)
+    return _open_made(url, _make(root, voice, False))
 
 
 def _open_made(url: str, made: list[Path]) -> Store:
@@ -181,15 +180,9 @@ def _open_made(url: str, made: list[Path]) -> Store:
         raise
 
 
-def open_to_read(url: str, root: Path, voice: Voice, *, readonly: bool = True) -> Store:
-    """The existing run database at ``url`` (of the results folder ``root``): never made, and with ``readonly``
-    (listings, reports) nothing written to it. A database file not made yet is a ConfigError naming it."""
-    check_folder(root, voice)
-    return _read(Results(root, url, Layout(root), voice), readonly)
-
-
 def _read(found: Results, readonly: bool) -> Store:
-    """open_to_read's work, the folder checked already."""
+    """The existing run database of ``found``: never made, and with ``readonly`` (listings, reports) nothing written
+    to it. A database file not made yet is a ConfigError naming it (in ``found``'s voice)."""
     store = peek(found.url, readonly=readonly)
     if store is None:
         from flctl.db.urls import database_file, file_url
