@@ -24,8 +24,7 @@ def _complete_ids(ctx: typer.Context, incomplete: str, kind: str) -> list[str]:
     from flctl import results
 
     try:
-        root = results.results_root(ctx.params.get("results_dir"))
-        store = results.peek(results.database_url(ctx.params.get("db"), root))
+        store = results.peek(results.find(ctx.params.get("results_dir"), ctx.params.get("db"), results.CLI).url)
         if store is None:
             return []
         try:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flctl.db import RunRecord
+    from flctl.layout import Layout
 
 from typing import Annotated, Optional
 
@@ -126,7 +127,7 @@ def run(
         console.print(f"run [bold]{cfg.run_id}[/] already completed; showing it (pass --rerun to train again)")
         print_summary(found)
         return
-    ending, stop = _train(cfg, store, root, rerun=rerun, checkpoint_every=checkpoint_every, threads=chosen_threads,
+    ending, stop = _train(cfg, store, folder.layout, rerun=rerun, checkpoint_every=checkpoint_every, threads=chosen_threads,
                           loggers=loggers)
     _end_unless_trained(cfg, store, ending, stop, rerun=rerun)
     _said_trained(cfg, store, ending, loggers, root)
@@ -145,10 +146,9 @@ def _run_flags(checkpoint_every: float, threads: int | None, log_to: list[str] |
         fail(str(exc))
 
 
-def _train(cfg, store, root: Path, *, rerun: bool, checkpoint_every: float, threads, loggers):
+def _train(cfg, store, layout: Layout, *, rerun: bool, checkpoint_every: float, threads, loggers):
     """Train ``cfg`` under an epoch progress bar, stopping at an epoch's end on a signal: (its Ending, None when a
     live worker holds the run; the StopRequest, which knows the signal taken)."""
-    from flctl.layout import Layout
     from flctl.outcomes import Ending, named
     from flctl.runner import stop_on_signals, train_unless_done
 
@@ -156,7 +156,7 @@ def _train(cfg, store, root: Path, *, rerun: bool, checkpoint_every: float, thre
     progress = epoch_progress(cfg.run_id, cfg.epochs, cfg.title)
     with progress as on_epoch, stop_on_signals() as stop:
         try:
-            _, ending = train_unless_done(cfg, store, Layout(root), rerun=rerun, on_epoch=on_epoch,
+            _, ending = train_unless_done(cfg, store, layout, rerun=rerun, on_epoch=on_epoch,
                                           checkpoint_every=checkpoint_every, stop=stop.is_set, threads=threads,
                                           log_to=loggers)
         except KeyboardInterrupt as exc:   # a second signal: stopped at once (its row recorded it), resumes
