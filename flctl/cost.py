@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flctl.config import RunConfig
 from flctl.status import Status
+from flctl.text import say_once
 
 if TYPE_CHECKING:
     from flctl.db import RunRecord
@@ -87,12 +87,7 @@ def _number(value: Any) -> bool:
 def warn(line: str) -> None:
     """Damaged data left out of an estimate (a committed figure, a run's row): ``flctl: warning: LINE`` on stderr,
     once per process; the estimate goes on without it."""
-    if line not in _SAID:
-        _SAID.add(line)
-        print(f"flctl: warning: {line}", file=sys.stderr, flush=True)
-
-
-_SAID: set[str] = set()
+    say_once(f"flctl: warning: {line}")
 
 
 def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from flctl import plugins
 from flctl.errors import ConfigError
+from flctl.text import first_time
 
 T = TypeVar("T")
 
@@ -43,8 +44,7 @@ def entry_target(group: str, built_in: Mapping[str, str], name: str, kind: str) 
     (flctl.tasks, flctl.method_info)."""
     if name not in built_in:
         return next((ep.value for ep in plugins.entry_points(group) if ep.name == name), None)
-    if (group, name) not in _CLASH_SAID:             # looked at once: entry points take ms to read
-        _CLASH_SAID.add((group, name))
+    if first_time(("clash", group, name)):          # looked at once: entry points take ms to read
         for ep in plugins.entry_points(group):
             if ep.name == name and ep.value != built_in[name]:
                 print(f"flctl: warning: the installed {kind} {name!r} ({ep.value}) is not used: flctl's own "
@@ -64,5 +64,3 @@ def load_named(group: str, built_in: Mapping[str, str], name: str, kind: str, ba
         raise ConfigError(f"{target} is not a {base.__module__}.{base.__qualname__} subclass named {name!r}")
     return cls
 
-
-_CLASH_SAID: set[tuple[str, str]] = set()    # (group, built-in name) whose clash was looked for (and said)

@@ -1,13 +1,15 @@
 """Text that came from users (names, paths, options, database rows, driver messages), made safe to print or to
 write into a script. What counts as a control character is written here once: the CLI strips such characters
 before printing, and input that lands in a script or in the database (sweep names, Slurm options) is refused
-when it holds one."""
+when it holds one. And what is said once per process (``say_once``, ``first_time``), said one way everywhere."""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import unicodedata
+from collections.abc import Hashable
 from urllib.parse import unquote, urlsplit
 
 # Cc: C0/C1 controls (ESC, BEL, newline, CSI); Cf: format characters (bidi overrides and isolates such as U+202E,
@@ -85,3 +87,24 @@ def path_problem(what: str, value: str) -> str | None:
     if len(encoded) >= 4096:
         return f"{what}: the path is {len(encoded):,} bytes long; a file system takes at most 4,095"
     return None
+
+
+# What this process has met once (first_time), by key. Process-wide on purpose: a warning about a damaged row or
+# file, or a plugin's clash, is about what the process reads, and a command (or a loop that reads again as it waits)
+# that meets it twice says it once.
+_MET: set[Hashable] = set()
+
+
+def first_time(key: Hashable) -> bool:
+    """True the first time this process asks of ``key``, False ever after (a tuple whose first item names the
+    caller's kind of thing, e.g. ``("clash", group, name)``, keeps callers' keys apart)."""
+    if key in _MET:
+        return False
+    _MET.add(key)
+    return True
+
+
+def say_once(line: str) -> None:
+    """``line`` on stderr, once per process: the same line again says nothing."""
+    if first_time(("said", line)):
+        print(line, file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import flctl.text
 from flctl import cost
 from flctl.db import RunQueue, Store
 from tests.helpers import config, files_under, in_process
@@ -98,13 +99,13 @@ def test_damaged_committed_cost_data_reads_as_unknown_with_one_warning(tmp_path:
     folder.mkdir()
     (folder / "task-costs-2026-11-28-cpu.json").write_text(json.dumps(figures))
     monkeypatch.setattr(cost, "REFERENCE", folder)
-    monkeypatch.setattr(cost, "_SAID", set())
+    monkeypatch.setattr(flctl.text, "_MET", set())      # said once per process: this process may have said it
     res = in_process("sweep", "two-moons", "-m", "erm", "--epochs", "2", "--dry-run")
     one_line(res, 0, "warning", "task-costs-2026-11-28-cpu.json", "s_per_epoch = 'fast'")
     assert "cost: unknown" in res.stdout, res.stdout
 
     (folder / "task-costs-2026-11-28-cpu.json").write_text('{"tasks": {"two-moons": ')      # cut short
-    monkeypatch.setattr(cost, "_SAID", set())
+    monkeypatch.setattr(flctl.text, "_MET", set())      # said once per process: this process may have said it
     res = in_process("sweep", "two-moons", "-m", "erm", "--epochs", "2", "--dry-run")
     one_line(res, 0, "warning", "cannot be read")
     assert "cost: unknown" in res.stdout, res.stdout

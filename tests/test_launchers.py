@@ -86,9 +86,9 @@ def test_an_installed_launcher_is_found_and_runs_a_sweep(installed_toy: Path, tm
 
 
 def test_an_installed_launcher_named_like_flctls_own_is_said_to_be_unused(installed_toy: Path, monkeypatch) -> None:
-    import flctl.registry
+    import flctl.text
 
-    monkeypatch.setattr(flctl.registry, "_CLASH_SAID", set())     # once per process: this test's process looked before
+    monkeypatch.setattr(flctl.text, "_MET", set())     # once per process: this test's process looked before
     (installed_toy / "toy_launcher-0.1.dist-info" / "entry_points.txt").write_text(
         "[flctl.launchers]\nlocal = toy_launcher:Inline\n")
     importlib.invalidate_caches()

@@ -312,11 +312,11 @@ def test_an_installed_loggers_class_is_found_once_for_its_runs_not_at_each_call(
 
 def test_an_installed_logger_named_like_flctls_own_is_said_to_be_unused_once(installed_loggers: None, monkeypatch,
                                                                             capsys) -> None:
-    import flctl.registry
+    import flctl.text
     from flctl.loggers import get_logger
     from flctl.loggers.tensorboard import TensorBoard
 
-    monkeypatch.setattr(flctl.registry, "_CLASH_SAID", set())     # once per process: this process may have looked
+    monkeypatch.setattr(flctl.text, "_MET", set())     # once per process: this process may have looked
     dist = next(p for p in sys.path if (Path(p) / "toy_loggers-0.1.dist-info").is_dir())
     (Path(dist) / "toy_loggers-0.1.dist-info" / "entry_points.txt").write_text("[flctl.loggers]\ntensorboard = "
                                                                                "toy_loggers:Flaky\n")

@@ -5,7 +5,6 @@ store and the readers (flctl.db.store, flctl.db.reads), which each use it."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable
 
 from sqlalchemy import Select, Text, type_coerce
@@ -13,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from flctl.db.schema import Run, RunRecord
 from flctl.errors import DamagedRow
+from flctl.text import say_once
 
 # The runs table's JSON columns: SQLite keeps them as text, which another tool or a damaged file may leave unparsable
 # (PostgreSQL's json type refuses such text; JSON of another shape is Run.record's check).
@@ -55,9 +55,4 @@ def not_json(s: Session, q: Select) -> list[DamagedRow]:
 def left_out(damaged: Iterable[DamagedRow]) -> None:
     """Say each damaged row a listing left out: one ``flctl: warning:`` line on stderr per row, once per process."""
     for exc in damaged:
-        if exc.damage not in _SAID:
-            _SAID.add(exc.damage)
-            print(f"flctl: warning: {exc.damage}, left out here; {exc.FIX}", file=sys.stderr, flush=True)
-
-
-_SAID: set[str] = set()
+        say_once(f"flctl: warning: {exc.damage}, left out here; {exc.FIX}")

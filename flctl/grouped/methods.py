@@ -5,7 +5,6 @@ cells one by one, and is told so once (``say_cell_by_cell``)."""
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -13,12 +12,10 @@ from torch import Tensor
 
 from flctl.grouped.rows import side_by_side
 from flctl.step import public_tensors
+from flctl.text import say_once
 
 if TYPE_CHECKING:
     from flctl.methods import Method
-
-# The method classes this process has warned about (say_cell_by_cell): one line each.
-_TOLD: set[type] = set()
 
 
 def declared(cls: type) -> bool | None:
@@ -46,13 +43,12 @@ def say_cell_by_cell(cls: type) -> None:
     """Tell, once per class and process, that grouped cells of ``cls`` (a class that does not say whether it groups)
     take their dual steps and objectives cell by cell: right, but one launch per cell where a grouped class takes
     one for all. A class that declares ``groups = False`` (flctl's CSERM) has decided, and is not told."""
-    if cls in _TOLD or declared(cls) is not None:
+    if declared(cls) is not None:
         return
-    _TOLD.add(cls)
-    print(f"flctl: warning: method class {cls.__module__}.{cls.__qualname__} does not declare whether it groups, so "
-          "grouped cells of it take their dual steps cell by cell; if its dual_step_, primal_loss and satisfied work "
-          "on the last dimension (losses and ids [..., B], primal_loss [K] for [K, B]), set `groups = True` on the "
-          "class, else `groups = False` (docs/extending.md)", file=sys.stderr, flush=True)
+    say_once(f"flctl: warning: method class {cls.__module__}.{cls.__qualname__} does not declare whether it groups, "
+             "so grouped cells of it take their dual steps cell by cell; if its dual_step_, primal_loss and satisfied "
+             "work on the last dimension (losses and ids [..., B], primal_loss [K] for [K, B]), set `groups = True` "
+             "on the class, else `groups = False` (docs/extending.md)")
 
 
 def group_methods(methods: Sequence[Method]) -> Method:

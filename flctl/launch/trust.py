@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import stat
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,15 @@ from typing import Any
 from flctl.errors import ConfigError
 from flctl.launch.backends import BUILT_IN, get_launcher, names
 from flctl.procs import recorded
-from flctl.text import shown
+from flctl.text import say_once, shown
 
 # A file flctl reads back under results/jobs holds a few fields: a larger one is not flctl's.
 MAX_FILE_BYTES = 1 << 20
-# The warnings this process gave (warn_once).
-_WARNED: set[str] = set()
 
 
 def warn_once(message: str) -> None:
     """One line on stderr, once per process (cancel reads the same files again while it waits)."""
-    line = " ".join(message.split())
-    if line not in _WARNED:
-        _WARNED.add(line)
-        print(f"warning: {line}", file=sys.stderr)
+    say_once("warning: " + " ".join(message.split()))
 
 
 def not_own_folder(st: os.stat_result) -> str | None:
