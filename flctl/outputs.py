@@ -1,6 +1,7 @@
 """What training writes of a run besides its checkpoints (flctl.train's loop calls these): each eval epoch's
 per-sample records with that epoch's summary metrics (``record_epoch``), and as a run ends its final metrics, the
-task's extras and the model's weights, the checkpoint then no longer needed (``finish_run``)."""
+task's extras and the model's weights, the checkpoint then no longer needed (``finish_run``). The files are
+flctl.records' (``writes``, ``run_folder``); this is training's side, beside flctl.train, as it reads a Cell."""
 
 from __future__ import annotations
 
