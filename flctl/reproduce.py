@@ -2,8 +2,8 @@
 
 A reviewer's check that a paper's runs are what their records say: the run is trained again in a scratch folder from
 its recorded configuration, with the torch threads it recorded (a thread count changes the rounding) and, for a cell
-of a grouped sweep, with the cells it was grouped with in the order it trained with them (a grouped kernel's
-rounding depends on the group: docs/reference.md, "What is bit-identical"). Then every record file of the two is
+of a grouped sweep, with the cells it was grouped with in the rows they had (its trained_with names them; a grouped
+kernel's rounding depends on the group: docs/reference.md, "What is bit-identical"). Then every record file of the two is
 compared bit for bit; the first difference is found by epoch, split and sample id. Nothing under the results folder
 is written, and the database is only read. No typer here: flctl/cli/reproduce.py prints what this returns.
 """
@@ -90,14 +90,30 @@ def versions_line(changes: dict[str, tuple[Any, Any]]) -> str:
 
 
 def group_of(store: Store, run: RunRecord) -> list[RunRecord]:
-    """The cells ``run`` last trained with as one grouped model, itself included, in the order they trained: the
-    runs of its task that the same worker process (host and pid) trained grouped in groups of the same size and
-    that could train with it, by claim time (a worker claims a group's cells one after the other, in id order), cut
-    into groups of that size. Just ``[run]`` for a run that trained alone or stepped in turn (equal alone)."""
+    """The cells ``run`` trained with as one grouped model, itself included, in the grouped model's row order: the
+    run ids its trained_with records (``cells``, flctl.stepper.Stepper.trained_with); for a run trained before
+    flctl recorded them, ``inferred_group``. Just ``[run]`` for a run that trained alone or stepped in turn (equal
+    alone). ConfigError where a recorded cell is no longer in the database."""
     made = run.trained_with or {}
-    size = int(made.get("cells_together") or 1)
-    if made.get("engine") != "grouped" or size < 2:
+    if made.get("engine") != "grouped" or int(made.get("cells_together") or 1) < 2:
         return [run]
+    ids = made.get("cells")
+    if not isinstance(ids, list):
+        return inferred_group(store, run)
+    group = [run if cell == run.id else store.get_run(cell) for cell in ids]
+    missing = [cell for cell, r in zip(ids, group) if r is None]
+    if missing:
+        raise ConfigError(f"run {run.id} trained as one model with run {missing[0]}, which is not in the database: "
+                          f"its rounding cannot be trained again without it")
+    return [r for r in group if r is not None]
+
+
+def inferred_group(store: Store, run: RunRecord) -> list[RunRecord]:
+    """The group of a grouped ``run`` that recorded no ids (trained before flctl recorded them): the runs of its task that
+    the same worker process (host and pid) trained grouped in groups of the same size and that could train with it,
+    by claim time (a worker claims a group's cells one after the other, in id order), cut into groups of that
+    size."""
+    size = int((run.trained_with or {}).get("cells_together") or 1)
     key = run.cfg.together_key()
     same = [r for r in store.list_runs(task=run.task)
             if (r.host, r.pid) == (run.host, run.pid) and (r.trained_with or {}).get("engine") == "grouped"

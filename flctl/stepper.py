@@ -16,7 +16,7 @@ from flctl.cell import Cell
 from flctl.data import Dataset, epoch_order
 from flctl.devices import CAPTURED_ENGINES, COMPILED_ENGINES
 from flctl.grouped.evaluate import evaluate_together
-from flctl.grouped.model import Grouped, trains_grouped
+from flctl.grouped.model import Grouped, in_rows, trains_grouped
 from flctl.grouped.step import GroupBatches, group_inputs, grouped_step
 from flctl.step import (
     CapturedStep,
@@ -80,9 +80,14 @@ class Stepper:
                             fallback=c.cfg.engine == "auto")
 
     def trained_with(self, c: Cell) -> dict[str, Any]:
+        """How ``c`` trained (the runs table's trained_with): its engine, the cells together and the device; grouped,
+        also the run ids of the cells trained as one model, in the grouped model's row order (``cells``), which
+        `flctl reproduce` trains again together (a grouped kernel rounds by its group)."""
         name = torch.cuda.get_device_name(c.device) if c.device.type == "cuda" else "cpu"
-        engine = "grouped" if self.grouping else self.engine[c.cfg.run_id]
-        return {"engine": engine, "cells_together": len(self.cells), "device": name}
+        if not self.grouping:
+            return {"engine": self.engine[c.cfg.run_id], "cells_together": len(self.cells), "device": name}
+        return {"engine": "grouped", "cells_together": len(self.cells), "device": name,
+                "cells": [g.cfg.run_id for g in in_rows(self.cells)]}
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:

@@ -97,8 +97,12 @@ def test_cells_resuming_from_different_epochs_equal_alone(tmp_path: Path) -> Non
 def test_small_models_train_together_grouped_within_float32_rounding(tmp_path: Path) -> None:
     cfgs = mixed("two-moons", None, epochs=20, eval_every=5)
     together = train_together(cfgs, tmp_path / "together", [tmp_path / "t" / c.run_id for c in cfgs])
+    # the cells trained as one model, by run id in the grouped model's rows (flctl.grouped.model.in_rows), which
+    # `flctl reproduce` trains again together
+    rows = together[0].trained_with["cells"]
+    assert sorted(rows) == sorted(c.run_id for c in cfgs)
     assert [r.trained_with for r in together] == [{"engine": "grouped", "cells_together": 4, "device": "cpu",
-                                                   "threads": 1, "threads_from": "OMP_NUM_THREADS"}] * 4
+                                                   "cells": rows, "threads": 1, "threads_from": "OMP_NUM_THREADS"}] * 4
     assert_close_to_alone(tmp_path, cfgs, together, rtol=1e-4, atol=1e-5)
 
 

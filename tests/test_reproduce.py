@@ -110,12 +110,33 @@ def test_reproduce_a_cell_of_a_grouped_sweep_with_its_group(tmp_path: Path) -> N
     runs = json.loads(in_process("runs", "--json", "--results-dir", str(results)).stdout)
     sizes = sorted(r["trained_with"]["cells_together"] for r in runs)
     assert sizes == [2, 2, 4, 4, 4, 4] and {r["trained_with"]["engine"] for r in runs} == {"grouped"}
-    for size in (4, 2):          # the last cell of its group: grouped behind the others
+    # each run names the cells it trained as one model with: the same list, itself in it, for each of its group
+    groups = {tuple(r["trained_with"]["cells"]) for r in runs}
+    assert sorted(map(len, groups)) == [2, 4] and {r["id"] for r in runs} == {i for g in groups for i in g}
+    assert all(r["id"] in r["trained_with"]["cells"] for r in runs)
+    db = sqlite3.connect(results / "flctl.db")
+    pids = dict(db.execute("SELECT id, pid FROM runs").fetchall())
+    # the recorded ids are read, not the worker process that trained them: each run's pid told apart
+    with db:
+        db.execute("UPDATE runs SET pid = rowid + 100000")
+
+    def reproduced(size: int) -> None:          # the last cell of its group: grouped behind the others
         cell = max((r for r in runs if r["trained_with"]["cells_together"] == size), key=lambda r: r["id"])
         res = in_process("reproduce", cell["id"], "--results-dir", str(results))
         assert res.returncode == 0, res.stdout + res.stderr
         others = f"{size - 1} other cell{'s' if size > 2 else ''}"
         assert f"all 2 record files bit-identical (trained again with 1 thread, grouped with {others})" in res.stdout
+
+    for size in (4, 2):
+        reproduced(size)
+    # a run of an older flctl, which recorded no ids: its group is inferred from its worker process and claim order
+    with db:
+        for run in runs:
+            older = {k: v for k, v in run["trained_with"].items() if k != "cells"}
+            db.execute("UPDATE runs SET pid = ?, trained_with = ? WHERE id = ?",
+                       (pids[run["id"]], json.dumps(older), run["id"]))
+    db.close()
+    reproduced(2)
 
 
 class Interrupt(KeyboardInterrupt):

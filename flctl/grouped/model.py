@@ -101,14 +101,19 @@ class GroupedLinear(nn.Module):
 
 
 
+def in_rows(cells: Sequence[Cell]) -> list[Cell]:
+    """``cells`` in their grouped model's row order: by method, so that the cells of a class that groups are a block
+    of rows (``methods``); in the order given within a class."""
+    return sorted(cells, key=lambda c: group_key(c.method))
+
+
 class Grouped:
     """The grouped model of ``cells`` (K cells' models of one architecture, ``groupable``), whose parameters and
-    buffers the cells' own modules now view row by row."""
+    buffers the cells' own modules now view row by row (``in_rows``)."""
 
     def __init__(self, cells: Sequence[Cell]) -> None:
         self.given = list(cells)
-        # ordered by method, so that the cells of a class that groups are a block of rows (``methods``)
-        self.cells = cells = sorted(cells, key=lambda c: group_key(c.method))
+        self.cells = cells = in_rows(cells)
         models = [c.model for c in cells]
         self.k = k = len(models)
         self.module = copy.deepcopy(models[0])        # the structure; every tensor of it is replaced below

@@ -290,7 +290,10 @@ def write_bundle(programme: Programme, records_root: Path, out: Path, provenance
         runs = [programme.runs[i] for p in programme.items for i in p.finished]
         provenance = {**provenance, "scale": programme.scale,
                       "devices": dict(Counter(r.device or "?" for r in runs)),
-                      "trained_with": dict(Counter(", ".join(f"{k} {v}" for k, v in sorted(r.trained_with.items()))
+                      # how they trained, not with whom: a grouped run's "cells" (its group's ids) would count each
+                      # group apart
+                      "trained_with": dict(Counter(", ".join(f"{k} {v}" for k, v in sorted(r.trained_with.items())
+                                                             if k != "cells")
                                                    for r in runs if r.trained_with))}
         (tmp / "index.html").write_text(page(programme, sections, provenance), encoding="utf-8")
         (tmp / "paper.json").write_text(json.dumps({"provenance": provenance, "items": items}, indent=1,
