@@ -289,11 +289,11 @@ def export_from(store: Store, folder: results.Results, ref: str, loggers: tuple[
     from flctl.status import REPORTABLE
 
     try:
-        runs, sweep_of = runs_of(store, ref)
+        runs, sweep_id = runs_of(store, ref)
     finally:
         store.close()
     finished = [r for r in runs if r.status in REPORTABLE]
     if not finished:
         raise ConfigError(f"{ref}: no finished run to export ({len(runs)} not finished yet; see `flctl status`)")
     gate(folder.layout.records, finished, read="all")    # as verify checks them, before any tracker hears of one
-    return Exported(runs, finished, loggers, replay(finished, folder.root, loggers, sweep_of))
+    return Exported(runs, finished, loggers, replay(finished, folder.root, loggers, sweep_id))

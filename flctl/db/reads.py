@@ -65,8 +65,8 @@ def run_or_sweep(store: Store, ref: str) -> tuple[RunRecord | None, dict[str, An
     raise ConfigError(f"no run or sweep {shown(ref)} in the database; list them with `flctl runs` or `flctl sweeps`")
 
 
-def runs_of(store: Store, ref: str) -> tuple[list[RunRecord], dict[str, str | None]]:
-    """The runs ``ref`` names (a run, or a sweep's cells), with the sweep each belongs to (a run named alone: the
+def runs_of(store: Store, ref: str) -> tuple[list[RunRecord], str | None]:
+    """The runs ``ref`` names (a run, or a sweep's cells), with the sweep they belong to (a run named alone: the
     latest sweep that holds it, None for a run of its own); ConfigError as run_or_sweep."""
     run, sweep = run_or_sweep(store, ref)
     if sweep is not None:
@@ -74,6 +74,6 @@ def runs_of(store: Store, ref: str) -> tuple[list[RunRecord], dict[str, str | No
         with store.session() as s:       # the sweep's runs alone, newest first as list_runs lists them
             runs, damaged = checked_runs(s, select(Run).where(Run.id.in_(cells)).order_by(Run.created_at.desc()))
         left_out(damaged)
-        return runs, {r.id: sweep["id"] for r in runs}
+        return runs, sweep["id"]
     assert run is not None
-    return [run], {run.id: sweep_of(store, run.id)}
+    return [run], sweep_of(store, run.id)

@@ -12,9 +12,9 @@ from flctl.loggers.base import scalars
 from flctl.loggers.session import Logging
 
 
-def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: dict[str, str | None]) -> Logging:
-    """Log ``runs`` (store records, finished) to ``loggers``, their records under ``root``; ``sweep_of``: each run's
-    sweep. The caller has checked every run as `flctl verify` does (flctl.report.data.gate, each file read whole, as
+def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_id: str | None) -> Logging:
+    """Log ``runs`` (store records, finished) to ``loggers``, their records under ``root``; ``sweep_id``: their sweep
+    (flctl.db.reads.runs_of names one run or one sweep's runs). The caller has checked every run as `flctl verify` does (flctl.report.data.gate, each file read whole, as
     `flctl export` does), so that nothing is logged of a damaged run. Returns the session, whose ``lines()`` say what
     could not be logged."""
     import pyarrow.dataset as ds
@@ -23,9 +23,8 @@ def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: di
     from flctl.records import epoch_summaries, read_file
 
     records_root = Layout(root).records
-    sessions: dict[str | None, Logging] = {}
+    session = Logging(loggers, root, sweep_id, replay=True)
     for run in runs:
-        session = sessions.setdefault(sweep_of.get(run.id), Logging(loggers, root, sweep_of.get(run.id), replay=True))
         session.start(run.cfg)
         kept = epoch_summaries(records_root, run.id)
         for epoch, summary, path in kept:
@@ -36,6 +35,5 @@ def export(runs: Sequence[Any], root: Path, loggers: Sequence[str], sweep_of: di
         if not kept and run.metrics:       # trained before the files kept each eval's numbers: its final ones
             session.log(run.id, run.epochs_done or 0, {k: float(v) for k, v in run.metrics.items() if v is not None})
         session.finish(run.id, run.status)
-    return Logging(loggers, root, not_logged={k: v for s in sessions.values() for k, v in s.not_logged.items()},
-                   why={k: v for s in sessions.values() for k, v in s.why.items()})
+    return session
 
