@@ -195,7 +195,7 @@ def report(*, table: str | None = None, plot: str | None = None, samples: str | 
                       out=None if out is None else Path(out)).check()
     folder, store = _opened(results_dir, db, create=False)
     try:
-        return make_report(store, folder.root, request, partial(latest_sweeps, store))
+        return make_report(store, folder.layout, request, partial(latest_sweeps, store))
     finally:
         store.close()
 

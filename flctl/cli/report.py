@@ -80,7 +80,7 @@ def report(
     folder = results_folder(results_dir, db)
     store = existing_store(folder)
     try:
-        made = make_report(store, folder.root, request, partial(latest_sweeps, store))
+        made = make_report(store, folder.layout, request, partial(latest_sweeps, store))
     except ConfigError as exc:
         fail(str(exc))
     finally:

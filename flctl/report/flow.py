@@ -9,12 +9,15 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
 from flctl.report import FORMAT_OF_SUFFIX, FORMATS, listed
 from flctl.report.plot_specs import PLOT_SPECS, QUERY_SPECS, plot_spec, query_spec
 from flctl.report.table_specs import TABLE_SPECS, by_tables, table_spec
+
+if TYPE_CHECKING:
+    from flctl.layout import Layout
 
 # Bounds of the numeric options: (least, most or None)
 BOUNDS = {"digits": (0, 12), "top": (1, None), "min_seeds": (1, None), "k": (1, None)}
@@ -160,16 +163,14 @@ def of(runs: list[Any], sweep: str | None) -> str:
     return f"sweep {sweep}" if sweep is not None else "-".join(sorted({r.task for r in runs})) or "no runs"
 
 
-def make_report(store: Any, root: Path, request: Request, sweeps_of: SweepsOf) -> Made:
-    """Make ``request`` (checked: Request.check) of ``store``'s runs, with the records under ``root``: a table
+def make_report(store: Any, layout: Layout, request: Request, sweeps_of: SweepsOf) -> Made:
+    """Make ``request`` (checked: Request.check) of ``store``'s runs, with the records of the results folder
+    ``layout`` lays out (flctl.results.Results.layout, as the command found it): a table
     (written to --out if given), a figure (PNG and PDF) or a query (Parquet); ``sweeps_of`` tells which sweeps hold
     runs, over the same store. ConfigError for what cannot be made."""
-    from flctl.layout import Layout
-
     request = request.check()
     said: list[str] = []
     runs, sweep, _ = choose_runs(store, request, said)
-    layout = Layout(root)
     made = Made(of(runs, sweep), runs, said=said, mixed=None if sweep is not None else mixed(store, runs, sweeps_of))
     if request.table is not None:
         _table(made, request, layout.records)
