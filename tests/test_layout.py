@@ -83,12 +83,13 @@ def test_every_file_a_results_folder_holds_is_one_layout_names(tmp_path: Path) -
     stopped = config("two-moons", "rfl", epochs=4, options={"n_train": "200", "n_test": "200"})
     store = Store.open(file_url(layout.db))
     try:
-        result = execute(stopped, store, layout, stop=lambda: True)
+        asked = iter([False])          # not before the first epoch: stopped after it, checkpointed
+        ending = execute(stopped, store, layout, stop=lambda: next(asked, True))
         runs = {r.id: r for r in store.list_runs()}
         [sweep] = store.list_sweeps()
     finally:
         store.close()
-    assert result is not None and result.status == "stopped"
+    assert ending is not None and [r.status for r in ending.results] == ["stopped"]
     assert len(runs) == 4          # the run, the sweep's two cells, the stopped run
 
     named: set[Path] = {layout.db, layout.plot("cdf", "two-moons").with_suffix(".png"),
