@@ -58,14 +58,14 @@ def sweep(task: str | None = None, *, spec: str | Path | None = None, seeds: int
                                   device="cpu" if device is None else device, data_dir=folder)
     if extra:
         chosen = dataclasses.replace(chosen, launch={**chosen.launch, **extra})
-    folder = results.find(results_dir, db, results.API)     # found and checked once, in the CLI's order
-    root, url = folder.root, folder.url
+    found = results.find(results_dir, db, results.API)     # found and checked once, in the CLI's order
+    root, url = found.root, found.url
     planned = plan_sweep(chosen, flags, results_root=root, objective=objective, direction=direction, tune=tune,
                          parallel=parallel, dry_run=dry_run)
     if dry_run:
-        folder.make(dry=True)       # what the real sweep would refuse, a dry run refuses too (as `flctl sweep`)
+        found.make(dry=True)        # what the real sweep would refuse, a dry run refuses too (as `flctl sweep`)
         return planned
-    store = folder.open_to_write()
+    store = found.open_to_write()
     try:
         filled = fill_sweep(planned, store, url, root, wait=wait, direction=direction)
     finally:
@@ -99,20 +99,20 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
     if dry_run and report_only:
         raise ConfigError("give dry_run or report_only, not both")
     flags = _launch_flags(launch)
-    folder = results.find(results_dir, db, results.API)     # found and checked once, in the CLI's order
-    root, url = folder.root, folder.url
+    found = results.find(results_dir, db, results.API)     # found and checked once, in the CLI's order
+    root, url = found.root, found.url
     plan = plan_paper(url=url, specs=Path(specs) if specs is not None else SHIPPED_SPECS, launch=flags, only=only,
                       scale=scale, device=device, data_dir=None if data_dir is None else str(data_dir),
                       check_data=not (dry_run or report_only))
     bundle = Path(out) if out is not None else None
     plan.bundle_folder(root, bundle)                 # as `flctl paper`: a bundle that cannot be written, before
     if dry_run:                                      # any folder is made, a dry run included
-        folder.make(dry=True)                        # what the real command would refuse, as `flctl paper --dry-run`
+        found.make(dry=True)                        # what the real command would refuse, as `flctl paper --dry-run`
         return plan
     if not report_only:
-        folder.open_to_write().close()               # the folder and database, as `flctl paper` makes them
+        found.open_to_write().close()               # the folder and database, as `flctl paper` makes them
     else:
-        folder.make()                                # reading the database only needs a folder for the bundle
+        found.make()                                # reading the database only needs a folder for the bundle
     return fill_paper(plan, root=root, out=bundle, wait=wait, report_only=report_only)
 
 

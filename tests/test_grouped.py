@@ -86,7 +86,7 @@ def test_cells_resuming_from_different_epochs_equal_alone(tmp_path: Path) -> Non
     run_dirs = [tmp_path / "t" / c.run_id for c in cfgs]
     # the first cell stops after 1 epoch, the second after 2; the others start fresh in the group
     for cfg, run_dir, epochs in ((cfgs[0], run_dirs[0], 1), (cfgs[1], run_dirs[1], 2)):
-        done = iter(range(epochs, 0, -1))
+        done = iter([0, *range(epochs, 0, -1)])      # not asked to stop before the first epoch
         stopped = train(cfg, tmp_path / "together", run_dir, stop=lambda d=done: next(d, 0) == 1)
         assert stopped.status == "stopped" and stopped.epochs_done == epochs
     together = train_together(cfgs, tmp_path / "together", run_dirs)
@@ -165,7 +165,7 @@ def test_grouped_cells_resuming_from_different_epochs_equal_alone_in_float64(tmp
     cfgs = [config("utkface", m, seed=s, lr=lr, data_dir=data, **UTK)
             for m, s, lr in (("erm", 0, 1e-3), ("fl", 1, 2e-3), ("rfl", 2, 5e-4))]
     run_dirs = [tmp_path / "t" / c.run_id for c in cfgs]
-    done = iter(range(1, 0, -1))
+    done = iter([0, 1])                     # not before the first epoch; after it
     stopped = train(cfgs[0], tmp_path / "together", run_dirs[0], stop=lambda: next(done, 0) == 1)
     assert stopped.status == "stopped" and stopped.epochs_done == 1
     together = train_together(cfgs, tmp_path / "together", run_dirs)
