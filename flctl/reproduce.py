@@ -93,13 +93,17 @@ def group_of(store: Store, run: RunRecord) -> list[RunRecord]:
     """The cells ``run`` trained with as one grouped model, itself included, in the grouped model's row order: the
     run ids its trained_with records (``cells``, flctl.stepper.Stepper.trained_with); for a run trained before
     flctl recorded them, ``inferred_group``. Just ``[run]`` for a run that trained alone or stepped in turn (equal
-    alone). ConfigError where a recorded cell is no longer in the database."""
+    alone). ConfigError where a recorded cell is no longer in the database, or the record is not such a group."""
     made = run.trained_with or {}
     if made.get("engine") != "grouped" or int(made.get("cells_together") or 1) < 2:
         return [run]
     ids = made.get("cells")
     if not isinstance(ids, list):
         return inferred_group(store, run)
+    if run.id not in ids or not all(isinstance(cell, str) and len(cell) == len(run.id) for cell in ids) \
+            or len(set(ids)) != len(ids):     # a group that does not hold the run, or not run ids: a damaged row
+        raise ConfigError(f"run {run.id}'s record of the cells it trained with is damaged (trained_with's 'cells' is "
+                          "not the run ids of a group that holds it); restore that row from a backup to reproduce it")
     group = [run if cell == run.id else store.get_run(cell) for cell in ids]
     missing = [cell for cell, r in zip(ids, group) if r is None]
     if missing:

@@ -174,7 +174,7 @@ def resolves(dotted: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("doc", [pytest.param("extending.md", marks=pytest.mark.xfail(strict=True, reason="docs/extending.md (A database backend) names flctl.db.store.DIALECTS; it is flctl.db.urls.DIALECTS since the results doorway")), pytest.param("reference.md", marks=pytest.mark.xfail(strict=True, reason="docs/reference.md names flctl.runner.at_fault; it moved to flctl.claimed.at_fault")), "design.md"])
+@pytest.mark.parametrize("doc", ["extending.md", "reference.md", "design.md"])
 def test_every_flctl_name_a_doc_names_in_backticks_resolves(doc: str) -> None:
     path = ROOT / "docs" / doc
     if not path.exists():
@@ -498,9 +498,6 @@ def test_records_read_of_a_damaged_file_is_a_clear_error(copy: Path) -> None:
     assert victim.name in str(err.value) or run_id in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/records/reads.py read/check_run: a run named by id with no files under "
-                   "root (here: the results folder given for its records folder) is no problem unless completed=True, "
-                   "so read returns an empty table instead of saying the run has no records there")
 def test_records_read_given_the_results_folder_not_its_records_folder_says_so(copy: Path) -> None:
     """A new user hands flctl.records.read the results folder (what every command takes) and names a run: an empty
     table says the run has no records, which is false."""
@@ -593,9 +590,6 @@ def test_reproduce_with_cells_that_are_not_a_list_is_refused_or_inferred_cleanly
     assert "names 1 of them" in res.stdout + res.stderr       # inferred (flctl.reproduce.inferred_group), and said
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/reproduce.py group_of: a recorded cells list without the run's own id is "
-                   "trained as the group anyway (the run left out), and the run is told 'epoch N's record file is "
-                   "missing now', exit 1, a false difference, instead of refusing the tampered record")
 def test_reproduce_with_cells_that_leave_out_the_run_itself_is_refused(copy: Path) -> None:
     first, second = run_ids(copy)
     tamper(copy, first, grouped(cells=[second, second]))
@@ -603,8 +597,6 @@ def test_reproduce_with_cells_that_leave_out_the_run_itself_is_refused(copy: Pat
     assert first in line
 
 
-@pytest.mark.xfail(strict=True, reason="flctl/reproduce.py group_of: a non-str id in trained_with['cells'] goes to "
-                   "store.get_run unchecked: TypeError traceback (expected string ... got 'int'), exit 1")
 def test_reproduce_with_a_non_string_cell_is_one_line(copy: Path) -> None:
     first, _ = run_ids(copy)
     tamper(copy, first, grouped(cells=[first, 7]))
