@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flctl.errors import ConfigError
-from flctl.layout import records_of
+from flctl.layout import Layout, records_of
 from flctl.records.checks import CHECKSUMS as CHECKSUMS
 from flctl.records.checks import SUMMARY_KEY as SUMMARY_KEY
 from flctl.records.checks import (
@@ -205,8 +205,8 @@ def read(root: Path, run_ids: Sequence[str] | None = None, split: str | None = N
     """Records of the given runs (all when None), optionally one split and one epoch. Each run is checked first
     (``check_run``: its checksums, and the schema of each file): ConfigError naming the first problem."""
     root = Path(root)
-    if (root / "records").is_dir() and not any(root.glob("run_id=*")):    # the results folder every command takes
-        raise ConfigError(f"{root} is a results folder, not a records folder: its records are under {root / 'records'}")
+    if (inner := Layout(root).records).is_dir() and not any(root.glob("run_id=*")):   # a results folder, as every
+        raise ConfigError(f"{root} is a results folder, not a records folder: its records are under {inner}")  # command takes
     if run_ids is None:
         run_ids = sorted(p.name.split("=", 1)[1] for p in root.glob("run_id=*") if p.is_dir())
     files: list[Path] = []
