@@ -63,7 +63,7 @@ def test_a_database_server_that_stops_under_a_wait_is_one_line_and_nothing_is_lo
             store.close()
 
     wait_until(lambda: sweep.poll() is None and (results / "runs").is_dir() and checkpointed(),
-               "a cell under way", timeout=120, interval=0.5)
+               "a cell under way", timeout=bound(240), interval=0.5)   # the launch makes the study first
     stop()
     stopped = time.monotonic()
     out, err = sweep.communicate(timeout=120)
