@@ -141,6 +141,7 @@ class _Here:
         """Work until no cell is left; the exit code of the signal that stopped it first (130, 143), else None.
         After a fatal device error this process trains no more (its device context is dead) and only waits: the
         worker started a fresh process in its place and said so on stderr."""
+        self.worker.in_caller = True     # the waiting command tells what stopped it
         try:
             self.worker(self.slot)
         except DeviceLost:

@@ -61,6 +61,9 @@ class Worker(submitit.helpers.Checkpointable):
         self.ground_moved: str | None = None     # its database or results folder went away: it stopped
         self.disk_full: str | None = None        # the disk filled up: it stopped
         self.disk_note: DiskNote | None = None   # where it tells a waiting command so, while it works
+        # it runs inside the command that launched it (the debug launcher, `sweep --wait`'s own worker), which tells
+        # a database failure itself at its next read of the same database: the worker's line would say it twice
+        self.in_caller = recipe.launcher.in_process
 
     @property
     def name(self) -> str:
@@ -173,7 +176,7 @@ class Worker(submitit.helpers.Checkpointable):
             case Next.DEVICE_LOST:
                 self.device_lost = f"{type(error).__name__}: {_first_line(error)}" if error else "?"
                 self.failed_cells = ids
-            case Next.STOP if error is not None:
+            case Next.STOP if error is not None and not self.in_caller:
                 print(f"flctl worker: {ending.line(ids[0])}; this worker stops", file=sys.stderr)
         return False
 
