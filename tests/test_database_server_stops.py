@@ -53,7 +53,11 @@ def test_a_database_server_that_stops_under_a_wait_is_one_line_and_nothing_is_lo
     results = tmp_path / "results"
     command = [sys.executable, "-m", "flctl", "sweep", "two-moons", "-m", "erm,fl", "--epochs", "3000",
                "--executor", "debug", "--wait", "--db", url, "--results-dir", str(results)]
-    sweep = warm.Popen(command, stdout=warm.PIPE, stderr=warm.PIPE, text=True)
+    # a heartbeat every half second: the epochs done reach the database with it (every 30 s by default), and the
+    # two cells end in about 15 s; the test waited on the moment between their end and the command's (a CI run
+    # missed it and timed out)
+    env = {**os.environ, "FLCTL_HEARTBEAT": "0.5"}
+    sweep = warm.Popen(command, stdout=warm.PIPE, stderr=warm.PIPE, text=True, env=env)
 
     def checkpointed() -> bool:
         store = Store.open(url, readonly=True)
@@ -74,7 +78,7 @@ def test_a_database_server_that_stops_under_a_wait_is_one_line_and_nothing_is_lo
     assert "Traceback" not in err and "run the command again" in lines[0], err
 
     start()                                # the server back: the same command completes every cell
-    again = warm.run(command, capture_output=True, text=True, timeout=300)
+    again = warm.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr
     store = Store.open(url, readonly=True)
     try:

@@ -37,7 +37,9 @@ def test_a_sweep_stops_in_one_line_when_its_ground_moves(tmp_path: Path, how: st
     # Two grouped cells a worker (the CPU's default): at 143ffa6 a loaded suite twice saw the deleted database told as
     # "replaced", as a connection opened after the deletion made an empty file in its place (no connection makes the
     # file now: flctl.db.sqlite.never_made_again).
-    proc = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "4", "--epochs", "4000",
+    # Cells too long to end in the test (the moved ground stops them): at 4000 epochs a CI run once timed out
+    # waiting for two cells training, as if they had ended before the look saw both conditions at once.
+    proc = subprocess.Popen([*FLCTL, "sweep", "two-moons", "-m", "fl", "--seeds", "4", "--epochs", "200000",
                              "--eval-every", "50", "--workers", "2", "--threads", "1", "--executor", "local",
                              "--wait", "--results-dir", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -45,7 +47,9 @@ def test_a_sweep_stops_in_one_line_when_its_ground_moves(tmp_path: Path, how: st
     try:
         wait_until(lambda: _running(results) >= 2
                    and len(list((results / "records").glob("run_id=*/epoch=*.parquet"))) >= 2,
-                   "two cells training", interval=0.1)
+                   "two cells training", interval=0.1,
+                   explain=lambda: f"sweep exit {proc.poll()}; {_running(results)} running; records "
+                                   f"{sorted(p.parent.name for p in results.glob('records/run_id=*/epoch=*'))}")
         kept = None
         if how == "delete the database":
             db.unlink()
