@@ -113,7 +113,7 @@ def paper(*, only: str | None = None, scale: str = "paper", specs: str | Path | 
         found.open_to_write().close()               # the folder and database, as `flctl paper` makes them
     else:
         found.make()                                # reading the database only needs a folder for the bundle
-    return fill_paper(plan, root=root, out=bundle, wait=wait, report_only=report_only)
+    return fill_paper(plan, found, out=bundle, wait=wait, report_only=report_only)
 
 
 def _flag_names() -> set[str]:

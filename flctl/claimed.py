@@ -177,8 +177,8 @@ class ClaimedRuns:
             self.on_epoch(stats)
 
     def done(self, result: Any) -> None:
-        """A run's outcome (flctl.cell.RunResult) into the database as soon as it is known (a cell that leaves its
-        group early); ``finish`` records the rest of the group together."""
+        """A run's outcome (flctl.cell.RunResult) into the database as soon as it is known (a cell that leaves the
+        others early); ``finish`` records the rest at once."""
         self._record([result])
 
     def finish(self, results: list) -> None:

@@ -33,6 +33,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from flctl.text import said, say_once
+
 T = TypeVar("T")
 
 ENV = "FLCTL_TASKS"
@@ -40,11 +42,7 @@ TASK_GROUP, METHOD_GROUP = "flctl.tasks", "flctl.methods"
 
 _extra: list[str] = []                        # added in process: a spec's task_module, a worker's plugin list
 _modules: dict[str, ModuleType] = {}          # plugin path or module name -> its module, once imported
-_problems: dict[str, str] = {}                # plugin -> one line saying why it did not load (_Said: said already)
-
-
-class _Said(str):
-    """A problem line already written to stderr as a warning (``warn``): listings do not repeat it."""
+_problems: dict[str, str] = {}                # plugin -> one line saying why it did not load
 
 
 @dataclass(frozen=True)
@@ -118,16 +116,18 @@ def report(key: str, line: str) -> None:
 
 def warn(key: str, line: str) -> None:
     """Note a problem and say it now, once per process: ``flctl: warning: LINE`` on stderr (the command goes on)."""
-    if isinstance(_problems.get(key), _Said):
-        return
-    _problems[key] = _Said(line)
-    print(f"flctl: warning: {line}", file=sys.stderr, flush=True)
+    _problems[key] = line
+    say_once(_warning(line))
+
+
+def _warning(line: str) -> str:
+    return f"flctl: warning: {line}"
 
 
 def problems(*, unsaid: bool = False) -> list[str]:
     """One line per plugin that did not load (import error, no TASK, a bad entry point, a path that is not there);
     ``unsaid``: only those not yet written to stderr (``warn``)."""
-    return [str(line) for line in _problems.values() if not (unsaid and isinstance(line, _Said))]
+    return [line for line in _problems.values() if not (unsaid and said(_warning(line)))]
 
 
 def check(entry: str) -> list[str]:

@@ -160,15 +160,6 @@ def take_back(made: list[Path]) -> None:
             break
 
 
-def open_to_write(url: str, root: Path, voice: Voice) -> Store:
-    """The results folder ``root`` checked and made (``check_folder``, ``Results.make``) and the run database at
-    ``url`` opened for writing, made or upgraded as needed (flctl.paper.flow, whose caller made the folder). A
-    database that cannot be opened (a bad URL, a server that does not answer) takes back the folders this made: bad
-    input leaves nothing behind."""
-    check_folder(root, voice)
-    return _open_made(url, _make(root, voice, False))
-
-
 def _open_made(url: str, made: list[Path]) -> Store:
     """The run database at ``url`` opened to write; the folders ``made`` for it taken back should it not open."""
     from flctl.db import Store

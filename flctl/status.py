@@ -133,7 +133,7 @@ _BLAMED = "flctl_cell"
 @contextlib.contextmanager
 def blamed(run_id: str) -> Iterator[None]:
     """An exception raised inside is the cell ``run_id``'s own (its build: its task's model may fail for its seed or
-    options alone): a group of cells that fails with it fails that cell and no other (flctl.claimed.at_fault). The
+    options alone): of cells together that fail with it, that cell fails and no other (flctl.claimed.at_fault). The
     innermost cell named keeps the blame."""
     try:
         yield

@@ -1,5 +1,5 @@
-"""How a group of cells steps (``Stepper``): each cell's epoch buffers and step engine (eager, captured or compiled,
-flctl.step), or one grouped step for all (flctl.grouped); the RNG streams each cell's work runs under; the group's one
+"""How cells together step (``Stepper``): each cell's epoch buffers and step engine (eager, captured or compiled,
+flctl.step), or one grouped step for all (flctl.grouped); the RNG streams each cell's work runs under; their one
 CUDA stream (``worker_stream``). flctl.train's loop calls it: begin each cell's epoch, step every batch shape.
 """
 
@@ -31,7 +31,7 @@ from flctl.tasks import Task
 
 
 def worker_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The one CUDA stream a group's work runs on (None off CUDA); not the default stream: graphs are captured on a
+    """The one CUDA stream the cells' work runs on (None off CUDA); not the default stream: graphs are captured on a
     side stream, and warm-up, capture and replay on one stream share its lazily made workspaces."""
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -42,8 +42,8 @@ def cell_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 class Stepper:
-    """How a group of cells steps: each cell's epoch buffers and step functions (eager, captured or compiled), or
-    one grouped step for all (flctl.grouped); the RNG streams each cell's work runs under, and the group's one CUDA
+    """How cells together step: each cell's epoch buffers and step functions (eager, captured or compiled), or
+    one grouped step for all (flctl.grouped); the RNG streams each cell's work runs under, and their one CUDA
     stream."""
 
     def __init__(self, cells: list[Cell], task: Task, data: Dataset) -> None:
@@ -91,7 +91,7 @@ class Stepper:
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
-        """Run the group's work on its stream: after what the default stream queued (data, models, resumed state),
+        """Run the cells' shared work on its stream: after what the default stream queued (data, models, resumed state),
         and before anything the caller queues on the default stream afterwards."""
         if self.stream is None:
             yield
@@ -171,20 +171,20 @@ class Stepper:
         self._join_out(active)
 
     def _join_in(self, active: list[Cell]) -> None:
-        """The epoch's join in: each cell's own stream after what the group's stream set up for its epoch."""
+        """The epoch's join in: each cell's own stream after what the shared stream set up for its epoch."""
         for c in active:
             if (own := self.cell_streams.get(c.cfg.run_id)) is not None:
                 own.wait_stream(self.stream)  # type: ignore[arg-type]  # a cell stream is made on CUDA only
 
     def _join_out(self, active: list[Cell]) -> None:
-        """After a round of steps: what the group's stream does next comes after each cell's step."""
+        """After a round of steps: what the shared stream does next comes after each cell's step."""
         for c in active:
             if (own := self.cell_streams.get(c.cfg.run_id)) is not None:
-                self.stream.wait_stream(own)  # type: ignore[union-attr]  # as is the group's stream then
+                self.stream.wait_stream(own)  # type: ignore[union-attr]  # as is the shared stream then
 
     @contextlib.contextmanager
     def _on_own_stream(self, c: Cell) -> Iterator[None]:
-        """Run ``c``'s step on its own stream (captured-streams), else where the group's work runs."""
+        """Run ``c``'s step on its own stream (captured-streams), else where the cells' shared work runs."""
         own = self.cell_streams.get(c.cfg.run_id)
         if own is None:
             yield

@@ -108,3 +108,8 @@ def say_once(line: str) -> None:
     """``line`` on stderr, once per process: the same line again says nothing."""
     if first_time(("said", line)):
         print(line, file=sys.stderr, flush=True)
+
+
+def said(line: str) -> bool:
+    """Whether ``say_once`` has said ``line`` in this process."""
+    return ("said", line) in _MET

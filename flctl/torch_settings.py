@@ -1,4 +1,4 @@
-"""torch's process-wide settings while a group of cells trains (flctl.train): on CUDA, its float32 maths and
+"""torch's process-wide settings while cells together train (flctl.train): on CUDA, its float32 maths and
 autotuned convolutions (``set_cuda_math``); on the CPU, its threads (``cpu_threads_while``), put back after."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ How cells step (``RunResult.trained_with``):
 - grouped: cells together as one grouped model (flctl.grouped), on CUDA and for ``batched`` tasks: equal alone up
   to float rounding. Other cells together interleave step by step, each with its own RNG streams: equal alone exactly.
 
-How a group of cells steps (engines, grouping, RNG streams, the CUDA stream) is flctl.stepper's. On CUDA, all of a
+How cells together step (engines, grouping, RNG streams, the CUDA stream) is flctl.stepper's. On CUDA, all of a
 group's device work runs on one stream (``flctl.stepper.worker_stream``), in program order, so no use of a
 tensor can overtake its last write; checkpoints leave it as host copies, and the writer thread never touches the
 device (docs/design.md, "Streams and threads on CUDA").
@@ -99,9 +99,9 @@ def train_together(
 ) -> list[RunResult]:
     """Train several cells of one task side by side, each exactly as ``train`` would train it alone (its own
     seed, model, optimizer, multipliers, RNG streams, records and checkpoint). Cells must share
-    ``RunConfig.together_key``; each may resume from its own epoch; one that diverges or finishes leaves the group
-    and the others go on. ``on_done`` hears of a cell that leaves while others still train, once its records are on
-    disk (the caller records it then, not when the group ends); the returned list holds every cell's result.
+    ``RunConfig.together_key``; each may resume from its own epoch; one that diverges or finishes leaves the
+    others, which go on. ``on_done`` hears of a cell that leaves while others still train, once its records are on
+    disk (the caller records it then, not when the others end); the returned list holds every cell's result.
 
     ``fence(run_id)``: whether this process still holds the run's claim (flctl.runner). It is asked before every
     write of the run's files; a cell whose claim is gone ends "lost" at once and writes nothing more. Without a
@@ -150,7 +150,7 @@ def train_together(
 def _loop(cells: list[Cell], stepper: Stepper, task: Task, data, records_root: Path, on_epoch, checkpoint_every: float,
           stop, on_done, fence, chosen: dict[str, Any]) -> list[RunResult]:
     """``train_together``'s epochs, from its built cells to every cell's result."""
-    done: dict[str, RunResult] = {}        # cells reported to on_done before the group ended
+    done: dict[str, RunResult] = {}        # cells reported to on_done before the others ended
     # Records and checkpoints are written in the background; leaving this block (finished, stopped, diverged or
     # interrupted by an exception) waits until they are on disk.
     with stepper.on_stream():
@@ -171,7 +171,7 @@ def _loop(cells: list[Cell], stepper: Stepper, task: Task, data, records_root: P
                     for c in active:
                         if c.schedule_per_step:
                             c.scheduler.step()
-                numbers = _epoch_numbers(active)            # one host read for the group's epoch numbers
+                numbers = _epoch_numbers(active)            # one host read for the cells' epoch numbers
                 evals = stepper.evaluations([c for c in active if _evaluates(c, numbers[c.cfg.run_id])])
                 for c in active:
                     with stepper.own(c):
@@ -210,7 +210,7 @@ def _held(c: Cell, fence: Callable[[str], bool] | None) -> bool:
 
 def _epoch_numbers(cells: list[Cell]) -> dict[str, list[float]]:
     """Each cell's epoch mean and max loss (and max multiplier), read from the device at once: one host sync per
-    epoch for a group of cells, not one per cell (a GPU waits at each). The max propagates NaN and inf, so it is the
+    epoch for cells together, not one per cell (a GPU waits at each). The max propagates NaN and inf, so it is the
     finiteness check too (an isfinite pass and three reads cost more than the two-moons step itself)."""
     parts = []
     for c in cells:

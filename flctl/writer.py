@@ -17,7 +17,7 @@ class Writer:
     """Writes records and checkpoints on one background thread, in submission order (a checkpoint lands after
     the records of its epoch), so the loop does not wait for the disk. Leaving its ``with`` block waits for everything
     and re-raises a write's error; at most one checkpoint per run is pending at a time, which bounds the memory of
-    snapshots (a group of cells checkpointing at the same epoch does not wait for each other's saves: with 50
+    snapshots (cells together checkpointing at the same epoch does not wait for each other's saves: with 50
     two-moons cells a worker, those waits were a tenth of its time). A process killed with writes pending resumes from an older checkpoint and redoes those epochs,
     identically. With a ``fence``, each write checks that the run's claim still holds (ClaimLost if not) just before
     its written file is renamed into place (flctl.fs.fenced), however long it waited in the queue or took.

@@ -214,6 +214,7 @@ def test_bad_input_met_after_paper_trained_is_exit_1_not_nothing_written(tmp_pat
     from flctl.errors import PartlyDone
     from flctl.launch.settings import LaunchFlags
     from flctl.paper.flow import Hooks, fill_paper, plan_paper
+    from flctl.results import API, find
 
     root, out = tmp_path / "r", tmp_path / "bundle"
     url = f"sqlite:///{root / 'flctl.db'}"
@@ -227,7 +228,7 @@ def test_bad_input_met_after_paper_trained_is_exit_1_not_nothing_written(tmp_pat
     root.mkdir()
     Store.open(url).close()
     with pytest.raises(PartlyDone, match=r"bundle|paper\.json|notes|empty") as caught:
-        fill_paper(plan, root=root, out=out, hooks=Hooks(launched=launched))
+        fill_paper(plan, find(root, url, API), out=out, hooks=Hooks(launched=launched))
     assert caught.value.exit_code == 1 and "flctl paper` again resumes" in str(caught.value)
     store = Store.open(url, readonly=True)
     assert [r.status for r in store.list_runs()] == ["completed"]          # what trained stays recorded

@@ -78,16 +78,18 @@ def paper(
     # reading the database only needs a folder to write the bundle into; launching needs the database (a bad --db:
     # one line, before the plan and with nothing made)
     make_folder(folder) if report_only else open_results(folder)
-    _fill(plan, url, root, out=out, wait=wait, report_only=report_only)
+    _fill(plan, folder, out=out, wait=wait, report_only=report_only)
 
 
-def _fill(plan, url: str, root: Path, *, out: Path | None, wait: bool, report_only: bool) -> None:
+def _fill(plan, folder, *, out: Path | None, wait: bool, report_only: bool) -> None:
     """Launch the programme's missing cells and write its bundle (flctl.paper.flow.fill_paper), saying how it went:
     a signal's stop (its exit code), the specs whose data is not here, the bundle, the failed cells' errors."""
     from flctl.cli.ledger import error_summary, ledger_lines, watch
     from flctl.errors import ConfigError, PartlyDone
     from flctl.launch.wait import SweepStopped
     from flctl.paper.flow import Hooks, fill_paper
+
+    url, root = folder.url, folder.root
 
     def here(worker, sid: str) -> int | None:
         with ledger_lines(url, sid):
@@ -98,7 +100,7 @@ def _fill(plan, url: str, root: Path, *, out: Path | None, wait: bool, report_on
                                                                     take_over=take_over),
                   warn=lambda line: err_console.print(f"[yellow]warning:[/yellow] {escape(line)}", soft_wrap=True))
     try:
-        done = fill_paper(plan, root=root, out=out, wait=wait, report_only=report_only, hooks=hooks)
+        done = fill_paper(plan, folder, out=out, wait=wait, report_only=report_only, hooks=hooks)
     except ConfigError as exc:
         fail(str(exc))
     except PartlyDone as exc:           # bad input met after cells trained: they stay recorded

@@ -96,7 +96,7 @@ class RunQueue:
         (``retry_failed``). One transaction that reads only the cells it takes (flctl.db.claims.take_next), so
         workers racing for the same cells never both win one, and a claim costs the same whatever the sweep's size."""
         if together is None and most != 1:
-            raise ValueError("a group's first cell is claimed alone (most=1), the others with `together`")
+            raise ValueError("the first of cells together is claimed alone (most=1), the others with `together`")
         check_stale_after(stale_after)
         want = Want(sweep_id, most, max_attempts, stale_after, together)
         claimed = self.write(lambda s: take_next(s, want, job_id, git_sha))
@@ -239,7 +239,7 @@ class RunQueue:
 
     def record_provenance(self, claims: dict[str, tuple[str, dict[str, Any]]]) -> set[str]:
         """Where the code that trains each claimed run comes from (run id -> (claim token, provenance); flctl.runner,
-        as a group starts training), in one transaction for the group; returns the runs whose claims still held."""
+        as cells together start training), in one transaction for them all; returns the runs whose claims still held."""
         def fn(s: Session) -> set[str]:
             return {run_id for run_id, (token, prov) in claims.items() if _fenced(s, run_id, token, {"provenance": prov})}
         return self.write(fn)
@@ -254,7 +254,7 @@ class RunQueue:
             raise ClaimLost(f"run {run_id}: another worker holds it now; its outcome here is not recorded")
 
     def finish_runs(self, ended: dict[str, Ended]) -> set[str]:
-        """Record how runs ended (run id -> Ended), in one transaction: a group's cells that end together are one
+        """Record how runs ended (run id -> Ended), in one transaction: cells together that end at once are one
         write, not one each. Returns the runs whose claims no longer held them: nothing is written for those."""
         def fn(s: Session) -> set[str]:
             lost = set()

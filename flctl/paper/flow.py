@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.cost import stored_runs
+from flctl.db import Store
 from flctl.devices import resolve_device
 from flctl.errors import ConfigError, PartlyDone
 from flctl.launch.flow import Hooks, fill_sweep
@@ -21,6 +22,7 @@ from flctl.launch.plan import plan_sweep
 from flctl.launch.settings import LaunchFlags, LaunchSettings
 from flctl.paper.plan import Programme, launch_programme, plan_programme, tasks_of
 from flctl.paper.programme import SCALES, select
+from flctl.results import Results
 
 
 @dataclasses.dataclass
@@ -104,16 +106,17 @@ def plan_paper(*, url: str, specs: Path, launch: LaunchFlags = LaunchFlags(), on
     return PaperPlan(programme, items, specs, url, launch, scale, only, device, data_dir, together)
 
 
-def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bool = False,
+def fill_paper(plan: PaperPlan, folder: Results, *, out: Path | None = None, wait: bool = False,
                report_only: bool = False, hooks: Hooks = Hooks()) -> PaperRun:
     """Launch the planned programme's missing cells (local and debug launchers: spec after spec in this process; a
     scheduler's: all submitted, waited for with ``wait``), then write the bundle under ``out`` (default
     RESULTS/paper, or RESULTS/paper-<scale>); ``report_only``: the bundle of what is finished, launching nothing.
-    ConfigError for bad input met before anything trained; PartlyDone for bad input met after."""
+    ``folder``: the results folder as the doorway found it (flctl.results.find), made by the caller. ConfigError
+    for bad input met before anything trained; PartlyDone for bad input met after."""
     result = PaperRun(plan.programme)
-    plan.bundle_folder(root, out)            # before anything trains: a bundle that could not be written
+    plan.bundle_folder(folder.root, out)     # before anything trains: a bundle that could not be written
     try:
-        return _fill(plan, result, root, out, wait, report_only, hooks)
+        return _fill(plan, result, folder, out, wait, report_only, hooks)
     except ConfigError as exc:
         if not result.launched:
             raise
@@ -122,16 +125,15 @@ def fill_paper(plan: PaperPlan, *, root: Path, out: Path | None = None, wait: bo
                          "`flctl paper` again resumes)") from None
 
 
-def _fill(plan: PaperPlan, result: PaperRun, root: Path, out: Path | None, wait: bool, report_only: bool,
+def _fill(plan: PaperPlan, result: PaperRun, folder: Results, out: Path | None, wait: bool, report_only: bool,
           hooks: Hooks) -> PaperRun:
     """fill_paper's steps: launch, then write the bundle."""
-    from flctl.results import API, open_to_write
-
+    root = folder.root
     if not report_only:
         hooks.plan(plan.programme)
-        store = open_to_write(plan.url, root, API)       # made by the caller already: here it is only opened
+        store = Store.open(folder.url)       # the caller made the folder and its database: opened, not checked again
         try:
-            _launch(result, store, plan.url, root, plan.launch, wait, hooks)
+            _launch(result, store, folder.url, root, plan.launch, wait, hooks)
         finally:
             store.close()
         if result.stopped is not None:
