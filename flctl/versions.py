@@ -20,7 +20,8 @@ from pathlib import Path
 # (torch), random streams and numerics (numpy, scipy), bundled and generated data sets (scikit-learn), the polyfit
 # solver (cvxpy), `--tune`'s suggestions (optuna), the records' encoding (pyarrow).
 LIBRARIES = ("flctl", "torch", "numpy", "scipy", "scikit-learn", "cvxpy", "optuna", "pyarrow")
-# Those whose difference alone can move a run's numbers: a table row over runs that differ in one of them says so.
+# Those whose difference alone can move a run's numbers: a table row over runs that differ in one of them says so,
+# and `flctl reproduce` warns of these (and flctl's own version), of no other (flctl.reproduce.COMPARED).
 CHANGES_NUMBERS = ("torch", "cuda", "numpy", "scipy", "scikit-learn", "cvxpy")
 
 
