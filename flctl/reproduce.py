@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
 from flctl.status import Status
+from flctl.versions import CHANGES_NUMBERS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,9 +27,10 @@ if TYPE_CHECKING:
     from flctl.config import RunConfig
     from flctl.db import RunRecord, Store
 
-# Versions recorded but not compared: a commit moves with every change to the checkout, most of which touch no number
-# (the flctl version and the libraries that compute are compared).
-NOT_COMPARED = ("flctl_commit",)
+# The versions compared: flctl's own (its code computes the numbers) and the libraries whose version alone can move
+# them (flctl.versions.CHANGES_NUMBERS). Not flctl's commit, which moves with every change to the checkout, most of
+# which touch no number, nor the libraries that compute none (pyarrow writes the records; a dev install moves it).
+COMPARED = ("flctl", *CHANGES_NUMBERS)
 # The columns that say where a value is: a difference in them is one of layout, not of a value.
 WHERE = ("epoch", "split", "sample_id")
 
@@ -71,7 +73,7 @@ class Reproduction:
     threads: int | None                         # torch threads it trained with again (None: not a CPU run)
     group: list[str] = field(default_factory=list)    # the cells trained with it, itself included, in order
     group_wanted: int = 1                       # cells its record says it trained with
-    versions: dict[str, tuple[Any, Any]] = field(default_factory=dict)   # name -> (recorded, here), differing only
+    versions: dict[str, tuple[Any, Any]] = field(default_factory=dict)   # COMPARED's that differ: (recorded, here)
 
     @property
     def identical(self) -> bool:
@@ -79,8 +81,8 @@ class Reproduction:
 
 
 def version_changes(recorded: dict[str, Any] | None, here: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """The recorded library versions that differ here, name -> (recorded, here); {} when none was recorded."""
-    return {k: (v, here.get(k)) for k, v in (recorded or {}).items() if k not in NOT_COMPARED and here.get(k) != v}
+    """The recorded versions of COMPARED that differ here, name -> (recorded, here); {} when none was recorded."""
+    return {k: (v, here.get(k)) for k, v in (recorded or {}).items() if k in COMPARED and here.get(k) != v}
 
 
 def versions_line(changes: dict[str, tuple[Any, Any]]) -> str:

@@ -195,3 +195,27 @@ def test_reproduce_refuses_before_training_and_what_it_finds_after_is_not_bad_in
             path.write_bytes(b"not parquet")
     with pytest.raises(NotCompared, match="after training"):
         api.reproduce(run.id, results_dir=results, on_epoch=damage)
+
+
+def test_reproduce_warns_of_versions_that_move_numbers_and_of_no_other(tmp_path: Path) -> None:
+    """A run recorded under another pyarrow (a dev install moves it; it writes the records and computes none of
+    them, flctl.versions.CHANGES_NUMBERS) reproduces with no warning; recorded under another torch, it warns, naming
+    torch alone."""
+    results = tmp_path / "results"
+    run = api.run("two-moons", "erm", results_dir=results, epochs=2, eval_every=1,
+                  options={"n_train": 200, "n_test": 200})
+
+    def recorded_as(**versions: str) -> subprocess.CompletedProcess:
+        with sqlite3.connect(results / "flctl.db") as db:
+            provenance = json.loads(db.execute("SELECT provenance FROM runs WHERE id = ?", (run.id,)).fetchone()[0])
+            provenance["libraries"].update(versions)
+            db.execute("UPDATE runs SET provenance = ? WHERE id = ?", (json.dumps(provenance), run.id))
+        db.close()
+        res = in_process("reproduce", run.id, "--results-dir", str(results))
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res
+
+    assert recorded_as(pyarrow="0.1.0").stderr == ""
+    said = recorded_as(torch="1.0.0").stderr
+    assert said.startswith("warning: this machine's versions differ from the run's: torch ") and "pyarrow" not in said
+    assert "(recorded 1.0.0); its records may differ for that alone" in said

@@ -34,8 +34,9 @@ def reproduce(
 
     It trains from the run's recorded configuration with the torch threads it recorded (and, for a cell of a grouped
     sweep, with the cells it was grouped with), in a scratch folder deleted after: the results folder and database
-    are only read. A line warns where this machine's library versions differ from the run's. Exit 0 when every
-    record file is bit-identical; 1 when one differs, with the first difference (epoch, split, sample id, column
+    are only read. A line warns where this machine's flctl or a library that can move numbers
+    (flctl.versions.CHANGES_NUMBERS) is of another version than the run's; pyarrow, which computes none, is not
+    compared. Exit 0 when every record file is bit-identical; 1 when one differs, with the first difference (epoch, split, sample id, column
     and its size); 2 for bad input (checked before training: the run, its state, its recorded records)."""
     from flctl.cli.progress import epoch_progress
     from flctl.errors import ConfigError
