@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,6 +112,25 @@ def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> li
         store.close()
 
 
+def started_epochs(url: str, configs: Sequence[RunConfig]) -> dict[str, int]:
+    """The epochs done of those of ``configs`` (one task) that a launch resumes (flctl.db.counts.epochs_started),
+    read as a plan reads the database (``stored_runs``): none where it is not made yet or is from an older flctl."""
+    from flctl.db.counts import epochs_started
+    from flctl.errors import OlderSchema
+    from flctl.results import peek_plan
+
+    try:
+        store = peek_plan(url)
+    except OlderSchema:
+        return {}
+    if store is None or not configs:
+        return {}
+    try:
+        return epochs_started(store, configs[0].task, [c.run_id for c in configs])
+    finally:
+        store.close()
+
+
 def _samples(run: Any) -> float | None:
     """The training samples of a finished run's epoch (its recorded samples seen over its epochs; None for a run
     recorded before flctl counted them)."""
@@ -180,9 +199,11 @@ def format_seconds(s: float, device: str) -> str:
     return f"{h:.1f} {device}-hours" if h < 9.95 else f"{h:,.0f} {device}-hours"
 
 
-def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int) -> CostEstimate | None:
+def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_device: int,
+                  started: Mapping[str, int] | None = None) -> CostEstimate | None:
     """The cost of the cells of ``configs`` not completed yet, fitted to ``runs`` (store records) that completed on the
-    same task and device; None without such history. A run's seconds are its duration (every attempt, data loading
+    same task and device; None without such history. A cell that resumes is priced from the epochs it has left
+    (``started``: run id -> epochs done, ``resumed_epochs``; else those of ``runs``). A run's seconds are its duration (every attempt, data loading
     included); its work is its epochs x its samples per epoch, over the median run's samples (``sizes``), so runs of a
     subset, a smoke run and a full run are priced by one fit. Over runs of several amounts of work, seconds =
     start-up + work x per-epoch is fitted robustly (the median of pairwise slopes, then the median intercept): a few
@@ -221,9 +242,27 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
     ratios = sorted(max(p, d) / min(p, d) for w, d in points if (p := per_cell + per_epoch * w) > 0 and d > 0)
     spread = max(1.25, ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))]) if ratios else 2.0
     to_do = [c for c in configs if c.run_id not in done]
-    return CostEstimate(per_cell, per_epoch, len(points), sum(c.epochs for c in to_do), len(to_do),
-                        max(1, cells_per_device), scale=scale, spread=spread,
-                        work=sum(c.epochs * scale(c) for c in to_do), s_per_start=start_up(task, device))
+    left = _left(to_do, resumed_epochs(runs) if started is None else started)
+    return CostEstimate(per_cell, per_epoch, len(points), sum(left.values()), len(to_do),
+                        _at_once(cells_per_device, to_do), scale=scale, spread=spread,
+                        work=sum(left[c.run_id] * scale(c) for c in to_do), s_per_start=start_up(task, device))
+
+
+def resumed_epochs(runs: Iterable[Any]) -> dict[str, int]:
+    """The epochs done of the runs among ``runs`` that resume from a checkpoint when trained again (interrupted,
+    failed, stale or queued again after a lost worker; not completed ones, nor diverged ones, which train afresh)."""
+    return {r.id: r.epochs_done for r in runs if r.status not in (Status.COMPLETED, Status.DIVERGED)
+            and isinstance(r.epochs_done, int) and r.epochs_done > 0}
+
+
+def _left(configs: Sequence[RunConfig], started: Mapping[str, int]) -> dict[str, int]:
+    """Each cell's epochs still to train: all of them, less those a resumed cell has done."""
+    return {c.run_id: max(0, c.epochs - min(started.get(c.run_id, 0), c.epochs)) for c in configs}
+
+
+def _at_once(cells_per_device: int, to_do: Sequence[Any]) -> int:
+    """Cells training at once: never more than there are cells to do (a 25-cell sweep is not 26 cells at once)."""
+    return max(1, min(cells_per_device, len(to_do)))
 
 
 # The figures an estimate reads from a committed benchmark: those it needs, and those older files do not tell.
@@ -258,10 +297,11 @@ def _figures(task: str, kind: str, folder: Path | None) -> tuple[dict[str, Any],
     return None
 
 
-def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path | None = None
-                   ) -> CostEstimate | None:
+def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path | None = None,
+                   started: Mapping[str, int] | None = None) -> CostEstimate | None:
     """The cost of ``configs`` (one task, one device) from the newest committed figures for that kind of device,
-    measured on another machine (so expected within 2x here); None where none has the task."""
+    measured on another machine (so expected within 2x here); None where none has the task. ``started``: as
+    ``estimate_cost``'s."""
     found = _figures(configs[0].task, configs[0].device.split(":")[0], folder)
     if found is None:
         return None
@@ -270,10 +310,11 @@ def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: 
 
     def scale(cfg: RunConfig) -> float:
         return min(cfg.subset, full) / full if full and cfg.subset else 1.0
+    left = _left(configs, started or {})
     return CostEstimate(float(figures["s_per_cell"]), float(figures["s_per_epoch"]), 0,
-                        sum(c.epochs for c in configs), len(configs), max(1, cells_per_device),
+                        sum(left.values()), len(configs), _at_once(cells_per_device, configs),
                         source=f"benchmarks/results/{path.name}", scale=scale, spread=2.0,
-                        work=sum(c.epochs * scale(c) for c in configs), s_per_start=float(figures.get("s_per_start", 0)),
+                        work=sum(left[c.run_id] * scale(c) for c in configs), s_per_start=float(figures.get("s_per_start", 0)),
                         s_per_cell_scaled=float(figures.get("s_per_cell_full_data", 0)),
                         size=sum(scale(c) for c in configs))
 

@@ -29,6 +29,7 @@ from flctl.cli.common import (
     with_model,
 )
 from flctl.cli.completion import complete_task
+from flctl.cli.estimate import cost_line
 from flctl.cli.progress import epoch_progress
 from flctl.config import PANELS
 from flctl.errors import ConfigError
@@ -266,3 +267,5 @@ def _dry_run(cfg, url: str) -> None:
     else:
         console.print(f"{safe(found.status)} in the database ({found.epochs_done} epoch(s) done): `flctl show "
                       f"{cfg.run_id}`; nothing was written")
+    if not older and (found is None or found.status != Status.COMPLETED):
+        console.print(cost_line(url, [cfg], 1))       # one cell, alone in this process

@@ -30,6 +30,7 @@ from flctl.cli.common import (
     with_model,
 )
 from flctl.cli.completion import complete_task
+from flctl.cli.estimate import cost_line
 from flctl.cli.ledger import error_summary, failed_starts_line, ledger_lines, watch
 from flctl.cli.run import plugin_hint
 from flctl.config import AXIS_FIELDS
@@ -106,7 +107,9 @@ def _dry_run(planned, folder, direction: str) -> None:
     its notes and its plan (the grid's runs, its launcher and its cost; or the --tune search); nothing is written."""
     make_folder(folder, dry=True)     # what the real sweep would refuse, a dry run refuses too
     # its database too (a newer flctl's, unreachable), before the plan is printed: read as the plan's price
-    cost = bad_input_exits_2(_cost_line, folder.url, planned.configs, planned.settings)
+    first = planned.configs[0]
+    per_device = planned.settings.cells_per_device(first.task, len(planned.configs), first.device)
+    cost = bad_input_exits_2(cost_line, folder.url, planned.configs, per_device)
     _check_name(folder.url, planned)
     for note in planned.spec.notes:
         console.print(safe(note))
@@ -278,38 +281,6 @@ def _print_plan(sid: str, spec, configs) -> None:
     if len(configs) > PLAN_ROWS:
         console.print(f"(the first {PLAN_ROWS} of {len(configs):,} runs)")
     console.print(f"{len(configs):,} runs; nothing was written")
-
-
-def _cost_line(url: str, configs, settings) -> str:
-    """The plan's device time from the database's finished runs of the same task and device, read as a plan reads it
-    (flctl.cost.stored_runs: StoreError where the real sweep would refuse the database); a line for
-    console.print (the device and task are user text, made safe)."""
-    from flctl.cost import estimate_cost, format_cost, format_seconds, reference_cost, stored_runs
-    from flctl.status import Status
-
-    device, task = safe(configs[0].device), safe(configs[0].task)
-    # the completed ones, all the estimate reads: not every queued cell of the task's sweeps (100,000: 13 s)
-    runs = stored_runs(url, [configs[0].task], Status.COMPLETED)
-    per_device = settings.cells_per_device(configs[0].task, len(configs), configs[0].device)
-    cost = estimate_cost(runs, configs, per_device) or reference_cost(configs, per_device)
-    if cost is None:
-        return (f"cost: unknown: no finished {task} runs on {device} in the database yet (the estimate is fitted to "
-                f"their seconds per run), and no benchmark of {task} on {device} is committed")
-    per_epoch = format_seconds(cost.s_per_epoch_here, device)
-    cells = f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell_here, device)} + " if cost.s_per_cell_here else ""
-    work = f"{cells}{cost.epochs:,} epochs x {per_epoch}"
-    if cost.cells_per_device > 1:
-        work = f"({work}) / {cost.cells_per_device} cells at once"
-    start = f"{format_seconds(cost.s_per_start, device)} to start + " if cost.s_per_start else ""
-    if cost.source is not None:
-        whence = f"from {cost.source}, another machine: no finished {task} runs on {device} in the database yet"
-    elif cost.s_per_cell == 0:     # one amount of work in the history: a cell's start-up is inside the seconds per epoch
-        whence = f"median of {cost.history} finished {task} runs on {device}, a cell's start-up in its epochs"
-    else:
-        whence = f"fitted to {cost.history} finished {task} runs on {device}"
-    hours = cost.device_hours
-    return (f"cost: about {format_cost(hours, device)} (expected within {format_cost(hours / cost.spread, device)} "
-            f"to {format_cost(hours * cost.spread, device)}): {start}{work} ({whence})")
 
 
 def _fmt(v) -> str:

@@ -180,6 +180,20 @@ def run_states(store: Store, run_ids: Iterable[str]) -> dict[str, tuple[str, int
     return found
 
 
+def epochs_started(store: Store, task: str, run_ids: Iterable[str]) -> dict[str, int]:
+    """The epochs done of those of ``run_ids`` (all of ``task``) that resume from a checkpoint when trained again:
+    neither completed nor diverged (which trains afresh), with an epoch done. One indexed look first: a task with no
+    such run (the usual case) reads no id."""
+    resumes = (Run.task == task, Run.status.not_in([Status.COMPLETED, Status.DIVERGED]), Run.epochs_done > 0)
+    found: dict[str, int] = {}
+    with store.session() as s:
+        if s.execute(select(Run.id).where(*resumes).limit(1)).first() is None:
+            return found
+        for chunk in chunks(list(dict.fromkeys(run_ids))):
+            found.update(s.execute(select(Run.id, Run.epochs_done).where(Run.id.in_(chunk), *resumes)).tuples().all())
+    return found
+
+
 def has_error(store: Store, sweep_id: str, status: str, prefix: str) -> bool:
     """Whether a cell of the sweep in ``status`` has an error that begins with ``prefix`` (matched literally)."""
     with store.session() as s:

@@ -1,0 +1,53 @@
+"""The line a dry run prints of what its cells cost (`flctl sweep --dry-run`, `flctl run --dry-run`): the estimate
+(flctl.cost), its interval, and how it was reached, each term said only where it counts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flctl.cli.common import safe
+from flctl.config import RunConfig
+
+
+def cost_line(url: str, configs: Sequence[RunConfig], per_device: int) -> str:
+    """The device time of ``configs`` (one task and device) with ``per_device`` cells training at once, from the
+    database's finished runs of the same task and device, read as a plan reads it (flctl.cost.stored_runs: StoreError
+    where the real command would refuse the database), else the committed benchmark; its resumed cells priced from
+    the epochs they have left. A line for console.print (the device and task are user text, made safe)."""
+    from flctl.cost import estimate_cost, reference_cost, started_epochs, stored_runs
+    from flctl.status import Status
+
+    # the completed ones, all the estimate reads: not every queued cell of the task's sweeps (100,000: 13 s)
+    runs = stored_runs(url, [configs[0].task], Status.COMPLETED)
+    started = started_epochs(url, configs)
+    cost = estimate_cost(runs, configs, per_device, started) or reference_cost(configs, per_device, started=started)
+    return describe(cost, configs[0].task, configs[0].device, resumed=len(started))
+
+
+def describe(cost, task: str, device: str, resumed: int = 0) -> str:
+    """``cost`` (flctl.cost.CostEstimate; None: nothing to price it from) as a dry run's line."""
+    from flctl.cost import format_cost, format_seconds
+
+    device, task = safe(device), safe(task)
+    if cost is None:
+        return (f"cost: unknown: no finished {task} runs on {device} in the database yet (the estimate is fitted to "
+                f"their seconds per run), and no benchmark of {task} on {device} is committed")
+    terms = []
+    if cost.s_per_cell_here:
+        terms.append(f"{cost.cells:,} cell(s) x {format_seconds(cost.s_per_cell_here, device)}")
+    if cost.s_per_epoch_here and cost.epochs:
+        left = f" left ({resumed:,} cell(s) resumed)" if resumed else ""
+        terms.append(f"{cost.epochs:,} epochs{left} x {format_seconds(cost.s_per_epoch_here, device)}")
+    work = " + ".join(terms) or "0 s"
+    if cost.cells_per_device > 1:
+        work = f"({work}) / {cost.cells_per_device} cells at once"
+    start = f"{format_seconds(cost.s_per_start, device)} to start + " if cost.s_per_start else ""
+    if cost.source is not None:
+        whence = f"from {cost.source}, another machine: no finished {task} runs on {device} in the database yet"
+    elif cost.s_per_cell == 0:     # one amount of work in the history: a cell's start-up is inside the seconds per epoch
+        whence = f"median of {cost.history} finished {task} runs on {device}, a cell's start-up in its epochs"
+    else:
+        whence = f"fitted to {cost.history} finished {task} runs on {device}"
+    hours = cost.device_hours
+    return (f"cost: about {format_cost(hours, device)} (expected within {format_cost(hours / cost.spread, device)} "
+            f"to {format_cost(hours * cost.spread, device)}): {start}{work} ({whence})")

@@ -1,0 +1,80 @@
+"""What a dry run says a plan costs, checked by hand against fixed durations: a resumed cell priced from the epochs
+it has left, never more cells at once than there are cells, no term that counts nothing, and `flctl run --dry-run`
+priced as `flctl sweep --dry-run` is."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flctl import api
+from flctl.cli import app
+from flctl.cost import estimate_cost, format_seconds, start_up
+
+runner = CliRunner()
+
+
+def flctl(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "400"})
+
+
+def _history(results: Path) -> None:
+    """Two finished two-moons runs of 4 and 44 epochs that took 3 s and 5 s: seconds = 2.8 + 0.05 x epochs."""
+    assert flctl("run", "two-moons", "-m", "erm", "--epochs", "4").exit_code == 0
+    assert flctl("run", "two-moons", "-m", "erm", "--epochs", "44").exit_code == 0
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET duration_s = CASE epochs_done WHEN 4 THEN 3.0 ELSE 5.0 END")
+
+
+def test_a_resumed_cell_is_priced_from_the_epochs_it_has_left(results: Path) -> None:
+    _history(results)
+    plan = ["sweep", "two-moons", "-m", "fl", "--seeds", "2", "--epochs", "30", "--workers", "1", "--batch-runs", "1",
+            "--dry-run"]
+    start = start_up("two-moons", "cpu")
+    fresh = flctl(*plan).output
+    assert "2 cell(s) x 2.8 s + 60 epochs x 0.05 s (fitted to 2 finished" in fresh, fresh
+    assert f"cost: about {format_seconds(start + 2 * 2.8 + 60 * 0.05, 'cpu')} " in fresh, fresh
+    # seed 0's cell trained to epoch 25 of 30 and was interrupted: the sweep resumes it, 5 epochs left
+    cell = api.config("two-moons", "fl", epochs=30, seed=0)
+    assert cell.run_id in fresh
+    assert flctl("run", "two-moons", "-m", "fl", "--epochs", "30", "--seed", "0").exit_code == 0
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET status = 'interrupted', epochs_done = 25 WHERE id = ?", (cell.run_id,))
+    resumed = flctl(*plan).output
+    assert "2 cell(s) x 2.8 s + 35 epochs left (1 cell(s) resumed) x 0.05 s (fitted to 2 finished" in resumed, resumed
+    assert f"cost: about {format_seconds(start + 2 * 2.8 + 35 * 0.05, 'cpu')} " in resumed, resumed
+    # a diverged cell trains afresh: all its epochs
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET status = 'diverged' WHERE id = ?", (cell.run_id,))
+    assert "+ 60 epochs x 0.05 s" in flctl(*plan).output
+
+
+def test_never_more_cells_at_once_than_cells_and_no_term_that_counts_nothing(results: Path) -> None:
+    _history(results)
+    [short, long] = sorted(api.runs(results_dir=results), key=lambda r: r.epochs_done)
+    cells = [api.config("two-moons", "fl", epochs=40, seed=s) for s in range(25)]
+    cost = estimate_cost([short, long], cells, 26)
+    assert cost is not None and cost.cells_per_device == 25         # not "/ 26 cells at once" for 25 cells
+    # every run took as long whatever its epochs: nothing per epoch, and no "+ 60 epochs x 0 s" said
+    with sqlite3.connect(results / "flctl.db") as conn:
+        conn.execute("UPDATE runs SET duration_s = 3.0")
+    out = flctl("sweep", "two-moons", "-m", "fl", "--seeds", "2", "--epochs", "30", "--workers", "1", "--batch-runs",
+                "1", "--dry-run").output.replace("\n", " ")
+    assert "2 cell(s) x 3.0 s (fitted to 2 finished" in out and "epochs x" not in out, out
+
+
+def test_run_dry_run_prints_its_cost_until_it_is_trained(results: Path) -> None:
+    dry = flctl("run", "two-moons", "--epochs", "30", "--dry-run")
+    assert dry.exit_code == 0 and "not trained yet" in dry.output
+    assert "cost: about " in dry.output and "from benchmarks/results/task-costs-" in dry.output, dry.output
+    assert not (results / "flctl.db").exists()
+    _history(results)
+    dry = flctl("run", "two-moons", "--epochs", "30", "--dry-run").output.replace("\n", " ")
+    start = start_up("two-moons", "cpu")
+    assert f"cost: about {format_seconds(start + 2.8 + 30 * 0.05, 'cpu')} " in dry, dry
+    assert "1 cell(s) x 2.8 s + 30 epochs x 0.05 s (fitted to 2 finished two-moons runs on cpu)" in dry, dry
+    assert flctl("run", "two-moons", "--epochs", "30").exit_code == 0
+    done = flctl("run", "two-moons", "--epochs", "30", "--dry-run").output
+    assert "completed in the database" in done and "cost:" not in done
