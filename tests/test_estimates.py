@@ -78,3 +78,12 @@ def test_run_dry_run_prints_its_cost_until_it_is_trained(results: Path) -> None:
     assert flctl("run", "two-moons", "--epochs", "30").exit_code == 0
     done = flctl("run", "two-moons", "--epochs", "30", "--dry-run").output
     assert "completed in the database" in done and "cost:" not in done
+
+
+def test_a_paper_plan_s_total_pays_the_start_up_once_an_item_not_once_a_cell(results: Path) -> None:
+    """figure:1 at the smoke scale is one launch of 6 polyfit cells: its total is the item's cost (the processes'
+    start-up once), not six start-ups (33 s for 12 s of work, before)."""
+    out = flctl("paper", "--scale", "smoke", "--only", "figure:1", "--dry-run").output
+    [row] = [line for line in out.splitlines() if line.startswith("│ figure:1")]
+    item = row.split("│")[6].strip()
+    assert f"6 cell(s) to do, about {item} (expected within " in out, out

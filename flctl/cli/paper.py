@@ -140,23 +140,25 @@ def _print_plan(programme) -> None:
                                                                  else "")
         table.add_row(p.item.ref, safe(", ".join(p.item.all_specs())), str(len(p.cells)), str(len(p.finished)),
                       str(len(to_do)), "—" if hours is None else format_cost(hours, programme.device), safe(note))
-    # Items share cells (Tables 1 and 5 are one sweep): the totals count each cell once.
-    seen: dict[str, object] = {}
+    # Items share cells (Tables 1 and 5 are one sweep): the totals count each cell once, priced with the first item
+    # that has it, as one launch (the processes' start-up once for its cells, not once a cell)
+    seen: set[str] = set()
     for p in programme.items:
-        for c in p.to_do:
-            if c.run_id not in seen:
-                seen[c.run_id] = p
-                h = p.hours([c])
-                total_todo += 1
-                if h is None:
-                    unknown += 1
-                    unknown_tasks.add(c.task)
-                else:
-                    total_hours += h
-                    spread = p.cost.spread if p.cost is not None else 1.0
-                    low, high = low + h / spread, high + h * spread
-                    if p.cost is not None and p.cost.source is not None:
-                        sources[p.cost.source] = sources.get(p.cost.source, 0) + 1
+        new = [c for c in p.to_do if c.run_id not in seen]
+        seen.update(c.run_id for c in new)
+        if not new:
+            continue
+        h = p.hours(new)
+        total_todo += len(new)
+        if h is None:
+            unknown += len(new)
+            unknown_tasks.update(c.task for c in new)
+            continue
+        total_hours += h
+        spread = p.cost.spread if p.cost is not None else 1.0
+        low, high = low + h / spread, high + h * spread
+        if p.cost is not None and p.cost.source is not None:
+            sources[p.cost.source] = sources.get(p.cost.source, 0) + len(new)
     console.print(table)
     device = programme.device
     if unknown == total_todo and total_todo:        # nothing to estimate from: no "about 0 s"
