@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -16,8 +17,16 @@ SUMMARY_METRICS = ("avg_loss", "max_loss", f"cvar_{CVAR_Q}", "accuracy", "violat
 
 
 def cvar(losses: np.ndarray, q: float = CVAR_Q) -> float:
-    """Conditional value at risk: the mean loss of the samples at or above the q-quantile."""
+    """Conditional value at risk: the mean loss of the samples at or above the q-quantile. A diverged model's losses
+    decide it without a quantile: a NaN loss has no place in their order, so the tail is undefined, NaN (as their
+    mean is); else a +inf loss is the largest, in the tail whatever q, so the tail's mean is +inf. (numpy's quantile
+    of either is NaN, which no loss is at or above: the mean of that empty selection was NaN with a RuntimeWarning,
+    and +inf losses read as NaN.)"""
     losses = np.asarray(losses, dtype=np.float64)
+    if np.isnan(losses).any():
+        return math.nan
+    if np.isposinf(losses).any():
+        return math.inf
     threshold = np.quantile(losses, q)
     return float(losses[losses >= threshold].mean())
 
