@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
@@ -119,16 +120,25 @@ def unique_prefix(shown: list[str], every: list[str]) -> int:
     return max(map(len, shown), default=ID_DIGITS)
 
 
+# What makes two listed runs look alike (the table's own columns: their header, and the run's value): the `differs`
+# column tells such runs apart by the rest of their configuration, and its caption names these.
+LOOK_ALIKE: dict[str, Callable[[Any], Any]] = {
+    "task": lambda r: r.task, "method": lambda r: r.method, "ε": lambda r: r.config.get("eps"),
+    "α": lambda r: r.config.get("alpha"), "seed": lambda r: r.seed}
+DIFFERS_NOTE = (f"differs: what tells a run apart from the others listed with its {', '.join(list(LOOK_ALIKE)[:-1])} "
+                f"and {list(LOOK_ALIKE)[-1]} (blank: no such other)")
+
+
 def _differs(rows) -> list[str]:
-    """For each run that looks like another listed one (the same task, method, ε, α and seed), the config fields
-    and task options in which they differ: polyfit at two degrees, a smoke and a full run read apart."""
+    """For each run that looks like another listed one (the same LOOK_ALIKE: task, method, ε, α and seed), the config
+    fields and task options in which they differ: polyfit at two degrees, a smoke and a full run read apart."""
     from flctl.config import RunConfig
 
     def flat(r) -> dict:
         c = RunConfig.from_json(r.config).to_dict()
         return {**{k: v for k, v in c.items() if k not in ("options", "device", "data_dir")}, **c["options"]}
 
-    looks = [(r.task, r.method, r.config.get("eps"), r.config.get("alpha"), r.seed) for r in rows]
+    looks = [tuple(value(r) for value in LOOK_ALIKE.values()) for r in rows]
     configs = [flat(r) for r in rows]
     out = []
     for look, mine in zip(looks, configs):
@@ -141,7 +151,7 @@ def _differs(rows) -> list[str]:
 def runs_table(rows, every_id: list[str], width: int):
     """`flctl runs`' table, fitted to ``width`` columns: whole ids where every column fits with them, else each at its
     unique prefix, never shorter (ids are what `flctl show` takes); the other columns, last first, give way instead,
-    named in the returned note."""
+    named in the returned note (lines; the `differs` column's, DIFFERS_NOTE, first)."""
     from rich.table import Table
 
     cells: dict[str, list[str]] = {
@@ -183,9 +193,11 @@ def runs_table(rows, every_id: list[str], width: int):
             column.min_width = max(map(len, cells["id"]), default=ID_DIGITS)
     for i in range(len(rows)):
         table.add_row(*(f"[red]{cells[k][i]}[/]" if k == "error" and cells[k][i] else cells[k][i] for k in kept))
-    note = f"{len(left)} more column(s) do not fit here ({', '.join(left)}): `flctl show ID` or --json has " \
-        "them all" if left else ""
-    return table, note
+    notes = [DIFFERS_NOTE] if "differs" in kept else []     # the column compares some runs only: it says which
+    if left:
+        notes.append(f"{len(left)} more column(s) do not fit here ({', '.join(left)}): `flctl show ID` or --json has "
+                     "them all")
+    return table, "\n".join(notes)
 
 
 def _short(text: str) -> str:
