@@ -267,6 +267,19 @@ def plan(spec: SweepSpec, check_data: bool = True, allow_large: bool = False,
     return list(seen.values())
 
 
+def seed_note(spec: SweepSpec) -> tuple[str, ...]:
+    """The note of a sweep over several seeds of a task whose numbers do not depend on the seed (flctl.tasks.Task's
+    seed_free): its cells differ by their seed alone and train to the same numbers. Kept, not collapsed: the seeds
+    asked for are the cells planned, as for any task; () when it has no such axis."""
+    from flctl.tasks import get_task
+
+    seeds = len(set(spec.axes.get("seed", ())))
+    why = get_task(spec.task).seed_free if seeds > 1 else None
+    if why is None:
+        return ()
+    return (f"{spec.task} ignores the seed: its {seeds} seeds plan {seeds} identical copies of each cell ({why})",)
+
+
 def check_axes_read(spec: SweepSpec, configs: Sequence[RunConfig]) -> None:
     """A swept axis (several values) that no planned run reads is a mistake, not a grid collapsed to one value:
     `--method erm --alpha 1e-2..1` trains one ERM run. ConfigError naming who would read it."""

@@ -102,6 +102,9 @@ class Task:
     option_ranges: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
     # Per-method departures from ``defaults`` (e.g. the paper's CSERM step size of lr/10 on CIFAR-10 and UTKFace).
     method_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Why a run's numbers do not depend on its seed, for a task whose do not (its data drawn by an option, a
+    # deterministic solver): a sweep over several seeds plans identical cells, and says so with this. None: they do.
+    seed_free: str | None = None
     # The paper programme's smoke scale (flctl.paper.programme.scaled): run fields and, under "options", task options that
     # make a cell tiny beyond one seed, two epochs and 256 samples (e.g. a narrow network).
     smoke: Mapping[str, Any] = field(default_factory=dict)

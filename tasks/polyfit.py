@@ -84,6 +84,7 @@ TASK = Task(
     kind="regression",
     description="20 noisy cosine points, polynomial of a given degree (10/20/30); ERM least squares, FL SOCP",
     reads_data=False,
+    seed_free="its samples are drawn by -o data_seed, its solvers deterministic: sweep -o data_seed=0,1,2 for others",
     # No gradient loop: epochs and learning rates are placeholders (FL is solved by SCS, not dual ascent).
     defaults=dict(epochs=1, batch_size=20, optimizer="sgd", lr=0.0, eval_every=1, eps=0.2, dual_lr=0.0),
     options=dict(degree=10, n_train=20, n_test=200, noise=0.2, data_seed=0),

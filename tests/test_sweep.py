@@ -108,6 +108,27 @@ def test_dry_run_prints_the_plan_and_writes_nothing(results: Path) -> None:
     assert files_under(results) == []
 
 
+def test_seeds_of_a_task_that_ignores_the_seed_are_planned_with_a_note(results: Path, tmp_path: Path) -> None:
+    """polyfit's numbers do not depend on the seed (flctl.tasks.Task.seed_free): two seeds solve to the same numbers,
+    so a sweep over seeds says in one line that its cells are identical copies; one seed, or a seeded task, no note."""
+    from flctl import api
+
+    def note(*args: str) -> list[str]:
+        res = runner.invoke(app, ["sweep", *args, "--dry-run"])
+        assert res.exit_code == 0, res.output
+        return [line for line in res.stdout.splitlines() if "ignores the seed" in line]
+
+    said = note("polyfit", "-m", "erm,fl", "-o", "degree=10,20,30", "--seeds", "3")
+    assert said == ["polyfit ignores the seed: its 3 seeds plan 3 identical copies of each cell (its samples are "
+                    "drawn by -o data_seed, its solvers deterministic: sweep -o data_seed=0,1,2 for others)"]
+    assert note("polyfit", "-m", "erm,fl", "--seeds", "1") == []
+    assert note("two-moons", "-m", "erm", "--seeds", "3") == []
+    assert files_under(results) == []
+    # what the note claims: two seeds, the same numbers
+    twice = [api.run("polyfit", "fl", seed=seed, results_dir=tmp_path / "solved").metrics for seed in (0, 1)]
+    assert twice[0] == twice[1]
+
+
 def bad(args: list[str], *needles: str) -> None:
     res = runner.invoke(app, args)
     assert res.exit_code == 2, res.output

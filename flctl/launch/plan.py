@@ -171,13 +171,14 @@ def plan_sweep(spec: Any, flags: LaunchFlags, *, results_root: Path, dry_run: bo
     executor and the workers' devices are there. The objective and trial count fall back to the spec's.
     ConfigError (TypeError from a malformed [launch] table) before anything is written."""
     from flctl.study import DEFAULT_OBJECTIVE, check_objective, search_space
-    from flctl.sweep import plan, sweep_id, tune_id
+    from flctl.sweep import plan, seed_note, sweep_id, tune_id
 
     settings = LaunchSettings.resolve(spec.launch, flags)
     # every worker would fail on a device that does not exist (here: Slurm's nodes are not this machine)
     launcher = settings.launcher
     spec = replace(spec, device=resolve_device(spec.device, here=launcher.runs_here, planning=dry_run))
     configs = plan(spec, check_data=not dry_run, allow_large=allow_large, progress=progress)
+    spec = replace(spec, notes=spec.notes + seed_note(spec))
     objective = objective or spec.objective or DEFAULT_OBJECTIVE
     tune = tune if tune is not None else spec.tune
     sid = sweep_id(spec, configs) if tune is None else tune_id(replace(spec, tune=tune, objective=objective))
