@@ -16,14 +16,14 @@ from flctl.cli.common import (
     results_folder,
     safe,
 )
-from flctl.cli.completion import complete_run
+from flctl.cli.completion import complete_logger, complete_run
 
 
 def export(
     ref: Annotated[str, typer.Argument(metavar="RUN|SWEEP", help="A run (id or unique prefix) or a sweep (id, "
                                        "prefix or name).", autocompletion=complete_run)],
     to: Annotated[list[str], typer.Option("--to", help="The tracker: tensorboard, mlflow, wandb or an installed "
-                                          "logger (repeatable).")],
+                                          "logger (repeatable).", autocompletion=complete_logger)],
     db: DbOption = None,
     results_dir: ResultsDirOption = None,
 ) -> None:

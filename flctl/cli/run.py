@@ -28,7 +28,7 @@ from flctl.cli.common import (
     safe,
     with_model,
 )
-from flctl.cli.completion import complete_task
+from flctl.cli.completion import complete_logger, complete_task
 from flctl.cli.estimate import cost_line
 from flctl.cli.progress import epoch_progress
 from flctl.config import PANELS
@@ -100,7 +100,8 @@ def run(
                                           rich_help_panel=PANELS["where"])] = False,
     log_to: Annotated[Optional[list[str]], typer.Option("--log-to", help="Log the run, live, to this tracker: "
                                                         "tensorboard, mlflow, wandb or an installed logger "
-                                                        "(repeatable).", rich_help_panel=PANELS["where"])] = None,
+                                                        "(repeatable).", rich_help_panel=PANELS["where"],
+                                                        autocompletion=complete_logger)] = None,
     *,
     fields: dict,
 ) -> None:
