@@ -279,3 +279,19 @@ def test_a_stand_in_table_sits_beside_the_published_one_unjudged(tmp_path: Path)
     assert rows["table:1"]["outside"] and rows["table:1-fashion-mnist"]["outside"] == []
     page = index.read_text()
     assert "paper, Table 1</th>" in page and "Table 1 on Fashion-MNIST" in page
+
+
+def test_a_cpu_dry_run_says_which_unknown_cells_a_gpu_benchmark_prices(tmp_path: Path, no_cuda: None) -> None:
+    """On a machine without CUDA, the paper's GPU cells (CIFAR-10's) have no CPU figure: unknown, with one line
+    saying that `--device cuda` prices them from the committed GPU benchmark; cells priced here, or with no GPU
+    figure either (UTKFace's), get no such line."""
+    env = ["--results-dir", str(tmp_path / "results")]
+    out = flctl("paper", "--dry-run", "--only", "table:1,table:2,figure:1", *env).splitlines()
+    hint = [line for line in out if "committed GPU benchmark" in line]
+    assert len(hint) == 1 and re.fullmatch(
+        r"the 35 cell\(s\) of cifar10 have a committed GPU benchmark \(benchmarks/results/task-costs-[\d-]+-cuda\.json\)"
+        r": `flctl paper --dry-run --device cuda` \(with the same --only and --scale\) prices them on a GPU", hint[0])
+    assert "70 cell(s) unknown: no run or benchmark on cpu of cifar10, utkface" in "\n".join(out)
+    assert "committed GPU benchmark" not in flctl("paper", "--dry-run", "--only", "table:2,figure:1", *env)
+    assert "committed GPU benchmark" not in flctl("paper", "--dry-run", "--only", "table:1", "--device", "cuda", *env)
+    assert files_under(tmp_path) == []

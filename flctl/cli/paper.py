@@ -131,6 +131,7 @@ def _print_plan(programme) -> None:
     total_todo, total_hours, unknown, low, high = 0, 0.0, 0, 0.0, 0.0
     sources: dict[str, int] = {}            # benchmark file -> cells priced from it
     unknown_tasks: set[str] = set()
+    unpriced: list = []                     # the cells counted unknown, each once
     for p in programme.items:
         to_do = p.to_do
         hours = p.hours(to_do) if to_do else 0.0
@@ -153,6 +154,7 @@ def _print_plan(programme) -> None:
         if h is None:
             unknown += len(new)
             unknown_tasks.update(c.task for c in new)
+            unpriced += new
             continue
         total_hours += h
         spread = p.cost.spread if p.cost is not None else 1.0
@@ -164,6 +166,7 @@ def _print_plan(programme) -> None:
     if unknown == total_todo and total_todo:        # nothing to estimate from: no "about 0 s"
         console.print(f"{total_todo} cell(s) to do; cost unknown: their tasks ({safe(', '.join(sorted(unknown_tasks)))}"
                       f") have no finished run on {device} here and no committed benchmark on {device}")
+        _priced_on_a_gpu(unpriced)
         return
     priced = total_todo - unknown
     about = (f"about {format_cost(total_hours, device)} (expected within {format_cost(low, device)} to "
@@ -176,3 +179,25 @@ def _print_plan(programme) -> None:
         line += (f"; {unknown} cell(s) unknown: no run or benchmark on {device} of "
                  f"{safe(', '.join(sorted(unknown_tasks)))}")
     console.print(line)
+    _priced_on_a_gpu(unpriced)
+
+
+def _priced_on_a_gpu(unpriced: list) -> None:
+    """Where cells planned on a CPU are unknown but a committed GPU benchmark has their task (the paper's GPU tables
+    and figures, planned here without a GPU): the line that says `--device cuda` prices them from it."""
+    import dataclasses
+
+    from flctl.cost.reference import reference_cost
+
+    if not unpriced or unpriced[0].device.startswith("cuda"):
+        return
+    by_task: dict[str, list] = {}
+    for cell in unpriced:
+        by_task.setdefault(cell.task, []).append(cell)
+    sources = {task: found.source for task, cells in by_task.items()
+               if (found := reference_cost([dataclasses.replace(cells[0], device="cuda")], 1)) is not None}
+    if sources:
+        cells = sum(len(by_task[t]) for t in sources)
+        console.print(f"the {cells} cell(s) of {safe(', '.join(sorted(sources)))} have a committed GPU benchmark "
+                      f"({safe(', '.join(sorted(set(sources.values()))))}): `flctl paper --dry-run --device cuda` "
+                      "(with the same --only and --scale) prices them on a GPU")
