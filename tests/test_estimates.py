@@ -87,3 +87,24 @@ def test_a_paper_plan_s_total_pays_the_start_up_once_an_item_not_once_a_cell(res
     [row] = [line for line in out.splitlines() if line.startswith("│ figure:1")]
     item = row.split("│")[6].strip()
     assert f"6 cell(s) to do, about {item} (expected within " in out, out
+
+
+def test_a_worker_s_first_cell_pays_its_extra_once_not_once_a_cell(results: Path) -> None:
+    """A solver's first cell in a worker imports the solver (4 s here); its next cells take 0.03 s. The history of one
+    worker's cells tells the two apart (flctl.cost.first_of_process): a plan pays the extra once, not once a cell
+    (18 polyfit cells were priced 16 s and took 5.4 s)."""
+    sweep = ["sweep", "polyfit", "-m", "erm", "--seeds", "3", "--batch-runs", "1", "--executor", "debug"]
+    assert flctl(*sweep, "--wait").exit_code == 0
+    runs = sorted(api.runs(results_dir=results), key=lambda r: r.started_at)
+    assert len({(r.host, r.pid) for r in runs}) == 1
+    from flctl.cost import first_of_process
+    assert first_of_process(runs) == {runs[0].id}
+    with sqlite3.connect(results / "flctl.db") as conn:          # fixed durations: the fit is checked by hand
+        conn.execute("UPDATE runs SET duration_s = CASE id WHEN ? THEN 4.0 ELSE 0.5 END", (runs[0].id,))
+    history = api.runs(results_dir=results)
+    cells = [api.config("polyfit", "fl", seed=s) for s in range(6)]
+    cost = estimate_cost(history, cells, 1)
+    assert cost is not None and cost.s_per_process == 3.5 and cost.s_per_epoch_here == 0.5
+    assert cost.device_hours * 3600 == start_up("polyfit", "cpu") + 3.5 + 6 * 0.5
+    out = flctl("sweep", "polyfit", "-m", "fl", "--seeds", "6", "--workers", "1", "--dry-run").output
+    assert "3.5 s more for a worker's first cell + " in out, out

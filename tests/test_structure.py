@@ -246,3 +246,14 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path, monkeypatch: pytest
     assert graph["flctl.db.a"] == {"flctl.c": 3, "flctl.db.b": 5}
     assert graph["flctl.db.b"] == {"flctl.c": 2}
     assert cycles(graph) == [["flctl.c", "flctl.db.a", "flctl.c"]]
+
+
+def test_every_package_of_flctl_is_installed() -> None:
+    """pyproject.toml lists its packages by name: one left out is missing from an installed flctl (flctl.records
+    was, caught only by a test that installs it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "flctl").rglob("__init__.py")
+             if "__pycache__" not in p.parts and (p.parent / "__init__.py").is_file()}
+    assert found - listed == set(), f"packages of flctl that pyproject.toml does not install: {sorted(found - listed)}"

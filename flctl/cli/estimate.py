@@ -42,6 +42,8 @@ def describe(cost, task: str, device: str, resumed: int = 0) -> str:
     if cost.cells_per_device > 1:
         work = f"({work}) / {cost.cells_per_device} cells at once"
     start = f"{format_seconds(cost.s_per_start, device)} to start + " if cost.s_per_start else ""
+    if cost.s_per_process:      # paid once: the workers' first cells train side by side
+        start += f"{format_seconds(cost.s_per_process, device)} more for a worker's first cell + "
     if cost.source is not None:
         whence = f"from {cost.source}, another machine: no finished {task} runs on {device} in the database yet"
     elif cost.s_per_cell == 0:     # one amount of work in the history: a cell's start-up is inside the seconds per epoch
