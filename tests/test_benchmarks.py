@@ -45,7 +45,7 @@ def smoke(tmp: Path) -> dict[str, list[str]]:
         "plain_two_moons.py": [],
         "bench_threads.py": ["--repeats", "1", "--epochs", "2", "--loads", "quiet", "--out", str(tmp)],
         "bench_task_costs.py": ["--tasks", "two-moons", "--out", str(tmp)],
-        "bench_estimates.py": ["--sweeps", "1", "--executor", "debug", "--out", str(tmp)],
+        "bench_estimates.py": ["--steps", "1", "--executor", "debug", "--out", str(tmp)],
         "bench_loggers.py": ["--repeats", "1", "--epochs", "2", "--out", str(tmp)],
         "bench_overhead.py": ["start", "--repeats", "1", "--out", str(tmp)],   # cells: minutes even at its least
         "bench_mirror.py": ["--cells", "40", "--new", "4", "--repeats", "1", "--out", str(tmp)],
