@@ -326,6 +326,7 @@ def test_a_piped_watch_logs_a_line_per_change_then_the_ledger(results: Path) -> 
                                "--executor", "debug"]).exit_code == 0
     out = runner.invoke(app, ["status", "--watch"])
     assert out.exit_code == 0, out.output
-    lines = out.output.splitlines()
+    said, *lines = out.output.splitlines()
+    assert said == "the only sweep in the database:"        # none named: it says which it watches
     assert re.fullmatch(r"\d\d:\d\d:\d\d sweep [0-9a-f]{12}: completed 2", lines[0]), lines[0]
     assert "completed" in lines[3] and lines[-2].split("│")[1].strip() == "all"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -24,7 +24,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_sweep
 from flctl.cli.output import JSON_OPT, print_json
-from flctl.cli.progress import LogLines
+from flctl.cli.progress import LogLines, drawn, sweep_line
 from flctl.knobs import (
     DEFAULT_CANCEL_TIMEOUT_S,
 )
@@ -79,11 +79,14 @@ def _counts(data: dict) -> str:
 
 
 @contextlib.contextmanager
-def ledger_lines(url: str, sid: str) -> Iterator[None]:
-    """Without a terminal, while this process trains cells itself (`sweep --wait`'s and `paper`'s own worker): the
-    sweep's counts as a timestamped line every LOG_EVERY_S (a worker's epochs print nothing)."""
+def ledger_lines(url: str, sid: str, per_cell_s: Callable[[], float | None] | None = None) -> Iterator[None]:
+    """While this process trains cells itself (`sweep --wait`'s and `paper`'s own worker, whose epochs print
+    nothing): on a terminal, the sweep's live line (flctl.cli.progress.sweep_line; ``per_cell_s``: asked for the
+    estimate of the wall seconds a cell adds, there only: ``cell_seconds``); else the sweep's counts as a timestamped
+    line every LOG_EVERY_S."""
     if console.is_terminal:
-        yield
+        with sweep_line(url, sid, per_cell_s):
+            yield
         return
     from flctl.results import peek
 
@@ -103,14 +106,29 @@ def ledger_lines(url: str, sid: str) -> Iterator[None]:
         yield
 
 
+def cell_seconds(url: str, configs: Sequence[Any], per_device: int) -> float | None:
+    """The wall seconds each cell of ``configs`` (one task and device; ``per_device`` training at once) adds to a
+    wait, as flctl.cost prices them: fitted to the database's finished runs of the task, else the committed
+    benchmark's; the start-up left out (the wait's own worker has started). None where nothing prices them or the
+    database cannot be read: a live line's time left then waits for the first cell to end."""
+    from flctl.cost import estimate_cost, reference_cost, started_epochs, stored_runs
+
+    try:                               # as a dry run prices them (flctl.cli.estimate.cost_line)
+        runs, started = stored_runs(url, [configs[0].task], Status.COMPLETED), started_epochs(url, configs)
+        cost = estimate_cost(runs, configs, per_device, started) or reference_cost(configs, per_device, started=started)
+    except Exception:                  # an estimate is a help: the sweep goes on without one
+        return None
+    if cost is None or not cost.cells:
+        return None
+    return max(0.0, cost.device_hours * 3600 - cost.s_per_start) / cost.cells
+
+
 def watch(store, sid: str, until_done: bool, *, root: Path, interval: float = 0.5, take_over: bool = False) -> dict:
     """Redraw the sweep's ledger in place until it settles (``until_done``) or forever. Piped or redirected, a log
     line each time the counts change (a log followed with `tail -f`, or cut short, still says how far the sweep got)
     and the last ledger as a table at the end, not every redraw. A wait that cannot end with the sweep done
     (flctl.launch.wait.SweepStopped) ends the command with its line and exit code; ``take_over`` (a launch's wait):
     stale cells end the watch in CellsLost, for the launch to take them over."""
-    from rich.live import Live
-
     from flctl.db import poll_delays
     from flctl.launch.wait import Settling, SweepStopped
 
@@ -129,11 +147,11 @@ def watch(store, sid: str, until_done: bool, *, root: Path, interval: float = 0.
                 data = settling.poll()
             console.print(_ledger_table(data))
             return data
-        with Live(_ledger_table(data), console=console, refresh_per_second=4) as live:
+        with drawn(_ledger_table(data)) as redraw:
             while not (until_done and settled(data)):
                 time.sleep(next(delays))
                 data = settling.poll()
-                live.update(_ledger_table(data))
+                redraw(_ledger_table(data))
         return data
     except SweepStopped as exc:
         if exc.exit_code == 130:
@@ -155,17 +173,29 @@ def status(
 
     folder = results_folder(results_dir, db)
     store = existing_store(folder)
+    newest = sweep_ref is None
     if sweep_ref is None and (sweep_ref := newest_sweep(store)) is None:
         fail("no sweeps in the database; start one with `flctl sweep TASK ...`")
     found = find(store.get_sweep, sweep_ref, "sweep")
     if as_json:
         print_json(ledger(store, found["id"]))
         return
+    if newest:                # a person who named none is told which this is, and how to see another
+        console.print(_newest_line(store))
     if watch_:
         error_summary(watch(store, found["id"], until_done=True, root=folder.root))
     else:
         console.print(_ledger_table(ledger(store, found["id"])))
     failed_starts_line(folder.root, found["id"])
+
+
+def _newest_line(store) -> str:
+    """What `flctl status` without a sweep named says before the ledger: that it is the newest sweep, of how many."""
+    from flctl.db.counts import count_sweeps
+
+    n = count_sweeps(store)
+    return ("the only sweep in the database:" if n == 1 else
+            f"the newest of {n:,} sweeps (`flctl sweeps` lists them; `flctl status SWEEP` shows another):")
 
 
 def failed_starts_line(root, sid: str, since: float | None = None) -> None:

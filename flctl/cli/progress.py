@@ -1,6 +1,8 @@
 """What a command shows while a run trains, for `flctl run` and `flctl reproduce` alike (``epoch_progress``): on a
 terminal a progress bar over epochs (``EpochBar``); in a log, timestamped lines (``EpochLines``, through
-``LogLines``, which `flctl status --watch` off a terminal also uses), since a log shows a bar only at its end."""
+``LogLines``, which `flctl status --watch` off a terminal also uses), since a log shows a bar only at its end. On a
+terminal, what is redrawn in place (`status --watch`'s ledger, `sweep --wait`'s line: ``SweepLine``) is drawn by
+``drawn``, the one drawer."""
 
 from __future__ import annotations
 
@@ -9,9 +11,28 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flctl.cli.common import console
+from flctl.status import TERMINAL, Status
 
 # What a progress hands training for each epoch (flctl.train's EpochStats).
 OnEpoch = Callable[[Any], None]
+# The most times a second a terminal's live display is redrawn: enough for a clock's seconds, and few enough that
+# a slow terminal (ssh, tmux) keeps up.
+REDRAWS_PER_S = 4
+# `sweep --wait`'s line asks the database for the sweep's counts at most this often, and waits ten times as long as
+# the last ask took (a 100,000-cell sweep's counts take about 0.1 s: never more than a tenth of a core on them).
+ASK_EVERY_S = 1.0
+
+
+@contextlib.contextmanager
+def drawn(first: Any = None, *, get: Callable[[], Any] | None = None) -> Iterator[Callable[[Any], None]]:
+    """On a terminal: ``first`` (a rich renderable) drawn in place, redrawn as what the yielded function is handed,
+    or ``get()`` at each redraw (REDRAWS_PER_S a second); what else the command prints goes above it. Whatever ends
+    the block (its work done, a signal's exit, an exception) leaves the last frame whole, the cursor shown on the
+    line below it; on a terminal that hung up, the writes are dropped (flctl.shell.Tolerant), never raised."""
+    from rich.live import Live
+
+    with Live(first, console=console, refresh_per_second=REDRAWS_PER_S, get_renderable=get) as live:
+        yield live.update
 
 
 class LogLines:
@@ -120,3 +141,137 @@ def epoch_progress(run_id: str, epochs: int, title: str) -> EpochBar | EpochLine
     """What shows a run's epochs as it trains, entered around the training (``with ... as on_epoch``): a bar on a
     terminal, else lines for a log."""
     return EpochBar(epochs, title) if console.is_terminal else EpochLines(run_id, title)
+
+
+class SweepLine:
+    """`sweep --wait`'s line on a terminal while this process trains cells (``sweep_line``): the sweep's cells done of
+    all, running, failed, the time left and the time waited, e.g. ``sweep 3f2a: 12/25 done · 2 running · 1 failed ·
+    about 40 s left · 1:23``. The counts are the database's (``ask``: flctl.status.ledger, grouped counts, no row
+    read); the line is drawn from the last ones read, so that its clock moves while a slow database answers.
+
+    The time left: once cells have ended in this wait, the pace they ended at (the cells left x the seconds waited per
+    cell ended); before, ``per_cell_s`` (the estimate's wall seconds a cell adds; ``pricing`` while it is asked for)
+    x the cells left when the wait began, less the time waited."""
+
+    def __init__(self, url: str, sid: str, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.url, self.sid = url, sid
+        self.per_cell_s: float | None = None
+        self.pricing = False
+        self.clock = clock or time.monotonic
+        self.started = self.clock()
+        self.data: dict[str, Any] | None = None
+        self.first: tuple[int, int] | None = None    # (cells ended, cells left) when the wait began
+        self.why: str | None = None                  # why the database cannot be read now
+        self.reader: Any = None
+
+    def ask(self) -> None:
+        """Read the sweep's counts (opening the database at the first ask, and again after one failed)."""
+        from flctl.results import peek
+        from flctl.status import ledger
+
+        try:
+            self.reader = self.reader or peek(self.url)
+            if self.reader is None:
+                self.why = "it is not there"
+                return
+            data = ledger(self.reader, self.sid)
+        except Exception as exc:       # gone, locked, a server down: the worker in this process says what it met
+            self.why = type(exc).__name__
+            self.close()
+            return
+        self.first = self.first or (_ended(data), _left(data))      # before the data: a redraw reads both
+        self.why, self.data = None, data
+
+    def close(self) -> None:
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()
+
+    def text(self) -> str:
+        waited = self.clock() - self.started
+        clock = f"{int(waited) // 60}:{int(waited) % 60:02d}"
+        if self.data is None:
+            return f"sweep {self.sid}: the database cannot be read now ({self.why}) · {clock}"
+        total = self.data["total"]
+        parts = [f"{total[Status.COMPLETED]}/{self.data['cells']} done", f"{total[Status.RUNNING]} running"]
+        parts += [f"{total[k]} {k}" for k in ("stale", Status.FAILED, Status.DIVERGED) if total[k]]
+        parts += [self.left(waited)] if _left(self.data) else []
+        parts += [f"the database cannot be read now ({self.why})"] if self.why else []
+        return f"sweep {self.sid}: {' · '.join(parts)} · {clock}"
+
+    def left(self, waited: float) -> str:
+        if self.data is None or self.first is None:
+            return ""
+        left, ended = _left(self.data), _ended(self.data) - self.first[0]
+        if ended > 0:
+            return f"about {_span(waited * left / ended)} left"
+        if self.pricing:
+            return "time left: estimating"
+        if self.per_cell_s is None:
+            return "time left: known when a cell ends"
+        planned = self.per_cell_s * self.first[1]
+        return f"about {_span(planned - waited)} left" if waited < planned else f"past the estimate of {_span(planned)}"
+
+    def render(self) -> Any:
+        from rich.text import Text
+
+        return Text(self.text(), no_wrap=True, overflow="ellipsis")    # one line, however narrow the terminal
+
+
+def _ended(data: dict[str, Any]) -> int:
+    return sum(data["total"][k] for k in TERMINAL)
+
+
+def _left(data: dict[str, Any]) -> int:
+    return max(0, data["cells"] - _ended(data) - data["total"]["missing"])
+
+
+def _span(s: float) -> str:
+    """Seconds of a person's wait: ``45 s``, ``12 min``, ``2 h 05 min``."""
+    s = max(1, round(s))
+    return f"{s} s" if s < 90 else f"{round(s / 60)} min" if s < 5400 else f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+@contextlib.contextmanager
+def sweep_line(url: str, sid: str, per_cell_s: Callable[[], float | None] | None = None) -> Iterator[None]:
+    """``SweepLine`` drawn on a terminal while the work inside runs, its counts read by a thread of its own (at most
+    every ASK_EVERY_S, and ten times as long as the last read took); the estimate, ``per_cell_s()``, by another (it
+    reads the task's finished runs: neither the work nor the end waits for it). Read once more at the end, so that
+    the frame left is the sweep as the work left it."""
+    import threading
+
+    line = SweepLine(url, sid)
+    line.ask()
+    done = threading.Event()
+
+    def price(estimate: Callable[[], float | None]) -> None:
+        line.per_cell_s, line.pricing = estimate(), False
+
+    if per_cell_s is not None:
+        line.pricing = True
+        threading.Thread(target=price, args=(per_cell_s,), daemon=True, name="sweep-line-estimate").start()
+
+    def poll() -> None:
+        took = 0.0
+        while not done.wait(max(ASK_EVERY_S, 10 * took)):
+            began = line.clock()
+            line.ask()
+            took = line.clock() - began
+
+    thread = threading.Thread(target=poll, daemon=True, name="sweep-line")
+    try:
+        with drawn(get=line.render):
+            thread.start()
+            try:
+                yield
+            finally:
+                done.set()
+                thread.join(timeout=5.0)     # a read that hangs (a server gone) is left to end on its own
+                if not thread.is_alive():
+                    line.ask()
+    finally:
+        if not thread.is_alive():
+            line.close()

@@ -31,7 +31,7 @@ from flctl.cli.common import (
 )
 from flctl.cli.completion import complete_task
 from flctl.cli.estimate import cost_line
-from flctl.cli.ledger import error_summary, failed_starts_line, ledger_lines, watch
+from flctl.cli.ledger import cell_seconds, error_summary, failed_starts_line, ledger_lines, watch
 from flctl.cli.run import plugin_hint
 from flctl.config import AXIS_FIELDS
 from flctl.launch.settings import LaunchFlags
@@ -168,7 +168,9 @@ def _hooks(url: str, planned, root: Path):
 
     def here(worker, sid: str) -> int | None:
         console.print("this process works on the sweep too while it waits")
-        with ledger_lines(url, sid):
+        first, n = planned.configs[0], len(planned.configs)
+        with ledger_lines(url, sid, lambda: cell_seconds(url, planned.configs, planned.settings.cells_per_device(
+                first.task, n, first.device))):
             return worker()
 
     def told(trial) -> None:
