@@ -108,3 +108,25 @@ def test_a_worker_s_first_cell_pays_its_extra_once_not_once_a_cell(results: Path
     assert cost.device_hours * 3600 == start_up("polyfit", "cpu") + 3.5 + 6 * 0.5
     out = flctl("sweep", "polyfit", "-m", "fl", "--seeds", "6", "--workers", "1", "--dry-run").output
     assert "3.5 s more for a worker's first cell + " in out, out
+
+
+def test_a_smaller_cell_than_the_history_s_pays_the_start_up_that_grows_with_samples_at_its_size(
+        results: Path, tmp_path: Path, monkeypatch) -> None:
+    """A smoke cell after larger runs of its task: of the fitted start-up, the share that grows with the samples (its
+    evaluations; the committed benchmark's s_per_cell_full_data beside s_per_cell) is priced at the cell's size
+    (a smoke paper after --subset runs was priced 6.1 min and took 8.5 s)."""
+    import json
+
+    import flctl.cost.reference as reference
+
+    figures = {"s_per_start": 2.0, "s_per_process": 0.0, "s_per_cell": 1.0, "s_per_cell_full_data": 3.0,
+               "s_per_epoch": 0.01, "n_train": 1000}
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    (folder / "task-costs-2026-01-01-cpu.json").write_text(json.dumps({"tasks": {"two-moons": figures}}))
+    monkeypatch.setattr(reference, "REFERENCE", folder)
+    _history(results)                   # 2.8 s + 0.05 s an epoch, at 1,000 samples: a start-up 3/4 of which grows
+    cost = estimate_cost(api.runs(results_dir=results), [api.config("two-moons", "fl", epochs=40, subset=100)], 1)
+    assert cost is not None
+    assert abs(cost.s_per_cell - 0.7) < 1e-12 and abs(cost.s_per_cell_scaled - 2.1) < 1e-12
+    assert abs(cost.device_hours * 3600 - (2.0 + 0.7 + 2.1 * 0.1 + 40 * 0.05 * 0.1)) < 1e-9

@@ -8,7 +8,7 @@ from typing import Any
 
 from flctl.config import RunConfig
 from flctl.cost.model import CostEstimate, at_once, is_number, left_epochs, warn
-from flctl.cost.reference import first_cell_extra, full_size, start_up
+from flctl.cost.reference import first_cell_extra, full_size, grown_share, start_up
 from flctl.status import Status
 
 
@@ -96,17 +96,25 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
     else:       # each run its process's first: the committed benchmark tells how much of a cell's start-up that is
         per_process = min(per_cell, first_cell_extra(task, device))
         per_cell -= per_process
+    # of a cell's start-up, what grows with its samples (its evaluations) is priced at its size: the share the
+    # committed benchmark measured, at the history's size (a smoke cell of 256 samples after runs of 5,000)
+    per_cell_scaled = per_cell * grown_share(task, device, reference)
+    per_cell -= per_cell_scaled
+
+    def predicted(r: Any, w: float) -> float:
+        n = _samples(r)
+        return (per_cell + per_cell_scaled * (n / reference if n and reference else 1.0) + per_epoch * w
+                + (per_process if r.id in first or not split else 0.0))
     # how far the fit's own runs fall from it: the factor 9 of 10 lie within (at least 1.25: a few runs agree by luck)
-    ratios = sorted(max(p, d) / min(p, d) for r, (w, d) in zip(history, points)
-                    if (p := per_cell + per_epoch * w + (per_process if r.id in first or not split else 0.0)) > 0
-                    and d > 0)
+    ratios = sorted(max(p, d) / min(p, d) for r, (w, d) in zip(history, points) if (p := predicted(r, w)) > 0 and d > 0)
     spread = max(1.25, ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))]) if ratios else 2.0
     to_do = [c for c in configs if c.run_id not in done]
     left = left_epochs(to_do, resumed_epochs(runs) if started is None else started)
     return CostEstimate(per_cell, per_epoch, len(points), sum(left.values()), len(to_do),
                         at_once(cells_per_device, to_do), scale=scale, spread=spread,
                         work=sum(left[c.run_id] * scale(c) for c in to_do), s_per_start=start_up(task, device),
-                        s_per_process=per_process if to_do else 0.0)
+                        s_per_process=per_process if to_do else 0.0, s_per_cell_scaled=per_cell_scaled,
+                        size=sum(scale(c) for c in to_do))
 
 
 def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

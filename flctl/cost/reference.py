@@ -82,6 +82,20 @@ def first_cell_extra(task: str, device: str, folder: Path | None = None) -> floa
     return _figure(task, device, "s_per_process", folder) or 0.0
 
 
+def grown_share(task: str, device: str, samples: float | None, folder: Path | None = None) -> float:
+    """Of a cell's own start-up at ``samples`` training samples, the share that grows with them (its evaluations,
+    the data moved to the model), as the committed benchmark measured the task (``s_per_cell_full_data`` at the full
+    data's size beside the fixed ``s_per_cell``); 0 where it does not tell."""
+    found = _figures(task, device.split(":")[0], folder)
+    if found is None or not samples:
+        return 0.0
+    figures = found[0]
+    full = figures.get("n_train")
+    grown = float(figures.get("s_per_cell_full_data") or 0) * (min(samples, full) / full if full else 1.0)
+    whole = grown + float(figures["s_per_cell"])
+    return grown / whole if whole > 0 else 0.0
+
+
 def full_size(task: str, device: str, folder: Path | None = None) -> float | None:
     """The samples of an epoch on the task's full data, as the committed benchmark measured it (None: not told)."""
     return _figure(task, device, "n_train", folder)
