@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from flctl.config import RunConfig
-from flctl.cost.model import CostEstimate, at_once, is_number, left_epochs, warn
+from flctl.cost.model import NARROWEST, WIDEST, CostEstimate, at_once, is_number, left_epochs, warn
 from flctl.cost.reference import first_cell_extra, full_size, grown_share, start_up
 from flctl.status import Status
 
@@ -105,9 +105,9 @@ def estimate_cost(runs: Sequence[Any], configs: Sequence[RunConfig], cells_per_d
         n = _samples(r)
         return (per_cell + per_cell_scaled * (n / reference if n and reference else 1.0) + per_epoch * w
                 + (per_process if r.id in first or not split else 0.0))
-    # how far the fit's own runs fall from it: the factor 9 of 10 lie within (at least 1.25: a few runs agree by luck)
+    # how far the fit's own runs fall from it: the factor 9 of 10 lie within, kept between NARROWEST and WIDEST
     ratios = sorted(max(p, d) / min(p, d) for r, (w, d) in zip(history, points) if (p := predicted(r, w)) > 0 and d > 0)
-    spread = max(1.25, ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))]) if ratios else 2.0
+    spread = min(WIDEST, max(NARROWEST, ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))])) if ratios else WIDEST
     to_do = [c for c in configs if c.run_id not in done]
     left = left_epochs(to_do, resumed_epochs(runs) if started is None else started)
     return CostEstimate(per_cell, per_epoch, len(points), sum(left.values()), len(to_do),

@@ -11,6 +11,12 @@ from typing import Any
 from flctl.config import RunConfig
 from flctl.text import say_once
 
+# The interval an estimate prints: at least 1.25x either side (a few runs that agree by luck say nothing of the
+# next), at most WIDEST, 3x end to end: wider helps no one plan. How often the time taken falls inside it is measured
+# by benchmarks/bench_estimates.py (its coverage), not assumed. A benchmark's figures from another machine: REFERENCE.
+NARROWEST, WIDEST = 1.25, 3.0 ** 0.5
+FROM_ANOTHER_MACHINE = WIDEST
+
 
 @dataclass(frozen=True)
 class CostEstimate:
@@ -24,7 +30,8 @@ class CostEstimate:
     at its 256 samples, not the full data's), with ``cells_per_device`` cells training at once (together in a worker,
     times the workers: --per-gpu on a GPU, every worker on the CPU; LaunchSettings.cells_per_device). A paper plan
     prices each of its items so, each with the start-up once, though one launch may train several items.
-    ``spread``: the factor either side of the estimate that the fit's own runs fell within (9 of 10 of them)."""
+    ``spread``: the factor either side of the estimate that the fit's own runs fell within (9 of 10 of them), from
+    NARROWEST to WIDEST."""
 
     s_per_cell: float           # a cell's own start-up in its process (data, model, evaluation, records); 0 when the
     #                             history has one epoch count (it is then inside s_per_epoch)
@@ -35,7 +42,7 @@ class CostEstimate:
     cells_per_device: int
     source: str | None = None   # None: the database's runs; else the benchmark file the figures come from
     scale: Callable[[RunConfig], float] = lambda cfg: 1.0
-    spread: float = 2.0
+    spread: float = 2.0 ** 0.5
     work: float | None = None   # sum of epochs x scale over the cells to do (None: ``epochs``)
     s_per_start: float = 0.0    # before the first cell: the committed benchmark's (0 where none tells it)
     s_per_process: float = 0.0  # a worker's first cell's own extra (0 where nothing tells it apart: then in s_per_cell)

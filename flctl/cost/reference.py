@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flctl.config import RunConfig
-from flctl.cost.model import CostEstimate, at_once, is_number, left_epochs, warn
+from flctl.cost.model import FROM_ANOTHER_MACHINE, CostEstimate, at_once, is_number, left_epochs, warn
 
 # Where a checkout keeps its committed benchmark results (an installed wheel has none: its estimates then need runs).
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -50,7 +50,7 @@ def _figures(task: str, kind: str, folder: Path | None) -> tuple[dict[str, Any],
 def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: Path | None = None,
                    started: Mapping[str, int] | None = None) -> CostEstimate | None:
     """The cost of ``configs`` (one task, one device) from the newest committed figures for that kind of device,
-    measured on another machine (so expected within 2x here); None where none has the task. ``started``: as
+    measured on another machine (its interval the widest, FROM_ANOTHER_MACHINE); None where none has the task. ``started``: as
     ``estimate_cost``'s."""
     found = _figures(configs[0].task, configs[0].device.split(":")[0], folder)
     if found is None:
@@ -63,7 +63,7 @@ def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: 
     left = left_epochs(configs, started or {})
     return CostEstimate(float(figures["s_per_cell"]), float(figures["s_per_epoch"]), 0,
                         sum(left.values()), len(configs), at_once(cells_per_device, configs),
-                        source=f"benchmarks/results/{path.name}", scale=scale, spread=2.0,
+                        source=f"benchmarks/results/{path.name}", scale=scale, spread=FROM_ANOTHER_MACHINE,
                         work=sum(left[c.run_id] * scale(c) for c in configs), s_per_start=float(figures.get("s_per_start", 0)),
                         s_per_process=float(figures.get("s_per_process", 0)) if configs else 0.0,
                         s_per_cell_scaled=float(figures.get("s_per_cell_full_data", 0)),
