@@ -65,6 +65,9 @@ def library_versions() -> dict[str, str | None]:
 TORCHVISION_OFFSET = 15
 # The local label of the PyTorch index's wheels (2.14.1+cpu, +cu130, +rocm6.4, +xpu): the index to install from.
 _INDEX_LABEL = re.compile(r"cpu|cu\d+|rocm[\d.]+|xpu")
+# The pair a fresh install from the default index gets within pyproject.toml's bounds (torch<2.15, torchvision<0.30):
+# the fix for a CPU torch where PyTorch's index is out of reach (tests/test_install_pair.py holds it to pyproject).
+NEWEST_PAIR = ("2.14.1", "0.29.1")
 
 
 def _minor(version: str, major: int) -> int | None:
@@ -92,9 +95,10 @@ def _built(distribution: str) -> str | None:
 def torch_pair_problem() -> str | None:
     """A line saying that the installed torchvision was built for another torch than the installed one (another
     minor version, or another build: CPU against CUDA, one CUDA against another), naming both and the pip command
-    that installs the torchvision built for this torch; None when they belong together, when either is not
-    installed, when a version is outside torchvision's table or a build is not named. Reads files (milliseconds):
-    imports neither, so a command that never uses torch pays nothing more."""
+    that installs the torchvision built for this torch (for a CPU torch, also the default index's pair, for where
+    PyTorch's index is out of reach); None when they belong together, when either is not installed, when a version
+    is outside torchvision's table or a build is not named. Reads files (milliseconds): imports neither, so a command
+    that never uses torch pays nothing more."""
     torch, vision = _built("torch"), _built("torchvision")
     if torch is None or vision is None:
         return None
@@ -105,18 +109,31 @@ def torch_pair_problem() -> str | None:
     other_build = bool(label and vision_label) and label != vision_label
     if v - TORCHVISION_OFFSET == t and not other_build:
         return None
-    index = f" --index-url https://download.pytorch.org/whl/{label}" if _INDEX_LABEL.fullmatch(label) else ""
     built_for = f"a {_build_name(vision_label)} torch" if v - TORCHVISION_OFFSET == t else \
         f"torch 2.{v - TORCHVISION_OFFSET}"
-    again = " --force-reinstall --no-deps" if v - TORCHVISION_OFFSET == t else ""   # the same number, another build
-    # PyTorch's CPU index may be out of reach (a proxy, a mirror of PyPI only): the default index has the pair too,
-    # as CUDA builds (about 6 GB), which run on a CPU
-    fallback = (f"; where that index is out of reach, the default index's pair (CUDA builds, about 6 GB, which run on "
-                f"a CPU too): pip install --force-reinstall 'torch==2.{t}.*' 'torchvision==0.{t + TORCHVISION_OFFSET}.*'"
+    # torchvision 0.(N+15).P is the release of torch 2.N.P (from torch 2.1; flctl's range starts at 2.4)
+    patch = m.group(1) if (m := re.match(r"\d+\.\d+\.(\d+)", torch)) else "0"
+    wanted = f"0.{t + TORCHVISION_OFFSET}.{patch}"
+    # from PyTorch's index where torch's metadata keeps the label there too (2.13.0+cpu); a PyPI wheel's lacks it
+    index = _INDEX_LABEL.fullmatch(label) is not None and "+" in (_version("torch") or "")
+    fix = f"pip install {_exactly('torchvision', wanted, label if index else '')}" + \
+        (f" --index-url https://download.pytorch.org/whl/{label}" if index else "")
+    # PyTorch's CPU index may be out of reach (a proxy, a mirror of PyPI only), which is how this pair comes about:
+    # pip fell back, silently, to a CUDA torchvision from another index. The default index's newest pair (CUDA
+    # builds, which run on a CPU) is the way out that cannot give this pair back: other numbers, each spelt exactly.
+    fallback = (f"; where that index is out of reach (pip finds no such torchvision), the default index's pair "
+                f"(CUDA builds, about 6 GB, which run on a CPU too): "
+                f"pip install {_exactly('torch', NEWEST_PAIR[0])} {_exactly('torchvision', NEWEST_PAIR[1])}"
                 ) if label == "cpu" and index else ""
     return (f"torchvision {vision} is built for {built_for}, not for the installed torch {torch}; "
-            f"install the torchvision built for it: pip install{again} 'torchvision==0.{t + TORCHVISION_OFFSET}.*'"
-            f"{index}{fallback}")
+            f"install the torchvision built for it: {fix}{fallback}")
+
+
+def _exactly(distribution: str, version: str, label: str = "") -> str:
+    """A pip requirement for exactly this version and build: `===`, which compares the strings. `==2.13.0` and
+    `==2.13.*` ignore a local label (PEP 440), so they accept 2.13.0+cpu, and a CPU wheel that pip still sees (a
+    find-links folder, an extra index) comes back beside a CUDA torchvision: the broken pair, again."""
+    return f"'{distribution}==={version}{'+' + label if label else ''}'"
 
 
 def _build_name(label: str) -> str:
@@ -124,3 +141,22 @@ def _build_name(label: str) -> str:
     if label.startswith("cu") and label[2:].isdigit():
         return f"CUDA {label[2:-1]}.{label[-1]}"
     return {"cpu": "CPU", "xpu": "XPU"}.get(label) or label.replace("rocm", "ROCm ")
+
+
+def check_pair() -> int:
+    """`python -m flctl.versions` (from a checkout, before flctl is installed; the README's CPU route runs it after
+    its pip command, which exits 0 where it fell back to another index): the installed torch and torchvision, and
+    0 when they belong together; else the start-up check's line, with its fix, and 1."""
+    torch, vision = _built("torch"), _built("torchvision")
+    if torch is None or vision is None:
+        print(f"error: {'torch' if torch is None else 'torchvision'} is not installed", file=sys.stderr)
+        return 1
+    if (problem := torch_pair_problem()) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    print(f"torch {torch} and torchvision {vision}: built for each other")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(check_pair())

@@ -26,6 +26,7 @@ from flctl.cli import app
 from flctl.db import RunQueue, Store
 from flctl.paper.programme import ITEMS, published, scaled
 from flctl.sweep import load_spec, plan
+from flctl.versions import NEWEST_PAIR
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,18 +235,21 @@ def _installed(monkeypatch: pytest.MonkeyPatch, **versions: str | None) -> None:
 
     names = {"torch": versions.get("torch"), "torchvision": versions.get("torchvision")}
     monkeypatch.setattr(flctl.versions, "_built", lambda name: names[name] if name in names else "1.0")
+    # the metadata as PyTorch's index writes it, label included (a PyPI wheel's has none: "2.14.1")
+    monkeypatch.setattr(flctl.versions, "_version", lambda name: names[name] if name in names else "1.0")
 
 
 @pytest.mark.notorch
 @pytest.mark.parametrize(("torch", "vision", "fix"), [
-    ("2.14.1", "0.28.0", "pip install 'torchvision==0.29.*'"),
-    ("2.13.0+cpu", "0.29.1+cpu", "pip install 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu"),
-    ("2.4.0+cu121", "0.20.0", "pip install 'torchvision==0.19.*' --index-url https://download.pytorch.org/whl/cu121"),
+    ("2.14.1", "0.28.0", "pip install 'torchvision===0.29.1'"),
+    ("2.13.0+cpu", "0.29.1+cpu", "pip install 'torchvision===0.28.0+cpu' --index-url https://download.pytorch.org/whl/cpu"),
+    ("2.4.0+cu121", "0.20.0",
+     "pip install 'torchvision===0.19.0+cu121' --index-url https://download.pytorch.org/whl/cu121"),
     # the same numbers, another build: a CUDA torchvision from PyPI beside a CPU torch (a new user's install)
     ("2.13.0+cpu", "0.28.0+cu128",
-     "pip install --force-reinstall --no-deps 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu"),
+     "pip install 'torchvision===0.28.0+cpu' --index-url https://download.pytorch.org/whl/cpu"),
     ("2.14.1+cu126", "0.29.1+cu130",
-     "pip install --force-reinstall --no-deps 'torchvision==0.29.*' --index-url https://download.pytorch.org/whl/cu126"),
+     "pip install 'torchvision===0.29.1+cu126' --index-url https://download.pytorch.org/whl/cu126"),
 ])
 def test_a_torchvision_built_for_another_torch_is_named_with_its_fix(monkeypatch: pytest.MonkeyPatch, torch: str,
                                                                       vision: str, fix: str) -> None:
@@ -255,9 +259,10 @@ def test_a_torchvision_built_for_another_torch_is_named_with_its_fix(monkeypatch
     problem = torch_pair_problem()
     assert problem is not None and f"torchvision {vision}" in problem and f"torch {torch}" in problem
     assert problem.split("; where")[0].endswith(fix), problem
-    # a CPU build's fix names PyTorch's CPU index, and the default index's pair for where that is out of reach
-    fallback = f"pip install --force-reinstall 'torch=={torch.split('.')[0]}.{torch.split('.')[1]}.*' 'torchvision=="
-    assert (fallback in problem) == ("+cpu" in torch), problem
+    # a CPU build's fix names PyTorch's CPU index, and the default index's newest pair for where that is out of reach
+    # (spelt exactly: `==2.13.*` would take the +cpu wheel again)
+    fallback = f"pip install 'torch==={NEWEST_PAIR[0]}' 'torchvision==={NEWEST_PAIR[1]}'"
+    assert problem.endswith(fallback) == ("+cpu" in torch), problem
 
 
 @pytest.mark.notorch
@@ -297,10 +302,10 @@ def test_a_cpu_torch_beside_a_pypi_cuda_torchvision_of_the_same_numbers_is_caugh
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (
         "torchvision 0.28.0+cu128 is built for a CUDA 12.8 torch, not for the installed torch 2.13.0+cpu; install the "
-        "torchvision built for it: pip install --force-reinstall --no-deps 'torchvision==0.28.*' "
-        "--index-url https://download.pytorch.org/whl/cpu; where that index is out of reach, the default index's "
-        "pair (CUDA builds, about 6 GB, which run on a CPU too): pip install --force-reinstall 'torch==2.13.*' "
-        "'torchvision==0.28.*'"), out.stdout
+        "torchvision built for it: pip install 'torchvision===0.28.0+cpu' "
+        "--index-url https://download.pytorch.org/whl/cpu; where that index is out of reach (pip finds no such "
+        "torchvision), the default index's pair (CUDA builds, about 6 GB, which run on a CPU too): "
+        f"pip install 'torch==={NEWEST_PAIR[0]}' 'torchvision==={NEWEST_PAIR[1]}'"), out.stdout
     # the suite's start-up stops on the same line, before collecting anything
     suite = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
                             "tests/test_config.py"], capture_output=True, text=True, cwd=ROOT, timeout=120,
