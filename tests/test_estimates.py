@@ -130,3 +130,9 @@ def test_a_smaller_cell_than_the_history_s_pays_the_start_up_that_grows_with_sam
     assert cost is not None
     assert abs(cost.s_per_cell - 0.7) < 1e-12 and abs(cost.s_per_cell_scaled - 2.1) < 1e-12
     assert abs(cost.device_hours * 3600 - (2.0 + 0.7 + 2.1 * 0.1 + 40 * 0.05 * 0.1)) < 1e-9
+
+
+def test_a_task_measured_on_a_gpu_only_says_its_gpu_price_on_a_cpu(results: Path) -> None:
+    out = flctl("run", "cifar10", "--dry-run").output.replace("\n", " ")
+    assert "cost: unknown: no finished cifar10 runs on cpu" in out, out
+    assert "; on a GPU (--device cuda) about " in out and "-cuda.json" in out, out
