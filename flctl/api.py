@@ -242,7 +242,8 @@ def reproduce(run: str, *, results_dir: str | Path | None = None, db: str | None
               on_epoch: Callable[[Any], None] | None = None) -> Any:
     """Train the completed ``run`` again in a scratch folder, as ``flctl reproduce`` does, and return the
     flctl.reproduce.Reproduction: ``identical``, else its ``difference`` (epoch, split, sample id, column, size);
-    ``versions``: the libraries whose versions differ from the run's. The results folder and database are only
+    ``versions``: the libraries whose versions differ from the run's among those that can move a number
+    (flctl's own and flctl.versions.CHANGES_NUMBERS). The results folder and database are only
     read."""
     from flctl.reproduce import reproduce as train_again
 

@@ -41,3 +41,8 @@ def test_trackers_are_completed_after_to_and_log_to(tmp_path: Path) -> None:
     assert completed("flctl export abc --to ", tmp_path) == ["tensorboard", "mlflow", "wandb"]
     assert completed("flctl export abc --to m", tmp_path) == ["mlflow"]
     assert completed("flctl run two-moons --log-to w", tmp_path) == ["wandb"]
+
+
+def test_sweep_and_paper_complete_their_tracker_after_log_to(tmp_path: Path) -> None:
+    assert completed("flctl sweep two-moons --log-to m", tmp_path) == ["mlflow"]
+    assert completed("flctl paper --log-to t", tmp_path) == ["tensorboard"]

@@ -163,8 +163,10 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., None]:
     KEY=VALUE table (--sbatch) is a repeatable option. `flctl sweep` and `flctl paper` launch sweeps the same way."""
     import typing
 
+    from flctl.cli.completion import complete_logger
     from flctl.launch.settings import LaunchFlags
 
+    completers = {"log_to": complete_logger}       # what a shell offers after the flag
     kinds = typing.get_type_hints(LaunchFlags)
     signature = inspect.signature(fn, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "launch"]
@@ -175,7 +177,7 @@ def launch_options(fn: Callable[..., Any]) -> Callable[..., None]:
             kind = list[str]
             tables.append(f.name)
         option = typer.Option(f"--{f.name.replace('_', '-')}", help=f.metadata["help"],
-                              rich_help_panel=f.metadata["panel"])
+                              rich_help_panel=f.metadata["panel"], autocompletion=completers.get(f.name))
         added.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                        annotation=Annotated[Optional[kind], option]))
 
