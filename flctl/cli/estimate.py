@@ -3,35 +3,44 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flctl.cli.common import safe
 from flctl.config import RunConfig
 
+if TYPE_CHECKING:
+    from flctl.cost import CostEstimate
 
-def cost_line(url: str, configs: Sequence[RunConfig], per_device: int) -> str:
-    """The device time of ``configs`` (one task and device) with ``per_device`` cells training at once, from the
-    database's finished runs of the same task and device, read as a plan reads it (flctl.cost.stored_runs: StoreError
-    where the real command would refuse the database), else the committed benchmark; its resumed cells priced from
-    the epochs they have left. A line for console.print (the device and task are user text, made safe)."""
-    from flctl.cost import estimate_cost, format_cost, reference_cost, started_epochs, stored_runs
+
+def plan_cost(url: str, configs: Sequence[RunConfig], per_device: int) -> tuple[CostEstimate | None, dict[str, int]]:
+    """The cost of ``configs`` (one task and device) with ``per_device`` cells training at once, and the epochs done
+    of those that resume: fitted to the database's finished runs of the same task and device, read as a plan reads
+    it (flctl.cost.stored_runs: StoreError where the real command would refuse the database), else the committed
+    benchmark's; its resumed cells priced from the epochs they have left. A dry run's line and a wait's time left
+    both read it."""
+    from flctl.cost import estimate_cost, reference_cost, started_epochs, stored_runs
     from flctl.status import Status
 
     # the completed ones, all the estimate reads: not every queued cell of the task's sweeps (100,000: 13 s)
     runs = stored_runs(url, [configs[0].task], Status.COMPLETED)
     started = started_epochs(url, configs)
     cost = estimate_cost(runs, configs, per_device, started) or reference_cost(configs, per_device, started=started)
+    return cost, started
+
+
+def cost_line(url: str, configs: Sequence[RunConfig], per_device: int) -> str:
+    """``plan_cost`` as the line a dry run prints (the device and task are user text, made safe)."""
+    from flctl.cost import format_cost, on_a_gpu
+
+    cost, started = plan_cost(url, configs, per_device)
     line = describe(cost, configs[0].task, configs[0].device, resumed=len(started))
-    if cost is None and configs[0].device == "cpu":     # a task measured on a GPU only (cifar10's ResNet-18): say so
-        on_gpu = reference_cost([dataclasses.replace(c, device="cuda") for c in configs], 1, started=started)
-        if on_gpu is not None:
-            line += (f"; on a GPU (--device cuda) about {format_cost(on_gpu.device_hours, 'cuda')}, from "
-                     f"{on_gpu.source}")
+    if cost is None and configs[0].device == "cpu" and (gpu := on_a_gpu(configs, started=started)) is not None:
+        line += f"; on a GPU (--device cuda) about {format_cost(gpu.device_hours, 'cuda')}, from {gpu.source}"
     return line
 
 
-def describe(cost, task: str, device: str, resumed: int = 0) -> str:
+def describe(cost: CostEstimate | None, task: str, device: str, resumed: int = 0) -> str:
     """``cost`` (flctl.cost.CostEstimate; None: nothing to price it from) as a dry run's line."""
     from flctl.cost import format_cost, format_seconds
 

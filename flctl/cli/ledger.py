@@ -111,11 +111,10 @@ def cell_seconds(url: str, configs: Sequence[Any], per_device: int) -> float | N
     wait, as flctl.cost prices them: fitted to the database's finished runs of the task, else the committed
     benchmark's; the start-up left out (the wait's own worker has started). None where nothing prices them or the
     database cannot be read: a live line's time left then waits for the first cell to end."""
-    from flctl.cost import estimate_cost, reference_cost, started_epochs, stored_runs
+    from flctl.cli.estimate import plan_cost
 
-    try:                               # as a dry run prices them (flctl.cli.estimate.cost_line)
-        runs, started = stored_runs(url, [configs[0].task], Status.COMPLETED), started_epochs(url, configs)
-        cost = estimate_cost(runs, configs, per_device, started) or reference_cost(configs, per_device, started=started)
+    try:                               # as a dry run prices them
+        cost, _ = plan_cost(url, configs, per_device)
     except Exception:                  # an estimate is a help: the sweep goes on without one
         return None
     if cost is None or not cost.cells:

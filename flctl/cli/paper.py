@@ -185,9 +185,7 @@ def _print_plan(programme) -> None:
 def _priced_on_a_gpu(unpriced: list) -> None:
     """Where cells planned on a CPU are unknown but a committed GPU benchmark has their task (the paper's GPU tables
     and figures, planned here without a GPU): the line that says `--device cuda` prices them from it."""
-    import dataclasses
-
-    from flctl.cost.reference import reference_cost
+    from flctl.cost import on_a_gpu
 
     if not unpriced or unpriced[0].device.startswith("cuda"):
         return
@@ -195,7 +193,7 @@ def _priced_on_a_gpu(unpriced: list) -> None:
     for cell in unpriced:
         by_task.setdefault(cell.task, []).append(cell)
     sources = {task: found.source for task, cells in by_task.items()
-               if (found := reference_cost([dataclasses.replace(cells[0], device="cuda")], 1)) is not None}
+               if (found := on_a_gpu(cells[:1])) is not None and found.source is not None}
     if sources:
         cells = sum(len(by_task[t]) for t in sources)
         console.print(f"the {cells} cell(s) of {safe(', '.join(sorted(sources)))} have a committed GPU benchmark "

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from flctl.config import RunConfig
 from flctl.cost.fit import estimate_cost, first_of_process, resumed_epochs, sizes
 from flctl.cost.model import CostEstimate, format_cost, format_seconds, warn
-from flctl.cost.reference import REFERENCE, full_size, reference_cost, start_up
+from flctl.cost.reference import REFERENCE, full_size, on_a_gpu, reference_cost, start_up
 
 if TYPE_CHECKING:
     from flctl.db import RunRecord
 
 __all__ = ["REFERENCE", "CostEstimate", "estimate_cost", "first_of_process", "format_cost", "format_seconds",
-           "full_size", "reference_cost", "resumed_epochs", "sizes", "start_up", "started_epochs", "stored_runs"]
+           "full_size", "on_a_gpu", "reference_cost", "resumed_epochs", "sizes", "start_up", "started_epochs", "stored_runs"]
 
 
 def stored_runs(url: str, tasks: Sequence[str], status: str | None = None) -> list[RunRecord]:

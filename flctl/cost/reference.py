@@ -70,6 +70,15 @@ def reference_cost(configs: Sequence[RunConfig], cells_per_device: int, folder: 
                         size=sum(scale(c) for c in configs))
 
 
+def on_a_gpu(configs: Sequence[RunConfig], cells_per_device: int = 1,
+             started: Mapping[str, int] | None = None) -> CostEstimate | None:
+    """``reference_cost`` of the cells as they would train on a GPU: a task measured on a GPU only (cifar10's
+    ResNet-18), priced for a CPU user who could move it there; None where no GPU benchmark has the task."""
+    import dataclasses
+
+    return reference_cost([dataclasses.replace(c, device="cuda") for c in configs], cells_per_device, started=started)
+
+
 def start_up(task: str, device: str, folder: Path | None = None) -> float:
     """The seconds before a sweep's first cell trains, as the committed benchmark measured them for the task (its
     processes' interpreter, imports and database: what no run's own duration holds); 0 where none tells it."""
