@@ -92,7 +92,14 @@ def test_reproduce_says_identical_for_a_plain_run_and_leaves_the_results_untouch
     with sqlite3.connect(results / "flctl.db") as db:
         db.execute("UPDATE runs SET trained_with = NULL WHERE id = ?", (run["id"],))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    res = in_process("reproduce", run["id"], "--results-dir", str(results))
+    import torch
+
+    before_threads = torch.get_num_threads()        # this process's, which an earlier in-process case may have set
+    torch.set_num_threads(1)
+    try:
+        res = in_process("reproduce", run["id"], "--results-dir", str(results))
+    finally:
+        torch.set_num_threads(before_threads)
     assert res.returncode == 1, res.stderr
     line = res.stdout.strip().splitlines()[-1]
     assert line.startswith(f"run {run['id']}: first difference at epoch 1, split ")
@@ -125,7 +132,10 @@ def test_reproduce_a_cell_of_a_grouped_sweep_with_its_group(tmp_path: Path) -> N
         res = in_process("reproduce", cell["id"], "--results-dir", str(results))
         assert res.returncode == 0, res.stdout + res.stderr
         others = f"{size - 1} other cell{'s' if size > 2 else ''}"
-        assert f"all 2 record files bit-identical (trained again with 1 thread, grouped with {others})" in res.stdout
+        # the threads the sweep's worker recorded (its process's: 1 under xdist's workers, 2 in a serial run)
+        n = cell["trained_with"]["threads"]
+        said = f"trained again with {n} thread{'s' if n > 1 else ''}, grouped with {others}"
+        assert f"all 2 record files bit-identical ({said})" in res.stdout
 
     for size in (4, 2):
         reproduced(size)
