@@ -63,6 +63,7 @@ class Worker(submitit.helpers.Checkpointable):
         self.disk_note: DiskNote | None = None   # where it tells a waiting command so, while it works
         # it runs inside the command that launched it (the debug launcher, `sweep --wait`'s own worker), which tells
         # a database failure itself at its next read of the same database: the worker's line would say it twice
+        # (any other reason it stops, the command does not know: the worker says it)
         self.in_caller = recipe.launcher.in_process
 
     @property
@@ -176,7 +177,7 @@ class Worker(submitit.helpers.Checkpointable):
             case Next.DEVICE_LOST:
                 self.device_lost = f"{type(error).__name__}: {_first_line(error)}" if error else "?"
                 self.failed_cells = ids
-            case Next.STOP if error is not None and not self.in_caller:
+            case Next.STOP if error is not None and not (self.in_caller and ending.outcome.name == "database"):
                 print(f"flctl worker: {ending.line(ids[0])}; this worker stops", file=sys.stderr)
         return False
 
