@@ -753,3 +753,118 @@ def test_c63_the_from_python_block_run_twice_in_one_folder(tmp_path: Path) -> No
     assert len(said[1]) == len(said[0]) == 6, said
     assert said[1][0] == said[0][0] and said[1][4] == said[0][4], said      # the same run, the same sweep done
     assert said[1][2] == "7 completed run(s) of my-task", said              # the run and the sweep's six
+
+
+# ---------------------------------------------------------------- more: servers, a live writer, intervals, reproduce
+
+def test_c64_postgresql_history_and_a_resume_priced_as_sqlite_s() -> None:
+    from tests.test_concurrency import pg_database
+
+    url = pg_database()
+    for args in (["-m", "erm", "--epochs", "4"], ["-m", "fl", "--epochs", "30", "--seed", "0"]):
+        assert in_process("run", "two-moons", *args, "--db", url).returncode == 0
+    import sqlalchemy as sa
+
+    from flctl.db import normalize_url
+
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE runs SET status = 'interrupted', epochs_done = 25 WHERE id = :id"),
+                         {"id": SEED0})
+    finally:
+        engine.dispose()
+    assert "35 epochs left (1 cell(s) resumed)" in clean(flctl(*plan(), "--db", url))      # 5 + seed 1's 30
+    assert "5 epochs left (1 cell(s) resumed)" in clean(flctl("run", "two-moons", "-m", "fl", "--epochs", "30",
+                                                              "--seed", "0", "--dry-run", "--db", url))
+
+
+def test_c65_a_dry_run_through_pgbouncer_makes_no_tables() -> None:
+    import sqlalchemy as sa
+
+    from flctl.db import normalize_url
+    from tests.test_concurrency import bouncer_database
+
+    url = bouncer_database()
+    assert "cost: about" in clean(flctl(*plan(), "--db", url))
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        assert sa.inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.xfail(strict=True, reason="cli/run.py _dry_run prints no cost line on a database from an older flctl, "
+                   "where `flctl sweep --dry-run` of the same cell prices it from the committed benchmark")
+def test_c66_run_dry_run_on_an_older_schema_is_priced_as_sweep_s(damaged) -> None:
+    root = damaged("UPDATE flctl_alembic_version SET version_num = '0009';")
+    res = flctl("run", "two-moons", "--dry-run", "--results-dir", str(root))
+    assert res.returncode == 0 and "cost: about" in res.stdout, (res.stdout, res.stderr)
+
+
+def test_c70_paper_dry_run_on_an_unreachable_server(tmp_path: Path) -> None:
+    one_line_error(flctl("paper", "--dry-run", "--results-dir", str(tmp_path / "r"),
+                         "--db", "postgresql://nobody@127.0.0.1:1/none"))
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_c67_dry_runs_beside_a_sweep_that_is_writing(tmp_path: Path) -> None:
+    """A real sweep trains and writes its rows (claims, heartbeats, epochs done) while dry runs of the same plan
+    price it, five times over: each prints its line; the sweep ends well."""
+    root = tmp_path / "r"
+    sweep = ["sweep", "two-moons", "-m", "erm", "--seeds", "3", "--epochs", "300", "--results-dir", str(root)]
+    live = subprocess.Popen([sys.executable, "-m", "flctl", *sweep, "--workers", "1", "--wait"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        from tests.helpers import wait_until
+        wait_until(lambda: (root / "flctl.db").exists(), "the sweep's database", timeout=bound(120))
+        for _ in range(5):
+            assert "cost: about" in clean(flctl(*sweep, "--dry-run"))
+    finally:
+        _, err = live.communicate(timeout=300)
+    assert live.returncode == 0 and "Traceback" not in err, err
+
+
+def test_c68_intervals_stay_within_their_bounds_over_a_scattered_history(damaged, reference: Path,
+                                                                         tmp_path: Path) -> None:
+    import re
+
+    from flctl.cost.model import NARROWEST, WIDEST
+
+    def ratio(line: str) -> float:
+        def seconds(text: str) -> float:
+            n, unit = re.fullmatch(r"([\d.,]+) (s|min|cpu-hours)", text).groups()
+            return float(n.replace(",", "")) * {"s": 1, "min": 60, "cpu-hours": 3600}[unit]
+        lo, hi = re.search(r"expected within (.+?) to (.+?)\)", line).groups()
+        return seconds(hi) / seconds(lo)
+    root = damaged("UPDATE runs SET duration_s = 300 WHERE epochs_done = 4;")       # one run 100x the fit
+    fitted = ratio(clean(flctl(*plan(31), "--results-dir", str(root))))
+    assert NARROWEST ** 2 * 0.95 <= fitted <= WIDEST ** 2 * 1.05, fitted
+    from_file = ratio(clean(flctl_ref(reference, *plan(), "--results-dir", str(tmp_path / "r"))))
+    assert from_file == pytest.approx(WIDEST ** 2, rel=0.1)
+
+
+def test_c69_reproduce_warns_of_numpy_not_of_pyarrow(damaged) -> None:
+    root = damaged(f"UPDATE runs SET provenance = json_set(provenance, '$.libraries.pyarrow', '0.0.1', "
+                   f"'$.libraries.optuna', '0.0.1', '$.libraries.numpy', '0.0.1') WHERE id = '{SEED0}';")
+    res = in_process("reproduce", SEED0, "--results-dir", str(root))
+    assert "Traceback" not in res.stderr, res.stderr
+    said = [ln for ln in res.stderr.splitlines() if "versions differ" in ln]
+    assert len(said) == 1 and "numpy" in said[0] and "pyarrow" not in said[0] and "optuna" not in said[0], res.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="a plan whose cells are all completed is priced 'about 0 s (expected within 0 s "
+                   "to 0 s): 4.2 s to start + 0 cell(s) x 0.5 s': a start-up the total leaves out and a term that "
+                   "counts nothing, the kind 3d8cc58 said it no longer prints")
+def test_c71_a_plan_with_nothing_left_to_do(trained: Path) -> None:
+    line = clean(flctl("sweep", "two-moons", "-m", "fl", "--seeds", "1", "--epochs", "30", "--dry-run",
+                       "--results-dir", str(trained)))
+    assert "0 cell(s)" not in line and "to start" not in line, line
+
+
+def test_c72_the_seed_note_reaches_python_s_dry_run_plan(tmp_path: Path) -> None:
+    plan_ = api.sweep("polyfit", method="erm", seeds=3, dry_run=True, results_dir=tmp_path / "r")
+    assert any("ignores the seed: its 3 seeds" in n for n in plan_.spec.notes) and len(plan_.configs) == 3
+    assert api.sweep("polyfit", method="erm", seeds=1, dry_run=True, results_dir=tmp_path / "r").spec.notes == ()
+    assert not (tmp_path / "r").exists()
