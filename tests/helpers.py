@@ -73,3 +73,22 @@ def in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     said = "".join(traceback.format_exception(res.exception)) \
         if res.exception and not isinstance(res.exception, SystemExit) else ""
     return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr + said)
+
+
+# The child of a driver script that runs `flctl ARGS` in a pseudo-terminal of its own (pty.fork: the controlling
+# terminal of the session the child leads): as `python -m flctl` runs it, atexit handlers included, then the exit code.
+# The driver's text replaces ARGS with the command line's repr; ``env`` lines set the child's environment first.
+def pty_child(env: dict[str, str] | None = None) -> str:
+    setting = f"    os.environ.update({env!r})\n" if env else ""
+    return ("pid, master = pty.fork()\n"
+            "if pid == 0:\n"
+            f"{setting}"
+            "    sys.stdout, sys.stderr, sys.argv, code = open(1, 'w', closefd=False), open(2, 'w', closefd=False), "
+            "ARGS, 0\n"
+            "    try:\n"
+            "        runpy.run_module('flctl', run_name='__main__')\n"
+            "    except SystemExit as e:\n"
+            "        code = e.code\n"
+            "    atexit._run_exitfuncs()\n"
+            "    os._exit(code)\n")
+

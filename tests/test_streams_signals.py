@@ -24,7 +24,7 @@ import pytest
 
 from flctl.runner import stop_on_signals
 from tests import warm
-from tests.helpers import in_process
+from tests.helpers import in_process, pty_child
 
 pytestmark = pytest.mark.slow
 
@@ -186,16 +186,7 @@ DEFAULT_SIGHUP = "import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
 # `flctl *ARGS` in a terminal of its own (pty.fork: a pseudo-terminal, the controlling terminal of the session the
 # child leads), read until RECORDS exist, then closed: exit with the child's exit code.
 IN_A_TERMINAL = DEFAULT_SIGHUP + """import atexit, glob, os, pty, runpy, select, sys, time
-pid, master = pty.fork()
-if pid == 0:
-    sys.stdout, sys.stderr, sys.argv, code = open(1, 'w', closefd=False), open(2, 'w', closefd=False), ARGS, 0
-    try:
-        runpy.run_module('flctl', run_name='__main__')
-    except SystemExit as e:
-        code = e.code
-    atexit._run_exitfuncs()
-    os._exit(code)
-deadline = time.monotonic() + 120
+""" + pty_child() + """deadline = time.monotonic() + 120
 while not glob.glob(RECORDS) and time.monotonic() < deadline:
     if select.select([master], [], [], 0.05)[0]:   # what it prints is read, so that the terminal never fills
         try:

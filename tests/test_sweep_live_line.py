@@ -14,24 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests import warm
-from tests.helpers import in_process
+from tests.helpers import in_process, pty_child
 
 # `flctl *ARGS` in a pseudo-terminal of its own, 150 columns wide; what it draws is read into OUT. ACT, once a cell has
 # trained an epoch (RECORDS exist) and the line has been drawn: "ctrl-c" types it, "sigterm" sends it, "hangup"
 # closes the terminal (SIGHUP); "" lets the sweep end. Exits with the command's exit code.
 DRIVER = """import atexit, glob, os, pty, runpy, select, signal, sys, time
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
-pid, master = pty.fork()
-if pid == 0:
-    os.environ.update(COLUMNS='150', LINES='40', TERM='xterm')
-    sys.stdout, sys.stderr, sys.argv, code = open(1, 'w', closefd=False), open(2, 'w', closefd=False), ARGS, 0
-    try:
-        runpy.run_module('flctl', run_name='__main__')
-    except SystemExit as e:
-        code = e.code
-    atexit._run_exitfuncs()
-    os._exit(code)
-out, acted, deadline = b'', False, time.monotonic() + 300
+""" + pty_child({"COLUMNS": "150", "LINES": "40", "TERM": "xterm"}) + """out, acted, deadline = b'', False, time.monotonic() + 300
 while time.monotonic() < deadline:
     if ACT and not acted and glob.glob(RECORDS) and out.count(b' done ') >= 2:
         acted = True
