@@ -46,6 +46,9 @@ def _seconds(task: str, epochs: int, device: str, subset: int = 0) -> tuple[floa
                                "--subset", str(subset), "--results-dir", tmp], capture_output=True, text=True, cwd=ROOT)
         took = time.perf_counter() - start
         if done.returncode != 0:
+            if done.returncode != 2:      # 2: its data is not here; anything else is said
+                print(f"{task}: `flctl run` exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}",
+                      flush=True)
             return None
         with sqlite3.connect(Path(tmp) / "flctl.db") as db:      # the run's row, read as any SQLite reader would
             [(metrics, duration)] = db.execute("SELECT metrics, duration_s FROM runs").fetchall()

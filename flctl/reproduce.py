@@ -11,6 +11,7 @@ is written, and the database is only read. No typer here: flctl/cli/reproduce.py
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from flctl.errors import ConfigError
 from flctl.status import Status
+from flctl.text import say_once
 from flctl.versions import CHANGES_NUMBERS
 
 if TYPE_CHECKING:
@@ -80,9 +82,27 @@ class Reproduction:
         return self.difference is None
 
 
-def version_changes(recorded: dict[str, Any] | None, here: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """The recorded versions of COMPARED that differ here, name -> (recorded, here); {} when none was recorded."""
-    return {k: (v, here.get(k)) for k, v in (recorded or {}).items() if k in COMPARED and here.get(k) != v}
+def version_changes(recorded: Any, here: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The recorded versions of COMPARED that differ here, name -> (recorded, here); {} when none was recorded.
+    Names are compared as pip compares them (``NumPy`` is numpy, ``scikit_learn`` scikit-learn). A record that is not
+    a table of versions (a damaged row) is said once and compared as none."""
+    if recorded is not None and not isinstance(recorded, dict):
+        say_once(f"flctl: warning: the run's recorded library versions are unreadable ({type(recorded).__name__}, "
+                 "not a table): they are not compared")
+        return {}
+    ours = {_canonical(k): (k, v) for k, v in here.items()}
+    found = {}
+    for name, was in (recorded or {}).items():
+        key = _canonical(str(name))
+        now = ours.get(key, (None, None))[1]
+        if key in COMPARED and now != was:
+            found[key] = (was, now)
+    return found
+
+
+def _canonical(name: str) -> str:
+    """A distribution's name as pip compares it (PEP 503): lower case, runs of -_. as one -."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def versions_line(changes: dict[str, tuple[Any, Any]]) -> str:

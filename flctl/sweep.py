@@ -277,7 +277,7 @@ def seed_note(spec: SweepSpec) -> tuple[str, ...]:
     why = get_task(spec.task).seed_free if seeds > 1 else None
     if why is None:
         return ()
-    return (f"{spec.task} ignores the seed: its {seeds} seeds plan {seeds} identical copies of each cell ({why})",)
+    return (f"{spec.task} ignores the seed: its {seeds:,} seeds plan {seeds:,} identical copies of each cell ({why})",)
 
 
 def check_axes_read(spec: SweepSpec, configs: Sequence[RunConfig]) -> None:

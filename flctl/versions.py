@@ -106,7 +106,9 @@ def torch_pair_problem() -> str | None:
     if t is None or v is None or v < TORCHVISION_OFFSET:
         return None
     label, vision_label = torch.partition("+")[2], vision.partition("+")[2]
-    other_build = bool(label and vision_label) and label != vision_label
+    # builds told apart by PyTorch's index labels only: a from-source or vendor build (2.6.0a0+ecf3bae40a.nv25.01
+    # beside 0.21.0a0+8a9f5a1: an NVIDIA container's) labels each with its own commit, and belongs together
+    other_build = all(_INDEX_LABEL.fullmatch(x) for x in (label, vision_label)) and label != vision_label
     if v - TORCHVISION_OFFSET == t and not other_build:
         return None
     built_for = f"a {_build_name(vision_label)} torch" if v - TORCHVISION_OFFSET == t else \

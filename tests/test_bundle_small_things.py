@@ -328,7 +328,7 @@ def test_start_up_says_one_line_and_exits_2_before_any_command(monkeypatch: pyte
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: torchvision 0.28.0 is built for torch 2.13, not for the installed torch 2.14.1; ")
-    assert err.rstrip().endswith("pip install 'torchvision==0.29.*'") and "Traceback" not in err
+    assert err.rstrip().endswith("pip install 'torchvision===0.29.1'") and "Traceback" not in err
 
 
 @pytest.mark.notorch

@@ -125,8 +125,6 @@ def test_c01_text_duration_is_left_out_with_one_warning(damaged) -> None:
     assert "'abc'" in warning
 
 
-@pytest.mark.xfail(strict=True, reason="estimate _timed's warning names duration_s (a good number) for a run whose "
-                   "epochs_done is the damaged field")
 def test_c02_text_epochs_done_is_named_in_the_warning(damaged) -> None:
     root = damaged("UPDATE runs SET epochs_done = 'abc' WHERE epochs_done = 4;")
     res = flctl(*plan(), "--results-dir", str(root))
@@ -135,14 +133,11 @@ def test_c02_text_epochs_done_is_named_in_the_warning(damaged) -> None:
     assert "epochs_done" in warning and "'abc'" in warning, warning
 
 
-@pytest.mark.xfail(strict=True, reason="a started_at that is not a date: list_runs' SQLAlchemy parse raises "
-                   "ValueError out of the cost line: traceback, exit 1")
 def test_c03_garbage_started_at_does_not_break_the_dry_run(damaged) -> None:
     root = damaged("UPDATE runs SET started_at = 'yesterday' WHERE epochs_done = 4;")
     assert "cost: about" in clean(flctl(*plan(), "--results-dir", str(root)))
 
 
-@pytest.mark.xfail(strict=True, reason="a finished_at that is not a date: traceback, exit 1 (as started_at)")
 def test_c04_garbage_finished_at_does_not_break_the_dry_run(damaged) -> None:
     root = damaged("UPDATE runs SET finished_at = 'garbage' WHERE epochs_done = 44;")
     assert "cost: about" in clean(flctl(*plan(31), "--results-dir", str(root)))
@@ -153,16 +148,12 @@ def test_c05_null_host_and_pid_count_as_first_cells(damaged) -> None:
     assert "fitted to 3 finished two-moons runs" in clean(flctl(*plan(31), "--results-dir", str(root)))
 
 
-@pytest.mark.xfail(strict=True, reason="cost.fit.first_of_process compares an offset-aware finished_at with the "
-                   "naive ones of the same process: TypeError traceback, exit 1")
 def test_c06_one_timezone_aware_time_in_a_process(damaged) -> None:
     root = damaged("UPDATE runs SET host = 'h', pid = 1; "
                    "UPDATE runs SET finished_at = '2026-01-01 10:00:00+00:00' WHERE epochs_done = 4;")
     assert "cost: about" in clean(flctl(*plan(31), "--results-dir", str(root)))
 
 
-@pytest.mark.xfail(strict=True, reason="a negative epochs_done in the history is fitted (isinstance int only): "
-                   "the line says '+ 60 epochs x 0 s', the term 3d8cc58 promised never to print")
 def test_c07_negative_epochs_done_in_the_history(damaged) -> None:
     root = damaged("UPDATE runs SET epochs_done = -5 WHERE epochs_done = 4;")
     line = clean(flctl(*plan(31), "--results-dir", str(root)))
@@ -182,8 +173,6 @@ def test_c09_infinite_duration_is_left_out(damaged) -> None:
     assert "fitted to 2 finished" in line and "inf" not in line and len(warnings(res)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="db.counts.epochs_started returns the text epochs_done of a resumed row "
-                   "('abc' > 0 in SQLite); cost.model.left_epochs' min() raises TypeError: traceback, exit 1")
 def test_c10_resumed_cell_with_text_epochs_done(damaged) -> None:
     root = damaged(f"UPDATE runs SET status = 'interrupted', epochs_done = 'abc' WHERE id = '{SEED0}';")
     assert "cost: about" in clean(flctl(*plan(), "--results-dir", str(root)))
@@ -200,8 +189,6 @@ def test_c12_resumed_cell_with_negative_epochs_done_trains_afresh(damaged) -> No
     assert "60 epochs x" in line and "resumed" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="a resumed row's epochs_done of 2.5 is used as is: '57.5 epochs left', "
-                   "fractional epochs in the line, no warning of the damaged row")
 def test_c13_resumed_cell_with_fractional_epochs_done(damaged) -> None:
     root = damaged(f"UPDATE runs SET status = 'interrupted', epochs_done = 2.5 WHERE id = '{SEED0}';")
     assert ".5 epochs" not in clean(flctl(*plan(), "--results-dir", str(root)))
@@ -366,8 +353,6 @@ def test_c27_to_c32_foreign_figures_are_passed_over(reference: Path, tmp_path: P
     assert len(warnings(res)) == 1 and bad.name in warnings(res)[0], res.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="a figure of 1e308 s per epoch passes is_number; the line says "
-                   "'about inf cpu-hours (expected within inf ...)' instead of passing the file over")
 def test_c33_an_absurd_figure_prints_no_infinity(reference: Path, tmp_path: Path) -> None:
     bad = newest(reference)
     data = json.loads(bad.read_text())
@@ -439,8 +424,6 @@ def test_c40_reproduce_judges_only_versions_that_move_numbers() -> None:
         "numpy": ("1.26", "2.0"), "flctl": ("0.9", "1.0"), "cuda": ("12.8", None)}
 
 
-@pytest.mark.xfail(strict=True, reason="reproduce.version_changes compares names as spelt: a record's 'NumPy' or "
-                   "'scikit_learn' (pip's own spellings of numpy, scikit-learn) is never compared")
 def test_c41_a_package_named_in_another_case_is_still_compared() -> None:
     from flctl.reproduce import version_changes
 
@@ -448,8 +431,6 @@ def test_c41_a_package_named_in_another_case_is_still_compared() -> None:
     assert set(version_changes({"NumPy": "1.26", "scikit_learn": "1.0"}, here)) == {"numpy", "scikit-learn"}
 
 
-@pytest.mark.xfail(strict=True, reason="reproduce.version_changes calls .items() on the recorded libraries: a "
-                   "damaged provenance (a list, text) raises AttributeError out of `flctl reproduce`")
 def test_c42_reproduce_with_damaged_recorded_versions(damaged) -> None:
     root = damaged(f"UPDATE runs SET provenance = json_set(provenance, '$.libraries', json('[1, 2]')) "
                    f"WHERE id = '{SEED0}';")
@@ -497,22 +478,16 @@ def test_c45_non_utf8_plugin_file_names(tmp_path: Path) -> None:
     assert quiet(completion("flctl run tw", tmp_path, FLCTL_TASKS=str(folder))) == ["two-moons"]
 
 
-@pytest.mark.xfail(strict=True, reason="completion's _plugin_task_names catches Exception only: a plugin's "
-                   "sys.exit() at import ends the completion with no candidate")
 def test_c46_a_plugin_that_exits_at_import(tmp_path: Path) -> None:
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
     assert quiet(completion("flctl run tw", tmp_path, FLCTL_TASKS=str(tmp_path / "exits.py"))) == ["two-moons"]
 
 
-@pytest.mark.xfail(strict=True, reason="completion silences a plugin's sys.stderr, not its file descriptor 2: a "
-                   "plugin (or a C library it loads) writing there prints in the middle of the line being typed")
 def test_c47_a_plugin_writing_to_descriptor_2(tmp_path: Path) -> None:
     (tmp_path / "noisy.py").write_text("import os\nos.write(2, b'loading CUDA kernels...\\n')\n")
     assert quiet(completion("flctl run tw", tmp_path, FLCTL_TASKS=str(tmp_path / "noisy.py"))) == ["two-moons"]
 
 
-@pytest.mark.xfail(strict=True, reason="completion imports FLCTL_TASKS' plugins with no bound: a plugin whose "
-                   "import takes a minute (a network mount, a heavy library) holds the tab key for that minute")
 def test_c48_a_plugin_that_hangs_at_import(tmp_path: Path) -> None:
     (tmp_path / "slow.py").write_text("import time\ntime.sleep(60)\n")
     try:
@@ -608,9 +583,6 @@ def test_c56_the_printed_fix_never_installs_the_installed_pair(monkeypatch: pyte
             assert f"'torch==={NEWEST_PAIR[0]}'" in line
 
 
-@pytest.mark.xfail(strict=True, reason="versions.torch_pair_problem reads any two local labels that differ as "
-                   "other builds: a from-source pair (NVIDIA's containers: +<git hash>.nv25.01) is called broken, and "
-                   "its fix installs PyPI's torchvision over a working one")
 def test_c57_a_from_source_pair_is_not_called_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _pair(monkeypatch, ("2.6.0a0+ecf3bae40a.nv25.01", "2.6.0a0+ecf3bae40a.nv25.01"),
                  ("0.21.0a0+8a9f5a1", "0.21.0a0+8a9f5a1")) is None
@@ -794,8 +766,6 @@ def test_c65_a_dry_run_through_pgbouncer_makes_no_tables() -> None:
         engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="cli/run.py _dry_run prints no cost line on a database from an older flctl, "
-                   "where `flctl sweep --dry-run` of the same cell prices it from the committed benchmark")
 def test_c66_run_dry_run_on_an_older_schema_is_priced_as_sweep_s(damaged) -> None:
     root = damaged("UPDATE flctl_alembic_version SET version_num = '0009';")
     res = flctl("run", "two-moons", "--dry-run", "--results-dir", str(root))
@@ -854,9 +824,6 @@ def test_c69_reproduce_warns_of_numpy_not_of_pyarrow(damaged) -> None:
     assert len(said) == 1 and "numpy" in said[0] and "pyarrow" not in said[0] and "optuna" not in said[0], res.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="a plan whose cells are all completed is priced 'about 0 s (expected within 0 s "
-                   "to 0 s): 4.2 s to start + 0 cell(s) x 0.5 s': a start-up the total leaves out and a term that "
-                   "counts nothing, the kind 3d8cc58 said it no longer prints")
 def test_c71_a_plan_with_nothing_left_to_do(trained: Path) -> None:
     line = clean(flctl("sweep", "two-moons", "-m", "fl", "--seeds", "1", "--epochs", "30", "--dry-run",
                        "--results-dir", str(trained)))

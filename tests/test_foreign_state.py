@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import flctl.text
-from flctl import cost
+from flctl.cost import reference as cost_figures
 from flctl.db import RunQueue, Store
 from tests.helpers import config, files_under, in_process
 from tests.test_concurrency import pg_database
@@ -63,7 +63,8 @@ def test_a_newer_database_is_refused_by_every_command_dry_runs_too(tmp_path: Pat
     assert db.read_bytes() == before
 
 
-def test_a_dry_run_of_an_older_database_does_not_say_not_trained(tmp_path: Path) -> None:
+def test_a_dry_run_of_an_older_database_does_not_say_not_trained(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     db = tmp_path / "results" / "flctl.db"
     db.parent.mkdir()
     completed(f"sqlite:///{db}", config("two-moons", "erm", epochs=1))
@@ -71,6 +72,8 @@ def test_a_dry_run_of_an_older_database_does_not_say_not_trained(tmp_path: Path)
         conn.execute("UPDATE flctl_alembic_version SET version_num = '0009'")
     run = in_process("run", "two-moons", "-m", "erm", "--epochs", "1", "--dry-run")
     assert run.returncode == 0 and "not trained yet" not in run.stdout and "older flctl" in run.stdout, run.stdout
+    assert "cost: about " in run.stdout, run.stdout          # priced from the committed benchmark, as sweep's is
+    monkeypatch.setattr(flctl.text, "_MET", set())      # said once per process: the run's dry run said it here
     sweep = in_process("sweep", "two-moons", "-m", "erm", "--epochs", "1", "--dry-run")
     one_line(sweep, 0, "warning", "older flctl")
     assert "cost:" in sweep.stdout
@@ -93,12 +96,12 @@ def test_a_text_duration_in_the_runs_table_is_left_out_of_the_estimate_with_one_
 
 def test_damaged_committed_cost_data_reads_as_unknown_with_one_warning(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    figures = json.loads((cost.REFERENCE / "task-costs-2026-11-28-cpu.json").read_text())
+    figures = json.loads((cost_figures.REFERENCE / "task-costs-2026-11-28-cpu.json").read_text())
     figures["tasks"]["two-moons"]["s_per_epoch"] = "fast"          # a hand edit, a merge gone wrong
     folder = tmp_path / "benchmarks"
     folder.mkdir()
     (folder / "task-costs-2026-11-28-cpu.json").write_text(json.dumps(figures))
-    monkeypatch.setattr(cost, "REFERENCE", folder)
+    monkeypatch.setattr(cost_figures, "REFERENCE", folder)
     monkeypatch.setattr(flctl.text, "_MET", set())      # said once per process: this process may have said it
     res = in_process("sweep", "two-moons", "-m", "erm", "--epochs", "2", "--dry-run")
     one_line(res, 0, "warning", "task-costs-2026-11-28-cpu.json", "s_per_epoch = 'fast'")

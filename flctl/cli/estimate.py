@@ -34,6 +34,8 @@ def cost_line(url: str, configs: Sequence[RunConfig], per_device: int) -> str:
     from flctl.cost import format_cost, on_a_gpu
 
     cost, started = plan_cost(url, configs, per_device)
+    if cost is not None and not cost.cells:
+        return "cost: nothing to do: every cell is completed"
     line = describe(cost, configs[0].task, configs[0].device, resumed=len(started))
     if cost is None and configs[0].device == "cpu" and (gpu := on_a_gpu(configs, started=started)) is not None:
         line += f"; on a GPU (--device cuda) about {format_cost(gpu.device_hours, 'cuda')}, from {gpu.source}"

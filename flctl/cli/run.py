@@ -268,5 +268,5 @@ def _dry_run(cfg, url: str) -> None:
     else:
         console.print(f"{safe(found.status)} in the database ({found.epochs_done} epoch(s) done): `flctl show "
                       f"{cfg.run_id}`; nothing was written")
-    if not older and (found is None or found.status != Status.COMPLETED):
+    if found is None or found.status != Status.COMPLETED:
         console.print(cost_line(url, [cfg], 1))       # one cell, alone in this process

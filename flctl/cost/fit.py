@@ -20,13 +20,19 @@ def _samples(run: Any) -> float | None:
 
 
 def _timed(runs: Sequence[Any]) -> list[Any]:
-    """The runs whose duration and epochs are numbers; the others (a damaged row: text where seconds belong) are left
-    out, with one warning naming one of them."""
-    timed = [r for r in runs if is_number(r.duration_s) and isinstance(r.epochs_done, int)]
+    """The runs whose duration and epochs are numbers; the others (a damaged row: text where seconds belong, a
+    negative epoch count) are left out, with one warning naming one of them and what is wrong with it."""
+    def wrong(r: Any) -> str | None:
+        if not is_number(r.duration_s):
+            return f"duration_s={r.duration_s!r}"
+        if not (isinstance(r.epochs_done, int) and not isinstance(r.epochs_done, bool) and r.epochs_done >= 0):
+            return f"epochs_done={r.epochs_done!r}"
+        return None
+    timed = [r for r in runs if wrong(r) is None]
     if len(timed) < len(runs):
-        bad = next(r for r in runs if not (is_number(r.duration_s) and isinstance(r.epochs_done, int)))
+        bad = next(r for r in runs if wrong(r) is not None)
         warn(f"{len(runs) - len(timed)} finished run(s) in the database hold a duration or epoch count that is not "
-             f"a number (run {bad.id}: duration_s={bad.duration_s!r}); the estimate leaves them out")
+             f"a number >= 0 (run {bad.id}: {wrong(bad)}); the estimate leaves them out")
     return timed
 
 
@@ -136,13 +142,15 @@ def first_of_process(runs: Sequence[Any]) -> set[str]:
     """The runs that began before any other run of ``runs`` in their process (host, pid) had finished: what a
     worker trained first (the cells of its first claim), which pays what the next ones do not. A run whose process
     or times are not recorded counts as first (nothing says otherwise)."""
-    from datetime import datetime
+    from datetime import UTC, datetime
 
     def when(text: Any) -> datetime | None:
+        """The time, in UTC (the database's clock; a row written by another tool may carry its offset)."""
         try:
-            return datetime.fromisoformat(text) if isinstance(text, str) else None
+            moment = datetime.fromisoformat(text) if isinstance(text, str) else None
         except ValueError:
             return None
+        return None if moment is None else moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
 
     by_process: dict[tuple[Any, Any], list[Any]] = {}
     for r in runs:

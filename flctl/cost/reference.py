@@ -17,6 +17,8 @@ REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 # The figures an estimate reads from a committed benchmark: those it needs, and those older files do not tell.
 _NEEDED, _OPTIONAL = ("s_per_cell", "s_per_epoch"), ("s_per_start", "s_per_process", "s_per_cell_full_data", "n_train")
+# A figure in seconds above this (a year) was measured by no machine: a damaged or foreign file.
+_MOST_SECONDS = 3.2e7
 
 
 def _damage(figures: Any) -> str | None:
@@ -26,6 +28,8 @@ def _damage(figures: Any) -> str | None:
     for key in (*_NEEDED, *(k for k in _OPTIONAL if figures.get(k) is not None)):
         if not is_number(figures.get(key)):
             return f"{key} = {figures.get(key)!r} is not a number >= 0"
+        if key.startswith("s_") and figures[key] > _MOST_SECONDS:
+            return f"{key} = {figures[key]!r} s is more than a year"
     return None
 
 

@@ -190,7 +190,9 @@ def epochs_started(store: Store, task: str, run_ids: Iterable[str]) -> dict[str,
         if s.execute(select(Run.id).where(*resumes).limit(1)).first() is None:
             return found
         for chunk in chunks(list(dict.fromkeys(run_ids))):
-            found.update(s.execute(select(Run.id, Run.epochs_done).where(Run.id.in_(chunk), *resumes)).tuples().all())
+            # a whole count only: SQLite keeps what another tool wrote (text, 2.5), which resumes nothing
+            found.update((i, n) for i, n in s.execute(select(Run.id, Run.epochs_done).where(Run.id.in_(chunk), *resumes))
+                         if isinstance(n, int) and not isinstance(n, bool))
     return found
 
 

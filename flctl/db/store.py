@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from flctl.db.bulk import insert_runs, record_sweep
-from flctl.db.checked import checked_runs, left_out, not_json
+from flctl.db.checked import checked_runs, left_out, unreadable
 from flctl.db.counts import SweepCounts, list_sweeps, sweep_counts
 from flctl.db.dialect import Connect, DatabaseFile, Dialect, made_back
 from flctl.db.liveness import STALE_AFTER_S, _check_environment, _is_stale, db_now
@@ -301,8 +301,8 @@ class Store:
         with self.session() as s:
             try:
                 run = s.get(Run, run_id_or_prefix.lower()) or by_prefix(s, Run, run_id_or_prefix, "run")
-            except json.JSONDecodeError:    # a row of text that is not JSON: named (DamagedRow), not the database
-                if found := not_json(s, select(Run).where(Run.id.startswith(run_id_or_prefix.lower(),
+            except ValueError:    # a row of text that is not JSON or not a time: named (DamagedRow), not the database
+                if found := unreadable(s, select(Run).where(Run.id.startswith(run_id_or_prefix.lower(),
                                                                              autoescape=True))):
                     raise found[0] from None
                 raise
