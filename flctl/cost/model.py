@@ -12,9 +12,9 @@ from flctl.config import RunConfig
 from flctl.text import say_once
 
 # The interval an estimate prints: at least 1.25x either side (a few runs that agree by luck say nothing of the
-# next), at most WIDEST, 3x end to end: wider helps no one plan. How often the time taken falls inside it is measured
-# by benchmarks/bench_estimates.py (its coverage), not assumed. A benchmark's figures from another machine: REFERENCE.
-NARROWEST, WIDEST = 1.25, 3.0 ** 0.5
+# next), at most WIDEST, under 3x end to end as printed (rounded): wider helps no one plan. How often the time taken
+# falls inside it is measured by benchmarks/bench_estimates.py (its coverage), not assumed.
+NARROWEST, WIDEST = 1.25, 1.7
 FROM_ANOTHER_MACHINE = WIDEST
 
 
@@ -42,7 +42,7 @@ class CostEstimate:
     cells_per_device: int
     source: str | None = None   # None: the database's runs; else the benchmark file the figures come from
     scale: Callable[[RunConfig], float] = lambda cfg: 1.0
-    spread: float = 2.0 ** 0.5
+    spread: float = WIDEST
     work: float | None = None   # sum of epochs x scale over the cells to do (None: ``epochs``)
     s_per_start: float = 0.0    # before the first cell: the committed benchmark's (0 where none tells it)
     s_per_process: float = 0.0  # a worker's first cell's own extra (0 where nothing tells it apart: then in s_per_cell)
