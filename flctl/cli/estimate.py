@@ -64,7 +64,8 @@ def describe(cost: CostEstimate | None, task: str, device: str, resumed: int = 0
         start += f"{format_seconds(cost.s_per_process, device)} more for a worker's first cell + "
     if cost.source is not None:
         whence = f"from {cost.source}, another machine: no finished {task} runs on {device} in the database yet"
-    elif cost.s_per_cell == 0:     # one amount of work in the history: a cell's start-up is inside the seconds per epoch
+    elif not cost.s_per_cell and not cost.s_per_cell_scaled and not cost.s_per_process:
+        # one amount of work in the history: a cell's start-up is inside the seconds per epoch
         whence = f"median of {cost.history} finished {task} runs on {device}, a cell's start-up in its epochs"
     else:
         whence = f"fitted to {cost.history} finished {task} runs on {device}"
