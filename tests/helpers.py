@@ -92,3 +92,11 @@ def pty_child(env: dict[str, str] | None = None) -> str:
             "    atexit._run_exitfuncs()\n"
             "    os._exit(code)\n")
 
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    """The exit-2 refusal's line; fails on a traceback or more than one line."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    return lines[0]

@@ -19,7 +19,7 @@ import pytest
 
 from flctl import api
 from flctl.errors import ConfigError, StoreError
-from tests.helpers import in_process
+from tests.helpers import in_process, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--epochs", "2", "-o", "n_train=100", "-o", "n_test=100"]
@@ -59,15 +59,6 @@ class Refuses(Logger):
     def finish(self, status):
         pass
 '''
-
-
-def one_line_error(res: subprocess.CompletedProcess) -> str:
-    """The exit-2 refusal's line; fails on a traceback or more than one line."""
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
-    return lines[0]
 
 
 # ---------------------------------------------------------------- fixtures

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from flctl import api
-from tests.helpers import bound, files_under, in_process
+from tests.helpers import bound, files_under, in_process, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ["sweep", "two-moons", "-m", "fl", "--seeds", "2", "--dry-run"]          # with --epochs: plan()
@@ -56,15 +56,6 @@ def clean(res: subprocess.CompletedProcess) -> str:
     assert "Traceback" not in res.stderr, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("cost:")]
     assert len(lines) == 1, res.stdout
-    return lines[0]
-
-
-def one_line_error(res: subprocess.CompletedProcess) -> str:
-    """The exit-2 refusal's line; fails on a traceback or more than one line."""
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
     return lines[0]
 
 
@@ -269,9 +260,13 @@ def read_only(folder: Path, *args: str) -> subprocess.CompletedProcess:
     permissions do not stop), else its permissions taken away for the call."""
     if os.geteuid() == 0:
         script = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"')
-        return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(folder),
-                               sys.executable, "-m", "flctl", *args], capture_output=True, text=True,
-                              env={**os.environ, "COLUMNS": "400"}, timeout=180)
+        for _ in range(3):      # the mount itself can fail while other tests unshare beside it: tried again
+            res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(folder),
+                                  sys.executable, "-m", "flctl", *args], capture_output=True, text=True,
+                                 env={**os.environ, "COLUMNS": "400"}, timeout=180)
+            if not res.stderr.startswith(("mount:", "unshare:")):
+                break
+        return res
     mode = folder.stat().st_mode
     folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
