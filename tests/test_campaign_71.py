@@ -602,6 +602,22 @@ def test_c58_wait_with_stdout_closed_and_a_pipe_that_breaks(tmp_path: Path) -> N
     assert runs and all(r.status == "completed" for r in runs), [(r.id, r.status, r.error) for r in runs]
 
 
+def _read_until_exit(out: Path, each: str = "") -> str:
+    """A pty driver's end: read the terminal (running ``each`` first at every turn) until the child closes it or the
+    deadline passes, write what was drawn to ``out``, and exit with the child's exit code."""
+    return ("while time.monotonic() < deadline:\n" + each +
+            "    if select.select([master], [], [], 0.1)[0]:\n"
+            "        try:\n"
+            "            chunk = os.read(master, 65536)\n"
+            "        except OSError:\n"
+            "            break\n"
+            "        if not chunk:\n"
+            "            break\n"
+            "        buf += chunk\n"
+            f"open({str(out)!r}, 'wb').write(buf)\n"
+            "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+
+
 @pytest.mark.slow
 def test_c59_wait_in_a_tiny_terminal_where_every_cell_fails(tmp_path: Path) -> None:
     """A 20-column pty, a task whose cells all fail: the command ends, says they failed, exits non-zero, and leaves
@@ -619,21 +635,10 @@ def test_c59_wait_in_a_tiny_terminal_where_every_cell_fails(tmp_path: Path) -> N
         f" '--epochs', '2', '--workers', '1', '--wait', '--results-dir', {str(tmp_path / 'r')!r}])\n"
         "fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack('HHHH', 5, 20, 0, 0))\n"
         "buf, deadline = b'', time.monotonic() + 240\n"
-        "while time.monotonic() < deadline:\n"
-        "    if select.select([master], [], [], 0.1)[0]:\n"
-        "        try:\n"
-        "            chunk = os.read(master, 65536)\n"
-        "        except OSError:\n"
-        "            break\n"
-        "        if not chunk:\n"
-        "            break\n"
-        "        buf += chunk\n"
-        f"open({str(out)!r}, 'wb').write(buf)\n"
-        "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+        + _read_until_exit(out))
     res = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "FLCTL_TASKS": str(tmp_path / "doomed.py")})
     shown = out.read_bytes().decode(errors="replace")
-    print(shown)
     assert res.returncode not in (0, 124), (res.returncode, shown)
     assert "Traceback" not in shown and "fail" in shown.lower(), shown
     assert shown.rfind("\x1b[?25l") <= shown.rfind("\x1b[?25h"), shown      # the cursor shown again
@@ -657,19 +662,8 @@ def test_c60_wait_through_a_terminal_resized_twice(tmp_path: Path) -> None:
         "    os.kill(pid, signal.SIGWINCH)\n"
         "size(120)\n"
         "buf, deadline, sizes = b'', time.monotonic() + 240, [30, 200]\n"
-        "while time.monotonic() < deadline:\n"
-        "    if sizes and buf.count(b' done ') >= 2 * (3 - len(sizes)):\n"
-        "        size(sizes.pop(0))\n"
-        "    if select.select([master], [], [], 0.1)[0]:\n"
-        "        try:\n"
-        "            chunk = os.read(master, 65536)\n"
-        "        except OSError:\n"
-        "            break\n"
-        "        if not chunk:\n"
-        "            break\n"
-        "        buf += chunk\n"
-        f"open({str(out)!r}, 'wb').write(buf)\n"
-        "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+        + _read_until_exit(out, each="    if sizes and buf.count(b' done ') >= 2 * (3 - len(sizes)):\n"
+                                    "        size(sizes.pop(0))\n"))
     res = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300)
     shown = out.read_bytes().decode(errors="replace")
     assert res.returncode == 0, (res.returncode, shown[-2000:])
